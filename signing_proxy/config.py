@@ -1,0 +1,341 @@
+"""Configuration: YAML in, frozen dataclasses out; every mistake refused with its key path.
+
+The dataclass defaults below *are* the embedded default configuration; ``config/default.yaml``
+spells out the same values with comments (a test keeps the two identical). Unknown keys, wrong
+types and impossible values raise ``ConfigError("limits.max_body_bytes: must be a positive
+integer")`` — never a silent default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import os
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+__all__ = [
+    "AccessConfig",
+    "Config",
+    "ConfigError",
+    "CredentialRule",
+    "HostsConfig",
+    "LimitsConfig",
+    "LogConfig",
+    "Route",
+    "SigningConfig",
+    "TimeoutsConfig",
+    "UpstreamConfig",
+    "load_config",
+    "parse_config",
+    "redacted",
+]
+
+
+class ConfigError(ValueError):
+    """A configuration value is wrong; the message starts with its key path."""
+
+
+def parse_host_port(value: str, path: str) -> tuple[str, int]:
+    """``HOST:PORT`` (IPv6 as ``[::1]:8080``) -> (host, port); port 0 picks a free port."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) < 65536 or not host:
+        raise ConfigError(f"{path}: must be HOST:PORT, got {value!r}")
+    return host.strip("[]"), int(port)
+
+
+@dataclass(frozen=True)
+class SigningConfig:
+    key: str | None = None  # PEM or private JWK; None: <data_dir>/agent-key.pem, generated on first run
+    label: str = "agent"
+    signature_agent: str = ""  # directory base URL; "" sends an empty Signature-Agent
+    validity_s: int = 300
+
+    def _check(self, path: str) -> None:
+        label_chars = set("abcdefghijklmnopqrstuvwxyz0123456789_-.*")
+        if (
+            not self.label
+            or not (self.label[0].islower() or self.label[0] == "*")
+            or not label_chars.issuperset(self.label)
+        ):
+            raise ConfigError(f"{path}.label: must be a structured-field key (lower-case, e.g. 'agent')")
+        if self.signature_agent and not self.signature_agent.startswith(("https://", "http://")):
+            raise ConfigError(f"{path}.signature_agent: must be an http(s) URL or empty")
+        if any(c in self.signature_agent for c in ' "\\<>'):
+            raise ConfigError(f"{path}.signature_agent: must not contain spaces, quotes or backslashes")
+        _positive(self.validity_s, f"{path}.validity_s", maximum=86_400)
+
+
+@dataclass(frozen=True)
+class LimitsConfig:
+    max_body_bytes: int = 10 * 1024 * 1024
+    max_header_bytes: int = 64 * 1024
+
+    def _check(self, path: str) -> None:
+        _positive(self.max_body_bytes, f"{path}.max_body_bytes")
+        _positive(self.max_header_bytes, f"{path}.max_header_bytes")
+
+
+@dataclass(frozen=True)
+class TimeoutsConfig:
+    connect_s: float = 10.0
+    read_s: float = 60.0
+    client_idle_s: float = 75.0
+
+    def _check(self, path: str) -> None:
+        for name in ("connect_s", "read_s", "client_idle_s"):
+            _positive(getattr(self, name), f"{path}.{name}")
+
+
+@dataclass(frozen=True)
+class UpstreamConfig:
+    ca_file: str | None = None  # extra CAs trusted for upstream TLS, on top of the system store
+    pin_ca_files: Mapping[str, str] = field(default_factory=dict)  # host -> CA file (only these CAs)
+    pool_max_idle_per_host: int = 32
+
+    def _check(self, path: str) -> None:
+        _positive(self.pool_max_idle_per_host, f"{path}.pool_max_idle_per_host")
+
+
+@dataclass(frozen=True)
+class CredentialRule:
+    """Inject a bearer credential for matching hosts; the secret comes from a file or the environment."""
+
+    hosts: tuple[str, ...]
+    bearer_file: str | None = None
+    bearer_env: str | None = None
+    override: bool = False  # replace an Authorization the agent sent (default: keep the agent's)
+
+    def _check(self, path: str) -> None:
+        if not self.hosts:
+            raise ConfigError(f"{path}.hosts: must list at least one host pattern")
+        if (self.bearer_file is None) == (self.bearer_env is None):
+            raise ConfigError(f"{path}: set exactly one of bearer_file or bearer_env")
+
+
+@dataclass(frozen=True)
+class HostsConfig:
+    unsigned: tuple[str, ...] = ()  # host patterns forwarded without signing (internal services)
+
+    def _check(self, path: str) -> None:
+        for i, pattern in enumerate(self.unsigned):
+            _check_host_pattern(pattern, f"{path}.unsigned[{i}]")
+
+
+@dataclass(frozen=True)
+class Route:
+    """A sidecar route: ``prefix`` on the proxy port maps to ``upstream`` (a base URL)."""
+
+    prefix: str
+    upstream: str
+
+    def _check(self, path: str) -> None:
+        if not self.prefix.startswith("/") or not self.prefix.endswith("/"):
+            raise ConfigError(f"{path}.prefix: must start and end with '/', got {self.prefix!r}")
+        if not self.upstream.startswith(("https://", "http://")) or not self.upstream.endswith("/"):
+            raise ConfigError(f"{path}.upstream: must be an http(s) URL ending in '/', got {self.upstream!r}")
+
+
+@dataclass(frozen=True)
+class AccessConfig:
+    allow_clients: tuple[str, ...] = ()  # CIDRs; empty means loopback only
+    proxy_auth_file: str | None = None  # lines of "user:password"
+
+    def _check(self, path: str) -> None:
+        for i, cidr in enumerate(self.allow_clients):
+            try:
+                ipaddress.ip_network(cidr, strict=False)
+            except ValueError:
+                raise ConfigError(f"{path}.allow_clients[{i}]: not a CIDR: {cidr!r}") from None
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    format: Literal["text", "json"] = "text"
+    access_log: bool = True
+
+
+@dataclass(frozen=True)
+class Config:
+    mode: Literal["agent"] = "agent"
+    listen: str = "127.0.0.1:8080"
+    data_dir: str = "~/.local/share/signing-proxy"
+    signing: SigningConfig = field(default_factory=SigningConfig)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
+    timeouts: TimeoutsConfig = field(default_factory=TimeoutsConfig)
+    upstream: UpstreamConfig = field(default_factory=UpstreamConfig)
+    credentials: tuple[CredentialRule, ...] = ()
+    hosts: HostsConfig = field(default_factory=HostsConfig)
+    routes: tuple[Route, ...] = ()
+    access: AccessConfig = field(default_factory=AccessConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+
+    def _check(self, path: str) -> None:
+        host, _port = parse_host_port(self.listen, "listen")
+        prefixes = [r.prefix for r in self.routes]
+        if len(set(prefixes)) != len(prefixes):
+            raise ConfigError("routes: two routes have the same prefix")
+        for reserved in ("/healthz", "/readyz", "/metrics"):
+            for i, prefix in enumerate(prefixes):
+                if reserved.startswith(prefix.rstrip("/")) or prefix.startswith(reserved + "/"):
+                    raise ConfigError(
+                        f"routes[{i}].prefix: {prefix!r} collides with the proxy's own {reserved}"
+                    )
+        if not _is_loopback(host) and not self.access.allow_clients and not self.access.proxy_auth_file:
+            raise ConfigError(
+                f"listen: {self.listen} is not a loopback address; set access.allow_clients or "
+                "access.proxy_auth_file so the proxy is not open to anyone who can reach it"
+            )
+
+    @property
+    def data_path(self) -> Path:
+        return Path(os.path.expanduser(self.data_dir))
+
+    def with_overrides(self, **changes: Any) -> Config:
+        """A copy with top-level or dotted (``signing.key``) values replaced, then validated again."""
+        raw = to_plain(self)
+        for dotted, value in changes.items():
+            node = raw
+            *parents, leaf = dotted.split(".")
+            for part in parents:
+                node = node[part]
+            node[leaf] = value
+        return parse_config(raw)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _positive(value: float, path: str, maximum: float | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        kind = "integer" if isinstance(value, int) else "number"
+        raise ConfigError(f"{path}: must be a positive {kind}")
+    if maximum is not None and value > maximum:
+        raise ConfigError(f"{path}: must be at most {maximum}")
+
+
+def _check_host_pattern(pattern: str, path: str) -> None:
+    body = pattern[2:] if pattern.startswith("*.") else pattern
+    if not body or any(c in body for c in "*/ @?#"):
+        raise ConfigError(f"{path}: host patterns are 'host' or '*.domain', got {pattern!r}")
+
+
+def host_matches(pattern: str, host: str) -> bool:
+    """``*.example.com`` matches any subdomain (not the apex); other patterns match exactly."""
+    pattern, host = pattern.lower(), host.lower()
+    if pattern.startswith("*."):
+        return host.endswith(pattern[1:])
+    return host == pattern
+
+
+# --- the generic YAML -> dataclass loader -------------------------------------------------------
+
+
+def _build(tp: Any, value: Any, path: str) -> Any:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (types.UnionType, typing.Union):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _build(inner[0], value, path)
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"{path}: must be one of {', '.join(map(str, args))}, got {value!r}")
+        return value
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{path or 'config'}: must be a mapping")
+        hints = typing.get_type_hints(tp)
+        known = {f.name for f in dataclasses.fields(tp)}
+        unknown = sorted(set(value) - known)
+        if unknown:
+            where = f"{path}." if path else ""
+            raise ConfigError(f"{where}{unknown[0]}: unknown key (known: {', '.join(sorted(known))})")
+        kwargs = {k: _build(hints[k], v, f"{path}.{k}" if path else k) for k, v in value.items()}
+        try:
+            obj = typing.cast(Any, tp)(**kwargs)
+        except TypeError as exc:  # a required member is missing
+            raise ConfigError(f"{path or 'config'}: {exc}") from None
+        check = getattr(obj, "_check", None)
+        if check is not None:
+            check(path)
+        return obj
+    if origin is tuple:
+        if not isinstance(value, list):
+            raise ConfigError(f"{path}: must be a list")
+        return tuple(_build(args[0], v, f"{path}[{i}]") for i, v in enumerate(value))
+    if origin is Mapping:
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{path}: must be a mapping")
+        return types.MappingProxyType({str(k): _build(args[1], v, f"{path}.{k}") for k, v in value.items()})
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{path}: must be true or false")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{path}: must be an integer")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{path}: must be a number")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{path}: must be a string")
+        return value
+    raise TypeError(f"unsupported config type {tp!r} at {path}")  # a bug in this module, not in the file
+
+
+def parse_config(raw: Any) -> Config:
+    """Build a validated Config from parsed YAML (``None`` or ``{}`` gives the defaults)."""
+    return typing.cast(Config, _build(Config, raw or {}, ""))
+
+
+def load_config(path: Path | None) -> Config:
+    """Load and validate a YAML file; ``None`` gives the embedded defaults."""
+    if path is None:
+        return parse_config({})
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read config file ({exc.strerror})") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML ({exc})") from None
+    return parse_config(raw)
+
+
+def to_plain(obj: Any) -> Any:
+    """A Config as plain YAML-ready data."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, tuple | list):
+        return [to_plain(v) for v in obj]
+    if isinstance(obj, Mapping):
+        return {k: to_plain(v) for k, v in obj.items()}
+    return obj
+
+
+def redacted(config: Config) -> dict[str, Any]:
+    """The effective configuration with secret-bearing values masked (for ``config check``)."""
+    plain: dict[str, Any] = to_plain(config)
+    for rule in plain["credentials"]:
+        if rule.get("bearer_env"):
+            rule["bearer_env"] = f"{rule['bearer_env']} (value not shown)"
+    return plain

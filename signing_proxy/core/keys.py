@@ -1,0 +1,434 @@
+"""Key directories, key windows, the revocation list and the choice of our signing key (sans-IO).
+
+A directory (spec "Key directory") is a JWK Set of Ed25519 keys, each valid in the half-open
+window ``[not_before, not_after)`` and named only by its RFC 7638 thumbprint; a revocation list is a
+thumbprint-only snapshot polled every 300 s +/- 10 % (spec "Key publication, rotation and
+revocation", "Limits"). Parsers are strict and refuse the whole document on any fault, with a
+stable ``KeyFormatError.reason``; renderers emit deterministic bytes. Nothing here reads a clock:
+``now`` is always a parameter in unix seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterable, Mapping, Set
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
+from urllib.parse import urlsplit
+
+from .b64 import b64url_decode
+from .errors import KeyFormatError
+from .jwk import PRIVATE_JWK_MEMBERS, PublicKey, public_key_from_jwk
+
+__all__ = [
+    "DIRECTORY_MEDIA_TYPE",
+    "DIRECTORY_PATH",
+    "MAX_DIRECTORY_BYTES",
+    "MAX_DIRECTORY_KEYS",
+    "MAX_REVOCATION_LIST_BYTES",
+    "MAX_REVOKED_THUMBPRINTS",
+    "REVOCATION_LIST_MAX_AGE_S",
+    "REVOCATION_LIST_MEDIA_TYPE",
+    "REVOCATION_POLL_INTERVAL_S",
+    "REVOCATION_POLL_JITTER",
+    "Directory",
+    "DirectoryKey",
+    "KeyRecord",
+    "RevocationList",
+    "choose_signing_key",
+    "format_rfc3339",
+    "is_thumbprint",
+    "key_state",
+    "merge_revocation_lists",
+    "next_poll_delay",
+    "parse_directory",
+    "parse_directory_key",
+    "parse_revocation_list",
+    "parse_rfc3339",
+    "publishable",
+    "render_directory",
+    "render_revocation_list",
+]
+
+DIRECTORY_PATH = "/.well-known/http-message-signatures-directory"  # spec: Key directory
+DIRECTORY_MEDIA_TYPE = "application/jwk-set+json"  # spec: Key directory (drafts differ, notes 6.4)
+REVOCATION_LIST_MEDIA_TYPE = "application/json"  # our choice: the spec names no media type
+REVOCATION_LIST_MAX_AGE_S = 60  # spec: Limits ("short or zero", example 60 s)
+REVOCATION_POLL_INTERVAL_S = 300  # spec: Limits
+REVOCATION_POLL_JITTER = 0.10  # spec: Limits (+/-10 %)
+MAX_DIRECTORY_KEYS = 64  # our choice: the spec gives no limit (drafts: bound the key count)
+MAX_DIRECTORY_BYTES = 64 * 1024  # our choice: the spec gives no body-size limit
+MAX_REVOKED_THUMBPRINTS = 10_000  # our choice
+MAX_REVOCATION_LIST_BYTES = 1024 * 1024  # our choice: 10 000 entries fit with room to spare
+
+# RFC 3339 section 5.6 date-time; ASCII digits only, `T`/`Z` in either case, any fraction length.
+_RFC3339 = re.compile(
+    r"([0-9]{4})-([0-9]{2})-([0-9]{2})[Tt]([0-9]{2}):([0-9]{2}):([0-9]{2})(\.[0-9]+)?"
+    r"(?:([Zz])|([+-])([0-9]{2}):([0-9]{2}))"
+)
+_MAX_TIMESTAMP_CHARS = 64
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_THUMBPRINT_CHARS = 43
+# RFC 8037 `EdDSA` (the spec's value), RFC 9864 `Ed25519` (its fully-specified successor) and the
+# HTTP Signature Algorithms registry's `ed25519` (web-bot-auth drafts) all name Ed25519 here.
+_ACCEPTED_ALGS = frozenset({"EdDSA", "Ed25519", "ed25519"})
+
+
+# --------------------------------------------------------------------------------------------
+# RFC 3339
+
+
+def format_rfc3339(ts: float) -> str:
+    """UTC RFC 3339 with ``Z`` and whole seconds (a fraction is floored), e.g. ``2026-11-21T09:00:00Z``."""
+    try:
+        moment = datetime.fromtimestamp(math.floor(ts), tz=UTC)
+    except (OverflowError, OSError, ValueError) as exc:
+        raise KeyFormatError("malformed-timestamp", f"{ts!r} is outside the RFC 3339 range") from exc
+    return (
+        f"{moment.year:04d}-{moment.month:02d}-{moment.day:02d}"
+        f"T{moment.hour:02d}:{moment.minute:02d}:{moment.second:02d}Z"
+    )
+
+
+def parse_rfc3339(value: object, *, round_up: bool = False) -> int:
+    """RFC 3339 date-time to unix seconds; a fraction is floored, or ceiled with ``round_up``.
+
+    ``Z`` and numeric offsets are accepted (``-00:00`` as UTC); a leap second ``:60`` counts as the
+    following second (unix time has none). Naive, space-separated or otherwise malformed values raise.
+    """
+    if not isinstance(value, str) or len(value) > _MAX_TIMESTAMP_CHARS:
+        raise KeyFormatError("malformed-timestamp", "an RFC 3339 timestamp is a short string")
+    match = _RFC3339.fullmatch(value)
+    if match is None:
+        raise KeyFormatError("malformed-timestamp", f"{value!r} is not an RFC 3339 date-time with offset")
+    year, month, day, hour, minute, second = (int(match.group(i)) for i in range(1, 7))
+    fraction, zulu, sign, off_h, off_m = match.group(7, 8, 9, 10, 11)
+    leap = second == 60
+    try:
+        if zulu is not None:
+            tz = UTC
+        else:
+            if int(off_h) > 23 or int(off_m) > 59:
+                raise ValueError("offset out of range")
+            offset = timedelta(hours=int(off_h), minutes=int(off_m))
+            tz = timezone(-offset if sign == "-" else offset)
+        moment = datetime(year, month, day, hour, minute, 59 if leap else second, tzinfo=tz)
+        seconds = (moment - _EPOCH) // timedelta(seconds=1) + (1 if leap else 0)
+    except (ValueError, OverflowError) as exc:
+        raise KeyFormatError("malformed-timestamp", f"{value!r} is not a valid date-time") from exc
+    if round_up and fraction is not None and fraction.strip(".0"):
+        seconds += 1
+    return seconds
+
+
+# --------------------------------------------------------------------------------------------
+# Strict JSON
+
+
+def _load_json(body: bytes, max_bytes: int, reason: str, too_large: str, what: str) -> Any:
+    """UTF-8 JSON with no duplicate member names, no NaN/Infinity, bounded in size."""
+    if not isinstance(body, bytes | bytearray | memoryview):
+        raise KeyFormatError(reason, f"{what} body must be bytes")
+    if len(body) > max_bytes:
+        raise KeyFormatError(too_large, f"{what} is larger than {max_bytes} bytes")
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name, value in items:
+            if name in out:
+                raise KeyFormatError(reason, f"{what} repeats member {name!r}")
+            out[name] = value
+        return out
+
+    def no_constant(name: str) -> Any:
+        raise KeyFormatError(reason, f"{what} contains {name}, which is not JSON")
+
+    try:
+        text = bytes(body).decode("utf-8")
+        return json.loads(text, object_pairs_hook=pairs, parse_constant=no_constant)
+    except KeyFormatError:
+        raise
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise KeyFormatError(reason, f"{what} is not UTF-8 JSON") from exc
+
+
+def _compact(obj: object) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode("ascii")
+
+
+def _check_http_url(url: str) -> None:
+    try:
+        parts = urlsplit(url)
+        ok = parts.scheme in ("http", "https") and bool(parts.hostname) and url.isascii()
+        ok = ok and not any(ch.isspace() for ch in url)
+    except ValueError:
+        ok = False
+    if not ok:
+        raise KeyFormatError("bad-revocation-url", f"{url!r} is not an absolute http(s) URL")
+
+
+def is_thumbprint(value: object) -> bool:
+    """True for a canonical RFC 7638 SHA-256 thumbprint: 43 base64url characters naming 32 bytes."""
+    if not isinstance(value, str) or len(value) != _THUMBPRINT_CHARS:
+        return False
+    try:
+        return len(b64url_decode(value)) == 32
+    except ValueError:
+        return False
+
+
+# --------------------------------------------------------------------------------------------
+# Directory
+
+
+@dataclass(frozen=True)
+class DirectoryKey:
+    """One published key and its validity window ``[not_before, not_after)`` in unix seconds."""
+
+    public: PublicKey
+    not_before: int
+    not_after: int
+
+    def __post_init__(self) -> None:
+        if not self.not_before < self.not_after:
+            raise KeyFormatError("bad-key-window", "not_before must be earlier than not_after")
+
+    @property
+    def thumbprint(self) -> str:
+        """The RFC 7638 thumbprint: the RFC 9421 ``keyid`` of this key."""
+        return self.public.thumbprint
+
+    def valid_at(self, now: float) -> bool:
+        """Half-open window: valid from ``not_before`` inclusive, refused at and after ``not_after``."""
+        return self.not_before <= now < self.not_after
+
+    def jwk(self) -> dict[str, str]:
+        """The spec's JsonWebKey, members in spec order; never a ``kid``, never a private member."""
+        return {
+            "kty": "OKP",
+            "crv": "Ed25519",
+            "use": "sig",
+            "alg": "EdDSA",
+            "x": self.public.jwk()["x"],
+            "not_before": format_rfc3339(self.not_before),
+            "not_after": format_rfc3339(self.not_after),
+        }
+
+
+@dataclass(frozen=True)
+class Directory:
+    """A parsed or to-be-served key directory; thumbprints are unique."""
+
+    keys: tuple[DirectoryKey, ...]
+    revocation_url: str | None = None
+    _index: dict[str, DirectoryKey] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        keys = tuple(self.keys)
+        object.__setattr__(self, "keys", keys)
+        index: dict[str, DirectoryKey] = {}
+        for key in keys:
+            if key.thumbprint in index:
+                raise KeyFormatError("duplicate-key", f"key {key.thumbprint} appears twice")
+            index[key.thumbprint] = key
+        object.__setattr__(self, "_index", index)
+        if self.revocation_url is not None:
+            _check_http_url(self.revocation_url)
+
+    def lookup(self, keyid: str) -> DirectoryKey | None:
+        """The key with this thumbprint, whatever its window."""
+        return self._index.get(keyid)
+
+    def find(self, keyid: str, now: float, *, revoked: Set[str] = frozenset()) -> DirectoryKey | None:
+        """The key with this thumbprint only if its window covers ``now`` and it is not in ``revoked``."""
+        key = self._index.get(keyid)
+        if key is None or not key.valid_at(now) or keyid in revoked:
+            return None
+        return key
+
+    def keys_valid_at(self, now: float) -> tuple[DirectoryKey, ...]:
+        """Every key whose window covers ``now``, in directory order (spec "Projection" 3)."""
+        return tuple(key for key in self.keys if key.valid_at(now))
+
+
+def render_directory(directory: Directory, *, now: float | None = None) -> bytes:
+    """Compact JSON ``{"keys":[...],"revocation_url":...}``; keys in the directory's order.
+
+    With ``now``, refuse to render a directory in which no key is valid (spec "Key lookup" 2).
+    """
+    if now is not None and not directory.keys_valid_at(now):
+        raise KeyFormatError("no-valid-key", "at least one served key must be valid at serve time")
+    doc: dict[str, object] = {"keys": [key.jwk() for key in directory.keys]}
+    if directory.revocation_url is not None:
+        doc["revocation_url"] = directory.revocation_url
+    return _compact(doc)
+
+
+def parse_directory_key(entry: object) -> DirectoryKey:
+    """One JsonWebKey of a directory, checked strictly (see ``parse_directory``)."""
+    if not isinstance(entry, Mapping):
+        raise KeyFormatError("malformed-directory", "a key entry is a JSON object")
+    leaked = PRIVATE_JWK_MEMBERS.intersection(entry)
+    if leaked:
+        raise KeyFormatError("private-member-in-directory", f"members {sorted(leaked)} are private")
+    public = public_key_from_jwk(entry)
+    use, alg = entry.get("use"), entry.get("alg")
+    if use is not None and use != "sig":
+        raise KeyFormatError("unsupported-key-use", f"use {use!r}; directory keys are for 'sig'")
+    if alg is not None and alg not in _ACCEPTED_ALGS:
+        raise KeyFormatError("unsupported-key-alg", f"alg {alg!r}; expected 'EdDSA'")
+    if "kid" in entry and entry["kid"] != public.thumbprint:
+        raise KeyFormatError("kid-mismatch", "a kid, when present, must equal the RFC 7638 thumbprint")
+    for member in ("not_before", "not_after"):
+        if member not in entry:
+            raise KeyFormatError("missing-key-window", f"member {member!r} is required")
+    not_before = parse_rfc3339(entry["not_before"], round_up=True)
+    not_after = parse_rfc3339(entry["not_after"])
+    return DirectoryKey(public, not_before, not_after)
+
+
+def parse_directory(
+    body: bytes, *, max_keys: int = MAX_DIRECTORY_KEYS, max_bytes: int = MAX_DIRECTORY_BYTES
+) -> Directory:
+    """Parse a served directory strictly; any faulty entry refuses the whole document.
+
+    Unknown members are tolerated; an empty ``keys`` array is accepted (it means "no key").
+    """
+    doc = _load_json(body, max_bytes, "malformed-directory", "directory-too-large", "directory")
+    if not isinstance(doc, dict):
+        raise KeyFormatError("malformed-directory", "a directory is a JSON object")
+    entries = doc.get("keys")
+    if not isinstance(entries, list):
+        raise KeyFormatError("malformed-directory", "member 'keys' (array) is required")
+    if len(entries) > max_keys:
+        raise KeyFormatError("too-many-keys", f"{len(entries)} keys; at most {max_keys} are accepted")
+    # A leaked private key anywhere refuses the document before any other check can stop earlier.
+    for i, entry in enumerate(entries):
+        if isinstance(entry, Mapping) and PRIVATE_JWK_MEMBERS.intersection(entry):
+            raise KeyFormatError("private-member-in-directory", f"keys[{i}] carries private key material")
+    keys: list[DirectoryKey] = []
+    for i, entry in enumerate(entries):
+        try:
+            keys.append(parse_directory_key(entry))
+        except KeyFormatError as exc:
+            raise KeyFormatError(exc.reason, f"keys[{i}]: {exc.detail}") from exc
+    url = doc.get("revocation_url")
+    if url is not None and not isinstance(url, str):
+        raise KeyFormatError("bad-revocation-url", "revocation_url must be a string")
+    return Directory(tuple(keys), url or None)
+
+
+# --------------------------------------------------------------------------------------------
+# Revocation list
+
+
+@dataclass(frozen=True)
+class RevocationList:
+    """A KeyRevocationList snapshot: the thumbprints revoked as of ``as_of`` (unix seconds)."""
+
+    as_of: int
+    revoked: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        revoked = frozenset(self.revoked)
+        bad = next((t for t in sorted(revoked) if not is_thumbprint(t)), None)
+        if bad is not None:
+            raise KeyFormatError("malformed-thumbprint", f"{bad!r} is not an RFC 7638 thumbprint")
+        object.__setattr__(self, "revoked", revoked)
+
+    def is_revoked(self, thumbprint: str) -> bool:
+        return thumbprint in self.revoked
+
+
+def render_revocation_list(rl: RevocationList) -> bytes:
+    """Compact JSON ``{"as_of":RFC3339,"revoked":[sorted thumbprints]}``."""
+    return _compact({"as_of": format_rfc3339(rl.as_of), "revoked": sorted(rl.revoked)})
+
+
+def parse_revocation_list(
+    body: bytes, *, max_entries: int = MAX_REVOKED_THUMBPRINTS, max_bytes: int = MAX_REVOCATION_LIST_BYTES
+) -> RevocationList:
+    """Parse a KeyRevocationList strictly: ``as_of`` required; every entry a canonical thumbprint."""
+    reason = "malformed-revocation-list"
+    doc = _load_json(body, max_bytes, reason, "revocation-list-too-large", "revocation list")
+    if not isinstance(doc, dict):
+        raise KeyFormatError(reason, "a revocation list is a JSON object")
+    if "as_of" not in doc:
+        raise KeyFormatError(reason, "member 'as_of' is required")
+    as_of = parse_rfc3339(doc["as_of"])
+    entries = doc.get("revoked", [])  # proto-JSON omits an empty repeated field
+    if not isinstance(entries, list):
+        raise KeyFormatError(reason, "member 'revoked' must be an array")
+    if len(entries) > max_entries:
+        raise KeyFormatError("revocation-list-too-large", f"more than {max_entries} revoked thumbprints")
+    for i, entry in enumerate(entries):
+        if not is_thumbprint(entry):
+            raise KeyFormatError("malformed-thumbprint", f"revoked[{i}] is not an RFC 7638 thumbprint")
+    return RevocationList(as_of, frozenset(entries))
+
+
+def merge_revocation_lists(current: RevocationList | None, fresh: RevocationList) -> RevocationList:
+    """The set to hold after a poll: ``fresh`` replaces ``current`` but a revoked thumbprint stays
+    revoked (spec "States and transitions"), and a snapshot older than ``current`` changes nothing."""
+    if current is None:
+        return fresh
+    if fresh.as_of < current.as_of:
+        return current
+    return RevocationList(fresh.as_of, fresh.revoked | current.revoked)
+
+
+def next_poll_delay(rand: float) -> float:
+    """Seconds until the next revocation poll: 300 s +/- 10 %, from a uniform ``rand`` in [0, 1)."""
+    if not 0.0 <= rand < 1.0:
+        raise ValueError("rand must be in [0, 1)")
+    return REVOCATION_POLL_INTERVAL_S * (1.0 + REVOCATION_POLL_JITTER * (2.0 * rand - 1.0))
+
+
+# --------------------------------------------------------------------------------------------
+# Choosing and publishing our own keys
+
+
+@dataclass(frozen=True)
+class KeyRecord:
+    """What a key store knows about one of our keys (all times unix seconds)."""
+
+    thumbprint: str
+    not_before: int
+    not_after: int
+    created_at: int
+    revoked: bool = False
+
+    def valid_at(self, now: float) -> bool:
+        return self.not_before <= now < self.not_after
+
+
+def choose_signing_key(records: Iterable[KeyRecord], now: float) -> KeyRecord | None:
+    """The newest key (largest ``not_before``, then ``created_at``) valid at ``now`` and not revoked."""
+    usable = [r for r in records if r.valid_at(now) and not r.revoked]
+    if not usable:
+        return None
+    return max(usable, key=lambda r: (r.not_before, r.created_at, r.thumbprint))
+
+
+def key_state(record: KeyRecord, records: Iterable[KeyRecord], now: float) -> str:
+    """One of ``revoked``, ``expired``, ``next``, ``active`` (the chosen key) or ``retiring``."""
+    if record.revoked:
+        return "revoked"
+    if now >= record.not_after:
+        return "expired"
+    if now < record.not_before:
+        return "next"
+    chosen = choose_signing_key(records, now)
+    if chosen is not None and chosen.thumbprint == record.thumbprint:
+        return "active"
+    return "retiring"
+
+
+def publishable(records: Iterable[KeyRecord], now: float) -> tuple[KeyRecord, ...]:
+    """Keys to serve in our directory: not revoked and not expired (current and next ones),
+    ordered by ``not_before``, ``created_at``, thumbprint so the served bytes are stable."""
+    keep = [r for r in records if not r.revoked and now < r.not_after]
+    return tuple(sorted(keep, key=lambda r: (r.not_before, r.created_at, r.thumbprint)))

@@ -1,0 +1,114 @@
+"""Target URIs: parse what arrives, canonicalize once, and send exactly what was signed.
+
+RFC 9421 gives ``@target-uri`` no normalization of its own: a verifier rebuilds it from the
+request it receives (RFC 9112 section 3.3). So the proxy canonicalizes the URI once (lower-case
+scheme and host, default port omitted, empty path -> ``/``, no userinfo, no fragment) and puts
+exactly that on the wire. Path and query are kept byte-for-byte: never decoded, never re-encoded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import FieldError
+
+__all__ = ["DEFAULT_PORTS", "Target", "parse_absolute_uri", "parse_authority"]
+
+DEFAULT_PORTS = {"http": 80, "https": 443}
+
+# RFC 3986 characters allowed in a request-target on the wire (percent-encoded form), plus '%'.
+_TARGET_CHARS = frozenset(
+    "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-._~:/?#[]@!$&'()*+,;=%"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """A request target in canonical form; ``path_query`` is the origin-form request-target."""
+
+    scheme: str
+    host: str  # lower-case; IPv6 literals keep their brackets
+    port: int
+    path_query: str
+
+    @property
+    def authority(self) -> str:
+        """Host with the port only when it is not the scheme's default (RFC 9110 section 4.2.3)."""
+        if DEFAULT_PORTS.get(self.scheme) == self.port:
+            return self.host
+        return f"{self.host}:{self.port}"
+
+    @property
+    def uri(self) -> str:
+        return f"{self.scheme}://{self.authority}{self.path_query}"
+
+    @property
+    def path(self) -> str:
+        return self.path_query.split("?", 1)[0]
+
+    @property
+    def query(self) -> str:
+        """RFC 9421 ``@query``: with the leading ``?``; ``?`` alone when there is none."""
+        _, sep, query = self.path_query.partition("?")
+        return "?" + query if sep else "?"
+
+    def with_path_query(self, path_query: str) -> Target:
+        return Target(self.scheme, self.host, self.port, canonical_path_query(path_query))
+
+
+def canonical_path_query(path_query: str) -> str:
+    """Drop a fragment and a bare trailing ``?``; empty path -> ``/``; refuse bytes not allowed on a wire."""
+    path_query = path_query.split("#", 1)[0]
+    if path_query.endswith("?"):
+        path_query = path_query[:-1]  # libraries disagree on an empty query; never send one
+    if not path_query.startswith("/"):
+        if path_query.startswith("?") or not path_query:
+            path_query = "/" + path_query
+        else:
+            raise FieldError("malformed-target", "request-target must start with '/'")
+    if not _TARGET_CHARS.issuperset(path_query):
+        raise FieldError("malformed-target", "request-target has characters that must be percent-encoded")
+    return path_query
+
+
+def parse_authority(authority: str, scheme: str) -> tuple[str, int]:
+    """Split ``host[:port]`` (IPv6 in brackets) into a lower-case host and a port."""
+    if "@" in authority:
+        authority = authority.rsplit("@", 1)[1]  # userinfo is never sent (RFC 9110 section 4.2.4)
+    if authority.startswith("["):
+        end = authority.find("]")
+        if end < 0:
+            raise FieldError("malformed-target", "unterminated IPv6 literal")
+        host, rest = authority[: end + 1], authority[end + 1 :]
+        if rest and not rest.startswith(":"):
+            raise FieldError("malformed-target", "junk after IPv6 literal")
+        port_text = rest[1:]
+    else:
+        host, _, port_text = authority.partition(":")
+    if not host or not host.isascii() or any(c in host for c in " /?#\\"):
+        raise FieldError("malformed-target", "missing or invalid host")
+    if port_text:
+        if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+            raise FieldError("malformed-target", "invalid port")
+        port = int(port_text)
+    else:
+        default = DEFAULT_PORTS.get(scheme)
+        if default is None:
+            raise FieldError("malformed-target", f"no default port for scheme {scheme!r}")
+        port = default
+    return host.lower(), port
+
+
+def parse_absolute_uri(uri: str) -> Target:
+    """Parse an absolute-form ``http://`` or ``https://`` URI into its canonical Target."""
+    scheme, sep, rest = uri.partition("://")
+    scheme = scheme.lower()
+    if not sep or scheme not in DEFAULT_PORTS:
+        raise FieldError("unsupported-scheme", "only absolute http:// and https:// targets are proxied")
+    cut = len(rest)
+    for ch in "/?#":
+        pos = rest.find(ch)
+        if 0 <= pos < cut:
+            cut = pos
+    host, port = parse_authority(rest[:cut], scheme)
+    return Target(scheme, host, port, canonical_path_query(rest[cut:]))

@@ -1,0 +1,1 @@
+"""Everything that awaits: listeners, handlers, TLS interception, upstream client, relay, caches."""

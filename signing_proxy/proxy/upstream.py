@@ -1,0 +1,353 @@
+"""Upstream HTTP/1.1: pooled keep-alive connections, exact bytes out, responses streamed back.
+
+A request goes out as the bytes the pipeline serialized (nothing re-encodes the URL or adds a
+header after signing). The response is parsed with llhttp (httptools) and handed, chunk by chunk,
+to a ``ResponseSink`` — the client connection — which writes it on at once. When the client
+cannot keep up, the sink pauses this connection's reading, so memory stays flat for any size.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import ssl
+import time
+import typing
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+import httptools
+
+from ..config import UpstreamConfig
+from ..core.uri import Target
+from .problems import ProxyError
+
+__all__ = ["ResponseHead", "ResponseSink", "UpstreamConnection", "UpstreamPool", "client_tls_context"]
+
+POOL_IDLE_S = 30.0  # close pooled connections idle this long (below common server keep-alive of 60-75 s)
+
+
+def client_tls_context(ca_file: str | None = None, *, only: str | None = None) -> ssl.SSLContext:
+    """Verifying client context: system store plus ``ca_file``; or ``only`` that CA (pinned)."""
+    if only is not None:
+        ctx = ssl.create_default_context(cafile=str(Path(only).expanduser()))
+    else:
+        ctx = ssl.create_default_context()
+        if ca_file:
+            ctx.load_verify_locations(cafile=str(Path(ca_file).expanduser()))
+    ctx.set_alpn_protocols(["http/1.1"])
+    return ctx
+
+
+class ResponseHead:
+    """Status line and field lines of an upstream response."""
+
+    __slots__ = ("content_length", "headers", "keep_alive", "reason", "status", "version")
+
+    def __init__(
+        self,
+        *,
+        status: int,
+        reason: str,
+        version: str,
+        headers: list[tuple[bytes, bytes]],
+        content_length: int | None,
+        keep_alive: bool,
+    ) -> None:
+        self.status = status
+        self.reason = reason
+        self.version = version
+        self.headers = headers
+        self.content_length = content_length
+        self.keep_alive = keep_alive
+
+
+class ResponseSink(Protocol):
+    """Receives a response as it arrives; implemented by the client side."""
+
+    def on_head(self, head: ResponseHead) -> None: ...
+    def on_body(self, data: bytes) -> None: ...
+    def on_complete(self) -> None: ...
+    def on_fail(self, error: ProxyError) -> None: ...
+
+
+class UpstreamConnection(asyncio.Protocol):
+    """One keep-alive connection to one upstream origin, serving one exchange at a time."""
+
+    def __init__(self, key: tuple[str, str, int], read_timeout_s: float) -> None:
+        self.key = key
+        self.read_timeout_s = read_timeout_s
+        self.transport: asyncio.Transport | None = None
+        self.sink: ResponseSink | None = None
+        self.reusable = False
+        self.used = False  # a reused connection may have been closed by the server meanwhile
+        self._parser: httptools.HttpResponseParser | None = None
+        self._head_only = False
+        self._status_reason = b""
+        self._headers: list[tuple[bytes, bytes]] = []
+        self._head_sent = False
+        self._got_bytes = False
+        self._close_delimited = False
+        self._last_activity = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        self._idle_timer: asyncio.TimerHandle | None = None
+        self.bytes_in = 0
+
+    # --- transport callbacks ---
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = typing.cast(asyncio.Transport, transport)  # uvloop's are not subclasses
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes) -> None:
+        self._last_activity = time.monotonic()
+        self._got_bytes = True
+        self.bytes_in += len(data)
+        if self._parser is None:  # bytes while idle: the server is confused; never reuse
+            self.reusable = False
+            self.close()
+            return
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._fail(ProxyError(502, "upstream-bad-response", f"malformed response from upstream ({exc})"))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.reusable = False
+        self._cancel_timers()
+        if self.sink is None:
+            return
+        if self._head_sent and self._close_delimited:
+            self._complete()  # a close-delimited body ends at EOF (RFC 9112 section 6.3 rule 8)
+        elif not self._got_bytes:
+            self._fail(
+                ProxyError(502, "upstream-reset", "the upstream closed the connection before answering")
+            )
+        else:
+            self._fail(ProxyError(502, "upstream-reset", "the upstream closed the connection mid-response"))
+
+    def pause_writing(self) -> None:  # request bodies are small enough to buffer; nothing to do
+        pass
+
+    def resume_writing(self) -> None:
+        pass
+
+    # --- llhttp callbacks ---
+    def on_status(self, status: bytes) -> None:
+        self._status_reason += status
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        parser = self._parser
+        assert parser is not None
+        assert self.sink is not None
+        status = parser.get_status_code()
+        if 100 <= status < 200:  # interim response: not forwarded; the final one follows
+            self._headers = []
+            self._status_reason = b""
+            return
+        content_length = None
+        chunked = False
+        for name, value in self._headers:
+            lname = name.lower()
+            if lname == b"content-length":
+                with contextlib.suppress(ValueError):
+                    content_length = int(value)
+            elif lname == b"transfer-encoding" and b"chunked" in value.lower():
+                chunked = True
+        no_body = self._head_only or status in (204, 304)
+        self._close_delimited = not no_body and not chunked and content_length is None
+        head = ResponseHead(
+            status=status,
+            reason=self._status_reason.decode("latin-1"),
+            version=parser.get_http_version(),
+            headers=self._headers,
+            content_length=content_length,
+            keep_alive=parser.should_keep_alive() and not self._close_delimited,
+        )
+        self.reusable = head.keep_alive
+        self._head_sent = True
+        self.sink.on_head(head)
+        if self._head_only:  # llhttp would wait for Content-Length bytes that a HEAD answer never has
+            self._parser = None
+            self._complete()
+
+    def on_body(self, body: bytes) -> None:
+        if self.sink is not None:
+            self.sink.on_body(body)
+
+    def on_message_complete(self) -> None:
+        if self._head_sent:
+            self._complete()
+
+    # --- driving one exchange ---
+    def start(self, request: bytes, sink: ResponseSink, *, head_only: bool) -> None:
+        """Send one request; the response goes to ``sink``."""
+        assert self.transport is not None
+        self._cancel_timers()
+        self.sink = sink
+        self._parser = httptools.HttpResponseParser(self)
+        self._head_only = head_only
+        self._status_reason = b""
+        self._headers = []
+        self._head_sent = False
+        self._got_bytes = False
+        self._close_delimited = False
+        self._last_activity = time.monotonic()
+        self._timer = asyncio.get_running_loop().call_later(self.read_timeout_s, self._check_timeout)
+        self.transport.write(request)
+
+    def _check_timeout(self) -> None:
+        idle = time.monotonic() - self._last_activity
+        if idle < self.read_timeout_s:
+            self._timer = asyncio.get_running_loop().call_later(
+                self.read_timeout_s - idle, self._check_timeout
+            )
+            return
+        self.reusable = False
+        self._fail(
+            ProxyError(504, "upstream-timeout", f"no data from upstream for {self.read_timeout_s:g} s")
+        )
+        self.close()
+
+    def _complete(self) -> None:
+        sink, self.sink = self.sink, None
+        self._parser = None
+        self._cancel_timers()
+        if sink is not None:
+            sink.on_complete()
+
+    def _fail(self, error: ProxyError) -> None:
+        sink, self.sink = self.sink, None
+        self.reusable = False
+        self._cancel_timers()
+        if sink is not None:
+            sink.on_fail(error)
+        self.close()
+
+    def _cancel_timers(self) -> None:
+        for timer in (self._timer, self._idle_timer):
+            if timer is not None:
+                timer.cancel()
+        self._timer = self._idle_timer = None
+
+    def set_idle_timer(self, seconds: float, on_expire: Callable[[], None]) -> None:
+        self._idle_timer = asyncio.get_running_loop().call_later(seconds, on_expire)
+
+    def pause_reading(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.resume_reading()
+
+    def close(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()
+
+    @property
+    def is_usable(self) -> bool:
+        return self.reusable and self.transport is not None and not self.transport.is_closing()
+
+
+class UpstreamPool:
+    """Idle keep-alive connections per (scheme, host, port); opens new ones with bounded waits."""
+
+    def __init__(self, config: UpstreamConfig, *, connect_timeout_s: float, read_timeout_s: float) -> None:
+        self.config = config
+        self.connect_timeout_s = connect_timeout_s
+        self.read_timeout_s = read_timeout_s
+        self._idle: dict[tuple[str, str, int], deque[UpstreamConnection]] = {}
+        self._tls_default = client_tls_context(config.ca_file)
+        self._tls_pinned = {
+            host.lower(): client_tls_context(only=path) for host, path in config.pin_ca_files.items()
+        }
+        self.connections_opened = 0
+
+    def _tls_for(self, host: str) -> ssl.SSLContext:
+        return self._tls_pinned.get(host, self._tls_default)
+
+    def take_idle(self, target: Target) -> UpstreamConnection | None:
+        queue = self._idle.get((target.scheme, target.host, target.port))
+        while queue:
+            conn = queue.pop()
+            conn._cancel_timers()
+            if conn.is_usable:
+                return conn
+        return None
+
+    async def connect(self, target: Target) -> UpstreamConnection:
+        key = (target.scheme, target.host, target.port)
+        loop = asyncio.get_running_loop()
+        tls = self._tls_for(target.host) if target.scheme == "https" else None
+        host = target.host.strip("[]")
+        try:
+            _transport, conn = await asyncio.wait_for(
+                loop.create_connection(
+                    lambda: UpstreamConnection(key, self.read_timeout_s),
+                    host,
+                    target.port,
+                    ssl=tls,
+                    server_hostname=host if tls else None,
+                ),
+                self.connect_timeout_s,
+            )
+        except TimeoutError:
+            raise ProxyError(
+                504,
+                "upstream-connect-timeout",
+                f"connecting to {target.authority} took over {self.connect_timeout_s:g} s",
+            ) from None
+        except ssl.SSLCertVerificationError as exc:
+            raise ProxyError(
+                502,
+                "upstream-certificate-invalid",
+                f"{target.authority}: {exc.verify_message or 'certificate verification failed'}",
+            ) from None
+        except ssl.SSLError as exc:
+            raise ProxyError(
+                502, "upstream-tls-failed", f"{target.authority}: TLS handshake failed ({exc.reason})"
+            ) from None
+        except socket.gaierror:
+            raise ProxyError(502, "upstream-dns-failed", f"cannot resolve {target.host}") from None
+        except OSError as exc:
+            raise ProxyError(
+                502, "upstream-connect-failed", f"{target.authority}: {exc.strerror or exc}"
+            ) from None
+        self.connections_opened += 1
+        return conn
+
+    def release(self, conn: UpstreamConnection) -> None:
+        """Return a connection after a complete exchange; keep it only if it may be reused."""
+        conn.sink = None
+        conn.used = True
+        if not conn.is_usable:
+            conn.close()
+            return
+        queue = self._idle.setdefault(conn.key, deque())
+        if len(queue) >= self.config.pool_max_idle_per_host:
+            conn.close()
+            return
+        queue.append(conn)
+
+        def expire() -> None:
+            with contextlib.suppress(ValueError):
+                queue.remove(conn)
+            conn.close()
+
+        conn.set_idle_timer(POOL_IDLE_S, expire)
+
+    def close(self) -> None:
+        for queue in self._idle.values():
+            for conn in queue:
+                conn._cancel_timers()
+                conn.close()
+        self._idle.clear()

@@ -1,0 +1,93 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from signing_proxy.core.errors import FieldError, KeyFormatError
+from signing_proxy.core.fields import Fields
+from signing_proxy.core.jwk import PublicKey, SigningKey, load_private_key, public_key_from_jwk
+from signing_proxy.core.uri import parse_absolute_uri
+
+
+def test_fields_absent_is_not_empty() -> None:
+    fields = Fields([("Authorization", "")])
+    assert fields.combined("authorization") == ""
+    assert fields.combined("signature-agent") is None
+
+
+def test_fields_repeated_lines_join_with_comma_space_in_order() -> None:
+    fields = Fields([("Accept", "a"), ("X", "1"), ("accept", "  b  ")])
+    assert fields.combined("ACCEPT") == "a, b"
+    assert fields.get_all("accept") == ["a", "  b  "]
+    fields.set("Accept", "c")
+    assert list(fields) == [("X", "1"), ("Accept", "c")]
+    assert fields.remove("x", "accept") == 2
+    assert len(fields) == 0
+
+
+def test_fields_repr_hides_values() -> None:
+    assert "secret" not in repr(Fields([("Authorization", "Bearer secret")]))
+
+
+def test_key_pem_and_jwk_round_trip() -> None:
+    key = SigningKey.generate()
+    assert SigningKey.from_pem(key.to_pem()).thumbprint == key.thumbprint
+    jwk = key.to_jwk()
+    assert set(jwk) == {"kty", "crv", "x", "d"}
+    assert load_private_key(json.dumps(jwk).encode()).thumbprint == key.thumbprint
+    assert load_private_key(key.to_pem()).thumbprint == key.thumbprint
+    assert public_key_from_jwk(key.public.jwk()).thumbprint == key.thumbprint
+    assert jwk["d"] not in repr(key)
+    assert PublicKey.from_raw(key.public.raw).verify(key.sign(b"x"), b"x")
+
+
+@pytest.mark.parametrize(
+    ("jwk", "reason"),
+    [
+        ({"kty": "RSA", "n": "x", "e": "AQAB"}, "unsupported-key-type"),
+        ({"kty": "OKP", "crv": "X25519", "x": "A" * 43}, "unsupported-key-type"),
+        ({"kty": "OKP", "crv": "Ed25519", "x": "AAAA"}, "malformed-jwk"),
+        (
+            {"kty": "OKP", "crv": "Ed25519", "x": "JrQLj5P_89iXES9-vFgrIy29clF9CC_oPPsw3c5D0bs="},
+            "malformed-jwk",
+        ),
+        (
+            {"kty": "OKP", "crv": "Ed25519", "x": "JrQLj5P_89iXES9-vFgrIy29clF9CC_oPPsw3c5D0bs", "d": "x"},
+            "private-member-in-public-jwk",
+        ),
+    ],
+)
+def test_public_jwk_is_strict(jwk: dict[str, str], reason: str) -> None:
+    with pytest.raises(KeyFormatError) as err:
+        public_key_from_jwk(jwk)
+    assert err.value.reason == reason
+
+
+def test_private_jwk_with_mismatched_x_is_refused() -> None:
+    a, b = SigningKey.generate(), SigningKey.generate()
+    with pytest.raises(KeyFormatError):
+        SigningKey.from_jwk({**a.to_jwk(), "x": b.public.jwk()["x"]})
+    with pytest.raises(KeyFormatError):
+        load_private_key(b"not a key")
+
+
+@pytest.mark.parametrize(
+    ("raw", "uri"),
+    [
+        ("http://Example.COM:80/a", "http://example.com/a"),
+        ("HTTPS://example.com:443", "https://example.com/"),
+        ("https://example.com:8443/p%2dq?x=%41", "https://example.com:8443/p%2dq?x=%41"),
+        ("http://user:pw@example.com/x#frag", "http://example.com/x"),
+        ("http://[::1]:8080/x?", "http://[::1]:8080/x"),
+        ("http://example.com?q=1", "http://example.com/?q=1"),
+    ],
+)
+def test_target_uri_is_canonical_and_byte_exact(raw: str, uri: str) -> None:
+    assert parse_absolute_uri(raw).uri == uri
+
+
+@pytest.mark.parametrize("raw", ["ftp://x/", "http://", "http://x:99999/", "http://x/a b", "http://[::1/"])
+def test_bad_targets_are_refused(raw: str) -> None:
+    with pytest.raises(FieldError):
+        parse_absolute_uri(raw)

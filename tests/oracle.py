@@ -1,0 +1,73 @@
+"""An independent RFC 9421 check: the PyPI package ``http-message-signatures`` (pyauth) verifies
+what our code emits, so our signer is never only checked by our own verifier."""
+
+from __future__ import annotations
+
+import datetime
+import warnings
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from http_message_signatures import HTTPMessageVerifier, MappingKeyResolver, algorithms
+from http_message_signatures.signatures import SignatureVerifyWarning
+
+SPEC_FIVE = ("@method", "@target-uri", "content-digest", "authorization", "signature-agent")
+
+
+class _Headers:
+    def __init__(self, lines: Iterable[tuple[str, str]]) -> None:
+        self._lines = list(lines)
+
+    def items(self) -> list[tuple[str, str]]:
+        return list(self._lines)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(dict.fromkeys(n for n, _ in self._lines))
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and any(n.lower() == name.lower() for n, _ in self._lines)
+
+    def __getitem__(self, name: str) -> str:
+        return ", ".join(v for n, v in self._lines if n.lower() == name.lower())
+
+
+@dataclass
+class OracleRequest:
+    method: str
+    url: str
+    headers: _Headers
+
+
+def oracle_verify(
+    method: str,
+    url: str,
+    lines: Iterable[tuple[str, str]],
+    body: bytes,
+    public_keys: dict[str, Ed25519PublicKey],
+    *,
+    labels: Iterable[str] = ("agent",),
+    check_time: bool = True,
+) -> list[str]:
+    """Verify each label with pyauth's verifier and return the labels it accepted (raises otherwise)."""
+    request = OracleRequest(method, url, _Headers(lines))
+    verifier = HTTPMessageVerifier(
+        signature_algorithm=algorithms.ED25519,
+        key_resolver=MappingKeyResolver(public_keys=public_keys, private_keys={}),
+    )
+    verifier.allow_label_only_selection = True
+    if not check_time:
+        verifier.validate_created_and_expires = lambda *_a, **_k: None  # type: ignore[method-assign]
+    accepted = []
+    for label in labels:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", SignatureVerifyWarning)
+            results = verifier.verify(
+                request,
+                expect_label=label,
+                max_age=datetime.timedelta(hours=1) if check_time else None,
+                body=body,
+                require_components=SPEC_FIVE,
+            )
+        accepted.extend(r.label for r in results)
+    return accepted
