@@ -1,0 +1,284 @@
+"""Loopback harness: a verifying origin, and ``signing-proxy run`` as a real child process.
+
+The origin checks every request it receives twice — with our ``core`` verifier and with the
+independent ``http-message-signatures`` package — and records the verdicts, so a test can assert
+on what really arrived. Everything binds 127.0.0.1 port 0, every wait is bounded, and each
+helper stops what it started (by PID).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import ssl
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from aiohttp import web
+
+from signing_proxy.core.errors import VerificationError
+from signing_proxy.core.fields import Fields
+from signing_proxy.core.jwk import PublicKey, SigningKey
+from signing_proxy.core.signatures import Message, VerificationKey, verify_stack
+from signing_proxy.core.uri import parse_absolute_uri
+from tests.oracle import oracle_verify
+
+WAIT_S = 15.0
+
+
+@dataclass
+class Arrival:
+    """One request as the origin received it, with both verdicts."""
+
+    method: str
+    target_uri: str
+    lines: list[tuple[str, str]]
+    body: bytes
+    verified: bool
+    reason: str | None
+    labels: list[str]
+    oracle: str  # "ok" or the oracle's error
+    keyids: list[str] = field(default_factory=list)
+
+    def header(self, name: str) -> str | None:
+        return Fields(self.lines).combined(name)
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class VerifyingOrigin:
+    """An aiohttp origin on its own thread and loop that verifies every request it receives."""
+
+    def __init__(
+        self,
+        keys: dict[str, PublicKey] | None = None,
+        *,
+        tls: ssl.SSLContext | None = None,
+        handler: Handler | None = None,
+        now: Callable[[], float] = time.time,
+    ) -> None:
+        self.keys = keys or {}
+        self.tls = tls
+        self.handler = handler
+        self.now = now
+        self.arrivals: list[Arrival] = []
+        self.port = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._runner: web.AppRunner | None = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.tls else "http"
+
+    def url(self, path: str = "/") -> str:
+        return f"{self.scheme}://127.0.0.1:{self.port}{path}"
+
+    def trust(self, *keys: SigningKey | PublicKey) -> None:
+        for key in keys:
+            public = key.public if isinstance(key, SigningKey) else key
+            self.keys[public.thumbprint] = public
+
+    def verify(self, method: str, target_uri: str, lines: list[tuple[str, str]], body: bytes) -> Arrival:
+        message = Message(method, parse_absolute_uri(target_uri), Fields(lines))
+        verified, reason, labels, keyids = False, None, [], []
+        try:
+            stack = verify_stack(
+                message,
+                body,
+                lambda e, _i: VerificationKey(self.keys[e.keyid]) if e.keyid in self.keys else None,
+                now=self.now(),
+            )
+            verified, labels, keyids = (
+                True,
+                [s.label for s in stack.signatures],
+                [s.keyid for s in stack.signatures],
+            )
+        except VerificationError as exc:
+            reason = exc.reason
+        oracle = "not-run"
+        if verified:
+            try:
+                oracle_verify(
+                    method, target_uri, lines, body, {k: v.key for k, v in self.keys.items()}, labels=labels
+                )
+                oracle = "ok"
+            except Exception as exc:  # the oracle's own exception types
+                oracle = f"{type(exc).__name__}: {exc}"
+        return Arrival(method, target_uri, lines, body, verified, reason, labels, oracle, keyids)
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        lines = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.raw_headers]
+        target = f"{self.scheme}://{request.headers.get('Host', '')}{request.raw_path}"
+        arrival = self.verify(request.method, target, lines, body)
+        self.arrivals.append(arrival)
+        if self.handler is not None:
+            return await self.handler(request)
+        return web.json_response(
+            {
+                "verified": arrival.verified,
+                "reason": arrival.reason,
+                "labels": arrival.labels,
+                "oracle": arrival.oracle,
+            }
+        )
+
+    def __enter__(self) -> VerifyingOrigin:
+        self._thread = threading.Thread(target=self._run, name="verifying-origin", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(WAIT_S):
+            raise RuntimeError("origin did not start")
+        return self
+
+    def _run(self) -> None:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+
+        async def start() -> None:
+            app = web.Application(client_max_size=512 * 1024 * 1024)
+            app.router.add_route("*", "/{tail:.*}", self._handle)
+            self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+            await self._runner.setup()
+            site = web.TCPSite(self._runner, "127.0.0.1", 0, ssl_context=self.tls)
+            await site.start()
+            server = site._server
+            assert server is not None
+            self.port = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
+
+        loop.run_until_complete(start())
+        self._ready.set()
+        loop.run_forever()
+        assert self._runner is not None
+        loop.run_until_complete(self._runner.cleanup())
+        loop.close()
+
+    def __exit__(self, *_exc: object) -> None:
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        if self._thread is not None:
+            self._thread.join(WAIT_S)
+
+
+class ProxyProcess:
+    """``python -m signing_proxy run`` with a config written to a temp dir; stopped by PID."""
+
+    def __init__(
+        self,
+        tmp: Path,
+        config: dict[str, Any] | None = None,
+        *,
+        key: SigningKey | None = None,
+        extra_args: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.tmp = tmp
+        self.key = key or SigningKey.generate()
+        self.config = {"listen": "127.0.0.1:0", "data_dir": str(tmp / "data"), **(config or {})}
+        self.extra_args = extra_args
+        self.env = env
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.port = 0
+        self.stderr_lines: list[str] = []
+        self._reader: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> ProxyProcess:
+        key_path = self.tmp / "agent-key.pem"
+        if not key_path.exists():
+            fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(self.key.to_pem())
+        self.config.setdefault("signing", {}).setdefault("key", str(key_path))
+        config_path = self.tmp / "config.yaml"
+        config_path.write_text(yaml.safe_dump(self.config))
+        env = {**os.environ, **(self.env or {})}
+        for name in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+            env.pop(name, None)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "signing_proxy", "run", "--config", str(config_path), *self.extra_args],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            env=env,
+        )
+        ready = threading.Event()
+
+        def read() -> None:
+            assert self.proc is not None and self.proc.stderr is not None
+            for raw in self.proc.stderr:
+                line = raw.decode(errors="replace").rstrip()
+                self.stderr_lines.append(line)
+                if "listening on http://" in line and not self.port:
+                    self.port = int(line.split("listening on http://", 1)[1].split()[0].rsplit(":", 1)[1])
+                    ready.set()
+            ready.set()
+
+        self._reader = threading.Thread(target=read, daemon=True)
+        self._reader.start()
+        if not ready.wait(WAIT_S) or not self.port:
+            self.__exit__()
+            raise RuntimeError("proxy did not start:\n" + "\n".join(self.stderr_lines))
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(WAIT_S)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(WAIT_S)
+        if self._reader is not None:
+            self._reader.join(WAIT_S)
+        if self.proc is not None and self.proc.stderr is not None:
+            self.proc.stderr.close()
+
+    def rss_kib(self) -> int:
+        assert self.proc is not None
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+        raise RuntimeError("no VmRSS")
+
+    def hwm_kib(self) -> int:
+        assert self.proc is not None
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+        raise RuntimeError("no VmHWM")
+
+    def access_lines(self) -> list[dict[str, Any]]:
+        out = []
+        for line in self.stderr_lines:
+            start = line.find("{")
+            if start >= 0:
+                with contextlib.suppress(ValueError):
+                    doc = json.loads(line[start:])
+                    if doc.get("event") == "request":
+                        out.append(doc)
+        return out
+
+
+@contextlib.contextmanager
+def proxy_env(monkeypatch: Any, proxy_url: str, *, https: bool = False) -> Iterator[None]:
+    """Point every client at the proxy through the environment only."""
+    for name in ("NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    for name in ("HTTP_PROXY", "http_proxy") + (("HTTPS_PROXY", "https_proxy") if https else ()):
+        monkeypatch.setenv(name, proxy_url)
+    yield
