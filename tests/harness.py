@@ -219,7 +219,8 @@ class ProxyProcess:
         ready = threading.Event()
 
         def read() -> None:
-            assert self.proc is not None and self.proc.stderr is not None
+            assert self.proc is not None
+            assert self.proc.stderr is not None
             for raw in self.proc.stderr:
                 line = raw.decode(errors="replace").rstrip()
                 self.stderr_lines.append(line)

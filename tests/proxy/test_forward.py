@@ -52,7 +52,7 @@ def _env(monkeypatch: pytest.MonkeyPatch, proxy: ProxyProcess, origin: Verifying
         yield
 
 
-def send(
+def send(  # noqa: PLR0917 - a test helper mirroring client call shapes
     client: str,
     method: str,
     url: str,
@@ -225,18 +225,16 @@ def test_target_bytes_are_signed_and_sent_exactly_as_received(
 ) -> None:
     path = "/p%2dq/%7E/a%2Fb?x=%41&y=a%2fb&z=%7e"  # percent-encodings never decoded, case never changed
     with socket.create_connection(("127.0.0.1", proxy.port), timeout=WAIT_S) as sock:
-        sock.sendall(
-            f"GET http://127.0.0.1:{origin.port}{path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode()
-        )
+        head = f"GET http://127.0.0.1:{origin.port}{path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        sock.sendall(head.encode())
         assert _read_all(sock).startswith(b"HTTP/1.1 200")
     assert_signed(last(origin), "GET", origin.url(path))
 
 
 def test_host_case_and_default_port_are_canonicalized(origin: VerifyingOrigin, proxy: ProxyProcess) -> None:
     with socket.create_connection(("127.0.0.1", proxy.port), timeout=WAIT_S) as sock:
-        sock.sendall(
-            f"GET HTTP://127.0.0.1:{origin.port}/c?#frag HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode()
-        )
+        head = f"GET HTTP://127.0.0.1:{origin.port}/c?#frag HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        sock.sendall(head.encode())
         assert _read_all(sock).startswith(b"HTTP/1.1 200")
     assert_signed(last(origin), "GET", origin.url("/c"))
 
