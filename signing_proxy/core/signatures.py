@@ -13,6 +13,7 @@ then verify purely and return a frozen ``VerifiedStack`` — the only thing a ca
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,21 +56,27 @@ _KNOWN_PARAMS = frozenset({"keyid", "alg", "created", "expires", "nonce", "tag"}
 _SF_INT_MAX = 999_999_999_999_999  # RFC 8941 section 3.3.1: at most 15 digits
 
 
+def serialize_sf_string(value: str) -> str:
+    """RFC 8941 section 4.1.6 String: printable ASCII in double quotes, ``\\`` and ``"`` escaped."""
+    if not (value.isascii() and value.isprintable()):  # exactly %x20-7E
+        raise SigningError("non-ascii-component", "structured-field strings are printable ASCII only")
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
 @dataclass(frozen=True, slots=True)
 class Component:
     """A component identifier: a lower-case name, with a ``key`` parameter for dictionary members."""
 
     name: str
     key: str | None = None
+    serialized: str = field(init=False, repr=False, compare=False)  # computed once: the hot path reuses it
+    is_derived: bool = field(init=False, repr=False, compare=False)
 
-    @property
-    def serialized(self) -> str:
+    def __post_init__(self) -> None:
         base = serialize_sf_string(self.name)
-        return base if self.key is None else f"{base};key={serialize_sf_string(self.key)}"
-
-    @property
-    def is_derived(self) -> bool:
-        return self.name.startswith("@")
+        value = base if self.key is None else f"{base};key={serialize_sf_string(self.key)}"
+        object.__setattr__(self, "serialized", value)
+        object.__setattr__(self, "is_derived", self.name.startswith("@"))
 
 
 SPEC_COMPONENTS: tuple[Component, ...] = (
@@ -81,6 +88,9 @@ SPEC_COMPONENTS: tuple[Component, ...] = (
 )
 
 
+_SPEC_INNER = "(" + " ".join(c.serialized for c in SPEC_COMPONENTS) + ")"
+
+
 def hop_components(previous_label: str | None) -> tuple[Component, ...]:
     """The spec's covered set for a label: the five, plus the predecessor's signature for a later hop."""
     if previous_label is None:
@@ -88,11 +98,10 @@ def hop_components(previous_label: str | None) -> tuple[Component, ...]:
     return (*SPEC_COMPONENTS, Component("signature", key=previous_label))
 
 
-def serialize_sf_string(value: str) -> str:
-    """RFC 8941 section 4.1.6 String: printable ASCII in double quotes, ``\\`` and ``"`` escaped."""
-    if not all(" " <= ch <= "~" for ch in value):
-        raise SigningError("non-ascii-component", "structured-field strings are printable ASCII only")
-    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+def _sf_int(value: int) -> str:
+    if not -_SF_INT_MAX <= value <= _SF_INT_MAX:
+        raise SigningError("bad-signature-parameter", "integer out of structured-field range")
+    return str(value)
 
 
 def _serialize_param(value: str | int) -> str:
@@ -107,8 +116,14 @@ def _serialize_param(value: str | int) -> str:
 
 def serialize_params_value(components: Sequence[Component], params: Sequence[tuple[str, str | int]]) -> str:
     """The Inner List that is both the ``@signature-params`` value and the Signature-Input member."""
-    inner = " ".join(c.serialized for c in components)
-    return f"({inner})" + "".join(f";{name}={_serialize_param(value)}" for name, value in params)
+    return _inner_list(tuple(components)) + "".join(
+        f";{name}={_serialize_param(value)}" for name, value in params
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def _inner_list(components: tuple[Component, ...]) -> str:
+    return "(" + " ".join(c.serialized for c in components) + ")"
 
 
 @dataclass(slots=True)
@@ -219,14 +234,21 @@ def sign_message(
     """Sign ``message`` with params in the order ``keyid``, ``alg``, ``created``, ``expires``."""
     if expires <= created:
         raise SigningError("bad-signature-window", "expires must be after created")
-    params: list[tuple[str, str | int]] = [
-        ("keyid", key.thumbprint),
-        ("alg", ALG_ED25519),
-        ("created", created),
-        ("expires", expires),
-        *extra_params,
-    ]
-    params_value = serialize_params_value(components, params)
+    if extra_params:
+        params: list[tuple[str, str | int]] = [
+            ("keyid", key.thumbprint),
+            ("alg", ALG_ED25519),
+            ("created", created),
+            ("expires", expires),
+            *extra_params,
+        ]
+        params_value = serialize_params_value(components, params)
+    else:  # the spec's shape, on the hot path: a thumbprint is base64url, so it needs no escaping
+        inner = _SPEC_INNER if components is SPEC_COMPONENTS else _inner_list(tuple(components))
+        params_value = (
+            f'{inner};keyid="{key.thumbprint}";alg="{ALG_ED25519}"'
+            f";created={_sf_int(created)};expires={_sf_int(expires)}"
+        )
     base = signature_base(message, components, params_value)
     return SignedMember(label, params_value, key.sign(base), base)
 
@@ -235,7 +257,10 @@ def attach_signature(fields: Fields, member: SignedMember) -> None:
     """Add the member to Signature-Input and Signature, keeping earlier members byte-for-byte."""
     for name, text in (("Signature-Input", member.input_member), ("Signature", member.signature_member)):
         existing = fields.combined(name)
-        fields.set(name, text if not existing else f"{existing}, {text}")
+        if existing is None:
+            fields.add(name, text)
+        else:
+            fields.set(name, f"{existing}, {text}" if existing else text)
 
 
 @dataclass(frozen=True, slots=True)

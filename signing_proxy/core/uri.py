@@ -8,6 +8,7 @@ exactly that on the wire. Path and query are kept byte-for-byte: never decoded, 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from .errors import FieldError
@@ -99,6 +100,7 @@ def parse_authority(authority: str, scheme: str) -> tuple[str, int]:
     return host.lower(), port
 
 
+@functools.lru_cache(maxsize=1024)  # agents call the same few endpoints; Target is immutable
 def parse_absolute_uri(uri: str) -> Target:
     """Parse an absolute-form ``http://`` or ``https://`` URI into its canonical Target."""
     scheme, sep, rest = uri.partition("://")

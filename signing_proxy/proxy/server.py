@@ -94,6 +94,7 @@ class _ResponseRelay:
         "done",
         "head_only",
         "head_written",
+        "pending",
         "status",
     )
 
@@ -106,6 +107,7 @@ class _ResponseRelay:
         self.close_after = False
         self.status = 0
         self.bytes_out = 0
+        self.pending: list[bytes] = []  # written once per upstream read: one syscall, not three
 
     def on_head(self, head: ResponseHead) -> None:
         client = self.client
@@ -129,24 +131,31 @@ class _ResponseRelay:
             parts.append(b"Connection: close\r\n")
         parts.append(b"\r\n")
         self.head_written = True
-        client.write(b"".join(parts))
+        self.pending.append(b"".join(parts))
 
     def on_body(self, data: bytes) -> None:
         if not data:
             return
         self.bytes_out += len(data)
         if self.chunked:
-            self.client.write(b"%x\r\n%b\r\n" % (len(data), data))
+            self.pending.append(b"%x\r\n%b\r\n" % (len(data), data))
         else:
-            self.client.write(data)
+            self.pending.append(data)
+
+    def on_feed_end(self) -> None:
+        if self.pending:
+            self.client.write(self.pending[0] if len(self.pending) == 1 else b"".join(self.pending))
+            self.pending.clear()
 
     def on_complete(self) -> None:
         if self.chunked:
-            self.client.write(b"0\r\n\r\n")
+            self.pending.append(b"0\r\n\r\n")
+        self.on_feed_end()
         if not self.done.done():
             self.done.set_result(None)
 
     def on_fail(self, error: ProxyError) -> None:
+        self.on_feed_end()
         if not self.done.done():
             self.done.set_exception(error)
 
@@ -159,6 +168,7 @@ class ClientConnection(asyncio.Protocol):
         self.tunnel = tunnel  # inside an intercepted CONNECT: scheme, host and port of the tunnel
         self.transport: asyncio.Transport | None = None
         self.client_ip = "-"
+        self.client_allowed = False
         self.keep_alive = True
         self.request_version = "1.1"
         self._parser = httptools.HttpRequestParser(self)
@@ -179,6 +189,7 @@ class ClientConnection(asyncio.Protocol):
         self.transport = typing.cast(asyncio.Transport, transport)  # uvloop's are not subclasses
         peer = transport.get_extra_info("peername")
         self.client_ip = str(peer[0]) if peer else "-"
+        self.client_allowed = self.app.access.client_allowed(self.client_ip)  # once, not per request
         sock = transport.get_extra_info("socket")
         if sock is not None:
             with contextlib.suppress(OSError):
@@ -292,12 +303,12 @@ class ClientConnection(asyncio.Protocol):
             remaining = deadline - loop.time()
             if remaining <= 0:
                 return False
-            self._waiter = loop.create_future()
+            waiter = self._waiter = loop.create_future()
+            timer = loop.call_later(remaining, _resolve_future, waiter)  # cheaper than wait_for's task
             try:
-                await asyncio.wait_for(self._waiter, remaining)
-            except TimeoutError:
-                return False
+                await waiter
             finally:
+                timer.cancel()
                 self._waiter = None
         return True
 
@@ -384,10 +395,10 @@ class ClientConnection(asyncio.Protocol):
         started = time.perf_counter()
         outcome, status, keyid, host, sent_out = "error", 0, None, "-", 0
         try:
-            if req.method == "CONNECT":
-                return await self.app.handle_connect(
-                    self, req.url.decode("latin-1"), req.body[0] if req.body else b""
-                )
+            if req.method == "CONNECT":  # refused (ProxyError) or the tunnel takes the transport over
+                host = req.url.decode("latin-1")
+                status, outcome = await self.app.handle_connect(self, req)
+                return False
             target, local = self._resolve(req)
             host = target.host if target is not None else "-"
             if local is not None:
@@ -437,7 +448,7 @@ class ClientConnection(asyncio.Protocol):
 
     def _resolve(self, req: _Request) -> tuple[Target | None, Callable[[_Request], int] | None]:
         """Where the request goes; access control happens here so no refused request reaches upstream."""
-        if not self.app.access.client_allowed(self.client_ip):
+        if not self.client_allowed:
             raise ProxyError(
                 403, "client-not-allowed", "this address may not use the proxy (access.allow_clients)"
             )
@@ -532,6 +543,11 @@ class ClientConnection(asyncio.Protocol):
             head += "Connection: close\r\n"
         self.write((head + "\r\n").encode() + body)
         return status
+
+
+def _resolve_future(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def _phrase(status: int) -> str:

@@ -70,6 +70,7 @@ class ResponseSink(Protocol):
 
     def on_head(self, head: ResponseHead) -> None: ...
     def on_body(self, data: bytes) -> None: ...
+    def on_feed_end(self) -> None: ...
     def on_complete(self) -> None: ...
     def on_fail(self, error: ProxyError) -> None: ...
 
@@ -116,6 +117,9 @@ class UpstreamConnection(asyncio.Protocol):
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
             self._fail(ProxyError(502, "upstream-bad-response", f"malformed response from upstream ({exc})"))
+            return
+        if self.sink is not None:
+            self.sink.on_feed_end()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.reusable = False

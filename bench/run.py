@@ -1,0 +1,332 @@
+"""signing-proxy benchmark: one command, a table of figures.
+
+    .venv/bin/python bench/run.py [--duration 10] [--quick]
+
+Starts a fast loopback origin (bench/origin.py), ``signing-proxy run`` and ``wrk`` (installed from
+the OS packages when missing), pins the load generator and the origin to core 0 and the proxy to
+core 1 when there are two cores, and prints requests/s, p50/p99 latency and proxy CPU per request
+for GET and POST 1 KiB at 1, 16 and 64 connections — direct and through the proxy — plus peak RSS
+while streaming 100 MiB and micro-figures of the core signer. The origin verifies a sample of the
+proxied requests and the run fails if any sample does not verify.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import timeit
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PY = sys.executable
+BODY_1K = "x" * 1024
+LUA = """
+wrk.method = "{method}"
+wrk.path = "{path}"
+{body}
+"""
+
+
+def cores() -> int:
+    return len(os.sched_getaffinity(0))
+
+
+def pin(core: int) -> list[str]:
+    return ["taskset", "-c", str(core)] if cores() >= 2 and shutil.which("taskset") else []
+
+
+def ensure_wrk() -> str:
+    found = shutil.which("wrk")
+    if found:
+        return found
+    print("wrk not found; installing it from the OS packages (apt-get install wrk)", file=sys.stderr)
+    subprocess.run(
+        ["apt-get", "install", "-y", "-qq", "wrk"],
+        check=True,
+        env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
+    )
+    found = shutil.which("wrk")
+    if not found:
+        raise SystemExit("wrk is required")
+    return found
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_port(port: int, timeout_s: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError):
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"nothing listening on {port}")
+
+
+@contextlib.contextmanager
+def process(args: list[str], **kwargs: object) -> Iterator[subprocess.Popen[bytes]]:
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **kwargs)  # type: ignore[call-overload]
+    try:
+        yield proc
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_kib(pid: int, field: str = "VmRSS") -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+def parse_latency(text: str, pct: str) -> float:
+    match = re.search(rf"^\s+{pct}%\s+([\d.]+)(us|ms|s)\s*$", text, re.M)
+    if not match:
+        return float("nan")
+    value, unit = float(match.group(1)), match.group(2)
+    return value / 1000 if unit == "us" else value * 1000 if unit == "s" else value
+
+
+def run_wrk(  # noqa: PLR0917
+    wrk: str, connect_port: int, path: str, method: str, conns: int, duration: int, tmp: Path
+) -> tuple[float, float, float, int]:
+    script = tmp / f"{method}.lua"
+    body = (
+        f'wrk.body = "{BODY_1K}"\nwrk.headers["Content-Type"] = "application/octet-stream"'
+        if method == "POST"
+        else ""
+    )
+    script.write_text(LUA.format(method=method, path=path, body=body))
+    out = subprocess.run(
+        [
+            *pin(0),
+            wrk,
+            "-t1",
+            f"-c{conns}",
+            f"-d{duration}s",
+            "--latency",
+            "-s",
+            str(script),
+            f"http://127.0.0.1:{connect_port}",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=duration + 30,
+    ).stdout
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+    total = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
+    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    if errors:
+        raise RuntimeError(f"wrk saw {errors.group(1)} error responses:\n{out}")
+    return rps, parse_latency(out, "50"), parse_latency(out, "99"), total
+
+
+def micro_figures() -> dict[str, float]:
+    from signing_proxy.core.digest import content_digest
+    from signing_proxy.core.fields import Fields
+    from signing_proxy.core.jwk import SigningKey
+    from signing_proxy.core.signatures import Message, attach_signature, sign_message
+    from signing_proxy.core.uri import parse_absolute_uri
+
+    key = SigningKey.generate()
+    body = BODY_1K.encode()
+    target = parse_absolute_uri("https://exchange.example/svc.v1.ExchangeService/DiscoverResources")
+
+    def sign_once() -> None:
+        fields = Fields(
+            [
+                ("Content-Type", "application/json"),
+                ("Content-Digest", content_digest(body)),
+                ("Authorization", ""),
+                ("Signature-Agent", '"https://agent.example"'),
+            ]
+        )
+        message = Message("POST", target, fields)
+        attach_signature(fields, sign_message(message, key, created=1_700_000_000, expires=1_700_000_300))
+
+    n = 5000
+    per = min(timeit.repeat(sign_once, number=n, repeat=5)) / n * 1e6
+    ed = min(timeit.repeat(lambda: key.sign(b"x" * 400), number=n, repeat=5)) / n * 1e6
+    figures = {"core signer per 1 KiB request (us)": per, "Ed25519 sign alone (us)": ed}
+    with contextlib.suppress(ImportError):
+        from signing_proxy.proxy.ca import CertificateAuthority, LeafContextCache
+
+        cache = LeafContextCache(CertificateAuthority.generate(), max_entries=10_000)
+        hosts = [f"h{i}.example" for i in range(300)]
+        start = time.perf_counter()
+        for host in hosts:
+            cache.get(host)
+        figures["leaf certificate mint + TLS context (ms)"] = (time.perf_counter() - start) / len(hosts) * 1e3
+        cache.close()
+    return figures
+
+
+def stream_rss(proxy_pid: int, proxy_port: int, origin_port: int) -> tuple[float, float]:
+    opener = urllib.request.build_opener(
+        urllib.request.ProxyHandler({"http": f"http://127.0.0.1:{proxy_port}"})
+    )
+    before = rss_kib(proxy_pid)
+    received = 0
+    with opener.open(f"http://127.0.0.1:{origin_port}/stream?mib=100", timeout=120) as resp:
+        while chunk := resp.read(1 << 20):
+            received += len(chunk)
+    assert received == 100 << 20, received
+    return before / 1024, (rss_kib(proxy_pid, "VmHWM") - before) / 1024
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--duration", type=int, default=10, help="seconds per wrk run (default 10)")
+    parser.add_argument("--quick", action="store_true", help="3 s runs, 64 connections only")
+    parser.add_argument("--workers", type=int, default=1, help="signing-proxy --workers (when supported)")
+    parser.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+    args = parser.parse_args()
+    duration = 3 if args.quick else args.duration
+    conn_counts = [64] if args.quick else [1, 16, 64]
+    wrk = ensure_wrk()
+    results: dict[str, object] = {
+        "machine": f"{cores()} cores, {os.uname().machine}, Python {sys.version.split()[0]}"
+    }
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        from signing_proxy.core.jwk import SigningKey
+
+        key = SigningKey.generate()
+        key_path = tmp / "key.pem"
+        key_path.write_bytes(key.to_pem())
+        key_path.chmod(0o600)
+        pub_path = tmp / "pub.pem"
+        from cryptography.hazmat.primitives import serialization
+
+        pub_path.write_bytes(
+            key.public.key.public_bytes(
+                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+            )
+        )
+        config = tmp / "config.yaml"
+        config.write_text(f"data_dir: {tmp / 'data'}\nlog:\n  access_log: false\n  level: warning\n")
+        origin_port, proxy_port = free_port(), free_port()
+        with (
+            process(
+                [
+                    *pin(0),
+                    PY,
+                    str(ROOT / "bench/origin.py"),
+                    "--port",
+                    str(origin_port),
+                    "--public-key-pem",
+                    str(pub_path),
+                ]
+            ),
+            process(
+                [
+                    *pin(1),
+                    PY,
+                    "-m",
+                    "signing_proxy",
+                    "run",
+                    "--config",
+                    str(config),
+                    "--key",
+                    str(key_path),
+                    "--listen",
+                    f"127.0.0.1:{proxy_port}",
+                ]
+            ) as proxy,
+        ):
+            wait_port(origin_port)
+            wait_port(proxy_port)
+            time.sleep(0.3)
+            results["proxy idle RSS (MiB)"] = rss_kib(proxy.pid) / 1024
+            rows = []
+            for method in ("GET", "POST"):
+                for conns in conn_counts:
+                    direct = run_wrk(wrk, origin_port, "/bench", method, conns, duration, tmp)
+                    cpu0 = cpu_seconds(proxy.pid)
+                    via = run_wrk(
+                        wrk, proxy_port, f"http://127.0.0.1:{origin_port}/bench", method, conns, duration, tmp
+                    )
+                    cpu_us = (cpu_seconds(proxy.pid) - cpu0) / via[3] * 1e6
+                    rows.append((method, conns, direct, via, cpu_us))
+            idle_mib, growth_mib = stream_rss(proxy.pid, proxy_port, origin_port)
+            stats = json.loads(
+                urllib.request.urlopen(f"http://127.0.0.1:{origin_port}/stats", timeout=10).read()
+            )
+        results["streaming 100 MiB: RSS growth (MiB)"] = growth_mib
+    print(
+        f"\nsigning-proxy benchmark — {results['machine']}, wrk -t1, {duration} s per run, "
+        f"origin+wrk on core 0, proxy on core 1\n"
+    )
+    print(
+        f"{'method':6} {'conns':>5} | {'direct rps':>10} {'p50 ms':>7} {'p99 ms':>7} | {'proxy rps':>9} "
+        f"{'p50 ms':>7} {'p99 ms':>7} {'cpu us/req':>10} | {'rps ratio':>9} {'+p50 ms':>8}"
+    )
+    print("-" * 104)
+    table = []
+    for method, conns, direct, via, cpu_us in rows:
+        ratio, added = via[0] / direct[0], via[1] - direct[1]
+        print(
+            f"{method:6} {conns:>5} | {direct[0]:>10.0f} {direct[1]:>7.2f} {direct[2]:>7.2f} | {via[0]:>9.0f} "
+            f"{via[1]:>7.2f} {via[2]:>7.2f} {cpu_us:>10.1f} | {ratio:>9.2f} {added:>8.2f}"
+        )
+        table.append(
+            {
+                "method": method,
+                "connections": conns,
+                "direct_rps": direct[0],
+                "direct_p50_ms": direct[1],
+                "direct_p99_ms": direct[2],
+                "proxy_rps": via[0],
+                "proxy_p50_ms": via[1],
+                "proxy_p99_ms": via[2],
+                "proxy_cpu_us_per_request": cpu_us,
+            }
+        )
+    results["table"] = table
+    print()
+    print(
+        f"proxy idle RSS: {results['proxy idle RSS (MiB)']:.1f} MiB; streaming 100 MiB: RSS growth "
+        f"{growth_mib:.1f} MiB (from {idle_mib:.1f} MiB)"
+    )
+    for name, value in micro_figures().items():
+        results[name] = value
+        print(f"{name}: {value:.2f}")
+    reasons = stats["reasons"] or ""
+    print(f"origin verified {stats['verified']} sampled requests, {stats['failed']} failed {reasons}")
+    results["sampled_verified"], results["sampled_failed"] = stats["verified"], stats["failed"]
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+    return 1 if stats["failed"] or not stats["verified"] else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
