@@ -295,8 +295,8 @@ def main() -> int:
     for method, conns, direct, via, cpu_us in rows:
         ratio, added = via[0] / direct[0], via[1] - direct[1]
         print(
-            f"{method:6} {conns:>5} | {direct[0]:>10.0f} {direct[1]:>7.2f} {direct[2]:>7.2f} | {via[0]:>9.0f} "
-            f"{via[1]:>7.2f} {via[2]:>7.2f} {cpu_us:>10.1f} | {ratio:>9.2f} {added:>8.2f}"
+            f"{method:6} {conns:>5} | {direct[0]:>10.0f} {direct[1]:>7.2f} {direct[2]:>7.2f} | "
+            f"{via[0]:>9.0f} {via[1]:>7.2f} {via[2]:>7.2f} {cpu_us:>10.1f} | {ratio:>9.2f} {added:>8.2f}"
         )
         table.append(
             {
