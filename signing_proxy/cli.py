@@ -8,12 +8,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import ipaddress
 import json
 import logging
+import shlex
 import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
@@ -21,6 +24,10 @@ from . import __version__
 from .config import Config, ConfigError, load_config, redacted
 from .core.jwk import SigningKey
 from .keyfile import KeyFileError, load_key_file, write_private_file
+
+if TYPE_CHECKING:
+    from .proxy.ca import CertificateAuthority
+    from .proxy.pipeline import KeyProvider
 
 __all__ = ["main"]
 
@@ -34,8 +41,11 @@ examples:
   signing-proxy run --config config/agent-laptop.yaml --signature-agent https://agent.example
   signing-proxy config check config/sidecar.yaml     # validate and print the effective config
   signing-proxy keys generate --out agent-key.pem    # new Ed25519 key (0600), prints its thumbprint
+  signing-proxy keys rotate --grace 48h              # new signing key; the old one retires after 48 h
+  signing-proxy publish --out public/                # directory, svc.json, revocation list as files
+  signing-proxy ca export --out ca.pem               # the interception CA certificate, for trust stores
 
-Point an agent at it:  export HTTP_PROXY=http://127.0.0.1:8080 http_proxy=http://127.0.0.1:8080
+Point an agent at it (HTTP and HTTPS, with the CA bundle):  eval "$(signing-proxy env)"
 """
 
 
@@ -115,36 +125,43 @@ def resolve_signing_key(config: Config) -> tuple[SigningKey, Path, bool]:
 def cmd_run(args: argparse.Namespace) -> int:
     config = _load(args)
     _configure_logging(config.log.level, config.log.format)
-    key, path, created = resolve_signing_key(config)
-    if created:
-        log.info("generated a new signing key %s at %s (first run)", key.thumbprint, path)
+    from .cli_keys import key_provider_for
+
+    keys = key_provider_for(config)  # signing.key, else the key store (created on first run)
     with contextlib.suppress(ImportError):
         import uvloop  # optional extra "fast"
 
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     try:
-        return asyncio.run(_serve(config, key))
+        return asyncio.run(_serve(config, keys))
     except ConfigError as exc:
         raise CliError(str(exc)) from None
 
 
-async def _serve(config: Config, key: SigningKey) -> int:
+async def _serve(config: Config, keys: KeyProvider) -> int:
+    from .cli_keys import start_key_services
     from .proxy.app import ProxyApp
-    from .proxy.pipeline import StaticKeyProvider
     from .proxy.problems import ProxyError
 
     try:
-        app = ProxyApp(config, StaticKeyProvider(key))
+        app = ProxyApp(config, keys)
     except ProxyError as exc:
         raise CliError(exc.detail) from None
     try:
         addresses = await app.start()
     except OSError as exc:
         raise CliError(f"listen: cannot bind {config.listen}: {exc.strerror or exc}") from None
+    try:
+        services = await start_key_services(config, keys)  # publish.listen, SIGHUP reload
+    except BaseException:
+        await app.stop()
+        raise
+    key = keys.current(app.clock())
     for host, port in addresses:
         shown = f"[{host}]" if ":" in host else host
         print(
-            f"signing-proxy {__version__} listening on http://{shown}:{port} keyid={key.thumbprint}",
+            f"signing-proxy {__version__} listening on http://{shown}:{port} "
+            f"keyid={key.thumbprint if key is not None else 'none'}",
             file=sys.stderr,
             flush=True,
         )
@@ -154,6 +171,7 @@ async def _serve(config: Config, key: SigningKey) -> int:
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     log.info("shutting down")
+    await services.stop()
     await app.stop()
     return 0
 
@@ -193,6 +211,76 @@ def _print_key(key: SigningKey, path: Path) -> None:
     print(f"thumbprint: {key.thumbprint}")
     print(f"file:       {path}")
     print(f"public jwk: {json.dumps(key.public.jwk())}")
+
+
+def _interception_ca(config: Config) -> CertificateAuthority:
+    from .proxy.ca import CAError
+    from .proxy.connect import load_interception_ca
+
+    try:
+        return load_interception_ca(config)
+    except CAError as exc:
+        raise CliError(f"interception CA: {exc.detail or exc.reason}") from None
+
+
+def cmd_ca_export(args: argparse.Namespace) -> int:
+    config = _load(args)
+    ca = _interception_ca(config)
+    if not args.out:
+        sys.stdout.write(ca.cert_pem().decode("ascii"))
+        return 0
+    path = Path(args.out).expanduser()
+    try:
+        path.write_bytes(ca.cert_pem())
+    except OSError as exc:
+        raise CliError(f"cannot write {path}: {exc.strerror or exc}") from None
+    print(f"wrote {path} (interception CA sha256={ca.thumbprint_sha256()})", file=sys.stderr)
+    return 0
+
+
+def cmd_env(args: argparse.Namespace) -> int:
+    from .config import parse_host_port
+    from .proxy.ca import write_ca_bundle
+    from .proxy.connect import ca_cert_path
+
+    config = _load(args)
+    host, port = parse_host_port(config.listen, "listen")
+    if port == 0:
+        raise CliError("listen: port 0 is picked at start; pass --listen HOST:PORT with the bound address")
+    with contextlib.suppress(ValueError):
+        address = ipaddress.ip_address(host)
+        if address.is_unspecified:  # listening on every interface: reach it on loopback
+            host = "::1" if address.version == 6 else "127.0.0.1"
+    authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    lines = []
+    if config.access.proxy_auth_file:
+        lines.append(
+            "# proxy authentication is on: set SIGNING_PROXY_USER and SIGNING_PROXY_PASSWORD "
+            "(percent-encoded) before evaluating these lines"
+        )
+        proxy = f'"http://${{SIGNING_PROXY_USER}}:${{SIGNING_PROXY_PASSWORD}}@{authority}"'
+    else:
+        proxy = shlex.quote(f"http://{authority}")
+    lines += [f"export {name}={proxy}" for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")]
+    if config.intercept.no_proxy:
+        no_proxy = shlex.quote(",".join(config.intercept.no_proxy))
+        lines += [f"export NO_PROXY={no_proxy}", f"export no_proxy={no_proxy}"]
+    if config.intercept.enabled:
+        ca = _interception_ca(config)
+        bundle = Path(args.bundle).expanduser() if args.bundle else config.data_path / "ca-bundle.pem"
+        try:
+            write_ca_bundle(ca, bundle)
+        except OSError as exc:
+            raise CliError(f"cannot write the CA bundle {bundle}: {exc.strerror or exc}") from None
+        quoted = shlex.quote(str(bundle.absolute()))
+        for name in ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"):
+            lines.append(f"export {name}={quoted}")
+        lines.append(f"export NODE_EXTRA_CA_CERTS={shlex.quote(str(ca_cert_path(config).absolute()))}")
+    else:
+        lines.append("# intercept.enabled is false: HTTPS is not intercepted, no CA is needed")
+    lines.append("export NODE_USE_ENV_PROXY=1")
+    print("\n".join(lines))
+    return 0
 
 
 # --- parser ----------------------------------------------------------------------------------------
@@ -257,6 +345,35 @@ def build_parser() -> argparse.ArgumentParser:
     )
     show.add_argument("path", metavar="PATH")
     show.set_defaults(func=cmd_keys_show)
+    from .cli_keys import add_parsers  # keys list|rotate|revoke|prune, publish
+
+    add_parsers(sub, keys)
+
+    ca = sub.add_parser("ca", help="the interception CA").add_subparsers(dest="ca_command", metavar="ACTION")
+    export = ca.add_parser(
+        "export",
+        help="print or write the interception CA certificate (PEM)",
+        description="Write the interception CA certificate (PEM) to stdout or --out; the CA is created "
+        "in the data directory on first use, like `run` does.",
+    )
+    _add_config_flag(export)
+    export.add_argument("--data-dir", metavar="DIR", help="data directory (default: from the config)")
+    export.add_argument("--out", metavar="FILE", help="write here instead of stdout")
+    export.set_defaults(func=cmd_ca_export)
+
+    env = sub.add_parser(
+        "env",
+        help="print the shell lines that point an agent at the proxy",
+        description="Print `export` lines for HTTP(S)_PROXY, NO_PROXY, the CA bundle (written by this "
+        'command: system CAs plus the interception CA) and Node. Use: eval "$(signing-proxy env)"',
+    )
+    _add_config_flag(env)
+    env.add_argument("--listen", metavar="HOST:PORT", help="the proxy's address (default: from the config)")
+    env.add_argument("--data-dir", metavar="DIR", help="data directory (default: from the config)")
+    env.add_argument(
+        "--bundle", metavar="PATH", help="where to write the CA bundle (default <data_dir>/ca-bundle.pem)"
+    )
+    env.set_defaults(func=cmd_env)
     return parser
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import os
+import re
 import types
 import typing
 from collections.abc import Mapping
@@ -26,8 +27,10 @@ __all__ = [
     "ConfigError",
     "CredentialRule",
     "HostsConfig",
+    "InterceptConfig",
     "LimitsConfig",
     "LogConfig",
+    "PublishConfig",
     "Route",
     "SigningConfig",
     "TimeoutsConfig",
@@ -52,10 +55,12 @@ def parse_host_port(value: str, path: str) -> tuple[str, int]:
 
 @dataclass(frozen=True)
 class SigningConfig:
-    key: str | None = None  # PEM or private JWK; None: <data_dir>/agent-key.pem, generated on first run
+    key: str | None = None  # PEM or private JWK: one static key; None: the key store <data_dir>/keys/<agent>/
     label: str = "agent"
     signature_agent: str = ""  # directory base URL; "" sends an empty Signature-Agent
     validity_s: int = 300
+    agent: str = "default"  # whose key store signs (and is published at the root of publish.listen)
+    key_lifetime_s: int = 90 * 86_400  # window of a key the store creates (first run, `keys rotate`)
 
     def _check(self, path: str) -> None:
         label_chars = set("abcdefghijklmnopqrstuvwxyz0123456789_-.*")
@@ -70,6 +75,79 @@ class SigningConfig:
         if any(c in self.signature_agent for c in ' "\\<>'):
             raise ConfigError(f"{path}.signature_agent: must not contain spaces, quotes or backslashes")
         _positive(self.validity_s, f"{path}.validity_s", maximum=86_400)
+        _check_agent_name(self.agent, f"{path}.agent")
+        _positive(self.key_lifetime_s, f"{path}.key_lifetime_s", maximum=3650 * 86_400)
+        if self.key_lifetime_s < 3600:
+            raise ConfigError(f"{path}.key_lifetime_s: must be at least 3600 (one hour)")
+
+
+AGENT_NAME_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")  # one safe path segment, in files and URLs
+DEFAULT_REVOCATION_PATH = "/.well-known/http-message-signatures-revocations.json"  # our choice
+DIRECTORY_MAX_AGE_RANGE_S = (60, 86_400)  # spec: Limits ("minutes to hours")
+
+
+def _check_agent_name(name: str, path: str) -> None:
+    if not AGENT_NAME_RE.fullmatch(name):
+        raise ConfigError(f"{path}: agent names are 1-63 of a-z 0-9 . _ - starting with a letter or digit")
+
+
+@dataclass(frozen=True)
+class PublishConfig:
+    """The publication listener (directory, svc.json, revocation list); see ``proxy/publish.py``."""
+
+    listen: str | None = None  # HOST:PORT; None: not served (``signing-proxy publish --out`` still works)
+    domain: str | None = None  # the manifest's domain; required to publish
+    public_url: str | None = None  # where verifiers reach this listener; None: https://<domain>
+    directory_max_age_s: int = 3600  # Cache-Control max-age of the directory and svc.json
+    revocation_path: str = DEFAULT_REVOCATION_PATH
+    revocation_url: str | None = None  # put in the root directory; None: <public_url><revocation_path>
+    agents: tuple[str, ...] = ()  # registry host: these agents' stores served under /agents/<name>/
+
+    def _check(self, path: str) -> None:
+        from .core.errors import ManifestError
+        from .core.manifest import render_agent_manifest
+
+        if self.listen is not None:
+            parse_host_port(self.listen, f"{path}.listen")
+            if self.domain is None:
+                raise ConfigError(f"{path}.domain: required when {path}.listen is set (svc.json's domain)")
+        if self.domain is not None:
+            try:
+                render_agent_manifest(self.domain)
+            except ManifestError:
+                raise ConfigError(f"{path}.domain: must be a domain name, got {self.domain!r}") from None
+        for name in ("public_url", "revocation_url"):
+            url = getattr(self, name)
+            if url is not None and (
+                not url.startswith(("https://", "http://"))
+                or len(url.split("/", 3)[2]) == 0
+                or any(c.isspace() or c in '"\\<>?#' for c in url)
+                or not url.isascii()
+            ):
+                raise ConfigError(f"{path}.{name}: must be an absolute http(s) URL, no query, got {url!r}")
+        low, high = DIRECTORY_MAX_AGE_RANGE_S
+        _positive(self.directory_max_age_s, f"{path}.directory_max_age_s", maximum=high)
+        if self.directory_max_age_s < low:
+            raise ConfigError(f"{path}.directory_max_age_s: must be at least {low} (minutes to hours)")
+        rpath = self.revocation_path
+        if (
+            not rpath.startswith("/")
+            or rpath.endswith("/")
+            or not rpath.isascii()
+            or any(c.isspace() or c in "?#%\\" for c in rpath)
+            or "/../" in rpath + "/"
+            or "/./" in rpath + "/"
+            or "//" in rpath
+            or rpath.startswith("/agents/")
+            or rpath in ("/.well-known/http-message-signatures-directory", "/.well-known/svc.json")
+        ):
+            raise ConfigError(
+                f"{path}.revocation_path: must be a plain absolute path of its own, got {rpath!r}"
+            )
+        for i, agent in enumerate(self.agents):
+            _check_agent_name(agent, f"{path}.agents[{i}]")
+        if len(set(self.agents)) != len(self.agents):
+            raise ConfigError(f"{path}.agents: an agent is listed twice")
 
 
 @dataclass(frozen=True)
@@ -156,6 +234,36 @@ class AccessConfig:
 
 
 @dataclass(frozen=True)
+class InterceptConfig:
+    """CONNECT handling: TLS interception with a local CA, blind tunnels, and ``signing-proxy env``."""
+
+    enabled: bool = True  # false: CONNECT is refused except for ``tunnel`` hosts
+    allowed_ports: tuple[int, ...] = (443, 80)  # ports a CONNECT may name
+    tunnel: tuple[str, ...] = ()  # host patterns passed through as blind TCP tunnels (never signed)
+    ca_cert: str | None = None  # operator CA (PEM); None: <data_dir>/ca.pem, created on first run
+    ca_key: str | None = None  # its private key (PEM, unencrypted, mode 0600)
+    ca_validity_days: int = 365  # validity of a CA created on first run
+    leaf_cache_size: int = 1024  # leaf certificates (TLS contexts) kept, least recently used dropped
+    handshake_timeout_s: float = 10.0  # from "200 Connection Established" to a completed TLS handshake
+    no_proxy: tuple[str, ...] = ()  # printed as NO_PROXY by ``signing-proxy env``
+
+    def _check(self, path: str) -> None:
+        for i, port in enumerate(self.allowed_ports):
+            if not 0 < port < 65536:
+                raise ConfigError(f"{path}.allowed_ports[{i}]: must be a port number 1-65535, got {port}")
+        for i, pattern in enumerate(self.tunnel):
+            _check_host_pattern(pattern, f"{path}.tunnel[{i}]")
+        if (self.ca_cert is None) != (self.ca_key is None):
+            raise ConfigError(f"{path}: set both ca_cert and ca_key (an operator CA), or neither")
+        _positive(self.ca_validity_days, f"{path}.ca_validity_days", maximum=3650)
+        _positive(self.leaf_cache_size, f"{path}.leaf_cache_size")
+        _positive(self.handshake_timeout_s, f"{path}.handshake_timeout_s")
+        for i, entry in enumerate(self.no_proxy):
+            if not entry or any(c.isspace() or c in ",'\"$`" for c in entry):
+                raise ConfigError(f"{path}.no_proxy[{i}]: must be one host, domain or CIDR, got {entry!r}")
+
+
+@dataclass(frozen=True)
 class LogConfig:
     level: Literal["debug", "info", "warning", "error"] = "info"
     format: Literal["text", "json"] = "text"
@@ -168,6 +276,7 @@ class Config:
     listen: str = "127.0.0.1:8080"
     data_dir: str = "~/.local/share/signing-proxy"
     signing: SigningConfig = field(default_factory=SigningConfig)
+    publish: PublishConfig = field(default_factory=PublishConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     timeouts: TimeoutsConfig = field(default_factory=TimeoutsConfig)
     upstream: UpstreamConfig = field(default_factory=UpstreamConfig)
@@ -175,6 +284,7 @@ class Config:
     hosts: HostsConfig = field(default_factory=HostsConfig)
     routes: tuple[Route, ...] = ()
     access: AccessConfig = field(default_factory=AccessConfig)
+    intercept: InterceptConfig = field(default_factory=InterceptConfig)
     log: LogConfig = field(default_factory=LogConfig)
 
     def _check(self, path: str) -> None:
@@ -193,6 +303,14 @@ class Config:
                 f"listen: {self.listen} is not a loopback address; set access.allow_clients or "
                 "access.proxy_auth_file so the proxy is not open to anyone who can reach it"
             )
+        if self.publish.listen is not None:
+            if self.signing.key:
+                raise ConfigError(
+                    "publish.listen: publishing needs the key store (key windows, rotation); "
+                    "unset signing.key, or publish that key elsewhere"
+                )
+            if self.publish.listen == self.listen and not self.listen.endswith(":0"):
+                raise ConfigError("publish.listen: must differ from listen (the proxy port)")
 
     @property
     def data_path(self) -> Path:

@@ -23,12 +23,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import yaml
 from aiohttp import web
 
 from signing_proxy.core.errors import VerificationError
 from signing_proxy.core.fields import Fields
 from signing_proxy.core.jwk import PublicKey, SigningKey
+from signing_proxy.core.keys import (
+    DIRECTORY_MEDIA_TYPE,
+    DIRECTORY_PATH,
+    parse_directory,
+    parse_revocation_list,
+)
 from signing_proxy.core.signatures import Message, VerificationKey, verify_stack
 from signing_proxy.core.uri import parse_absolute_uri
 from tests.oracle import oracle_verify
@@ -49,6 +56,7 @@ class Arrival:
     labels: list[str]
     oracle: str  # "ok" or the oracle's error
     keyids: list[str] = field(default_factory=list)
+    directory_keyids: list[str] = field(default_factory=list)  # resolve_directories: keys served then
 
     def header(self, name: str) -> str | None:
         return Fields(self.lines).combined(name)
@@ -67,11 +75,15 @@ class VerifyingOrigin:
         tls: ssl.SSLContext | None = None,
         handler: Handler | None = None,
         now: Callable[[], float] = time.time,
+        resolve_directories: bool = False,
     ) -> None:
         self.keys = keys or {}
         self.tls = tls
         self.handler = handler
         self.now = now
+        # True: ignore ``keys``; find each request's keys at {Signature-Agent}/.well-known/... as
+        # served at that moment (valid now, minus the revocation list), like a real verifier.
+        self.resolve_directories = resolve_directories
         self.arrivals: list[Arrival] = []
         self.port = 0
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -91,14 +103,22 @@ class VerifyingOrigin:
             public = key.public if isinstance(key, SigningKey) else key
             self.keys[public.thumbprint] = public
 
-    def verify(self, method: str, target_uri: str, lines: list[tuple[str, str]], body: bytes) -> Arrival:
+    def verify(
+        self,
+        method: str,
+        target_uri: str,
+        lines: list[tuple[str, str]],
+        body: bytes,
+        keys: dict[str, PublicKey] | None = None,
+    ) -> Arrival:
+        trusted = self.keys if keys is None else keys
         message = Message(method, parse_absolute_uri(target_uri), Fields(lines))
         verified, reason, labels, keyids = False, None, [], []
         try:
             stack = verify_stack(
                 message,
                 body,
-                lambda e, _i: VerificationKey(self.keys[e.keyid]) if e.keyid in self.keys else None,
+                lambda e, _i: VerificationKey(trusted[e.keyid]) if e.keyid in trusted else None,
                 now=self.now(),
             )
             verified, labels, keyids = (
@@ -112,18 +132,49 @@ class VerifyingOrigin:
         if verified:
             try:
                 oracle_verify(
-                    method, target_uri, lines, body, {k: v.key for k, v in self.keys.items()}, labels=labels
+                    method, target_uri, lines, body, {k: v.key for k, v in trusted.items()}, labels=labels
                 )
                 oracle = "ok"
             except Exception as exc:  # the oracle's own exception types
                 oracle = f"{type(exc).__name__}: {exc}"
         return Arrival(method, target_uri, lines, body, verified, reason, labels, oracle, keyids)
 
+    async def directory_keys(self, lines: list[tuple[str, str]]) -> tuple[dict[str, PublicKey], str | None]:
+        """The keys of ``{Signature-Agent}/.well-known/http-message-signatures-directory`` as served
+        now, whose window covers now and that its ``revocation_url`` does not list; or an error."""
+        agent = Fields(lines).combined("signature-agent") or ""
+        base = agent[1:-1] if len(agent) >= 2 and agent[0] == agent[-1] == '"' else agent
+        if not base:
+            return {}, "no-signature-agent"
+        timeout = aiohttp.ClientTimeout(total=WAIT_S)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            async with session.get(base.rstrip("/") + DIRECTORY_PATH) as resp:
+                body = await resp.read()
+                if resp.status != 200 or resp.headers.get("Content-Type") != DIRECTORY_MEDIA_TYPE:
+                    return {}, f"directory-unavailable-{resp.status}"
+            directory = parse_directory(body)
+            revoked: frozenset[str] = frozenset()
+            if directory.revocation_url:
+                async with session.get(directory.revocation_url) as resp:
+                    if resp.status != 200:
+                        return {}, f"revocation-list-unavailable-{resp.status}"
+                    revoked = parse_revocation_list(await resp.read()).revoked
+        now = self.now()
+        valid = (k for k in directory.keys if directory.find(k.thumbprint, now, revoked=revoked))
+        return {k.thumbprint: k.public for k in valid}, None
+
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
         lines = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.raw_headers]
         target = f"{self.scheme}://{request.headers.get('Host', '')}{request.raw_path}"
-        arrival = self.verify(request.method, target, lines, body)
+        if self.resolve_directories:
+            keys, error = await self.directory_keys(lines)
+            arrival = self.verify(request.method, target, lines, body, keys)
+            arrival.directory_keyids = sorted(keys)
+            if error is not None and not arrival.verified:
+                arrival.reason = error
+        else:
+            arrival = self.verify(request.method, target, lines, body)
         self.arrivals.append(arrival)
         if self.handler is not None:
             return await self.handler(request)
@@ -191,6 +242,7 @@ class ProxyProcess:
         self.env = env
         self.proc: subprocess.Popen[bytes] | None = None
         self.port = 0
+        self.publish_port = 0  # publish.listen, when configured
         self.stderr_lines: list[str] = []
         self._reader: threading.Thread | None = None
 
@@ -224,6 +276,8 @@ class ProxyProcess:
             for raw in self.proc.stderr:
                 line = raw.decode(errors="replace").rstrip()
                 self.stderr_lines.append(line)
+                if "publishing on http://" in line and not self.publish_port:  # printed before "listening"
+                    self.publish_port = int(line.rsplit(":", 1)[1].split()[0])
                 if "listening on http://" in line and not self.port:
                     self.port = int(line.split("listening on http://", 1)[1].split()[0].rsplit(":", 1)[1])
                     ready.set()

@@ -125,8 +125,9 @@ def test_first_run_generates_an_owner_only_key(tmp_path: Path) -> None:
             lines.append(line)
             if "listening on" in line:
                 break
-        key_path = data / "agent-key.pem"
+        (key_path,) = (data / "keys" / "default").glob("*.pem")  # the key store, named by thumbprint
         key = load_private_key(key_path.read_bytes())
+        assert key_path.name == f"{key.thumbprint}.pem"
         assert stat.S_IMODE(key_path.stat().st_mode) == 0o600
         assert any("generated a new signing key" in ln and key.thumbprint in ln for ln in lines)
         assert f"keyid={key.thumbprint}" in lines[-1]

@@ -70,4 +70,4 @@ def test_readme_quick_start(tmp_path: Path) -> None:
     assert 'Signature-Input: agent=("@method" "@target-uri" "content-digest" "authorization" ' in out
     assert "Signature: agent=:" in out
     assert "Content-Digest: sha-256=:47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU=:" in out
-    assert (tmp_path / ".local/share/signing-proxy/agent-key.pem").exists()
+    assert list((tmp_path / ".local/share/signing-proxy/keys/default").glob("*.pem"))  # the key store

@@ -17,8 +17,8 @@ from .. import __version__
 from ..config import Config, parse_host_port
 from ..core.uri import Target, parse_absolute_uri
 from .access import AccessControl
+from .connect import ConnectHandler
 from .pipeline import BearerStore, KeyProvider, Outgoing, Signer, prepare_request
-from .problems import ProxyError
 from .upstream import UpstreamPool
 
 if TYPE_CHECKING:
@@ -56,6 +56,7 @@ class ProxyApp:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._servers: list[asyncio.Server] = []
         self.counters: dict[str, int] = {}
+        self.interception = ConnectHandler(self)  # loads or creates the CA; ProxyError if unusable
 
     # --- background work ---
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
@@ -102,15 +103,17 @@ class ProxyApp:
     def _readyz(self, conn: ClientConnection, _req: _Request) -> int:
         key = self.keys.current(self.clock())
         checks = {"config": "ok", "signing_key": "ok" if key is not None else "no-valid-signing-key"}
+        ca_check = self.interception.ca_check()
+        if ca_check is not None:
+            checks["interception_ca"] = ca_check
         ready = all(v == "ok" for v in checks.values())
         return conn.local_json(
             200 if ready else 503, {"status": "ready" if ready else "not-ready", "checks": checks}
         )
 
-    async def handle_connect(self, conn: ClientConnection, target: str, early: bytes) -> bool:
-        raise ProxyError(
-            501, "connect-not-supported", "HTTPS interception (CONNECT) is not enabled in this build"
-        )
+    async def handle_connect(self, conn: ClientConnection, req: _Request) -> tuple[int, str]:
+        """CONNECT: refuse with ``ProxyError`` or take ``conn``'s transport over; (status, outcome)."""
+        return await self.interception.handle(conn, req)
 
     # --- observability ---
     def metrics_request(self, outcome: str) -> None:
@@ -149,6 +152,7 @@ class ProxyApp:
             await asyncio.sleep(0.05)
         for conn in list(self.connections):
             conn.close()
+        self.interception.close()
         for task in list(self._tasks):
             task.cancel()
         if self._tasks:

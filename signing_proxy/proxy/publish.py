@@ -1,0 +1,196 @@
+"""The publication listener: our key directory, agent manifest and revocation list, over HTTP.
+
+A verifier finds our key only through ``{Signature-Agent}/.well-known/http-message-signatures-directory``
+(spec "Key lookup"), so this listener may face the public: it serves three documents per agent and
+nothing else, never a private member, and refuses (503) to serve a directory in which no key is
+valid (spec "Key lookup" 2). The agent named by ``signing.agent`` is served at the root; the agents
+listed in ``publish.agents`` under ``/agents/<name>`` (spec "Key publication, rotation and
+revocation" 5: a registry host for agents without a domain). ``render_publication`` produces the
+bytes both for the listener and for ``signing-proxy publish --out``, so the two are identical.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Final
+
+from aiohttp import web
+
+from ..config import Config, parse_host_port
+from ..core.errors import KeyFormatError
+from ..core.keys import (
+    DIRECTORY_MEDIA_TYPE,
+    DIRECTORY_PATH,
+    REVOCATION_LIST_MAX_AGE_S,
+    REVOCATION_LIST_MEDIA_TYPE,
+    render_directory,
+    render_revocation_list,
+)
+from ..core.manifest import MANIFEST_PATH, render_agent_manifest
+from .keystore import StoreState, StoreWatcher
+from .problems import problem_body
+
+__all__ = [
+    "AGENTS_PREFIX",
+    "MANIFEST_MEDIA_TYPE",
+    "Publication",
+    "PublishServer",
+    "publications",
+    "render_publication",
+]
+
+log = logging.getLogger("signing_proxy.publish")
+
+AGENTS_PREFIX: Final = "/agents/"  # registry host: /agents/<name>/.well-known/...
+MANIFEST_MEDIA_TYPE: Final = "application/json"  # spec: proto-JSON
+PROBLEM_MEDIA_TYPE: Final = "application/problem+json"
+REVOCATION_CACHE_CONTROL: Final = f"max-age={REVOCATION_LIST_MAX_AGE_S}"  # spec: Limits (60 s or no-store)
+_ALLOWED_METHODS: Final = "GET, HEAD"
+
+
+@dataclass(frozen=True)
+class Publication:
+    """What one agent publishes, under one base path (``""`` for the root)."""
+
+    agent: str
+    base: str
+    domain: str
+    revocation_url: str
+    revocation_path: str  # absolute path on this listener, base included
+
+    @property
+    def directory_path(self) -> str:
+        return self.base + DIRECTORY_PATH
+
+    @property
+    def manifest_path(self) -> str:
+        return self.base + MANIFEST_PATH
+
+
+def publications(config: Config) -> list[Publication]:
+    """The root agent (``signing.agent``), then each of ``publish.agents`` under ``/agents/<name>``."""
+    pub = config.publish
+    if pub.domain is None:
+        raise ValueError("publish.domain is required to publish (the manifest's domain)")
+    public_url = (pub.public_url or f"https://{pub.domain}").rstrip("/")
+    out = [
+        Publication(
+            config.signing.agent,
+            "",
+            pub.domain,
+            pub.revocation_url or public_url + pub.revocation_path,
+            pub.revocation_path,
+        )
+    ]
+    for agent in pub.agents:
+        base = AGENTS_PREFIX + agent
+        path = base + pub.revocation_path
+        out.append(Publication(agent, base, pub.domain, public_url + path, path))
+    return out
+
+
+def render_publication(publication: Publication, state: StoreState, now: float) -> dict[str, bytes]:
+    """Path -> exact body of the directory, the manifest and the revocation list of one agent.
+
+    Raises ``KeyFormatError("no-valid-key")`` when no published key is valid at ``now``.
+    """
+    return {
+        publication.directory_path: render_directory(
+            state.directory(now, publication.revocation_url), now=now
+        ),
+        publication.manifest_path: render_agent_manifest(publication.domain),
+        publication.revocation_path: render_revocation_list(state.revocations),
+    }
+
+
+class PublishServer:
+    """An aiohttp listener serving ``publications`` from their key-store watchers (GET and HEAD)."""
+
+    def __init__(
+        self,
+        config: Config,
+        watchers: Mapping[str, StoreWatcher],
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.clock = clock
+        self.max_age_s = config.publish.directory_max_age_s
+        self._routes: dict[str, tuple[str, Publication, StoreWatcher]] = {}
+        for publication in publications(config):
+            watcher = watchers[publication.agent]
+            self._routes[publication.directory_path] = ("directory", publication, watcher)
+            self._routes[publication.manifest_path] = ("manifest", publication, watcher)
+            self._routes[publication.revocation_path] = ("revocations", publication, watcher)
+        self._runner: web.AppRunner | None = None
+
+    def build_app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        return app
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        route = self._routes.get(request.rel_url.raw_path)
+        if route is None:
+            return _problem(404, "not-found", "only key directories, manifests and revocation lists are here")
+        if request.method not in ("GET", "HEAD"):
+            return _problem(405, "method-not-allowed", "use GET or HEAD", Allow=_ALLOWED_METHODS)
+        kind, publication, watcher = route
+        now = self.clock()
+        if kind == "manifest":
+            return _document(
+                render_agent_manifest(publication.domain), MANIFEST_MEDIA_TYPE, f"max-age={self.max_age_s}"
+            )
+        state = watcher.state()
+        if kind == "revocations":
+            body = render_revocation_list(state.revocations)
+            return _document(body, REVOCATION_LIST_MEDIA_TYPE, REVOCATION_CACHE_CONTROL)
+        try:
+            body = render_directory(state.directory(now, publication.revocation_url), now=now)
+        except KeyFormatError as exc:
+            log.warning("not serving the directory of agent %s: %s", publication.agent, exc.detail)
+            return _problem(
+                503, "no-valid-key", "no key of this agent is valid now; see `signing-proxy keys list`"
+            )
+        return _document(body, DIRECTORY_MEDIA_TYPE, f"max-age={self.max_age_s}")
+
+    async def start(self) -> list[tuple[str, int]]:
+        """Bind ``publish.listen``; return the bound addresses (port 0 picks one)."""
+        assert self.config.publish.listen is not None
+        host, port = parse_host_port(self.config.publish.listen, "publish.listen")
+        runner = web.AppRunner(self.build_app(), access_log=None, handle_signals=False)
+        await runner.setup()
+        self._runner = runner
+        try:
+            await web.TCPSite(runner, host, port, reuse_address=True).start()
+        except BaseException:
+            await self.stop()
+            raise
+        return [(str(addr[0]), int(addr[1])) for addr in runner.addresses]
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            runner, self._runner = self._runner, None
+            await runner.cleanup()
+
+
+def _document(body: bytes, media_type: str, cache_control: str) -> web.Response:
+    return web.Response(
+        body=body,
+        headers={
+            "Content-Type": media_type,
+            "Cache-Control": cache_control,
+            "X-Content-Type-Options": "nosniff",
+        },
+    )
+
+
+def _problem(status: int, reason: str, detail: str, **headers: str) -> web.Response:
+    return web.Response(
+        status=status,
+        body=problem_body(status, reason, detail),
+        headers={"Content-Type": PROBLEM_MEDIA_TYPE, "Cache-Control": "no-store", **headers},
+    )
