@@ -113,7 +113,8 @@ def key_provider_for(config: Config) -> KeyProvider:
             "agent %s has no valid signing key: requests get 503 until `signing-proxy keys rotate`", agent
         )
     elif chosen.not_after - now < EXPIRY_WARNING_S and not any(
-        r.not_before >= chosen.not_after - EXPIRY_WARNING_S and not r.revoked for r in state.records
+        r.not_after > chosen.not_after and not r.revoked
+        for r in state.records  # no successor yet
     ):
         log.warning(
             "signing key %s of agent %s ends at %s; run `signing-proxy keys rotate`",

@@ -149,7 +149,7 @@ def test_bad_durations_are_refused(tmp_path: Path, args: list[str]) -> None:
     assert "duration" in done.stderr or "seconds" in done.stderr
 
 
-def test_rotate_refuses_an_unknown_thumbprint_and_a_permission_open_store(tmp_path: Path) -> None:
+def test_an_unknown_thumbprint_and_a_permission_open_store_are_refused(tmp_path: Path) -> None:
     store = KeyStore(tmp_path)
     store.create(time.time(), lifetime_s=3600)
     unknown = cli("keys", "revoke", "--data-dir", str(tmp_path), "--", SigningKey.generate().thumbprint)
@@ -219,3 +219,15 @@ def test_publish_needs_a_domain_and_a_valid_key(tmp_path: Path) -> None:
     assert (out / ".well-known/svc.json").read_bytes() == (
         b'{"ver":"1.0","role":"ROLE_AGENT","domain":"agent.example"}'
     )
+
+
+def test_a_thumbprint_starting_with_a_dash_is_revoked_after_double_dash(tmp_path: Path) -> None:
+    key = next(
+        k for k in (SigningKey.from_seed(bytes([i]) * 32) for i in range(256)) if k.thumbprint[0] == "-"
+    )
+    store = KeyStore(tmp_path)
+    store.create(time.time(), lifetime_s=3600, key=key)
+    store.rotate(time.time(), grace_s=600, lifetime_s=3600)
+    done = cli("keys", "revoke", "--data-dir", str(tmp_path), "--", key.thumbprint)
+    assert done.returncode == 0, done.stderr
+    assert listing(tmp_path)["revocations"]["revoked"] == [key.thumbprint]

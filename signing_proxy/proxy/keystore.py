@@ -553,14 +553,21 @@ def open_or_create(
     if store.exists():
         return store, None, None
     legacy = Path(data_dir) / LEGACY_KEY_NAME
+    key: SigningKey | None = None
+    created_at: int | None = None
     if agent == DEFAULT_AGENT and legacy.exists():
         try:
             key = load_key_file(legacy)
         except KeyFileError as exc:
             raise KeyStoreError(exc.reason, legacy, str(exc).removeprefix(f"{legacy}: ")) from None
-        created = math.floor(min(legacy.stat().st_mtime, now))
-        return store, store.create(now, lifetime_s=lifetime_s, key=key, created_at=created), legacy
-    return store, store.create(now, lifetime_s=lifetime_s), None
+        created_at = math.floor(min(legacy.stat().st_mtime, now))
+    try:
+        record = store.create(now, lifetime_s=lifetime_s, key=key, created_at=created_at)
+    except KeyStoreError as exc:
+        if exc.reason == "store-exists":  # another process created it a moment ago: use theirs
+            return store, None, None
+        raise
+    return store, record, legacy if key is not None else None
 
 
 class StoreWatcher:

@@ -49,6 +49,7 @@ MANIFEST_MEDIA_TYPE: Final = "application/json"  # spec: proto-JSON
 PROBLEM_MEDIA_TYPE: Final = "application/problem+json"
 REVOCATION_CACHE_CONTROL: Final = f"max-age={REVOCATION_LIST_MAX_AGE_S}"  # spec: Limits (60 s or no-store)
 _ALLOWED_METHODS: Final = "GET, HEAD"
+SERVER_HEADER: Final = "signing-proxy"  # our choice: a public listener does not announce versions
 
 
 @dataclass(frozen=True)
@@ -184,6 +185,7 @@ def _document(body: bytes, media_type: str, cache_control: str) -> web.Response:
             "Content-Type": media_type,
             "Cache-Control": cache_control,
             "X-Content-Type-Options": "nosniff",
+            "Server": SERVER_HEADER,
         },
     )
 
@@ -192,5 +194,10 @@ def _problem(status: int, reason: str, detail: str, **headers: str) -> web.Respo
     return web.Response(
         status=status,
         body=problem_body(status, reason, detail),
-        headers={"Content-Type": PROBLEM_MEDIA_TYPE, "Cache-Control": "no-store", **headers},
+        headers={
+            "Content-Type": PROBLEM_MEDIA_TYPE,
+            "Cache-Control": "no-store",
+            "Server": SERVER_HEADER,
+            **headers,
+        },
     )

@@ -149,6 +149,7 @@ async def test_head_other_methods_and_unknown_paths(data: Path, aiohttp_client: 
     assert head.status == 200
     assert head.headers["Content-Type"] == "application/jwk-set+json"
     assert await head.read() == b""
+    assert head.headers["Server"] == "signing-proxy"  # no library versions on a public listener
     post = await client.post(DIRECTORY, data=b"x")
     assert post.status == 405
     assert post.headers["Allow"] == "GET, HEAD"
