@@ -31,6 +31,7 @@ __all__ = [
     "LimitsConfig",
     "LogConfig",
     "PublishConfig",
+    "RelayConfig",
     "Route",
     "SigningConfig",
     "TimeoutsConfig",
@@ -176,9 +177,40 @@ class UpstreamConfig:
     ca_file: str | None = None  # extra CAs trusted for upstream TLS, on top of the system store
     pin_ca_files: Mapping[str, str] = field(default_factory=dict)  # host -> CA file (only these CAs)
     pool_max_idle_per_host: int = 32
+    next_hop: str | None = None  # a relay every request is sent to, in absolute form (http:// or https://)
 
     def _check(self, path: str) -> None:
         _positive(self.pool_max_idle_per_host, f"{path}.pool_max_idle_per_host")
+        if self.next_hop is not None:
+            scheme, sep, rest = self.next_hop.partition("://")
+            if not sep or scheme not in ("http", "https") or not rest.strip("/") or "/" in rest.strip("/"):
+                raise ConfigError(
+                    f"{path}.next_hop: must be http(s)://HOST[:PORT] of a relay, got {self.next_hop!r}"
+                )
+
+
+@dataclass(frozen=True)
+class RelayConfig:
+    """A broker hop: verify what arrives, cap the hops, stack our label (spec "Multi-hop forwarding")."""
+
+    verify: bool = True  # never add our label to a stack we did not verify (off only for trusted meshes)
+    max_hops: int | None = None  # signatures in the stack including ours; None: no cap of our own
+    broker_directories: tuple[str, ...] = ()  # directory bases of brokers before us (their keys live there)
+    pinned_agent_keys: tuple[
+        str, ...
+    ] = ()  # public key files (PEM or JWK) for agents with an empty Signature-Agent
+    skew_s: int = 5
+
+    def _check(self, path: str) -> None:
+        if self.max_hops is not None:
+            _positive(self.max_hops, f"{path}.max_hops")
+            if self.max_hops < 2:
+                raise ConfigError(f"{path}.max_hops: a relay adds a second signature; must be at least 2")
+        for i, base in enumerate(self.broker_directories):
+            if not base.startswith(("https://", "http://")):
+                raise ConfigError(f"{path}.broker_directories[{i}]: must be an http(s) URL")
+        if isinstance(self.skew_s, bool) or not isinstance(self.skew_s, int) or not 0 <= self.skew_s <= 300:
+            raise ConfigError(f"{path}.skew_s: must be an integer from 0 to 300")
 
 
 @dataclass(frozen=True)
@@ -272,7 +304,7 @@ class LogConfig:
 
 @dataclass(frozen=True)
 class Config:
-    mode: Literal["agent"] = "agent"
+    mode: Literal["agent", "relay"] = "agent"
     listen: str = "127.0.0.1:8080"
     data_dir: str = "~/.local/share/signing-proxy"
     signing: SigningConfig = field(default_factory=SigningConfig)
@@ -285,6 +317,7 @@ class Config:
     routes: tuple[Route, ...] = ()
     access: AccessConfig = field(default_factory=AccessConfig)
     intercept: InterceptConfig = field(default_factory=InterceptConfig)
+    relay: RelayConfig = field(default_factory=RelayConfig)
     log: LogConfig = field(default_factory=LogConfig)
 
     def _check(self, path: str) -> None:

@@ -19,6 +19,7 @@ from ..core.uri import Target, parse_absolute_uri
 from .access import AccessControl
 from .connect import ConnectHandler
 from .pipeline import BearerStore, KeyProvider, Outgoing, Signer, prepare_request
+from .relay import RelayPipeline
 from .upstream import UpstreamPool
 
 if TYPE_CHECKING:
@@ -57,6 +58,7 @@ class ProxyApp:
         self._servers: list[asyncio.Server] = []
         self.counters: dict[str, int] = {}
         self.interception = ConnectHandler(self)  # loads or creates the CA; ProxyError if unusable
+        self.relay = RelayPipeline(config, self.signer, spawn=self.spawn) if config.mode == "relay" else None
 
     # --- background work ---
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
@@ -66,9 +68,19 @@ class ProxyApp:
         return task
 
     # --- the pipeline ---
-    def prepare(
-        self, method: str, target: Target, lines: Sequence[tuple[str, str]], body: bytes, *, framed: bool
+    async def prepare(
+        self,
+        method: str,
+        target: Target,
+        lines: Sequence[tuple[str, str]],
+        body: bytes,
+        *,
+        framed: bool,
+        client_ip: str = "-",
     ) -> Outgoing:
+        """Run the pipeline of this proxy's mode; raises ProxyError instead of forwarding unsigned."""
+        if self.relay is not None:
+            return await self.relay.prepare(method, target, lines, body, framed=framed)
         return prepare_request(
             method,
             target,
@@ -160,3 +172,5 @@ class ProxyApp:
         for server in self._servers:
             await server.wait_closed()
         self.pool.close()
+        if self.relay is not None:
+            await self.relay.close()

@@ -19,8 +19,15 @@ from ..core.digest import content_digest
 from ..core.errors import FieldError, SigningError
 from ..core.fields import Fields
 from ..core.jwk import SigningKey
-from ..core.signatures import Message, attach_signature, serialize_sf_string, sign_message
-from ..core.uri import Target
+from ..core.signatures import (
+    SPEC_COMPONENTS,
+    Component,
+    Message,
+    attach_signature,
+    serialize_sf_string,
+    sign_message,
+)
+from ..core.uri import Target, parse_absolute_uri
 from .problems import ProxyError
 
 __all__ = [
@@ -30,6 +37,9 @@ __all__ = [
     "Outgoing",
     "Signer",
     "StaticKeyProvider",
+    "drop_hop_by_hop",
+    "next_hop_target",
+    "outgoing",
     "prepare_request",
 ]
 
@@ -117,7 +127,9 @@ class Signer:
         self.validity_s = validity_s
         self.clock = clock
 
-    def sign(self, message: Message) -> str:
+    def sign(
+        self, message: Message, *, label: str | None = None, components: Sequence[Component] = SPEC_COMPONENTS
+    ) -> str:
         """Sign and attach; return the keyid. Raises ProxyError (503/400) instead of ever skipping."""
         now = self.clock()
         key = self.keys.current(now)
@@ -128,7 +140,12 @@ class Signer:
         created = int(now)
         try:
             member = sign_message(
-                message, key, created=created, expires=created + self.validity_s, label=self.label
+                message,
+                key,
+                created=created,
+                expires=created + self.validity_s,
+                label=label or self.label,
+                components=components,
             )
         except SigningError as exc:
             raise ProxyError(400, exc.reason, f"cannot sign this request: {exc.detail}") from None
@@ -145,9 +162,10 @@ class Outgoing:
     head: bytes
     body: bytes
     keyid: str | None  # None when forwarded unsigned by a host rule
+    connect_to: Target  # where the bytes go: the target's origin, or the next-hop relay
 
 
-def _drop_hop_by_hop(lines: Sequence[tuple[str, str]]) -> Fields:
+def drop_hop_by_hop(lines: Sequence[tuple[str, str]]) -> Fields:
     named: set[str] = set()
     for name, value in lines:
         if name.lower() == "connection":
@@ -156,9 +174,15 @@ def _drop_hop_by_hop(lines: Sequence[tuple[str, str]]) -> Fields:
     return Fields((n, v) for n, v in lines if n.lower() not in drop)
 
 
-def serialize_head(method: str, target: Target, fields: Fields, body_len: int, framed: bool) -> bytes:
-    """Request line, Host, the fields in order, Content-Length when there is (or may be) a body."""
-    parts = [f"{method} {target.path_query} HTTP/1.1\r\nHost: {target.authority}\r\n"]
+def serialize_head(
+    method: str, target: Target, fields: Fields, body_len: int, framed: bool, *, absolute_form: bool = False
+) -> bytes:
+    """Request line, Host, the fields in order, Content-Length when there is (or may be) a body.
+
+    ``absolute_form`` is for a next-hop relay (RFC 9112 section 3.2.2), which then sees the full URI.
+    """
+    request_target = target.uri if absolute_form else target.path_query
+    parts = [f"{method} {request_target} HTTP/1.1\r\nHost: {target.authority}\r\n"]
     parts.extend(f"{name}: {value}\r\n" for name, value in fields)
     if body_len or framed or method in _BODY_METHODS:
         parts.append(f"Content-Length: {body_len}\r\n")
@@ -167,6 +191,28 @@ def serialize_head(method: str, target: Target, fields: Fields, body_len: int, f
         return "".join(parts).encode("latin-1")
     except UnicodeEncodeError:
         raise ProxyError(400, "malformed-header", "a header value cannot be sent as HTTP/1.1 bytes") from None
+
+
+def next_hop_target(config: Config) -> Target | None:
+    """The configured next-hop relay as a connect target, or None."""
+    if config.upstream.next_hop is None:
+        return None
+    return parse_absolute_uri(config.upstream.next_hop.rstrip("/") + "/")
+
+
+def outgoing(
+    method: str,
+    target: Target,
+    fields: Fields,
+    body: bytes,
+    *,
+    framed: bool,
+    keyid: str | None,
+    via: Target | None,
+) -> Outgoing:
+    """Serialize for the wire: origin-form to the target's origin, absolute-form to a next-hop relay."""
+    head = serialize_head(method, target, fields, len(body), framed, absolute_form=via is not None)
+    return Outgoing(target, method, head, body, keyid, via or target)
 
 
 def prepare_request(
@@ -181,9 +227,9 @@ def prepare_request(
     bearers: BearerStore,
 ) -> Outgoing:
     """Apply the signing pipeline (agent mode) and serialize the request for ``target``."""
-    fields = _drop_hop_by_hop(lines)
+    fields = drop_hop_by_hop(lines)
     if any(host_matches(p, target.host) for p in config.hosts.unsigned):
-        return Outgoing(target, method, serialize_head(method, target, fields, len(body), framed), body, None)
+        return outgoing(method, target, fields, body, framed=framed, keyid=None, via=next_hop_target(config))
     agent_auth = fields.get_all("authorization")
     if len(agent_auth) > 1:
         raise ProxyError(400, "duplicate-authorization", "the request has more than one Authorization line")
@@ -200,4 +246,4 @@ def prepare_request(
     except (SigningError, FieldError) as exc:  # config validation makes this unreachable in practice
         raise ProxyError(500, exc.reason, "signing.signature_agent cannot be serialized") from None
     keyid = signer.sign(Message(method, target, fields))
-    return Outgoing(target, method, serialize_head(method, target, fields, len(body), framed), body, keyid)
+    return outgoing(method, target, fields, body, framed=framed, keyid=keyid, via=next_hop_target(config))

@@ -17,7 +17,7 @@ import socket
 import time
 import typing
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from http import HTTPStatus
 from typing import TYPE_CHECKING
 
@@ -408,9 +408,15 @@ class ClientConnection(asyncio.Protocol):
             assert target is not None
             await self._read_body(req)
             body = b"".join(req.body)
-            outgoing = self.app.prepare(req.method, target, req.headers, body, framed=req.framed)
+
+            def build() -> Awaitable[Outgoing]:
+                return self.app.prepare(
+                    req.method, target, req.headers, body, framed=req.framed, client_ip=self.client_ip
+                )
+
+            outgoing = await build()
             keyid = outgoing.keyid
-            relay = await self._forward(outgoing, req)
+            relay = await self._forward(outgoing, req, build)
             status, sent_out = relay.status, relay.bytes_out
             outcome = "signed" if keyid else "unsigned"
             self.app.metrics_request(outcome)
@@ -498,13 +504,17 @@ class ClientConnection(asyncio.Protocol):
                     raise _AbortConnection
                 raise ProxyError(408, "request-timeout", "the request body did not arrive in time")
 
-    async def _forward(self, outgoing: Outgoing, req: _Request) -> _ResponseRelay:
+    async def _forward(
+        self, outgoing: Outgoing, req: _Request, rebuild: Callable[[], Awaitable[Outgoing]]
+    ) -> _ResponseRelay:
+        """Send and stream the answer back; a pooled connection the server had closed is retried
+        once with a freshly built (re-signed) request."""
         pool = self.app.pool
         for attempt in (1, 2):
-            conn = pool.take_idle(outgoing.target)
+            conn = pool.take_idle(outgoing.connect_to)
             reused = conn is not None
             if conn is None:
-                conn = await pool.connect(outgoing.target)
+                conn = await pool.connect(outgoing.connect_to)
             relay = _ResponseRelay(self, head_only=req.method == "HEAD")
             self._upstream = conn
             conn.start(
@@ -518,10 +528,7 @@ class ClientConnection(asyncio.Protocol):
                 if relay.head_written:
                     raise _AbortConnection from error
                 if attempt == 1 and reused and error.reason == "upstream-reset":
-                    # a pooled connection the server had closed: send again, freshly signed
-                    outgoing = self.app.prepare(
-                        req.method, outgoing.target, req.headers, outgoing.body, framed=req.framed
-                    )
+                    outgoing = await rebuild()
                     continue
                 raise
             finally:

@@ -63,7 +63,7 @@ class RequestVerifier:
     policy: VerifierPolicy = field(default_factory=VerifierPolicy)
     revocations: RevocationPoller | None = None
     clock: Callable[[], float] = time.time
-    start_polling: Callable[[str], None] | None = None  # called once per newly seen revocation_url
+    start_polling: Callable[[str], object] | None = None  # called once per newly seen revocation_url
     _polled: set[str] = field(default_factory=set)
 
     async def verify(self, method: str, target_uri: str, fields: Fields, body: bytes) -> VerifiedStack:

@@ -1,0 +1,127 @@
+"""Relay mode: a broker hop that verifies the stack it receives, caps the hops and adds its label.
+
+Spec "Multi-hop forwarding": each broker adds its own label covering the five components plus
+``"signature";key="<previous label>"``, and ``Signature-Agent`` stays the agent's, forwarded
+unchanged. A relay never rewrites a covered component — ``Authorization``, ``Content-Digest``,
+``Signature-Agent`` and the earlier members of ``Signature``/``Signature-Input`` leave byte-for-byte
+as they arrived — and never adds its label to a stack that failed verification or that would
+exceed the hop cap (counted as signatures, ours included).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Coroutine, Sequence
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from ..config import Config
+from ..core.errors import KeyFormatError, VerificationError
+from ..core.jwk import PublicKey, public_key_from_jwk
+from ..core.signatures import Message, hop_components, parse_signature_stack
+from ..core.uri import Target
+from .directory import DirectoryResolver, RevocationPoller, aiohttp_fetcher
+from .pipeline import Outgoing, Signer, drop_hop_by_hop, next_hop_target, outgoing
+from .problems import ProxyError
+from .verifier import RequestVerifier, VerifierPolicy
+
+__all__ = ["RelayPipeline", "load_public_key_file", "unique_label"]
+
+
+def load_public_key_file(path: Path) -> PublicKey:
+    """A public Ed25519 key from a file: SPKI PEM or a public JWK."""
+    data = path.read_bytes().strip()
+    if data.startswith(b"{"):
+        try:
+            return public_key_from_jwk(json.loads(data))
+        except ValueError as exc:
+            raise KeyFormatError("malformed-jwk", f"{path}: not valid JSON") from exc
+    return PublicKey.from_pem(data)
+
+
+def unique_label(wanted: str, taken: Sequence[str]) -> str:
+    """``wanted``, or ``wanted2``, ``wanted3``… — labels must be unique in the dictionaries (RFC 9421 4.3)."""
+    if wanted not in taken:
+        return wanted
+    n = 2
+    while f"{wanted}{n}" in taken:
+        n += 1
+    return f"{wanted}{n}"
+
+
+class RelayPipeline:
+    """Verify, cap, stack our label, serialize. One per proxy in relay mode."""
+
+    def __init__(
+        self,
+        config: Config,
+        signer: Signer,
+        *,
+        spawn: Callable[[Coroutine[Any, Any, None]], object] | None = None,
+    ) -> None:
+        self.config = config
+        self.signer = signer
+        relay = config.relay
+        try:
+            pinned = tuple(load_public_key_file(Path(p).expanduser()) for p in relay.pinned_agent_keys)
+        except (OSError, KeyFormatError, ValueError) as exc:
+            raise ProxyError(500, "pinned-key-unusable", f"relay.pinned_agent_keys: {exc}") from None
+        self.policy = VerifierPolicy(
+            skew_s=relay.skew_s, broker_directories=relay.broker_directories, pinned_agent_keys=pinned
+        )
+        self._session: aiohttp.ClientSession | None = None
+        self.verifier: RequestVerifier | None = None
+        self.poller: RevocationPoller | None = None
+        self._spawn = spawn
+
+    def _get_verifier(self) -> RequestVerifier:
+        if self.verifier is None:  # created lazily: the session needs the running loop
+            self._session = aiohttp.ClientSession()
+            fetch = aiohttp_fetcher(self._session)
+            self.poller = RevocationPoller(fetch)
+            spawn, poller = self._spawn, self.poller
+            self.verifier = RequestVerifier(
+                DirectoryResolver(fetch),
+                self.policy,
+                revocations=poller,
+                start_polling=(lambda url: spawn(poller.run(url))) if spawn is not None else None,
+            )
+        return self.verifier
+
+    async def prepare(
+        self, method: str, target: Target, lines: Sequence[tuple[str, str]], body: bytes, *, framed: bool
+    ) -> Outgoing:
+        fields = drop_hop_by_hop(lines)
+        try:
+            entries = parse_signature_stack(fields)
+        except VerificationError as exc:
+            raise ProxyError(
+                401, exc.reason, f"a relay only forwards signed requests: {exc.detail}"
+            ) from None
+        cap = self.config.relay.max_hops
+        if cap is not None and len(entries) + 1 > cap:
+            raise ProxyError(
+                403, "too-many-hops", f"{len(entries)} signatures plus ours would exceed relay.max_hops={cap}"
+            )
+        if self.config.relay.verify:
+            try:
+                await self._get_verifier().verify(method, target.uri, fields, body)
+            except VerificationError as exc:
+                where = f" (label {exc.label!r})" if exc.label else ""
+                raise ProxyError(
+                    401, exc.reason, f"incoming signature refused{where}: {exc.detail}"
+                ) from None
+        labels = [e.label for e in entries]
+        label = unique_label(self.config.signing.label, labels)
+        keyid = self.signer.sign(
+            Message(method, target, fields), label=label, components=hop_components(labels[-1])
+        )
+        return outgoing(
+            method, target, fields, body, framed=framed, keyid=keyid, via=next_hop_target(self.config)
+        )
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
