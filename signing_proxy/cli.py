@@ -348,6 +348,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .cli_keys import add_parsers  # keys list|rotate|revoke|prune, publish
 
     add_parsers(sub, keys)
+    from .cli_verify import add_parsers as add_verify_parsers  # verify-origin
+
+    add_verify_parsers(sub)
 
     ca = sub.add_parser("ca", help="the interception CA").add_subparsers(dest="ca_command", metavar="ACTION")
     export = ca.add_parser(
