@@ -18,7 +18,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -76,6 +76,7 @@ class VerifyingOrigin:
         handler: Handler | None = None,
         now: Callable[[], float] = time.time,
         resolve_directories: bool = False,
+        middlewares: Sequence[Any] = (),
     ) -> None:
         self.keys = keys or {}
         self.tls = tls
@@ -84,6 +85,7 @@ class VerifyingOrigin:
         # True: ignore ``keys``; find each request's keys at {Signature-Agent}/.well-known/... as
         # served at that moment (valid now, minus the revocation list), like a real verifier.
         self.resolve_directories = resolve_directories
+        self.middlewares = tuple(middlewares)  # e.g. signature_middleware: requests it refuses never arrive
         self.arrivals: list[Arrival] = []
         self.port = 0
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -199,7 +201,7 @@ class VerifyingOrigin:
         self._loop = loop
 
         async def start() -> None:
-            app = web.Application(client_max_size=512 * 1024 * 1024)
+            app = web.Application(client_max_size=512 * 1024 * 1024, middlewares=self.middlewares)
             app.router.add_route("*", "/{tail:.*}", self._handle)
             self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
             await self._runner.setup()
