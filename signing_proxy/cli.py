@@ -11,6 +11,7 @@ import contextlib
 import ipaddress
 import json
 import logging
+import os
 import shlex
 import signal
 import sys
@@ -21,11 +22,12 @@ from typing import TYPE_CHECKING
 import yaml
 
 from . import __version__
-from .config import Config, ConfigError, load_config, redacted
+from .config import Config, ConfigError, load_config, parse_host_port, redacted
 from .core.jwk import SigningKey
 from .keyfile import KeyFileError, load_key_file, write_private_file
 
 if TYPE_CHECKING:
+    from .proxy.app import ProxyApp
     from .proxy.ca import CertificateAuthority
     from .proxy.pipeline import KeyProvider
 
@@ -81,8 +83,12 @@ class _JsonFormatter(logging.Formatter):
 
 
 def _load(args: argparse.Namespace) -> Config:
+    """File (``--config`` or ``$SIGNING_PROXY_CONFIG``), then ``SIGNING_PROXY_*`` variables, then flags."""
+    from .envconfig import ENV_CONFIG_FILE, apply_env_overrides
+
     try:
-        config = load_config(Path(args.config) if args.config else None)
+        path = getattr(args, "config", None) or os.environ.get(ENV_CONFIG_FILE)
+        config = apply_env_overrides(load_config(Path(path) if path else None), os.environ)
         overrides = {}
         if getattr(args, "listen", None):
             overrides["listen"] = args.listen
@@ -128,17 +134,70 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .cli_keys import key_provider_for
 
     keys = key_provider_for(config)  # signing.key, else the key store (created on first run)
-    with contextlib.suppress(ImportError):
-        import uvloop  # optional extra "fast"
-
-        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    workers = getattr(args, "workers", 1) or 1
+    if workers > 1:
+        return _run_workers(config, keys, args, workers)
+    _use_uvloop()
     try:
-        return asyncio.run(_serve(config, keys))
+        return asyncio.run(_serve(config, keys, args))
     except ConfigError as exc:
         raise CliError(str(exc)) from None
 
 
-async def _serve(config: Config, keys: KeyProvider) -> int:
+def _use_uvloop() -> None:
+    with contextlib.suppress(ImportError):
+        import uvloop  # optional extra "fast"
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+
+def _run_workers(config: Config, keys: KeyProvider, args: argparse.Namespace, workers: int) -> int:
+    """``--workers N``: resolve the port once, create the CA once, then fork N event loops."""
+    from .proxy.connect import load_interception_ca
+    from .workers import MAX_WORKERS, reserve_port, run_workers
+
+    if not 1 < workers <= MAX_WORKERS:
+        raise CliError(f"--workers: must be from 1 to {MAX_WORKERS}")
+    for name, listen in (("publish.listen", config.publish.listen), ("admin.listen", config.admin.listen)):
+        if listen is not None and listen.endswith(":0"):
+            raise CliError(f"{name}: with --workers, give a fixed port (every worker binds it)")
+    host, port = parse_host_port(config.listen, "listen")
+    try:
+        reserved, port = reserve_port(host, port)
+    except OSError as exc:
+        raise CliError(f"listen: cannot bind {config.listen}: {exc.strerror or exc}") from None
+    shown = f"[{host}]" if ":" in host else host
+    config = config.with_overrides(listen=f"{shown}:{port}")
+    if config.intercept.enabled:
+        from .proxy.ca import CAError
+
+        try:
+            load_interception_ca(config)  # created here, once, before the workers load it
+        except CAError as exc:
+            raise CliError(f"interception CA: {exc.detail or exc.reason}") from None
+
+    def worker(index: int) -> int:
+        _use_uvloop()
+        try:
+            return asyncio.run(_serve(config, keys, args, reuse_port=True, worker=index))
+        except CliError as exc:
+            print(f"signing-proxy: {exc}", file=sys.stderr)
+            return 2
+
+    try:
+        return run_workers(workers, worker)
+    finally:
+        reserved.close()
+
+
+async def _serve(
+    config: Config,
+    keys: KeyProvider,
+    args: argparse.Namespace | None = None,
+    *,
+    reuse_port: bool = False,
+    worker: int | None = None,
+) -> int:
     from .cli_keys import start_key_services
     from .proxy.app import ProxyApp
     from .proxy.problems import ProxyError
@@ -147,21 +206,28 @@ async def _serve(config: Config, keys: KeyProvider) -> int:
         app = ProxyApp(config, keys)
     except ProxyError as exc:
         raise CliError(exc.detail) from None
+    app.reuse_port = reuse_port
     try:
         addresses = await app.start()
     except OSError as exc:
         raise CliError(f"listen: cannot bind {config.listen}: {exc.strerror or exc}") from None
     try:
-        services = await start_key_services(config, keys)  # publish.listen, SIGHUP reload
+        services = await start_key_services(
+            config, keys, reuse_port=reuse_port
+        )  # publish.listen, SIGHUP reload
     except BaseException:
         await app.stop()
         raise
     key = keys.current(app.clock())
+    if app.admin_address is not None:
+        host, port = app.admin_address
+        print(f"signing-proxy {__version__} admin on http://{host}:{port}", file=sys.stderr, flush=True)
     for host, port in addresses:
         shown = f"[{host}]" if ":" in host else host
         print(
             f"signing-proxy {__version__} listening on http://{shown}:{port} "
-            f"keyid={key.thumbprint if key is not None else 'none'}",
+            f"keyid={key.thumbprint if key is not None else 'none'}"
+            + (f" worker={worker}" if worker is not None else ""),
             file=sys.stderr,
             flush=True,
         )
@@ -169,11 +235,32 @@ async def _serve(config: Config, keys: KeyProvider) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+
+    def on_sighup() -> None:
+        services.reload()  # key stores
+        if args is not None:
+            _reload_config(app, args)
+
+    loop.add_signal_handler(signal.SIGHUP, on_sighup)
     await stop.wait()
-    log.info("shutting down")
+    log.info("shutting down: draining in-flight requests for up to %g s", app.config.timeouts.drain_s)
     await services.stop()
-    await app.stop()
+    await app.stop(drain_s=app.config.timeouts.drain_s)
     return 0
+
+
+def _reload_config(app: ProxyApp, args: argparse.Namespace) -> None:
+    """SIGHUP: re-read the configuration; a bad one is refused and the running one keeps serving."""
+    from .proxy.problems import ProxyError
+
+    try:
+        pending = app.reload(_load(args))
+    except (CliError, ProxyError) as exc:
+        reason = exc.detail if isinstance(exc, ProxyError) else str(exc)
+        log.error("SIGHUP: new configuration refused, the running one keeps serving: %s", reason)
+        return
+    suffix = f"; not applied until restart: {', '.join(pending)}" if pending else ""
+    log.info("SIGHUP: configuration reloaded%s", suffix)
 
 
 def cmd_config_check(args: argparse.Namespace) -> int:
@@ -311,6 +398,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--signature-agent", metavar="URL", help="directory base URL sent in Signature-Agent (default: empty)"
     )
     run.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="N processes sharing the port (SO_REUSEPORT), one event loop each (default 1)",
+    )
+    run.add_argument(
         "--data-dir", metavar="DIR", help="where generated keys live (default ~/.local/share/signing-proxy)"
     )
     run.set_defaults(func=cmd_run)
@@ -348,9 +442,15 @@ def build_parser() -> argparse.ArgumentParser:
     from .cli_keys import add_parsers  # keys list|rotate|revoke|prune, publish
 
     add_parsers(sub, keys)
+    from .cli_delegate import add_parsers as add_delegate_parsers  # delegate issue|extend|inspect|verify
+
+    add_delegate_parsers(sub)
     from .cli_verify import add_parsers as add_verify_parsers  # verify-origin
 
     add_verify_parsers(sub)
+    from .cli_discover import add_parser as add_discover_parser  # discover URL
+
+    add_discover_parser(sub)
 
     ca = sub.add_parser("ca", help="the interception CA").add_subparsers(dest="ca_command", metavar="ACTION")
     export = ca.add_parser(

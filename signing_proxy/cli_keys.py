@@ -146,7 +146,7 @@ class KeyServices:
             await self.publisher.stop()
 
 
-async def start_key_services(config: Config, keys: KeyProvider) -> KeyServices:
+async def start_key_services(config: Config, keys: KeyProvider, *, reuse_port: bool = False) -> KeyServices:
     """Start the publication listener when ``publish.listen`` is set (printing its address) and reload
     the key stores on SIGHUP."""
     from .proxy.keystore import KeyStore, KeyStoreError, StoreWatcher
@@ -166,7 +166,7 @@ async def start_key_services(config: Config, keys: KeyProvider) -> KeyServices:
                     raise CliError(f"publish.agents[{i}]: {exc}") from None
         services.publisher = PublishServer(config, services.watchers)
         try:
-            addresses = await services.publisher.start()
+            addresses = await services.publisher.start(reuse_port=reuse_port)
         except OSError as exc:
             reason = exc.strerror or exc
             raise CliError(f"publish.listen: cannot bind {config.publish.listen}: {reason}") from None

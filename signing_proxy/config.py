@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import math
 import os
 import re
 import types
@@ -23,15 +24,20 @@ import yaml
 
 __all__ = [
     "AccessConfig",
+    "AdminConfig",
     "Config",
     "ConfigError",
     "CredentialRule",
+    "DelegationConfig",
+    "DiscoveryConfig",
     "HostsConfig",
     "InterceptConfig",
     "LimitsConfig",
     "LogConfig",
     "PublishConfig",
     "RelayConfig",
+    "RequesterConfig",
+    "RestrictionConfig",
     "Route",
     "SigningConfig",
     "TimeoutsConfig",
@@ -166,9 +172,10 @@ class TimeoutsConfig:
     connect_s: float = 10.0
     read_s: float = 60.0
     client_idle_s: float = 75.0
+    drain_s: float = 10.0  # on SIGTERM: stop accepting, let in-flight exchanges finish this long
 
     def _check(self, path: str) -> None:
-        for name in ("connect_s", "read_s", "client_idle_s"):
+        for name in ("connect_s", "read_s", "client_idle_s", "drain_s"):
             _positive(getattr(self, name), f"{path}.{name}")
 
 
@@ -211,6 +218,124 @@ class RelayConfig:
                 raise ConfigError(f"{path}.broker_directories[{i}]: must be an http(s) URL")
         if isinstance(self.skew_s, bool) or not isinstance(self.skew_s, int) or not 0 <= self.skew_s <= 300:
             raise ConfigError(f"{path}.skew_s: must be an integer from 0 to 300")
+
+
+def _check_url(url: str | None, path: str) -> None:
+    if url is not None and (
+        not url.startswith(("https://", "http://"))
+        or not url.split("/", 3)[2]
+        or not url.isascii()
+        or any(c.isspace() or c in '"\\<>#' for c in url)
+    ):
+        raise ConfigError(f"{path}: must be an absolute http(s) URL, got {url!r}")
+
+
+@dataclass(frozen=True)
+class DelegationConfig:
+    """The Delegation carried in the requester (spec "Delegation"); checked against the chain at start."""
+
+    token_file: str = ""  # the ~-joined chain, authority JWT first (what `delegate extend` prints)
+    principal_domain: str = ""  # required: who granted the delegation
+    principal_id: str = ""  # required: the principal's identifier
+    expires_at: str | None = None  # RFC 3339; None: the chain's earliest exp (never later than it)
+    max_spend_cents: int | None = None  # None: the chain's cap (never above it)
+    max_accesses: int | None = None  # None: the chain's cap (never above it)
+    quota_period: str | None = None  # "86400s" (or 30m, 24h, 30d); None: the chain's
+    revocation_uri: str | None = None
+    issuer: str | None = None
+    token_format: str = "jwt"  # noqa: S105  # spec: the sole format (not a secret)
+    ext: Mapping[str, Any] = field(default_factory=dict)
+    ext_critical: tuple[str, ...] = ()
+
+    def _check(self, path: str) -> None:
+        from .core.errors import KeyFormatError
+        from .core.keys import parse_rfc3339
+        from .core.requester import TOKEN_FORMAT_JWT, check_ext, parse_duration_s
+
+        for name, what in (
+            ("token_file", "the delegation chain file (`signing-proxy delegate extend ... > FILE`)"),
+            ("principal_domain", "who granted the delegation"),
+            ("principal_id", "the principal's identifier"),
+        ):
+            if not getattr(self, name).strip():
+                raise ConfigError(f"{path}.{name}: required ({what})")
+        if self.expires_at is not None:
+            try:
+                parse_rfc3339(self.expires_at)
+            except KeyFormatError as exc:
+                raise ConfigError(f"{path}.expires_at: {exc.detail}") from None
+        try:
+            if self.quota_period is not None:
+                parse_duration_s(self.quota_period)
+        except ValueError as exc:
+            raise ConfigError(f"{path}.quota_period: {exc}") from None
+        try:
+            check_ext(self.ext, self.ext_critical, path)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        for name, top in (("max_spend_cents", 2**63 - 1), ("max_accesses", 2**31 - 1)):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value <= top:
+                raise ConfigError(f"{path}.{name}: must be an integer from 0 to {top}")
+        if self.token_format != TOKEN_FORMAT_JWT:
+            raise ConfigError(f"{path}.token_format: must be {TOKEN_FORMAT_JWT!r} (the sole format)")
+        _check_url(self.revocation_uri, f"{path}.revocation_uri")
+        if self.issuer is not None and not self.issuer.strip():
+            raise ConfigError(f"{path}.issuer: must be non-empty when set")
+
+
+@dataclass(frozen=True)
+class RequesterConfig:
+    """The Requester the proxy inserts into exchange calls that lack one; see ``proxy/requester.py``."""
+
+    id: str = ""  # required: unique requester identifier
+    domain: str = ""  # required: the requester's own domain (or its registry host)
+    type: str | int = ""  # required: REQUESTER_TYPE_AGENT, ... or the number (UNSPECIFIED is refused)
+    name: str | None = None
+    scopes: tuple[str, ...] = ()
+    ext: Mapping[str, Any] = field(default_factory=dict)
+    ext_critical: tuple[str, ...] = ()
+    delegation: DelegationConfig | None = None  # enterprise agents: the chain bound to our signing key
+    exchanges: tuple[str, ...] = ()  # base URLs: POST {base}/svc.v1.ExchangeService/<Method> gets it
+
+    def _check(self, path: str) -> None:
+        from .core.errors import FieldError
+        from .core.requester import check_ext, requester_type_name
+        from .core.scopes import scope_segments
+        from .core.uri import parse_absolute_uri
+
+        for name, what in (("id", "the unique requester identifier"), ("domain", "the requester's domain")):
+            if not getattr(self, name).strip():
+                raise ConfigError(f"{path}.{name}: required ({what})")
+        if any(c.isspace() or c in "/:@?#" for c in self.domain) or not self.domain.isascii():
+            raise ConfigError(f"{path}.domain: a domain name such as agent.example, got {self.domain!r}")
+        if self.type == "":
+            raise ConfigError(f"{path}.type: required (a RequesterType such as REQUESTER_TYPE_AGENT, or 1-5)")
+        try:
+            requester_type_name(self.type)
+        except ValueError as exc:
+            raise ConfigError(f"{path}.type: {exc}") from None
+        try:
+            check_ext(self.ext, self.ext_critical, path)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        for i, scope in enumerate(self.scopes):
+            try:
+                scope_segments(scope)
+            except ValueError as exc:
+                raise ConfigError(f"{path}.scopes[{i}]: {exc}") from None
+        if not self.exchanges:
+            raise ConfigError(f"{path}.exchanges: list the exchange base URLs the requester is sent to")
+        for i, base in enumerate(self.exchanges):
+            _check_url(base, f"{path}.exchanges[{i}]")
+            try:
+                target = parse_absolute_uri(base)
+            except FieldError as exc:
+                raise ConfigError(f"{path}.exchanges[{i}]: {exc.detail}: {base!r}") from None
+            if "?" in target.path_query:
+                raise ConfigError(f"{path}.exchanges[{i}]: a base URL has no query, got {base!r}")
+        if len(set(self.exchanges)) != len(self.exchanges):
+            raise ConfigError(f"{path}.exchanges: an exchange is listed twice")
 
 
 @dataclass(frozen=True)
@@ -296,6 +421,55 @@ class InterceptConfig:
 
 
 @dataclass(frozen=True)
+class RestrictionConfig:
+    """One ``acceptable_restrictions`` entry of a DiscoverResources body (spec "Endpoints")."""
+
+    axis: str  # e.g. RESTRICTION_KIND_FUNCTION
+    values: tuple[str, ...] = ()  # e.g. SUMMARIZE, RETRIEVE
+
+    def _check(self, path: str) -> None:
+        named = [("axis", self.axis), *((f"values[{i}]", v) for i, v in enumerate(self.values))]
+        for name, value in named:
+            if not value or not value.isascii() or any(c.isspace() for c in value):
+                raise ConfigError(f"{path}.{name}: must be a non-empty ASCII word, got {value!r}")
+
+
+DISCOVERY_CACHE_MAX_S = 7 * 86_400  # our choice: spec "Limits" caches manifests "minutes to hours"
+
+
+@dataclass(frozen=True)
+class DiscoveryConfig:
+    """Following ``403`` + ``X-Content-Rules`` into the publisher's manifest; see ``proxy/discovery.py``."""
+
+    mode: Literal["follow", "off", "passthrough"] = "follow"  # passthrough: edge body kept, Link added
+    allow_cross_site: bool = False  # accept a manifest address on another site than the refusing origin
+    cache_min_s: int = 60  # floor on a manifest's Cache-Control lifetime (no-store included)
+    cache_max_s: int = 21_600  # ceiling: six hours
+    max_manifest_bytes: int = 65_536
+    discover_resources: bool = False  # also POST DiscoverResources at the first DIRECT exchange
+    acceptable_restrictions: tuple[RestrictionConfig, ...] = ()
+
+    def _check(self, path: str) -> None:
+        if self.cache_min_s < 0:
+            raise ConfigError(f"{path}.cache_min_s: must be zero or a positive integer")
+        _positive(self.cache_max_s, f"{path}.cache_max_s", maximum=DISCOVERY_CACHE_MAX_S)
+        if self.cache_min_s > self.cache_max_s:
+            raise ConfigError(f"{path}.cache_min_s: must not exceed cache_max_s ({self.cache_max_s})")
+        _positive(self.max_manifest_bytes, f"{path}.max_manifest_bytes", maximum=16 * 1024 * 1024)
+
+
+@dataclass(frozen=True)
+class AdminConfig:
+    """``/healthz``, ``/readyz``, ``/metrics`` on a port of their own (probes, scraping)."""
+
+    listen: str | None = None
+
+    def _check(self, path: str) -> None:
+        if self.listen is not None:
+            parse_host_port(self.listen, f"{path}.listen")
+
+
+@dataclass(frozen=True)
 class LogConfig:
     level: Literal["debug", "info", "warning", "error"] = "info"
     format: Literal["text", "json"] = "text"
@@ -318,6 +492,9 @@ class Config:
     access: AccessConfig = field(default_factory=AccessConfig)
     intercept: InterceptConfig = field(default_factory=InterceptConfig)
     relay: RelayConfig = field(default_factory=RelayConfig)
+    requester: RequesterConfig | None = None  # None: exchange calls are forwarded as the agent wrote them
+    discovery: DiscoveryConfig = field(default_factory=DiscoveryConfig)
+    admin: AdminConfig = field(default_factory=AdminConfig)
     log: LogConfig = field(default_factory=LogConfig)
 
     def _check(self, path: str) -> None:
@@ -336,6 +513,8 @@ class Config:
                 f"listen: {self.listen} is not a loopback address; set access.allow_clients or "
                 "access.proxy_auth_file so the proxy is not open to anyone who can reach it"
             )
+        if self.requester is not None and self.mode != "agent":
+            raise ConfigError("requester: only in mode agent (a relay must not change the body it forwards)")
         if self.publish.listen is not None:
             if self.signing.key:
                 raise ConfigError(
@@ -402,8 +581,15 @@ def _build(tp: Any, value: Any, path: str) -> Any:
         if value is None and type(None) in args:
             return None
         inner = [a for a in args if a is not type(None)]
-        return _build(inner[0], value, path)
+        for candidate in inner[:-1]:  # str | int: the first type the value is
+            try:
+                return _build(candidate, value, path)
+            except ConfigError:
+                continue
+        return _build(inner[-1], value, path)
     if origin is Literal:
+        if value is False and "off" in args:
+            value = "off"  # YAML 1.1 reads a bare `off` as false
         if value not in args:
             raise ConfigError(f"{path}: must be one of {', '.join(map(str, args))}, got {value!r}")
         return value
@@ -445,11 +631,29 @@ def _build(tp: Any, value: Any, path: str) -> Any:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(f"{path}: must be a number")
         return float(value)
+    if tp is Any:  # a Struct (ext): JSON data only
+        _check_json(value, path)
+        return value
     if tp is str:
         if not isinstance(value, str):
             raise ConfigError(f"{path}: must be a string")
         return value
     raise TypeError(f"unsupported config type {tp!r} at {path}")  # a bug in this module, not in the file
+
+
+def _check_json(value: Any, path: str) -> None:
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise ConfigError(f"{path}: JSON member names are strings, got {k!r}")
+            _check_json(v, f"{path}.{k}")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _check_json(v, f"{path}[{i}]")
+    elif value is not None and not isinstance(value, str | int | float | bool):
+        raise ConfigError(f"{path}: must be JSON data (quote dates and other YAML types), got {value!r}")
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{path}: must be a finite number")
 
 
 def parse_config(raw: Any) -> Config:

@@ -43,6 +43,7 @@ __all__ = [
     "Caps",
     "VerifiedDelegation",
     "VerifiedLink",
+    "check_chain",
     "extend_chain",
     "inspect_chain",
     "issue_authority",
@@ -496,6 +497,26 @@ def verify_chain(
         holder_jkt=holder_jkt,
         expires_at=min(exps) if exps else None,
         owner_jkt=links[0].signer_jkt,
+    )
+
+
+def check_chain(chain: str, *, now: float, leeway_s: int = 0) -> list[VerifiedLink]:
+    """Check what a holder can check without the owner's keys; the result is NOT verified.
+
+    Every rule of ``verify_chain`` except the authority JWT's signature (``signer_jkt`` of link 0
+    is ``""``), the holder binding and the audience: later links' linkage and signatures, claim
+    types, narrowing and every ``exp``/``nbf`` against ``now``. Custom claims are not judged (the
+    verifier who understands them does). For ``delegate inspect`` and the proxy's start-up check.
+    """
+    _check_leeway(leeway_s)
+    return _walk(
+        split_chain(chain),
+        verify_root=lambda jwt: "",
+        now=now,
+        leeway_s=leeway_s,
+        audience=None,
+        check_audience=False,
+        understood=_Everything(),
     )
 
 

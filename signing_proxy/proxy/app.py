@@ -7,6 +7,7 @@ Background work goes through ``spawn`` only, which keeps a reference to every ta
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import time
@@ -18,8 +19,11 @@ from ..config import Config, parse_host_port
 from ..core.uri import Target, parse_absolute_uri
 from .access import AccessControl
 from .connect import ConnectHandler
+from .discovery import Discovery
+from .metrics import CONTENT_TYPE, Metrics
 from .pipeline import BearerStore, KeyProvider, Outgoing, Signer, prepare_request
 from .relay import RelayPipeline
+from .requester import RequesterInjector, injector_for
 from .upstream import UpstreamPool
 
 if TYPE_CHECKING:
@@ -40,11 +44,18 @@ class ProxyApp:
         self.config = config
         self.keys = keys
         self.clock = clock
+        self.metrics = Metrics()
         self.signer = Signer(
-            keys, label=config.signing.label, validity_s=config.signing.validity_s, clock=clock
+            keys,
+            label=config.signing.label,
+            validity_s=config.signing.validity_s,
+            clock=clock,
+            metrics=self.metrics,
         )
         self.bearers = BearerStore(config.credentials)
         self.access = AccessControl(config.access)
+        # requester injection; ProxyError 500 (exit 2) for a delegation bound to another key or expired
+        self.requester: RequesterInjector | None = injector_for(config, keys, clock=clock)
         self.pool = UpstreamPool(
             config.upstream,
             connect_timeout_s=config.timeouts.connect_s,
@@ -56,9 +67,67 @@ class ProxyApp:
         self.connections: set[ClientConnection] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._servers: list[asyncio.Server] = []
-        self.counters: dict[str, int] = {}
+        self.admin_address: tuple[str, int] | None = None
+        self.reuse_port = False  # set by `run --workers N`: N processes share the listening ports
+        self._admin_runner: Any = None
+        self.draining = False  # set on SIGTERM: finish what is in flight, keep no connection alive
         self.interception = ConnectHandler(self)  # loads or creates the CA; ProxyError if unusable
         self.relay = RelayPipeline(config, self.signer, spawn=self.spawn) if config.mode == "relay" else None
+        self.discovery = Discovery.for_app(self)  # 403 + X-Content-Rules; None in relay mode
+        self._wire_metric_callbacks()
+
+    def _wire_metric_callbacks(self) -> None:
+        callbacks = self.metrics.callbacks
+
+        def key_remaining() -> float | None:
+            now = self.clock()
+            not_after = self.keys.not_after(now)
+            return None if not_after is None else not_after - now
+
+        callbacks.key_remaining = key_remaining
+        cache = self.interception.leaves
+        if cache is not None:
+            callbacks.leaf_cache = lambda: (cache.hits, cache.misses, len(cache))
+        relay = self.relay
+        if relay is not None:
+            callbacks.revocation_ages = lambda: relay.poller.ages() if relay.poller is not None else {}
+            callbacks.directory_cache = lambda: (
+                (relay.verifier.resolver.fetches, relay.verifier.resolver.hits)
+                if relay.verifier is not None
+                else None
+            )
+
+    # --- live reload (SIGHUP) ---
+    RESTART_ONLY = ("mode", "listen", "data_dir", "publish", "intercept", "upstream", "relay")
+
+    def reload(self, config: Config) -> list[str]:
+        """Apply a new configuration's live parts atomically; return the sections that need a restart.
+
+        Everything new is built first (a bearer file that cannot be read refuses the whole reload
+        with ProxyError), then swapped in one step: a request sees the old or the new, never a mix.
+        """
+        bearers = BearerStore(config.credentials)
+        access = AccessControl(config.access)
+        requester = injector_for(config, self.keys, clock=self.clock)  # refused like at start-up
+        signer = Signer(
+            self.keys,
+            label=config.signing.label,
+            validity_s=config.signing.validity_s,
+            clock=self.clock,
+            metrics=self.metrics,
+        )
+        routes = sorted(
+            ((r.prefix, parse_absolute_uri(r.upstream)) for r in config.routes), key=lambda r: -len(r[0])
+        )
+        pending = [name for name in self.RESTART_ONLY if getattr(config, name) != getattr(self.config, name)]
+        kept = {name: getattr(self.config, name) for name in self.RESTART_ONLY}
+        self.config = dataclasses.replace(config, **kept)
+        self.bearers, self.access, self.signer, self._routes = bearers, access, signer, routes
+        self.requester = requester
+        if self.relay is not None:
+            self.relay.signer = signer
+        logging.getLogger("signing_proxy").setLevel(config.log.level.upper())
+        return pending
 
     # --- background work ---
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
@@ -90,6 +159,7 @@ class ProxyApp:
             config=self.config,
             signer=self.signer,
             bearers=self.bearers,
+            requester=self.requester,
         )
 
     def route_for(self, raw_target: str) -> Target | None:
@@ -109,19 +179,22 @@ class ProxyApp:
         if path == "/healthz":
             return lambda conn, _req: conn.local_json(200, {"status": "ok", "version": __version__})
         if path == "/readyz":
-            return self._readyz
+            return lambda conn, _req: conn.local_json(*self.readiness())
+        if path == "/metrics":
+            return lambda conn, _req: conn.local_response(200, CONTENT_TYPE, self.metrics.render())
         return None
 
-    def _readyz(self, conn: ClientConnection, _req: _Request) -> int:
+    def readiness(self) -> tuple[int, dict[str, object]]:
+        """(status, document) for ``/readyz``: a valid signing key, the CA if intercepting, config loaded."""
         key = self.keys.current(self.clock())
         checks = {"config": "ok", "signing_key": "ok" if key is not None else "no-valid-signing-key"}
         ca_check = self.interception.ca_check()
         if ca_check is not None:
             checks["interception_ca"] = ca_check
+        if self.requester is not None and self.requester.config.delegation is not None:
+            checks["delegation"] = self.requester.check()
         ready = all(v == "ok" for v in checks.values())
-        return conn.local_json(
-            200 if ready else 503, {"status": "ready" if ready else "not-ready", "checks": checks}
-        )
+        return (200 if ready else 503), {"status": "ready" if ready else "not-ready", "checks": checks}
 
     async def handle_connect(self, conn: ClientConnection, req: _Request) -> tuple[int, str]:
         """CONNECT: refuse with ``ProxyError`` or take ``conn``'s transport over; (status, outcome)."""
@@ -129,7 +202,9 @@ class ProxyApp:
 
     # --- observability ---
     def metrics_request(self, outcome: str) -> None:
-        self.counters[outcome] = self.counters.get(outcome, 0) + 1
+        self.metrics.request(self.config.mode, outcome)
+        if outcome in ("intercepted", "tunnelled"):
+            self.metrics.connects.labels(kind=outcome).inc()
 
     def log_access(self, **fields: object) -> None:
         if not access_log.isEnabledFor(logging.INFO):
@@ -146,14 +221,41 @@ class ProxyApp:
 
         host, port = parse_host_port(self.config.listen, "listen")
         loop = asyncio.get_running_loop()
+        if self.config.admin.listen is not None:
+            self.admin_address = await self._start_admin(self.config.admin.listen)
         server = await loop.create_server(
-            lambda: ClientConnection(self), host, port, backlog=1024, reuse_address=True
+            lambda: ClientConnection(self),
+            host,
+            port,
+            backlog=1024,
+            reuse_address=True,
+            reuse_port=self.reuse_port or None,
         )
         self._servers.append(server)
         return [sock.getsockname()[:2] for sock in server.sockets]
 
+    async def _start_admin(self, listen: str) -> tuple[str, int]:
+        from aiohttp import web
+
+        from .admin import build_admin_app
+
+        host, port = parse_host_port(listen, "admin.listen")
+        runner = web.AppRunner(build_admin_app(self), access_log=None, handle_signals=False)
+        await runner.setup()
+        site = web.TCPSite(runner, host, port, reuse_port=self.reuse_port or None)
+        await site.start()
+        self._admin_runner = runner
+        server = site._server
+        sockets = getattr(server, "sockets", None) or []
+        bound = sockets[0].getsockname()[:2] if sockets else (host, port)
+        return str(bound[0]), int(bound[1])
+
     async def stop(self, drain_s: float = 5.0) -> None:
         """Stop accepting, let in-flight exchanges finish up to ``drain_s``, then close everything."""
+        self.draining = True
+        if self._admin_runner is not None:
+            await self._admin_runner.cleanup()
+            self._admin_runner = None
         for server in self._servers:
             server.close()
         deadline = asyncio.get_running_loop().time() + drain_s

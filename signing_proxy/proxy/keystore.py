@@ -640,3 +640,7 @@ class StoreKeyProvider(StoreWatcher, KeyProvider):
 
     def current(self, now: float) -> SigningKey | None:
         return self.state().signing_key(now)
+
+    def not_after(self, now: float) -> float | None:
+        chosen = self.state().signing_record(now)
+        return None if chosen is None else float(chosen.not_after)

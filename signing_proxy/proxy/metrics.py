@@ -2,7 +2,8 @@
 
 Labels carry only closed sets of values (modes, outcomes, reasons, labels, directory URLs we
 fetched) — never a client address, a path, a token or a key. Hot-path counters are bound to their
-label values once, so counting a request costs a lock and an add, not a label lookup.
+label values once, so counting a request costs a lock and an add, not a label lookup. Figures that
+live elsewhere (key validity, caches, revocation ages) are read at scrape time by callbacks.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 __all__ = ["CONTENT_TYPE", "Metrics"]
@@ -21,41 +22,52 @@ _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0
 
 
 class _Callbacks(Collector):
-    """Gauges computed at scrape time from live state (key validity, cache sizes, revocation ages)."""
+    """Families computed at scrape time from live state."""
 
     def __init__(self) -> None:
         self.key_remaining: Callable[[], float | None] = lambda: None
         self.revocation_ages: Callable[[], dict[str, float | None]] = dict
         self.leaf_cache: Callable[[], tuple[int, int, int] | None] = lambda: None
+        self.directory_cache: Callable[[], tuple[int, int] | None] = lambda: None
 
-    def collect(self) -> Iterable[GaugeMetricFamily]:
+    def collect(self) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:
         remaining = self.key_remaining()
-        g = GaugeMetricFamily(
+        key = GaugeMetricFamily(
             "signing_proxy_signing_key_remaining_seconds",
-            "Seconds until the active signing key's not_after (absent: no valid key)",
+            "Seconds until the signing key's not_after (absent: no window, or no valid key)",
         )
         if remaining is not None:
-            g.add_metric([], remaining)
-        yield g
+            key.add_metric([], remaining)
+        yield key
         ages = GaugeMetricFamily(
             "signing_proxy_revocation_set_age_seconds",
-            "Seconds since each revocation list was last fetched successfully",
+            "Seconds since each revocation list was last fetched successfully (+Inf: never)",
             labels=["url"],
         )
         for url, age in self.revocation_ages().items():
             ages.add_metric([url], float("inf") if age is None else age)
         yield ages
+        directory = self.directory_cache()
+        if directory is not None:
+            for name, value, doc in (
+                ("fetches", directory[0], "Key directory fetches"),
+                ("cache_hits", directory[1], "Key directory cache hits"),
+            ):
+                counter = CounterMetricFamily(f"signing_proxy_directory_{name}", doc)
+                counter.add_metric([], value)
+                yield counter
         leaf = self.leaf_cache()
         if leaf is not None:
-            hits, misses, size = leaf
             for name, value, doc in (
-                ("hits", hits, "Leaf certificate cache hits"),
-                ("misses", misses, "Leaf certificates minted"),
-                ("entries", size, "Leaf certificates cached"),
+                ("hits", leaf[0], "Leaf certificate cache hits"),
+                ("misses", leaf[1], "Leaf certificates minted"),
             ):
-                fam = GaugeMetricFamily(f"signing_proxy_leaf_cache_{name}", doc)
-                fam.add_metric([], value)
-                yield fam
+                counter = CounterMetricFamily(f"signing_proxy_leaf_cache_{name}", doc)
+                counter.add_metric([], value)
+                yield counter
+            size = GaugeMetricFamily("signing_proxy_leaf_cache_entries", "Leaf certificates cached")
+            size.add_metric([], leaf[2])
+            yield size
 
 
 class Metrics:
@@ -97,17 +109,12 @@ class Metrics:
             ["kind"],
             registry=r,
         )
-        self.directory_fetches = Counter(
-            "signing_proxy_directory_fetches", "Key directory fetches", registry=r
-        )
-        self.directory_hits = Counter(
-            "signing_proxy_directory_cache_hits", "Key directory cache hits", registry=r
-        )
         self.manifest_fetches = Counter("signing_proxy_manifest_fetches", "Manifest fetches", registry=r)
         self.manifest_hits = Counter("signing_proxy_manifest_cache_hits", "Manifest cache hits", registry=r)
         self.callbacks = _Callbacks()
         r.register(self.callbacks)
         self._bound: dict[tuple[str, str], Counter] = {}
+        self._labels: dict[str, Counter] = {}
 
     def request(self, mode: str, outcome: str) -> None:
         key = (mode, outcome)
@@ -115,6 +122,18 @@ class Metrics:
         if child is None:
             child = self._bound[key] = self.requests.labels(mode=mode, outcome=outcome)
         child.inc()
+
+    def signed(self, label: str) -> None:
+        child = self._labels.get(label)
+        if child is None:
+            child = self._labels[label] = self.signatures.labels(label=label)
+        child.inc()
+
+    def signing_failure(self, reason: str) -> None:
+        self.signing_failures.labels(reason=reason).inc()
+
+    def verification_failure(self, reason: str) -> None:
+        self.verification_failures.labels(reason=reason).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -13,6 +13,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..config import Config, CredentialRule, host_matches
 from ..core.digest import content_digest
@@ -29,6 +30,10 @@ from ..core.signatures import (
 )
 from ..core.uri import Target, parse_absolute_uri
 from .problems import ProxyError
+
+if TYPE_CHECKING:
+    from .metrics import Metrics
+    from .requester import RequesterInjector
 
 __all__ = [
     "HOP_BY_HOP",
@@ -69,6 +74,10 @@ class KeyProvider:
 
     def current(self, now: float) -> SigningKey | None:
         raise NotImplementedError
+
+    def not_after(self, now: float) -> float | None:
+        """When the key that signs now stops being valid (None: no window, or no key)."""
+        return None
 
 
 class StaticKeyProvider(KeyProvider):
@@ -120,12 +129,19 @@ class Signer:
     """Signs messages with the current key; the window is ``[now, now + validity_s)``."""
 
     def __init__(
-        self, keys: KeyProvider, *, label: str, validity_s: int, clock: Callable[[], float] = time.time
+        self,
+        keys: KeyProvider,
+        *,
+        label: str,
+        validity_s: int,
+        clock: Callable[[], float] = time.time,
+        metrics: Metrics | None = None,
     ):
         self.keys = keys
         self.label = label
         self.validity_s = validity_s
         self.clock = clock
+        self.metrics = metrics
 
     def sign(
         self, message: Message, *, label: str | None = None, components: Sequence[Component] = SPEC_COMPONENTS
@@ -134,6 +150,8 @@ class Signer:
         now = self.clock()
         key = self.keys.current(now)
         if key is None:
+            if self.metrics is not None:
+                self.metrics.signing_failure("no-valid-signing-key")
             raise ProxyError(
                 503, "no-valid-signing-key", "no signing key is valid now; see `signing-proxy keys list`"
             )
@@ -148,8 +166,12 @@ class Signer:
                 components=components,
             )
         except SigningError as exc:
+            if self.metrics is not None:
+                self.metrics.signing_failure(exc.reason)
             raise ProxyError(400, exc.reason, f"cannot sign this request: {exc.detail}") from None
         attach_signature(message.fields, member)
+        if self.metrics is not None:
+            self.metrics.signed(member.label)
         return key.thumbprint
 
 
@@ -225,6 +247,7 @@ def prepare_request(
     config: Config,
     signer: Signer,
     bearers: BearerStore,
+    requester: RequesterInjector | None = None,
 ) -> Outgoing:
     """Apply the signing pipeline (agent mode) and serialize the request for ``target``."""
     fields = drop_hop_by_hop(lines)
@@ -238,6 +261,8 @@ def prepare_request(
     credential = bearers.for_host(target.host)
     if credential is not None and (credential[0].override or not authorization):
         authorization = f"Bearer {credential[1]}"
+    if requester is not None:  # before the digest: digest and signature cover the final body
+        body = requester.apply(method, target, fields, body)
     fields.add("Content-Digest", content_digest(body))
     fields.add("Authorization", authorization)
     agent = config.signing.signature_agent

@@ -158,7 +158,7 @@ class PublishServer:
             )
         return _document(body, DIRECTORY_MEDIA_TYPE, f"max-age={self.max_age_s}")
 
-    async def start(self) -> list[tuple[str, int]]:
+    async def start(self, *, reuse_port: bool = False) -> list[tuple[str, int]]:
         """Bind ``publish.listen``; return the bound addresses (port 0 picks one)."""
         assert self.config.publish.listen is not None
         host, port = parse_host_port(self.config.publish.listen, "publish.listen")
@@ -166,7 +166,7 @@ class PublishServer:
         await runner.setup()
         self._runner = runner
         try:
-            await web.TCPSite(runner, host, port, reuse_address=True).start()
+            await web.TCPSite(runner, host, port, reuse_address=True, reuse_port=reuse_port or None).start()
         except BaseException:
             await self.stop()
             raise

@@ -109,6 +109,8 @@ class RelayPipeline:
             try:
                 await self._get_verifier().verify(method, target.uri, fields, body)
             except VerificationError as exc:
+                if self.signer.metrics is not None:
+                    self.signer.metrics.verification_failure(exc.reason)
                 where = f" (label {exc.label!r})" if exc.label else ""
                 raise ProxyError(
                     401, exc.reason, f"incoming signature refused{where}: {exc.detail}"

@@ -25,6 +25,7 @@ import httptools
 
 from ..core.errors import FieldError
 from ..core.uri import Target, parse_absolute_uri, parse_authority
+from .discovery import DrainSink
 from .pipeline import HOP_BY_HOP, Outgoing
 from .problems import ProxyError, problem_body
 from .upstream import ResponseHead, UpstreamConnection
@@ -94,24 +95,44 @@ class _ResponseRelay:
         "done",
         "head_only",
         "head_written",
+        "held",
         "pending",
+        "started",
         "status",
+        "target",
     )
 
-    def __init__(self, client: ClientConnection, head_only: bool) -> None:
+    def __init__(self, client: ClientConnection, head_only: bool, target: Target) -> None:
         self.client = client
         self.head_only = head_only
+        self.target = target
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.head_written = False
+        self.held: ResponseHead | None = None  # a 403 that discovery answers instead (never written)
         self.chunked = False
         self.close_after = False
         self.status = 0
         self.bytes_out = 0
         self.pending: list[bytes] = []  # written once per upstream read: one syscall, not three
+        self.started = time.perf_counter()  # created just before the request goes upstream
+
+    def _hold(self, head: ResponseHead) -> bool:
+        """A 403 with X-Content-Rules that discovery follows: nothing of it goes to the agent; the
+        edge's body is drained and ``ClientConnection._forward`` writes discovery's answer instead."""
+        discovery = self.client.app.discovery
+        upstream = self.client._upstream
+        if discovery is None or upstream is None or not discovery.holds(head, self.target):
+            return False  # passthrough mode has added its Link to ``head``
+        self.held = head
+        upstream.sink = DrainSink(upstream, self.done)
+        return True
 
     def on_head(self, head: ResponseHead) -> None:
         client = self.client
+        client.app.metrics.upstream_latency.observe(time.perf_counter() - self.started)
         self.status = head.status
+        if head.status == 403 and self._hold(head):
+            return
         parts = [f"HTTP/1.1 {head.status} {head.reason}\r\n".encode("latin-1")]
         parts.extend(
             name + b": " + value + b"\r\n"
@@ -420,7 +441,7 @@ class ClientConnection(asyncio.Protocol):
             status, sent_out = relay.status, relay.bytes_out
             outcome = "signed" if keyid else "unsigned"
             self.app.metrics_request(outcome)
-            return self.keep_alive and not relay.close_after
+            return self.keep_alive and not relay.close_after and not self.app.draining
         except ProxyError as error:
             status, outcome = error.status, error.reason
             self.app.metrics_request(error.reason)
@@ -439,6 +460,11 @@ class ClientConnection(asyncio.Protocol):
                 self.transport.abort()
             return False
         finally:
+            metrics = self.app.metrics
+            if req.body_size:
+                metrics.bytes_in.inc(req.body_size)
+            if sent_out:
+                metrics.bytes_out.inc(sent_out)
             if self.app.config.log.access_log:
                 self.app.log_access(
                     client=self.client_ip,
@@ -515,7 +541,7 @@ class ClientConnection(asyncio.Protocol):
             reused = conn is not None
             if conn is None:
                 conn = await pool.connect(outgoing.connect_to)
-            relay = _ResponseRelay(self, head_only=req.method == "HEAD")
+            relay = _ResponseRelay(self, head_only=req.method == "HEAD", target=outgoing.target)
             self._upstream = conn
             conn.start(
                 outgoing.head + outgoing.body if outgoing.body else outgoing.head,
@@ -536,9 +562,29 @@ class ClientConnection(asyncio.Protocol):
             if self._closed:
                 conn.reusable = False
             pool.release(conn)
+            if relay.held is not None:
+                await self._answer_refusal(relay, relay.held)
             await self.drain()
             return relay
         raise AssertionError("unreachable")
+
+    async def _answer_refusal(self, relay: _ResponseRelay, held: ResponseHead) -> None:
+        """Write discovery's answer to a held 403 (status kept, Link, problem+json body)."""
+        assert self.app.discovery is not None
+        head, body = await self.app.discovery.refusal(held, relay.target, keep_alive=self.keep_alive)
+        self.write(head if relay.head_only else head + body)
+        relay.head_written = True
+        relay.bytes_out = 0 if relay.head_only else len(body)
+
+    def local_response(self, status: int, content_type: str, body: bytes) -> int:
+        head = (
+            f"HTTP/1.1 {status} {_phrase(status)}\r\nContent-Type: {content_type}\r\n"
+            f"Content-Length: {len(body)}\r\nCache-Control: no-store\r\n"
+        )
+        if not self.keep_alive:
+            head += "Connection: close\r\n"
+        self.write((head + "\r\n").encode() + body)
+        return status
 
     def local_json(self, status: int, doc: object) -> int:
         body = json.dumps(doc, separators=(",", ":")).encode()

@@ -126,6 +126,7 @@ def test_public_api_is_pinned() -> None:
         "Caps",
         "VerifiedDelegation",
         "VerifiedLink",
+        "check_chain",
         "extend_chain",
         "inspect_chain",
         "issue_authority",

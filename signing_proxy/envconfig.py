@@ -1,0 +1,57 @@
+"""Environment-variable overrides for container use: ``SIGNING_PROXY_LISTEN=0.0.0.0:8080`` and friends.
+
+Precedence: the YAML file, then these variables, then command-line flags. A bad value is refused
+with both names, the variable's and the key path's (``SIGNING_PROXY_LISTEN (listen): must be
+HOST:PORT``). ``SIGNING_PROXY_CONFIG`` names the file when ``--config`` is not given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from .config import Config, ConfigError
+
+__all__ = ["ENV_CONFIG_FILE", "ENV_OVERRIDES", "apply_env_overrides"]
+
+ENV_CONFIG_FILE = "SIGNING_PROXY_CONFIG"
+
+# variable -> (dotted key path, is a comma-separated list)
+ENV_OVERRIDES: dict[str, tuple[str, bool]] = {
+    "SIGNING_PROXY_MODE": ("mode", False),
+    "SIGNING_PROXY_LISTEN": ("listen", False),
+    "SIGNING_PROXY_DATA_DIR": ("data_dir", False),
+    "SIGNING_PROXY_KEY": ("signing.key", False),
+    "SIGNING_PROXY_LABEL": ("signing.label", False),
+    "SIGNING_PROXY_SIGNATURE_AGENT": ("signing.signature_agent", False),
+    "SIGNING_PROXY_PUBLISH_LISTEN": ("publish.listen", False),
+    "SIGNING_PROXY_PUBLISH_DOMAIN": ("publish.domain", False),
+    "SIGNING_PROXY_NEXT_HOP": ("upstream.next_hop", False),
+    "SIGNING_PROXY_ADMIN_LISTEN": ("admin.listen", False),
+    "SIGNING_PROXY_ALLOW_CLIENTS": ("access.allow_clients", True),
+    "SIGNING_PROXY_PROXY_AUTH_FILE": ("access.proxy_auth_file", False),
+    "SIGNING_PROXY_LOG_LEVEL": ("log.level", False),
+    "SIGNING_PROXY_LOG_FORMAT": ("log.format", False),
+}
+
+
+def apply_env_overrides(config: Config, environ: Mapping[str, str]) -> Config:
+    """``config`` with every set ``SIGNING_PROXY_*`` variable applied together (some only make sense
+    in pairs, like a public ``listen`` with ``allow_clients``); ConfigError names the variable."""
+    changes: dict[str, Any] = {}
+    by_path: dict[str, str] = {}
+    for name, (dotted, is_list) in ENV_OVERRIDES.items():
+        raw = environ.get(name)
+        if raw is None:
+            continue
+        changes[dotted] = [item.strip() for item in raw.split(",") if item.strip()] if is_list else raw
+        by_path[dotted] = name
+    if not changes:
+        return config
+    try:
+        return config.with_overrides(**changes)
+    except ConfigError as exc:
+        message = str(exc)
+        culprit = next((var for path, var in by_path.items() if message.startswith(path)), None)
+        names = culprit or ", ".join(by_path.values())
+        raise ConfigError(f"{names} ({message})") from None

@@ -1,0 +1,102 @@
+"""``run --workers N``: N processes, each with its own event loop, sharing one port (SO_REUSEPORT).
+
+The kernel spreads new connections across the workers' listening sockets. Nothing is shared in
+memory: keys and the interception CA live in the data directory (created once, under a lock),
+each worker watches the key store itself, and the parent only forwards signals — SIGHUP (reload)
+and SIGTERM/SIGINT (drain) — and restarts a worker that dies. A port of 0 is resolved once by the
+parent, which keeps a bound (not listening) SO_REUSEPORT socket on it so every worker gets the same.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable
+
+__all__ = ["MAX_WORKERS", "reserve_port", "run_workers"]
+
+log = logging.getLogger("signing_proxy")
+
+MAX_WORKERS = 64
+RESTART_BACKOFF_S = 1.0  # a worker that keeps dying is restarted at most once a second
+
+
+def reserve_port(host: str, port: int) -> tuple[socket.socket, int]:
+    """Bind (without listening) a SO_REUSEPORT socket; workers bind the same port beside it."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    return sock, int(sock.getsockname()[1])
+
+
+def run_workers(count: int, worker: Callable[[int], int]) -> int:
+    """Fork ``count`` workers running ``worker(index)``; forward signals; return when all have exited."""
+    children: dict[int, int] = {}  # pid -> worker index
+    stopping = False
+    last_start: dict[int, float] = {}
+
+    def spawn(index: int) -> None:
+        now = time.monotonic()
+        if now - last_start.get(index, 0.0) < RESTART_BACKOFF_S:
+            time.sleep(RESTART_BACKOFF_S)
+        last_start[index] = time.monotonic()
+        pid = os.fork()
+        if pid == 0:  # the worker: default signal handling; its own loop installs handlers
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                signal.signal(sig, signal.SIG_DFL)
+            code = 1
+            try:
+                code = worker(index)
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else 1
+            except BaseException:
+                log.exception("worker %d failed", index)
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        children[pid] = index
+
+    def forward(sig: int, _frame: object) -> None:
+        nonlocal stopping
+        if sig in (signal.SIGTERM, signal.SIGINT):
+            stopping = True
+        for pid in list(children):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, forward)
+    for index in range(count):
+        spawn(index)
+    status = 0
+    while children:
+        try:
+            pid, raw = os.wait()
+        except ChildProcessError:
+            break
+        except InterruptedError:
+            continue
+        if pid not in children:
+            continue
+        index = children.pop(pid)
+        code = os.waitstatus_to_exitcode(raw)
+        if stopping:
+            status = status or (code if code > 0 else 0)
+            continue
+        if code == 2:  # bad input (config, key): restarting cannot help
+            log.error("worker %d refused to start (exit 2); stopping", index)
+            stopping = True
+            status = 2
+            forward(signal.SIGTERM, None)
+            continue
+        log.error("worker %d exited unexpectedly (status %d); restarting it", index, code)
+        spawn(index)
+    return status

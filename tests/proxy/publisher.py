@@ -1,0 +1,175 @@
+"""A loopback publisher for discovery tests, in three servers that verify every request they get.
+
+``edge`` refuses direct crawls with 403 and ``X-Content-Rules`` (plain HTTP, or HTTPS with a test
+CA); ``manifests`` serves a catalogue of good and broken ``svc.json`` documents and lets a test
+count its fetches; ``exchange`` answers DiscoverResources after verifying layer 1 with the proxy's
+own ``RequestVerifier`` and pinned keys (and, as every ``VerifyingOrigin``, with the independent
+``http-message-signatures``). Every server binds 127.0.0.1 port 0.
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+from types import TracebackType
+from typing import Any
+from urllib.parse import urlsplit
+
+from aiohttp import web
+
+from signing_proxy.core.errors import VerificationError
+from signing_proxy.core.jwk import SigningKey
+from signing_proxy.proxy.directory import DirectoryError, DirectoryResolver, FetchResult
+from signing_proxy.proxy.verifier import RequestVerifier, VerifierPolicy, refusal, verify_aiohttp_request
+from tests.harness import VerifyingOrigin
+
+EXCHANGE_DOMAIN = "exchange.example"
+RESALE_DOMAIN = "resale.example"
+EDGE_BODY = b"<h1>direct crawling is not allowed</h1>"
+DISCOVER_PATH = "/v1/svc.v1.ExchangeService/DiscoverResources"
+HUGE_BODY_BYTES = 3 * 1024 * 1024
+DEFAULT_RULES = "licensing required; see our manifest"  # not a URL: {origin}/.well-known/svc.json
+
+
+async def _no_directory(url: str) -> FetchResult:
+    raise DirectoryError("directory-fetch-failed", f"{url}: the test exchange only pins keys")
+
+
+class Publisher:
+    """The edge, the manifest server and the authorized exchange of one test publisher."""
+
+    def __init__(self, key: SigningKey, *, edge_tls: ssl.SSLContext | None = None) -> None:
+        self.key = key
+        self.edge = VerifyingOrigin(handler=self._edge, tls=edge_tls)
+        self.manifests = VerifyingOrigin(handler=self._manifest)
+        self.exchange = VerifyingOrigin(handler=self._exchange)
+        self.discover_calls: list[dict[str, Any]] = []
+        self.exchange_refusals: list[str] = []
+        self._verifier = RequestVerifier(
+            DirectoryResolver(_no_directory), VerifierPolicy(pinned_agent_keys=(key.public,))
+        )
+
+    def __enter__(self) -> Publisher:
+        for server in (self.exchange, self.manifests, self.edge):
+            server.__enter__()
+            server.trust(self.key)
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        for server in (self.edge, self.manifests, self.exchange):
+            server.__exit__(kind, exc, tb)
+
+    def clear(self) -> None:
+        for server in (self.edge, self.manifests, self.exchange):
+            server.arrivals.clear()
+        self.discover_calls.clear()
+        self.exchange_refusals.clear()
+
+    # --- addresses ---
+    @property
+    def exchange_endpoint(self) -> str:
+        return self.exchange.url("/v1")
+
+    def manifest_url(self, name: str, host: str = "127.0.0.1") -> str:
+        return f"http://{host}:{self.manifests.port}/m/{name}.json"
+
+    def refused(self, name: str) -> str:
+        """An edge URL refused with X-Content-Rules naming the catalogue manifest ``name``."""
+        return self.edge.url(f"/refuse/{name}")
+
+    def fetches(self, name: str) -> int:
+        """How many times the manifest ``name`` was fetched."""
+        return sum(1 for a in self.manifests.arrivals if urlsplit(a.target_uri).path == f"/m/{name}.json")
+
+    # --- documents ---
+    def manifest(self, domain: str = "127.0.0.1", **changes: Any) -> dict[str, Any]:
+        """A valid publisher manifest (DIRECT test exchange, RESELLER elsewhere); ``None`` drops a member."""
+        doc: dict[str, Any] = {
+            "ver": "1.0",
+            "role": "ROLE_PUBLISHER",
+            "domain": domain,
+            "contact": "licensing@publisher.example",
+            "exchanges": [
+                {"domain": EXCHANGE_DOMAIN, "endpoint": self.exchange_endpoint, "relationship": "DIRECT"},
+                {
+                    "domain": RESALE_DOMAIN,
+                    "endpoint": "https://resale.example/v1",
+                    "relationship": "RESELLER",
+                },
+            ],
+        }
+        for name, value in changes.items():
+            if value is None:
+                doc.pop(name, None)
+            else:
+                doc[name] = value
+        return doc
+
+    def catalogue(self, name: str) -> tuple[dict[str, Any], str]:
+        """The manifest served as ``/m/{name}.json`` and its Cache-Control."""
+        reseller = {
+            "domain": RESALE_DOMAIN,
+            "endpoint": "https://resale.example/v1",
+            "relationship": "RESELLER",
+        }
+        partner = {"domain": EXCHANGE_DOMAIN, "endpoint": self.exchange_endpoint, "relationship": "PARTNER"}
+        docs: dict[str, dict[str, Any]] = {
+            "v1.0": self.manifest(),
+            "v1.7": self.manifest(ver="1.7"),
+            "v2.0": self.manifest(ver="2.0"),
+            "one": self.manifest(ver="one"),
+            "empty": self.manifest(ver=""),
+            "missing": self.manifest(ver=None),
+            "no-exchanges": self.manifest(exchanges=None),
+            "bad-relationship": self.manifest(exchanges=[partner]),
+            "other-domain": self.manifest(domain="other.example"),
+            "reseller-only": self.manifest(exchanges=[reseller]),
+            "localhost": self.manifest(domain="localhost"),
+            "agent": {"ver": "1.0", "role": "ROLE_AGENT", "domain": "127.0.0.1"},
+        }
+        cache_control = {"cached": "max-age=600", "nostore": "no-store"}.get(name, "max-age=300")
+        return docs.get(name, self.manifest()), cache_control
+
+    # --- handlers ---
+    async def _edge(self, request: web.Request) -> web.StreamResponse:
+        if request.path == "/.well-known/svc.json":
+            return web.json_response(self.manifest(), headers={"Cache-Control": "max-age=600"})
+        manifests = f"http://127.0.0.1:{self.manifests.port}"
+        if request.path.startswith("/refuse/"):
+            rules = f"{manifests}/m/{request.path.removeprefix('/refuse/')}.json"
+        elif request.path == "/default":
+            rules = DEFAULT_RULES
+        elif request.path == "/cross":
+            rules = self.manifest_url("localhost", host="localhost")
+        elif request.path == "/forbidden":
+            return web.Response(status=403, body=EDGE_BODY, content_type="text/html")
+        elif request.path == "/huge":  # a 403 whose body is larger than the proxy drains
+            headers = {"X-Content-Rules": f"{manifests}/m/huge.json"}
+            return web.Response(status=403, body=b"x" * HUGE_BODY_BYTES, headers=headers)
+        else:
+            return web.Response(text="hello")
+        headers = {"X-Content-Rules": rules, "X-Edge": "kept", "Cache-Control": "max-age=3600"}
+        return web.Response(status=403, body=EDGE_BODY, content_type="text/html", headers=headers)
+
+    async def _manifest(self, request: web.Request) -> web.StreamResponse:
+        name = request.path.removeprefix("/m/").removesuffix(".json")
+        doc, cache_control = self.catalogue(name)
+        return web.json_response(doc, headers={"Cache-Control": cache_control})
+
+    async def _exchange(self, request: web.Request) -> web.StreamResponse:
+        try:
+            await verify_aiohttp_request(self._verifier, request)
+        except VerificationError as exc:
+            self.exchange_refusals.append(exc.reason)
+            return refusal(exc)
+        if request.path != DISCOVER_PATH:
+            return web.json_response({"error": "unknown method"}, status=404)
+        body = json.loads(await request.read())
+        self.discover_calls.append(body)
+        groups = [
+            {"uri": uri, "offers": [{"offer_id": f"offer-{i}", "price_cents": "25"}]}
+            for i, uri in enumerate(body.get("uris", []))
+        ]
+        return web.json_response({"offer_groups": groups})

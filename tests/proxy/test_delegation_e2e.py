@@ -1,0 +1,448 @@
+"""End to end: owner issues, principal extends to the proxy's key (CLI), the proxy injects the
+requester into a DiscoverResources call from an unmodified client (HTTP_PROXY), and a test exchange
+built on ``signature_middleware`` checks layer 1 and the delegation chain, bound to the key that
+signed the request, then answers offers filtered by the delegated scopes.
+
+The exchange is given no key: it resolves the agent's key from the directory the proxy's publish
+listener serves (named by Signature-Agent), like a real exchange. Its only trust anchor for the
+delegation is the owner's public key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import requests
+import yaml
+from aiohttp import web
+
+from signing_proxy.core.delegation import verify_chain
+from signing_proxy.core.errors import DelegationError
+from signing_proxy.core.jwk import PublicKey, SigningKey
+from signing_proxy.core.keys import parse_rfc3339
+from signing_proxy.core.scopes import scopes_cover
+from signing_proxy.proxy.directory import DirectoryResolver, RevocationPoller, aiohttp_fetcher
+from signing_proxy.proxy.keystore import KeyStore
+from signing_proxy.proxy.verifier import SIGNATURE, RequestVerifier, VerifierPolicy, signature_middleware
+from tests.harness import WAIT_S, ProxyProcess, proxy_env
+
+pytestmark = pytest.mark.integration
+
+DISCOVER = "/v1/svc.v1.ExchangeService/DiscoverResources"
+CATALOG = {  # resource -> the scope it requires
+    "https://pub.example/us/ca/article": "dist:US:CA",
+    "https://pub.example/us/ny/article": "dist:US:NY",
+    "https://pub.example/eu/article": "dist:EU",
+    "https://pub.example/news/daily": "subscription:news",
+}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
+    return subprocess.run(
+        [sys.executable, "-m", "signing_proxy", *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+        env=env,
+    )
+
+
+def ok(*args: str) -> str:
+    done = cli(*args)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def wait_for(condition: Callable[[], bool], what: str, limit_s: float = WAIT_S) -> None:
+    deadline = time.monotonic() + limit_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+@dataclass
+class Received:
+    body: dict[str, Any]
+    keyid: str
+    directory: str | None
+
+
+@dataclass
+class Exchange:
+    """An exchange: layer 1 by the verifier middleware (keys from the agent's directory), layer 3
+    with ``verify_chain`` (owner key as the only anchor, holder = the verified keyid), offers by scope."""
+
+    owner_keys: list[PublicKey]
+    received: list[Received] = field(default_factory=list)
+    port: int = 0
+    _loop: asyncio.AbstractEventLoop | None = None
+    _thread: threading.Thread | None = None
+    _ready: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    async def discover(self, request: web.Request) -> web.Response:
+        stack = request[SIGNATURE]  # present only when layer 1 verified
+        keyid = stack.signatures[0].keyid
+        body = json.loads(await request.read())
+        self.received.append(Received(body, keyid, stack.directory))
+        requester = body.get("requester")
+        if not isinstance(requester, dict) or requester.get("type") in (
+            None,
+            "REQUESTER_TYPE_UNSPECIFIED",
+            0,
+        ):
+            return web.json_response({"error": "requester missing or REQUESTER_TYPE_UNSPECIFIED"}, status=400)
+        delegation = requester.get("delegation")
+        if delegation is not None:
+            if delegation.get("token_format") != "jwt":
+                return web.json_response({"error": "token_format"}, status=400)
+            token = base64.b64decode(delegation["token"], validate=True).decode("ascii")
+            try:
+                verified = verify_chain(token, owner_keys=self.owner_keys, holder_jkt=keyid, now=time.time())
+            except DelegationError as exc:
+                return web.json_response(
+                    {"denial_reason": exc.denial_reason, "reason": exc.reason}, status=403
+                )
+            assert verified.expires_at is not None
+            if parse_rfc3339(delegation["expires_at"]) > verified.expires_at:
+                return web.json_response({"denial_reason": "DENIAL_REASON_DELEGATION_INVALID"}, status=403)
+            granted: tuple[str, ...] = verified.scope or ("*",)  # the token's claims are authoritative
+        else:
+            granted = tuple(requester.get("scopes") or ["*"])  # empty: the public default policy
+        groups = []
+        for uri in body.get("uris", []):
+            required = CATALOG.get(uri)
+            if required is None:
+                continue
+            if scopes_cover(granted, required):
+                pricing = "subscription" if required.startswith("subscription:") else "per_request"
+                groups.append({"uri": uri, "offers": [{"scope": required, "pricing": pricing}]})
+            else:  # this exchange reveals gating
+                groups.append({"uri": uri, "absence_reason": "OFFER_ABSENCE_REASON_SCOPE_INSUFFICIENT"})
+        return web.json_response({"offer_groups": groups})
+
+    def _run(self) -> None:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        session: aiohttp.ClientSession | None = None
+        runner: web.AppRunner | None = None
+
+        async def start() -> None:
+            nonlocal session, runner
+            session = aiohttp.ClientSession()  # trust_env False: directory fetches go direct
+            fetch = aiohttp_fetcher(session)
+            # Directories re-fetched every second: a rotation shows up at once (real ones cache longer).
+            resolver = DirectoryResolver(fetch, floor_s=0.5, ceiling_s=1.0)
+            verifier = RequestVerifier(resolver, VerifierPolicy(), revocations=RevocationPoller(fetch))
+            app = web.Application(middlewares=[signature_middleware(verifier)])
+            app.router.add_post(DISCOVER, self.discover)
+            runner = web.AppRunner(app, access_log=None, handle_signals=False)
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            server = site._server
+            assert server is not None
+            self.port = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
+
+        async def stop() -> None:
+            if runner is not None:
+                await runner.cleanup()
+            if session is not None:
+                await session.close()
+
+        loop.run_until_complete(start())
+        self._ready.set()
+        loop.run_forever()
+        loop.run_until_complete(stop())
+        loop.close()
+
+    def __enter__(self) -> Exchange:
+        self._thread = threading.Thread(target=self._run, name="exchange", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(WAIT_S):
+            raise RuntimeError("exchange did not start")
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        if self._thread is not None:
+            self._thread.join(WAIT_S)
+
+
+def write_key(path: Path) -> SigningKey:
+    key = SigningKey.generate()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(key.to_pem())
+    return key
+
+
+@dataclass
+class Setup:
+    tmp: Path
+    config: dict[str, Any]
+    config_path: Path
+    token_file: Path
+    owner: SigningKey
+    authority: str
+
+    def store_key(self) -> str:
+        chosen = KeyStore(self.tmp / "data").load(private=False).signing_record(time.time())
+        assert chosen is not None
+        return chosen.thumbprint
+
+    def extend(self, *holder: str) -> str:
+        """The principal extends the authority JWT (CLI) to ``holder``, narrowing; into the token file."""
+        chain = ok(
+            "delegate",
+            "extend",
+            self.authority,
+            "--principal-key",
+            str(self.tmp / "principal.pem"),
+            *holder,
+            "--scope",
+            "dist:US:CA",
+            "--scope",
+            "subscription:news",
+            "--expires",
+            "1h",
+        )
+        self.token_file.write_text(chain + "\n")
+        return chain
+
+
+@contextmanager
+def delegated_setup(tmp: Path, exchange_base: str) -> Iterator[Setup]:
+    """Keys, a proxy config with the requester, the proxy's key store, and the owner's authority JWT."""
+    owner = write_key(tmp / "owner.pem")
+    write_key(tmp / "principal.pem")
+    port = free_port()
+    publish = f"http://127.0.0.1:{port}"
+    token_file = tmp / "delegation.jwt"
+    config: dict[str, Any] = {
+        "listen": "127.0.0.1:0",
+        "data_dir": str(tmp / "data"),
+        "log": {"format": "json"},
+        "signing": {"key": None, "signature_agent": publish},  # the key store signs
+        "publish": {"listen": f"127.0.0.1:{port}", "domain": "agent.example", "public_url": publish},
+        "requester": {
+            "id": "agent-7",
+            "domain": "agent.example",
+            "type": "REQUESTER_TYPE_DELEGATED",
+            "name": "Research assistant",
+            "scopes": ["dist:US:CA"],
+            "exchanges": [exchange_base],
+            "delegation": {
+                "token_file": str(token_file),
+                "principal_domain": "corp.example",
+                "principal_id": "alice@corp.example",
+            },
+        },
+    }
+    config_path = tmp / "config.yaml"  # the file ProxyProcess runs with (it rewrites the same content)
+    config_path.write_text(yaml.safe_dump(config))
+    ok("keys", "rotate", "--config", str(config_path))  # the proxy's first key, before it ever ran
+    authority = ok(
+        "delegate",
+        "issue",
+        "--owner-key",
+        str(tmp / "owner.pem"),
+        "--iss",
+        "https://owner.example",
+        "--holder-key",
+        str(tmp / "principal.pem"),
+        "--scope",
+        "dist:US:*",
+        "--scope",
+        "subscription:news",
+        "--expires",
+        "2h",
+        "--max-spend-cents",
+        "10000",
+        "--max-accesses",
+        "100",
+        "--quota-period",
+        "1d",
+    )
+    yield Setup(tmp, config, config_path, token_file, owner, authority)
+
+
+def discover_body(*uris: str, requester: dict[str, Any] | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "ver": "1.0",
+        "exchange": "127.0.0.1",
+        "uris": list(uris),
+        "acceptable_restrictions": [
+            {"axis": "RESTRICTION_KIND_FUNCTION", "values": ["SUMMARIZE", "RETRIEVE"]}
+        ],
+    }
+    if requester is not None:
+        body["requester"] = requester
+    return body
+
+
+def test_owner_principal_proxy_exchange_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with Exchange([]) as exchange, delegated_setup(tmp_path, exchange.base) as setup:
+        exchange.owner_keys.append(setup.owner.public)
+        chain = setup.extend("--holder-config", str(setup.config_path))  # bound to the proxy's own key
+        proxy_jkt = setup.store_key()
+        assert chain.split("~")[0] == setup.authority
+        with ProxyProcess(tmp_path, setup.config) as proxy, proxy_env(monkeypatch, proxy.url):
+            sent = discover_body(*CATALOG)
+            resp = requests.post(
+                exchange.base + "/svc.v1.ExchangeService/DiscoverResources", json=sent, timeout=WAIT_S
+            )
+            assert resp.status_code == 200, resp.text
+            groups = {g["uri"]: g for g in resp.json()["offer_groups"]}
+            # Filtered by the delegated scope (dist:US:CA subscription:news), not the owner's wider grant.
+            assert groups["https://pub.example/us/ca/article"]["offers"] == [
+                {"scope": "dist:US:CA", "pricing": "per_request"}
+            ]
+            assert groups["https://pub.example/news/daily"]["offers"][0]["pricing"] == "subscription"
+            for gated in ("https://pub.example/us/ny/article", "https://pub.example/eu/article"):
+                assert groups[gated] == {
+                    "uri": gated,
+                    "absence_reason": "OFFER_ABSENCE_REASON_SCOPE_INSUFFICIENT",
+                }
+
+            (arrived,) = exchange.received
+            assert arrived.keyid == proxy_jkt  # layer 1: signed by the proxy's store key ...
+            assert (
+                arrived.directory == setup.config["signing"]["signature_agent"]
+            )  # ... found in its directory
+            received = arrived.body
+            assert {k: v for k, v in received.items() if k != "requester"} == sent  # the client's body intact
+            requester = received["requester"]
+            assert requester["id"] == "agent-7"
+            assert requester["type"] == "REQUESTER_TYPE_DELEGATED"
+            assert requester["scopes"] == ["dist:US:CA"]
+            d = requester["delegation"]
+            assert base64.b64decode(d["token"]).decode() == chain
+            assert d["token_format"] == "jwt"
+            assert d["principal_domain"] == "corp.example"
+            assert d["scopes"] == ["dist:US:CA", "subscription:news"]
+            assert d["max_spend_cents"] == "10000"
+            assert d["max_accesses"] == 100
+            assert d["quota_period"] == "86400s"
+            assert abs(parse_rfc3339(d["expires_at"]) - (time.time() + 3600)) < 120
+
+            # A client that sends its own requester is forwarded as it wrote it (no double injection).
+            own = {
+                "id": "public-bot",
+                "domain": "bot.example",
+                "type": "REQUESTER_TYPE_AGENT",
+                "scopes": ["dist:EU"],
+            }
+            resp = requests.post(
+                exchange.base + "/svc.v1.ExchangeService/DiscoverResources",
+                json=discover_body(*CATALOG, requester=own),
+                timeout=WAIT_S,
+            )
+            assert resp.status_code == 200, resp.text
+            assert exchange.received[-1].body["requester"] == own
+            offered = [g["uri"] for g in resp.json()["offer_groups"] if "offers" in g]
+            assert offered == ["https://pub.example/eu/article"]
+
+            # The operator's own check agrees with the exchange.
+            jwks = tmp_path / "owner.jwks"
+            jwks.write_text(json.dumps({"keys": [setup.owner.public.jwk()]}))
+            verdict = ok(
+                "delegate",
+                "verify",
+                chain,
+                "--owner-jwks",
+                str(jwks),
+                "--holder-config",
+                str(setup.config_path),
+            )
+            assert verdict.startswith("ok: 2 link(s)")
+
+
+def test_after_rotation_the_proxy_fails_closed_until_the_delegation_is_reissued(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with Exchange([]) as exchange, delegated_setup(tmp_path, exchange.base) as setup:
+        exchange.owner_keys.append(setup.owner.public)
+        setup.extend("--holder-config", str(setup.config_path))
+        old = setup.store_key()
+        url = exchange.base + "/svc.v1.ExchangeService/DiscoverResources"
+        with ProxyProcess(tmp_path, setup.config) as proxy, proxy_env(monkeypatch, proxy.url):
+            assert requests.post(url, json=discover_body(), timeout=WAIT_S).status_code == 200
+            ok("keys", "rotate", "--grace", "1h", "--config", str(setup.config_path))
+            new = setup.store_key()
+            assert new != old
+
+            def refused() -> bool:
+                resp = requests.post(url, json=discover_body(), timeout=WAIT_S)
+                return resp.status_code == 503
+
+            wait_for(refused, "the proxy to notice the rotation")  # the store is re-read within ~1 s
+            resp = requests.post(url, json=discover_body(), timeout=WAIT_S)
+            problem = resp.json()
+            assert problem["reason"] == "delegation-holder-mismatch"
+            assert "--holder-config" in problem["detail"]
+            assert all(r.keyid == old for r in exchange.received)  # nothing the exchange would deny was sent
+
+            setup.extend("--holder-config", str(setup.config_path))  # re-issued to the new key
+
+            def accepted() -> bool:
+                return requests.post(url, json=discover_body(), timeout=WAIT_S).status_code == 200
+
+            wait_for(accepted, "the re-issued delegation to be picked up")
+            assert exchange.received[-1].keyid == new
+            assert any("reloaded the delegation" in line for line in proxy.stderr_lines)
+
+
+def test_a_chain_bound_to_another_key_refuses_to_start(tmp_path: Path) -> None:
+    with delegated_setup(tmp_path, "http://127.0.0.1:9/v1") as setup:
+        other = SigningKey.generate()
+        chain = setup.extend(f"--holder-jkt={other.thumbprint}")
+        done = subprocess.run(
+            [sys.executable, "-m", "signing_proxy", "run", "--config", str(setup.config_path)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+            env={k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")},
+        )
+        assert done.returncode == 2, done.stderr
+        assert "listening on" not in done.stderr
+        last = done.stderr.strip().splitlines()[-1]
+        assert last.startswith(
+            "signing-proxy: requester.delegation: the chain is bound to key " + other.thumbprint
+        )
+        assert setup.store_key() in last
+        assert "signing-proxy delegate extend" in last
+        assert "--holder-config" in last
+        assert "key rotation" in last
+        for part in chain.replace("~", ".").split("."):
+            assert part not in done.stderr  # no piece of the token in the output

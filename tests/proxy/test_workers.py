@@ -1,0 +1,60 @@
+"""``run --workers N``: N event loops share one port; signals reach every worker; none is left behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from signing_proxy.core.jwk import SigningKey
+from tests.harness import WAIT_S, ProxyProcess, VerifyingOrigin
+
+pytestmark = pytest.mark.integration
+
+KEY = SigningKey.generate()
+
+
+def children(pid: int) -> set[int]:
+    out = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.add(int(entry.name))
+    return out
+
+
+def test_workers_share_the_port_and_stop_together(tmp_path: Path) -> None:
+    with (
+        VerifyingOrigin() as origin,
+        ProxyProcess(tmp_path, {}, key=KEY, extra_args=("--workers", "2")) as proxy,
+    ):
+        origin.trust(KEY)
+        assert proxy.proc is not None
+        deadline = time.monotonic() + WAIT_S
+        while sum("listening on" in line for line in proxy.stderr_lines) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        workers = children(proxy.proc.pid)
+        assert len(workers) == 2
+        for _ in range(20):  # a new connection each time: the kernel spreads them over the workers
+            resp = requests.get(
+                origin.url("/w"), proxies={"http": proxy.url}, timeout=WAIT_S, headers={"Connection": "close"}
+            )
+            assert resp.json()["verified"] is True
+        proxy.proc.send_signal(signal.SIGHUP)
+        while sum("configuration reloaded" in line for line in proxy.stderr_lines) < 2:
+            assert time.monotonic() < deadline + WAIT_S, "SIGHUP did not reach both workers"
+            time.sleep(0.02)
+        proxy.proc.send_signal(signal.SIGTERM)
+        assert proxy.proc.wait(WAIT_S) == 0
+    assert all(a.verified and a.oracle == "ok" for a in origin.arrivals)
+    for pid in workers:
+        assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+    assert os.getpid() not in workers
