@@ -10,6 +10,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -472,7 +473,9 @@ def test_configured_bearer_is_injected_for_matching_hosts_only(
         requests.get(origin.url("/keep"), headers={"Authorization": "Bearer mine"}, timeout=WAIT_S)
         check = subprocess.run(
             [
-                ".venv/bin/signing-proxy" if Path(".venv/bin/signing-proxy").exists() else "signing-proxy",
+                sys.executable,
+                "-m",
+                "signing_proxy",
                 "config",
                 "check",
                 str(tmp_path / "config.yaml"),
