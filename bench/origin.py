@@ -121,14 +121,24 @@ async def main() -> None:
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--public-key-pem", help="verify a sample of requests against this key")
     parser.add_argument("--verify-every", type=int, default=50)
+    parser.add_argument("--tls-ca-out", help="serve HTTPS with a fresh test CA, written to this file")
     args = parser.parse_args()
     key = None
     if args.public_key_pem:
         with open(args.public_key_pem, "rb") as fh:  # noqa: ASYNC230 - read once at start
             key = PublicKey.from_pem(fh.read())
     loop = asyncio.get_running_loop()
+    tls = None
+    if args.tls_ca_out:
+        from signing_proxy.proxy.ca import CertificateAuthority, LeafContextCache
+
+        ca = CertificateAuthority.generate()
+        with open(args.tls_ca_out, "wb") as fh:  # noqa: ASYNC230 - once, before serving
+            fh.write(ca.cert_pem())
+        tls = LeafContextCache(ca, 4).get("127.0.0.1")
+    scheme = "https" if tls else "http"
     server = await loop.create_server(
-        lambda: Origin(key, args.verify_every, "http"), "127.0.0.1", args.port, backlog=4096
+        lambda: Origin(key, args.verify_every, scheme), "127.0.0.1", args.port, backlog=4096, ssl=tls
     )
     print(f"origin listening on {server.sockets[0].getsockname()[1]}", flush=True)
     await server.serve_forever()

@@ -188,6 +188,43 @@ def micro_figures() -> dict[str, float]:
     return figures
 
 
+def https_rows(  # noqa: PLR0917
+    proxy_pid: int, proxy_port: int, tls_port: int, tmp: Path, duration: int, conn_counts: list[int]
+) -> list[dict[str, float]]:
+    """Intercepted CONNECT, keep-alive tunnels, POST 1 KiB: requests/s, latency, proxy CPU per request."""
+    rows = []
+    for conns in conn_counts:
+        cpu0 = cpu_seconds(proxy_pid)
+        out = subprocess.run(
+            [
+                *pin(0),
+                PY,
+                str(ROOT / "bench/https_load.py"),
+                "--proxy",
+                f"127.0.0.1:{proxy_port}",
+                "--target",
+                f"127.0.0.1:{tls_port}",
+                "--ca",
+                str(tmp / "data" / "ca.pem"),
+                "--connections",
+                str(conns),
+                "--duration",
+                str(duration),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=duration + 60,
+        ).stdout
+        doc = json.loads(out)
+        if doc["errors"]:
+            raise RuntimeError(f"HTTPS load saw errors: {doc['first_error']}")
+        doc["connections"] = conns
+        doc["proxy_cpu_us_per_request"] = (cpu_seconds(proxy_pid) - cpu0) / max(doc["requests"], 1) * 1e6
+        rows.append(doc)
+    return rows
+
+
 def stream_rss(proxy_pid: int, proxy_port: int, origin_port: int) -> tuple[float, float]:
     opener = urllib.request.build_opener(
         urllib.request.ProxyHandler({"http": f"http://127.0.0.1:{proxy_port}"})
@@ -232,37 +269,38 @@ def main() -> int:
                 serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
             )
         )
+        origin_port, proxy_port, tls_port = free_port(), free_port(), free_port()
+        origin_ca = tmp / "origin-ca.pem"
         config = tmp / "config.yaml"
-        config.write_text(f"data_dir: {tmp / 'data'}\nlog:\n  access_log: false\n  level: warning\n")
-        origin_port, proxy_port = free_port(), free_port()
-        with (
-            process(
-                [
-                    *pin(0),
-                    PY,
-                    str(ROOT / "bench/origin.py"),
-                    "--port",
-                    str(origin_port),
-                    "--public-key-pem",
-                    str(pub_path),
-                ]
-            ),
-            process(
-                [
-                    *pin(1),
-                    PY,
-                    "-m",
-                    "signing_proxy",
-                    "run",
-                    "--config",
-                    str(config),
-                    "--key",
-                    str(key_path),
-                    "--listen",
-                    f"127.0.0.1:{proxy_port}",
-                ]
-            ) as proxy,
-        ):
+        config.write_text(
+            f"data_dir: {tmp / 'data'}\nlog:\n  access_log: false\n  level: warning\n"
+            f"upstream:\n  pin_ca_files:\n    127.0.0.1: {origin_ca}\n"
+            f"intercept:\n  allowed_ports: [{tls_port}]\n"
+        )
+        origin_cmd = [*pin(0), PY, str(ROOT / "bench/origin.py"), "--public-key-pem", str(pub_path)]
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(process([*origin_cmd, "--port", str(origin_port)]))
+            stack.enter_context(
+                process([*origin_cmd, "--port", str(tls_port), "--tls-ca-out", str(origin_ca)])
+            )
+            wait_port(tls_port)  # its CA file exists before the proxy pins it
+            proxy = stack.enter_context(
+                process(
+                    [
+                        *pin(1),
+                        PY,
+                        "-m",
+                        "signing_proxy",
+                        "run",
+                        "--config",
+                        str(config),
+                        "--key",
+                        str(key_path),
+                        "--listen",
+                        f"127.0.0.1:{proxy_port}",
+                    ]
+                )
+            )
             wait_port(origin_port)
             wait_port(proxy_port)
             time.sleep(0.3)
@@ -278,6 +316,7 @@ def main() -> int:
                     cpu_us = (cpu_seconds(proxy.pid) - cpu0) / via[3] * 1e6
                     rows.append((method, conns, direct, via, cpu_us))
             idle_mib, growth_mib = stream_rss(proxy.pid, proxy_port, origin_port)
+            results["https"] = https_rows(proxy.pid, proxy_port, tls_port, tmp, duration, conn_counts)
             stats = json.loads(
                 urllib.request.urlopen(f"http://127.0.0.1:{origin_port}/stats", timeout=10).read()
             )
@@ -312,6 +351,15 @@ def main() -> int:
             }
         )
     results["table"] = table
+    print(
+        "\nHTTPS through intercepted CONNECT (keep-alive tunnels, POST 1 KiB; load from bench/https_load.py)"
+    )
+    https: list[dict[str, float]] = results["https"]  # type: ignore[assignment]
+    for row in https:
+        print(
+            f"  {row['connections']:>3.0f} tunnels: {row['rps']:>7.0f} req/s  p50 {row['p50_ms']:.2f} ms  "
+            f"p99 {row['p99_ms']:.2f} ms  proxy cpu {row['proxy_cpu_us_per_request']:.1f} us/req"
+        )
     print()
     print(
         f"proxy idle RSS: {results['proxy idle RSS (MiB)']:.1f} MiB; streaming 100 MiB: RSS growth "
