@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import ssl
 import subprocess
 import sys
@@ -41,6 +42,14 @@ from signing_proxy.core.uri import parse_absolute_uri
 from tests.oracle import oracle_verify
 
 WAIT_S = 15.0
+
+
+def free_port() -> int:
+    """A free loopback port, for addresses that must be known before a process starts."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
 
 
 @dataclass

@@ -11,21 +11,15 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.harness import WAIT_S, ProxyProcess
+from tests.harness import WAIT_S, ProxyProcess, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.mark.integration
 def test_readme_exchange_verifies_what_the_proxy_signs(tmp_path: Path) -> None:
     assert "examples/exchange.py" in (ROOT / "README.md").read_text()
-    port, pub = _free_port(), _free_port()
+    port, pub = free_port(), free_port()
     base = f"http://127.0.0.1:{pub}"
     exchange = subprocess.Popen(
         [sys.executable, str(ROOT / "examples/exchange.py"), str(port)],

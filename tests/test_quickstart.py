@@ -13,15 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import WAIT_S
+from tests.harness import WAIT_S, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _wait_port(port: int) -> None:
@@ -41,7 +35,7 @@ def test_readme_quick_start(tmp_path: Path) -> None:
     readme = (ROOT / "README.md").read_text()
     assert "signing-proxy run" in readme
     assert "examples/echo_origin.py" in readme
-    origin_port, proxy_port = _free_port(), _free_port()
+    origin_port, proxy_port = free_port(), free_port()
     env = {**os.environ, "HOME": str(tmp_path)}  # the default data_dir lives under ~
     origin = subprocess.Popen([sys.executable, str(ROOT / "examples/echo_origin.py"), str(origin_port)])
     proxy = subprocess.Popen(

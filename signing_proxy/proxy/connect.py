@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import socket
 import ssl
 import time
 import typing
@@ -39,6 +38,7 @@ from .ca import (
 from .problems import ProxyError
 from .server import ClientConnection, parse_connect_target
 from .tls import CERTIFICATE_ALERTS, TlsSession, TlsTransport
+from .upstream import open_upstream
 
 if TYPE_CHECKING:
     from .app import ProxyApp
@@ -193,21 +193,9 @@ class ConnectHandler:
     # --- blind tunnels ---
     async def _blind(self, conn: ClientConnection, host: str, port: int, early: bytes) -> tuple[int, str]:
         tunnel = _BlindTunnel(self, conn.client_ip, f"{host}:{port}")
-        loop = asyncio.get_running_loop()
-        authority = f"{host}:{port}"
-        limit_s = self.app.config.timeouts.connect_s
-        try:
-            await asyncio.wait_for(
-                loop.create_connection(lambda: tunnel.upstream, host.strip("[]"), port), limit_s
-            )
-        except TimeoutError:
-            raise ProxyError(
-                504, "upstream-connect-timeout", f"connecting to {authority} took over {limit_s:g} s"
-            ) from None
-        except socket.gaierror:
-            raise ProxyError(502, "upstream-dns-failed", f"cannot resolve {host}") from None
-        except OSError as exc:
-            raise ProxyError(502, "upstream-connect-failed", f"{authority}: {exc.strerror or exc}") from None
+        await open_upstream(
+            lambda: tunnel.upstream, host, port, tls=None, timeout_s=self.app.config.timeouts.connect_s
+        )
         raw = self._take_over(conn)
         if raw is None:
             tunnel.close()

@@ -587,15 +587,9 @@ class ClientConnection(asyncio.Protocol):
         return status
 
     def local_json(self, status: int, doc: object) -> int:
-        body = json.dumps(doc, separators=(",", ":")).encode()
-        head = (
-            f"HTTP/1.1 {status} {_phrase(status)}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\nCache-Control: no-store\r\n"
+        return self.local_response(
+            status, "application/json", json.dumps(doc, separators=(",", ":")).encode()
         )
-        if not self.keep_alive:
-            head += "Connection: close\r\n"
-        self.write((head + "\r\n").encode() + body)
-        return status
 
 
 def _resolve_future(future: asyncio.Future[None]) -> None:

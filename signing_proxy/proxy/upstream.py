@@ -25,7 +25,14 @@ from ..config import UpstreamConfig
 from ..core.uri import Target
 from .problems import ProxyError
 
-__all__ = ["ResponseHead", "ResponseSink", "UpstreamConnection", "UpstreamPool", "client_tls_context"]
+__all__ = [
+    "ResponseHead",
+    "ResponseSink",
+    "UpstreamConnection",
+    "UpstreamPool",
+    "client_tls_context",
+    "open_upstream",
+]
 
 POOL_IDLE_S = 30.0  # close pooled connections idle this long (below common server keep-alive of 60-75 s)
 
@@ -262,6 +269,39 @@ class UpstreamConnection(asyncio.Protocol):
         return self.reusable and self.transport is not None and not self.transport.is_closing()
 
 
+_P = typing.TypeVar("_P", bound=asyncio.Protocol)
+
+
+async def open_upstream(
+    factory: Callable[[], _P], host: str, port: int, *, tls: ssl.SSLContext | None, timeout_s: float
+) -> _P:
+    """Connect (and handshake) within ``timeout_s``; every failure is a ProxyError naming its cause."""
+    authority = f"{host}:{port}"
+    bare = host.strip("[]")
+    loop = asyncio.get_running_loop()
+    try:
+        _transport, protocol = await asyncio.wait_for(
+            loop.create_connection(factory, bare, port, ssl=tls, server_hostname=bare if tls else None),
+            timeout_s,
+        )
+    except TimeoutError:
+        raise ProxyError(
+            504, "upstream-connect-timeout", f"connecting to {authority} took over {timeout_s:g} s"
+        ) from None
+    except ssl.SSLCertVerificationError as exc:
+        detail = exc.verify_message or "certificate verification failed"
+        raise ProxyError(502, "upstream-certificate-invalid", f"{authority}: {detail}") from None
+    except ssl.SSLError as exc:
+        raise ProxyError(
+            502, "upstream-tls-failed", f"{authority}: TLS handshake failed ({exc.reason})"
+        ) from None
+    except socket.gaierror:
+        raise ProxyError(502, "upstream-dns-failed", f"cannot resolve {bare}") from None
+    except OSError as exc:
+        raise ProxyError(502, "upstream-connect-failed", f"{authority}: {exc.strerror or exc}") from None
+    return protocol
+
+
 class UpstreamPool:
     """Idle keep-alive connections per (scheme, host, port); opens new ones with bounded waits."""
 
@@ -290,42 +330,14 @@ class UpstreamPool:
 
     async def connect(self, target: Target) -> UpstreamConnection:
         key = (target.scheme, target.host, target.port)
-        loop = asyncio.get_running_loop()
         tls = self._tls_for(target.host) if target.scheme == "https" else None
-        host = target.host.strip("[]")
-        try:
-            _transport, conn = await asyncio.wait_for(
-                loop.create_connection(
-                    lambda: UpstreamConnection(key, self.read_timeout_s),
-                    host,
-                    target.port,
-                    ssl=tls,
-                    server_hostname=host if tls else None,
-                ),
-                self.connect_timeout_s,
-            )
-        except TimeoutError:
-            raise ProxyError(
-                504,
-                "upstream-connect-timeout",
-                f"connecting to {target.authority} took over {self.connect_timeout_s:g} s",
-            ) from None
-        except ssl.SSLCertVerificationError as exc:
-            raise ProxyError(
-                502,
-                "upstream-certificate-invalid",
-                f"{target.authority}: {exc.verify_message or 'certificate verification failed'}",
-            ) from None
-        except ssl.SSLError as exc:
-            raise ProxyError(
-                502, "upstream-tls-failed", f"{target.authority}: TLS handshake failed ({exc.reason})"
-            ) from None
-        except socket.gaierror:
-            raise ProxyError(502, "upstream-dns-failed", f"cannot resolve {target.host}") from None
-        except OSError as exc:
-            raise ProxyError(
-                502, "upstream-connect-failed", f"{target.authority}: {exc.strerror or exc}"
-            ) from None
+        conn = await open_upstream(
+            lambda: UpstreamConnection(key, self.read_timeout_s),
+            target.host,
+            target.port,
+            tls=tls,
+            timeout_s=self.connect_timeout_s,
+        )
         self.connections_opened += 1
         return conn
 

@@ -14,7 +14,6 @@ import asyncio
 import base64
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -39,7 +38,7 @@ from signing_proxy.core.scopes import scopes_cover
 from signing_proxy.proxy.directory import DirectoryResolver, RevocationPoller, aiohttp_fetcher
 from signing_proxy.proxy.keystore import KeyStore
 from signing_proxy.proxy.verifier import SIGNATURE, RequestVerifier, VerifierPolicy, signature_middleware
-from tests.harness import WAIT_S, ProxyProcess, proxy_env
+from tests.harness import WAIT_S, ProxyProcess, free_port, proxy_env
 
 pytestmark = pytest.mark.integration
 
@@ -50,13 +49,6 @@ CATALOG = {  # resource -> the scope it requires
     "https://pub.example/eu/article": "dist:EU",
     "https://pub.example/news/daily": "subscription:news",
 }
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:

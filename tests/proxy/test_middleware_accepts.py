@@ -9,7 +9,6 @@ independent http-message-signatures verifier.
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +23,7 @@ from signing_proxy.core.keys import Directory, DirectoryKey, parse_directory, re
 from signing_proxy.proxy.ca import CertificateAuthority, LeafContextCache
 from signing_proxy.proxy.directory import DirectoryResolver, FetchResult, aiohttp_fetcher, directory_url
 from signing_proxy.proxy.verifier import RequestVerifier, VerifierPolicy, signature_middleware
-from tests.harness import WAIT_S, ProxyProcess, VerifyingOrigin
+from tests.harness import WAIT_S, ProxyProcess, VerifyingOrigin, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -119,13 +118,6 @@ def test_https_through_an_intercepted_tunnel(tmp_path: Path, pki: dict[str, Any]
             )
         check(origin, resp, ["agent"])
         assert origin.arrivals[-1].target_uri.startswith("https://")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 async def loopback_fetch(url: str) -> FetchResult:

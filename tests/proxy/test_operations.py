@@ -13,20 +13,13 @@ import pytest
 import requests
 
 from signing_proxy.core.jwk import SigningKey
-from tests.harness import WAIT_S, ProxyProcess, VerifyingOrigin
+from tests.harness import WAIT_S, ProxyProcess, VerifyingOrigin, free_port
 
 pytestmark = pytest.mark.integration
 
 KEY = SigningKey.generate()
 SECRET = "s3cr3t-bearer-value"
 PROXY_PASSWORD = "pr0xy-passw0rd"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def metric(text: str, name: str, **labels: str) -> float:

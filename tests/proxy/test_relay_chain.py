@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -18,18 +17,11 @@ import pytest
 import requests
 
 from signing_proxy.core.keys import parse_directory
-from tests.harness import WAIT_S, ProxyProcess, VerifyingOrigin
+from tests.harness import WAIT_S, ProxyProcess, VerifyingOrigin, free_port
 
 pytestmark = pytest.mark.integration
 
 DIRECTORY = "/.well-known/http-message-signatures-directory"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def hop_config(

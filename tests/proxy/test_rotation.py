@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -29,20 +28,12 @@ from signing_proxy.core.jwk import load_private_key
 from signing_proxy.core.keys import parse_directory, parse_revocation_list, parse_rfc3339
 from signing_proxy.core.signatures import Message, attach_signature, serialize_sf_string, sign_message
 from signing_proxy.core.uri import parse_absolute_uri
-from tests.harness import WAIT_S, ProxyProcess, VerifyingOrigin
+from tests.harness import WAIT_S, ProxyProcess, VerifyingOrigin, free_port
 
 pytestmark = pytest.mark.integration
 
 DIRECTORY = "/.well-known/http-message-signatures-directory"
 REVOCATIONS = "/.well-known/http-message-signatures-revocations.json"
-
-
-def free_port() -> int:
-    """A port for publish.listen, known before start-up because Signature-Agent must name it."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def cli(proxy: ProxyProcess, *args: str, thumbprint: str | None = None) -> subprocess.CompletedProcess[str]:
