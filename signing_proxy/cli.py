@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import gc
 import ipaddress
 import json
 import logging
@@ -37,7 +36,6 @@ __all__ = ["main"]
 log = logging.getLogger("signing_proxy")
 
 DEFAULT_KEY_NAME = "agent-key.pem"
-GC_GEN0_THRESHOLD = 20_000  # CPython's default is 700 (2000 in 3.12+); see _tune_gc
 
 EPILOG = """\
 examples:
@@ -211,7 +209,6 @@ async def _serve(
     app.reuse_port = reuse_port
     try:
         addresses = await app.start()
-        _tune_gc()
     except OSError as exc:
         raise CliError(f"listen: cannot bind {config.listen}: {exc.strerror or exc}") from None
     try:
@@ -250,15 +247,6 @@ async def _serve(
     await services.stop()
     await app.stop(drain_s=app.config.timeouts.drain_s)
     return 0
-
-
-def _tune_gc() -> None:
-    """Everything loaded at start-up lives for the whole run: move it out of the collector's sight,
-    and collect the young generation less often (request objects are short-lived and acyclic), so
-    cyclic-GC pauses stop showing up as tail latency under load."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(GC_GEN0_THRESHOLD, *gc.get_threshold()[1:])
 
 
 def _reload_config(app: ProxyApp, args: argparse.Namespace) -> None:
