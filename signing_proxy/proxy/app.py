@@ -204,7 +204,7 @@ class ProxyApp:
     def metrics_request(self, outcome: str) -> None:
         self.metrics.request(self.config.mode, outcome)
         if outcome in ("intercepted", "tunnelled"):
-            self.metrics.connects.labels(kind=outcome).inc()
+            self.metrics.tunnel(outcome)
 
     def log_access(self, **fields: object) -> None:
         if not access_log.isEnabledFor(logging.INFO):

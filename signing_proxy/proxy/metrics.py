@@ -1,15 +1,17 @@
 """Prometheus metrics: one registry per process, served at ``/metrics``.
 
 Labels carry only closed sets of values (modes, outcomes, reasons, labels, directory URLs we
-fetched) — never a client address, a path, a token or a key. Hot-path counters are bound to their
-label values once, so counting a request costs a lock and an add, not a label lookup. Figures that
-live elsewhere (key validity, caches, revocation ages) are read at scrape time by callbacks.
+fetched) — never a client address, a path, a token or a key. The per-request counts are plain
+integers (one event loop per process: no lock needed) that the collector turns into counter
+families at scrape time, so counting costs a dict update, not a locked Prometheus child; figures
+that live elsewhere (key validity, caches, revocation ages) are read the same way.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -29,8 +31,33 @@ class _Callbacks(Collector):
         self.revocation_ages: Callable[[], dict[str, float | None]] = dict
         self.leaf_cache: Callable[[], tuple[int, int, int] | None] = lambda: None
         self.directory_cache: Callable[[], tuple[int, int] | None] = lambda: None
+        self.requests: dict[tuple[str, str], int] = {}
+        self.signatures: dict[str, int] = {}
+        self.connects: dict[str, int] = {}
+        self.bytes = [0, 0]  # request bytes in, response bytes out
 
     def collect(self) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:
+        yield _counter(
+            "signing_proxy_requests",
+            "Requests served, by mode and outcome",
+            ["mode", "outcome"],
+            self.requests,
+        )
+        yield _counter(
+            "signing_proxy_signatures_added", "Signatures added, by label", ["label"], self.signatures
+        )
+        yield _counter(
+            "signing_proxy_connect_tunnels",
+            "CONNECT tunnels, by kind (intercepted, tunnelled)",
+            ["kind"],
+            self.connects,
+        )
+        yield _counter(
+            "signing_proxy_request_bytes", "Request body bytes received from agents", [], {(): self.bytes[0]}
+        )
+        yield _counter(
+            "signing_proxy_response_bytes", "Response body bytes sent to agents", [], {(): self.bytes[1]}
+        )
         remaining = self.key_remaining()
         key = GaugeMetricFamily(
             "signing_proxy_signing_key_remaining_seconds",
@@ -70,18 +97,19 @@ class _Callbacks(Collector):
             yield size
 
 
+def _counter(name: str, doc: str, labels: list[str], values: dict[Any, int]) -> CounterMetricFamily:
+    family = CounterMetricFamily(name, doc, labels=labels)
+    for key, value in values.items():
+        family.add_metric(list(key) if isinstance(key, tuple) else [key], value)
+    return family
+
+
 class Metrics:
     """Every metric the proxy exports, on a private registry (several apps per process in tests)."""
 
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
         self.started = time.time()
-        self.requests = Counter(
-            "signing_proxy_requests", "Requests served, by mode and outcome", ["mode", "outcome"], registry=r
-        )
-        self.signatures = Counter(
-            "signing_proxy_signatures_added", "Signatures added, by label", ["label"], registry=r
-        )
         self.signing_failures = Counter(
             "signing_proxy_signing_failures", "Requests not signed, by reason", ["reason"], registry=r
         )
@@ -97,37 +125,27 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
-        self.bytes_in = Counter(
-            "signing_proxy_request_bytes", "Request body bytes received from agents", registry=r
-        )
-        self.bytes_out = Counter(
-            "signing_proxy_response_bytes", "Response body bytes sent to agents", registry=r
-        )
-        self.connects = Counter(
-            "signing_proxy_connect_tunnels",
-            "CONNECT tunnels, by kind (intercepted, tunnelled)",
-            ["kind"],
-            registry=r,
-        )
         self.manifest_fetches = Counter("signing_proxy_manifest_fetches", "Manifest fetches", registry=r)
         self.manifest_hits = Counter("signing_proxy_manifest_cache_hits", "Manifest cache hits", registry=r)
         self.callbacks = _Callbacks()
         r.register(self.callbacks)
-        self._bound: dict[tuple[str, str], Counter] = {}
-        self._labels: dict[str, Counter] = {}
+        self._requests = self.callbacks.requests
+        self._signatures = self.callbacks.signatures
+        self._bytes = self.callbacks.bytes
 
     def request(self, mode: str, outcome: str) -> None:
         key = (mode, outcome)
-        child = self._bound.get(key)
-        if child is None:
-            child = self._bound[key] = self.requests.labels(mode=mode, outcome=outcome)
-        child.inc()
+        self._requests[key] = self._requests.get(key, 0) + 1
 
     def signed(self, label: str) -> None:
-        child = self._labels.get(label)
-        if child is None:
-            child = self._labels[label] = self.signatures.labels(label=label)
-        child.inc()
+        self._signatures[label] = self._signatures.get(label, 0) + 1
+
+    def tunnel(self, kind: str) -> None:
+        self.callbacks.connects[kind] = self.callbacks.connects.get(kind, 0) + 1
+
+    def transferred(self, bytes_in: int, bytes_out: int) -> None:
+        self._bytes[0] += bytes_in
+        self._bytes[1] += bytes_out
 
     def signing_failure(self, reason: str) -> None:
         self.signing_failures.labels(reason=reason).inc()

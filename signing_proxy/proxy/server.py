@@ -460,11 +460,7 @@ class ClientConnection(asyncio.Protocol):
                 self.transport.abort()
             return False
         finally:
-            metrics = self.app.metrics
-            if req.body_size:
-                metrics.bytes_in.inc(req.body_size)
-            if sent_out:
-                metrics.bytes_out.inc(sent_out)
+            self.app.metrics.transferred(req.body_size, sent_out)
             if self.app.config.log.access_log:
                 self.app.log_access(
                     client=self.client_ip,
