@@ -25,10 +25,11 @@ def cmd_verify_origin(args: argparse.Namespace) -> int:
     try:
         host, port = parse_host_port(args.listen, "--listen")
         pinned = tuple(load_public_key_file(Path(p).expanduser()) for p in args.pinned_key)
+        brokers = tuple(load_public_key_file(Path(p).expanduser()) for p in args.pinned_broker_key)
     except ConfigError as exc:
         raise CliError(str(exc)) from None
     except (OSError, KeyFormatError, ValueError) as exc:
-        raise CliError(f"--pinned-key: {exc}") from None
+        raise CliError(f"--pinned-key/--pinned-broker-key: {exc}") from None
     for url in args.broker_directory:
         if not url.startswith(("http://", "https://")):
             raise CliError(f"--broker-directory: must be an http(s) URL, got {url!r}")
@@ -37,6 +38,7 @@ def cmd_verify_origin(args: argparse.Namespace) -> int:
         max_hops=args.max_hops,
         broker_directories=tuple(args.broker_directory),
         pinned_agent_keys=pinned,
+        pinned_broker_keys=brokers,
     )
     return asyncio.run(_serve(host, port, policy, args.external_origin))
 
@@ -91,6 +93,13 @@ def add_parsers(sub: Any) -> None:
         default=[],
         metavar="FILE",
         help="public key (PEM or JWK) trusted for an empty Signature-Agent (repeatable)",
+    )
+    p.add_argument(
+        "--pinned-broker-key",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="public key (PEM or JWK) of a broker, trusted for later labels without a directory (repeatable)",
     )
     p.add_argument(
         "--external-origin",

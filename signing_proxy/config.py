@@ -203,9 +203,9 @@ class RelayConfig:
     verify: bool = True  # never add our label to a stack we did not verify (off only for trusted meshes)
     max_hops: int | None = None  # signatures in the stack including ours; None: no cap of our own
     broker_directories: tuple[str, ...] = ()  # directory bases of brokers before us (their keys live there)
-    pinned_agent_keys: tuple[
-        str, ...
-    ] = ()  # public key files (PEM or JWK) for agents with an empty Signature-Agent
+    # public key files (PEM or JWK): agents with an empty Signature-Agent; brokers known by key
+    pinned_agent_keys: tuple[str, ...] = ()
+    pinned_broker_keys: tuple[str, ...] = ()
     skew_s: int = 5
 
     def _check(self, path: str) -> None:

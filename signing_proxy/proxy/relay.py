@@ -41,6 +41,13 @@ def load_public_key_file(path: Path) -> PublicKey:
     return PublicKey.from_pem(data)
 
 
+def _pinned(paths: Sequence[str], where: str) -> tuple[PublicKey, ...]:
+    try:
+        return tuple(load_public_key_file(Path(p).expanduser()) for p in paths)
+    except (OSError, KeyFormatError, ValueError) as exc:
+        raise ProxyError(500, "pinned-key-unusable", f"{where}: {exc}") from None
+
+
 def unique_label(wanted: str, taken: Sequence[str]) -> str:
     """``wanted``, or ``wanted2``, ``wanted3``… — labels must be unique in the dictionaries (RFC 9421 4.3)."""
     if wanted not in taken:
@@ -64,12 +71,11 @@ class RelayPipeline:
         self.config = config
         self.signer = signer
         relay = config.relay
-        try:
-            pinned = tuple(load_public_key_file(Path(p).expanduser()) for p in relay.pinned_agent_keys)
-        except (OSError, KeyFormatError, ValueError) as exc:
-            raise ProxyError(500, "pinned-key-unusable", f"relay.pinned_agent_keys: {exc}") from None
         self.policy = VerifierPolicy(
-            skew_s=relay.skew_s, broker_directories=relay.broker_directories, pinned_agent_keys=pinned
+            skew_s=relay.skew_s,
+            broker_directories=relay.broker_directories,
+            pinned_agent_keys=_pinned(relay.pinned_agent_keys, "relay.pinned_agent_keys"),
+            pinned_broker_keys=_pinned(relay.pinned_broker_keys, "relay.pinned_broker_keys"),
         )
         self._session: aiohttp.ClientSession | None = None
         self.verifier: RequestVerifier | None = None

@@ -53,6 +53,7 @@ class VerifierPolicy:
     max_hops: int | None = None  # RequestConstraints.max_hops / max_intermediary_hops, counted as labels
     broker_directories: tuple[str, ...] = ()  # directory bases where later labels' keys are looked up
     pinned_agent_keys: tuple[PublicKey, ...] = ()  # for agents that send an empty Signature-Agent
+    pinned_broker_keys: tuple[PublicKey, ...] = ()  # brokers known by key, no directory fetch
 
 
 @dataclass
@@ -110,6 +111,9 @@ class RequestVerifier:
 
     async def _broker_directories(self) -> list[tuple[str, Directory]]:
         found = []
+        if self.policy.pinned_broker_keys:
+            pinned = tuple(DirectoryKey(k, *_FOREVER) for k in self.policy.pinned_broker_keys)
+            found.append((PINNED, Directory(pinned)))
         for base in self.policy.broker_directories:
             try:
                 found.append((base, await self.resolver.get(base)))

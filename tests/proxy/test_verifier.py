@@ -209,3 +209,14 @@ async def test_unsigned_request_is_refused_and_exempt_paths_pass(exchange: Excha
             assert (await resp.json(content_type=None))["reason"] == "missing-signature"
         async with session.get(f"{exchange.url}/healthz") as resp:
             assert resp.status == 200
+
+
+async def test_a_broker_known_by_a_pinned_key_needs_no_directory(exchange: Exchange) -> None:
+    url = f"{exchange.url}/x"
+    exchange.verifier.policy = VerifierPolicy()  # no broker directories: the broker label is unknown
+    status, doc = await post(url, signed_headers(url, b"{}", broker=BROKER))
+    assert (status, doc["reason"], doc["label"]) == (401, "unknown-keyid", "broker")
+    exchange.verifier.policy = VerifierPolicy(pinned_broker_keys=(BROKER.public,))
+    status, doc = await post(url, signed_headers(url, b"{}", broker=BROKER))
+    assert status == 200, doc
+    assert doc["sources"] == [AGENT_DIR, "pinned"]
