@@ -40,6 +40,8 @@ access_log = logging.getLogger("signing_proxy.access")
 
 _HOP_BY_HOP_B = frozenset(name.encode() for name in HOP_BY_HOP) | {b"content-length"}
 _MAX_PIPELINED = 8  # requests parsed ahead of the one being served before we stop reading
+# RFC 9110 section 9.2.2: only these may be retried automatically (a POST may buy something twice)
+_IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
 
 
 class _Request:
@@ -549,8 +551,8 @@ class ClientConnection(asyncio.Protocol):
             except ProxyError as error:
                 if relay.head_written:
                     raise _AbortConnection from error
-                if attempt == 1 and reused and error.reason == "upstream-reset":
-                    outgoing = await rebuild()
+                if attempt == 1 and reused and error.reason == "upstream-reset" and req.method in _IDEMPOTENT:
+                    outgoing = await rebuild()  # never for POST/PATCH: the first one may have been processed
                     continue
                 raise
             finally:

@@ -11,6 +11,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -549,3 +550,56 @@ def test_streaming_a_200_mib_response_keeps_memory_bounded(
         growth_mib = (streaming.hwm_kib() - before) / 1024
     assert received == total
     assert growth_mib < 50, f"proxy peak RSS grew by {growth_mib:.1f} MiB while streaming 200 MiB"
+
+
+class _OneAnswerPerConnection:
+    """An origin that answers the first request on each connection (keep-alive) and silently closes
+    the connection when a second one arrives — a server that dropped an idle pooled connection."""
+
+    def __init__(self) -> None:
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen()
+        self.port = self.listener.getsockname()[1]
+        self.seen: list[bytes] = []
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn:
+            conn.settimeout(WAIT_S)
+            for answer in (True, False):
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        return
+                    data += chunk
+                self.seen.append(data.split(b"\r\n", 1)[0])
+                if answer:
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def test_a_dropped_pooled_connection_is_retried_only_for_idempotent_methods(proxy: ProxyProcess) -> None:
+    origin = _OneAnswerPerConnection()
+    try:
+        url = f"http://127.0.0.1:{origin.port}/r"
+        assert requests.get(url, timeout=WAIT_S).status_code == 200  # opens a pooled connection
+        assert requests.get(url, timeout=WAIT_S).status_code == 200  # reused, dropped, retried fresh
+        refused = requests.post(url, data=b"pay", timeout=WAIT_S)  # reused, dropped: never sent twice
+    finally:
+        origin.close()
+    assert refused.status_code == 502
+    assert problem(refused)["reason"] == "upstream-reset"
+    assert [line.split(b" ")[0] for line in origin.seen] == [b"GET", b"GET", b"GET", b"POST"]
