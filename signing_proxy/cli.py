@@ -134,7 +134,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .cli_keys import key_provider_for
 
     keys = key_provider_for(config)  # signing.key, else the key store (created on first run)
-    workers = getattr(args, "workers", 1) or 1
+    workers = getattr(args, "workers", 1)
+    if workers < 1:
+        raise CliError(f"--workers: must be at least 1, got {workers}")
     if workers > 1:
         return _run_workers(config, keys, args, workers)
     _use_uvloop()
@@ -480,12 +482,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _subparser(parser: argparse.ArgumentParser, command: str | None) -> argparse.ArgumentParser:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and command in action.choices:
+            chosen: argparse.ArgumentParser = action.choices[command]
+            return chosen
+    return parser
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     func = getattr(args, "func", None)
-    if func is None:
-        parser.print_help()
+    if func is None:  # no command, or a group without its action: show the help of what was typed
+        _subparser(parser, getattr(args, "command", None)).print_help()
         return 2
     try:
         return int(func(args))

@@ -136,3 +136,16 @@ def test_first_run_generates_an_owner_only_key(tmp_path: Path) -> None:
         proc.wait(WAIT_S)
         if proc.stderr is not None:
             proc.stderr.close()
+
+
+@pytest.mark.parametrize("group", ["keys", "config", "ca", "delegate"])
+def test_a_group_without_its_action_shows_the_group_help(group: str) -> None:
+    done = cli(group)
+    assert done.returncode == 2
+    assert done.stdout.startswith(f"usage: signing-proxy {group} ")
+
+
+def test_run_refuses_a_worker_count_below_one(tmp_path: Path) -> None:
+    done = cli("run", "--workers", "0", "--listen", "127.0.0.1:0", "--data-dir", str(tmp_path))
+    assert done.returncode == 2
+    assert "--workers: must be at least 1" in done.stderr
