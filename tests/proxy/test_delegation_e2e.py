@@ -397,7 +397,7 @@ def test_after_rotation_the_proxy_fails_closed_until_the_delegation_is_reissued(
                 resp = requests.post(url, json=discover_body(), timeout=WAIT_S)
                 return resp.status_code == 503
 
-            wait_for(refused, "the proxy to notice the rotation")  # the store is re-read within ~1 s
+            wait_for(refused, "the proxy to notice the rotation", limit_s=30)  # the store is re-read within ~1 s
             resp = requests.post(url, json=discover_body(), timeout=WAIT_S)
             problem = resp.json()
             assert problem["reason"] == "delegation-holder-mismatch"
@@ -409,7 +409,7 @@ def test_after_rotation_the_proxy_fails_closed_until_the_delegation_is_reissued(
             def accepted() -> bool:
                 return requests.post(url, json=discover_body(), timeout=WAIT_S).status_code == 200
 
-            wait_for(accepted, "the re-issued delegation to be picked up")
+            wait_for(accepted, "the re-issued delegation to be picked up", limit_s=30)
             assert exchange.received[-1].keyid == new
             assert any("reloaded the delegation" in line for line in proxy.stderr_lines)
 
