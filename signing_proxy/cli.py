@@ -35,7 +35,6 @@ __all__ = ["main"]
 
 log = logging.getLogger("signing_proxy")
 
-DEFAULT_KEY_NAME = "agent-key.pem"
 
 EPILOG = """\
 examples:
@@ -103,26 +102,14 @@ def _load(args: argparse.Namespace) -> Config:
         raise CliError(f"configuration error: {exc}") from None
 
 
-def resolve_signing_key(config: Config) -> tuple[SigningKey, Path, bool]:
-    """The configured key, or ``<data_dir>/agent-key.pem`` generated (0600) on first run."""
-    if config.signing.key:
-        path = Path(config.signing.key).expanduser()
-        try:
-            return load_key_file(path), path, False
-        except KeyFileError as exc:
-            raise CliError(f"signing key: {exc}") from None
-    path = config.data_path / DEFAULT_KEY_NAME
-    if path.exists():
-        try:
-            return load_key_file(path), path, False
-        except KeyFileError as exc:
-            raise CliError(f"signing key: {exc}") from None
-    key = SigningKey.generate()
+def load_signing_key(config: Config) -> SigningKey:
+    """The static key named by ``signing.key`` (the key store serves otherwise)."""
+    assert config.signing.key
+    path = Path(config.signing.key).expanduser()
     try:
-        write_private_file(path, key.to_pem())
-    except OSError as exc:
-        raise CliError(f"cannot create signing key in {config.data_path}: {exc.strerror or exc}") from None
-    return key, path, True
+        return load_key_file(path)
+    except KeyFileError as exc:
+        raise CliError(f"signing key: {exc}") from None
 
 
 # --- commands --------------------------------------------------------------------------------------

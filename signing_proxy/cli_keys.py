@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from . import __version__
-from .cli import CliError, _add_config_flag, _load, resolve_signing_key
+from .cli import CliError, _add_config_flag, _load, load_signing_key
 from .config import Config, ConfigError
 from .core.errors import KeyFormatError
 from .core.keys import format_rfc3339
@@ -77,8 +77,7 @@ def key_provider_for(config: Config) -> KeyProvider:
     from .proxy.pipeline import StaticKeyProvider
 
     if config.signing.key:
-        key, _path, _created = resolve_signing_key(config)
-        return StaticKeyProvider(key)
+        return StaticKeyProvider(load_signing_key(config))
     now = time.time()
     agent = config.signing.agent
     try:

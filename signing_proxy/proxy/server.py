@@ -36,7 +36,6 @@ if TYPE_CHECKING:
 __all__ = ["ClientConnection"]
 
 log = logging.getLogger("signing_proxy.proxy")
-access_log = logging.getLogger("signing_proxy.access")
 
 _HOP_BY_HOP_B = frozenset(name.encode() for name in HOP_BY_HOP) | {b"content-length"}
 _MAX_PIPELINED = 8  # requests parsed ahead of the one being served before we stop reading

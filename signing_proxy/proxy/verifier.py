@@ -10,7 +10,6 @@ to ``core.signatures.verify_stack`` with the current time. The result is a froze
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -204,7 +203,3 @@ def refusal(exc: VerificationError) -> web.Response:
         content_type="application/problem+json",
         headers={"WWW-Authenticate": 'Signature realm="signing-proxy"'},
     )
-
-
-def verdict_json(stack: VerifiedStack) -> str:
-    return json.dumps(stack_summary(stack), indent=2)
