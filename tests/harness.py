@@ -44,6 +44,65 @@ from tests.oracle import oracle_verify
 WAIT_S = 15.0
 
 
+def run_cli(
+    *args: str, env: dict[str, str] | None = None, stdin: str | None = None, timeout_s: float = 30
+) -> subprocess.CompletedProcess[str]:
+    """``python -m signing_proxy ARGS`` with this environment (minus any SIGNING_PROXY_*) plus ``env``."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("SIGNING_PROXY_")}
+    return subprocess.run(
+        [sys.executable, "-m", "signing_proxy", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+        env={**base, **(env or {})},
+        input=stdin,
+    )
+
+
+@contextlib.contextmanager
+def started_run(*args: str) -> Iterator[list[str]]:
+    """``python -m signing_proxy run ARGS``: yield its stderr lines up to "listening on"; stop it after."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "signing_proxy", "run", *args], stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stderr is not None
+        lines = []
+        for line in proc.stderr:
+            lines.append(line)
+            if "listening on" in line:
+                break
+        yield lines
+    finally:
+        proc.terminate()
+        proc.wait(WAIT_S)
+        if proc.stderr is not None:
+            proc.stderr.close()
+
+
+def wait_for(condition: Callable[[], bool], what: str, limit_s: float = WAIT_S) -> None:
+    """Poll ``condition`` until it holds; fail naming ``what`` after ``limit_s``."""
+    deadline = time.monotonic() + limit_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def wait_port(port: int, limit_s: float = WAIT_S) -> None:
+    """Wait until something accepts connections on 127.0.0.1:``port``."""
+
+    def accepting() -> bool:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+        except OSError:
+            return False
+        return True
+
+    wait_for(accepting, f"127.0.0.1:{port} to accept connections", limit_s)
+
+
 def free_port() -> int:
     """A free loopback port, for addresses that must be known before a process starts."""
     with socket.socket() as sock:
@@ -314,19 +373,19 @@ class ProxyProcess:
         if self.proc is not None and self.proc.stderr is not None:
             self.proc.stderr.close()
 
-    def rss_kib(self) -> int:
+    def _status_kib(self, field: str) -> int:
         assert self.proc is not None
         for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1])
-        raise RuntimeError("no VmRSS")
+        raise RuntimeError(f"no {field}")
+
+    def rss_kib(self) -> int:
+        return self._status_kib("VmRSS")
 
     def hwm_kib(self) -> int:
-        assert self.proc is not None
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1])
-        raise RuntimeError("no VmHWM")
+        """Peak resident set size so far."""
+        return self._status_kib("VmHWM")
 
     def access_lines(self) -> list[dict[str, Any]]:
         out = []

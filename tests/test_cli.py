@@ -3,34 +3,19 @@
 from __future__ import annotations
 
 import json
-import os
 import stat
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from signing_proxy.core.jwk import SigningKey, load_private_key
-
-WAIT_S = 30
-
-
-def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "signing_proxy", *args],
-        capture_output=True,
-        text=True,
-        timeout=WAIT_S,
-        check=False,
-        env={**os.environ, **(env or {})},
-    )
+from tests.harness import run_cli, started_run
 
 
 def test_version() -> None:
     from signing_proxy import __version__
 
-    done = cli("--version")
+    done = run_cli("--version")
     assert done.returncode == 0
     assert done.stdout.strip() == f"signing-proxy {__version__}"
 
@@ -39,7 +24,7 @@ def test_version() -> None:
     "command", [[], ["run"], ["config", "check"], ["keys", "generate"], ["keys", "show"]]
 )
 def test_every_command_has_help(command: list[str]) -> None:
-    done = cli(*command, "--help")
+    done = run_cli(*command, "--help")
     assert done.returncode == 0
     assert "usage: signing-proxy" in done.stdout
     assert len(done.stdout.splitlines()) > 3
@@ -48,14 +33,14 @@ def test_every_command_has_help(command: list[str]) -> None:
 @pytest.mark.parametrize("fmt", ["pem", "jwk"])
 def test_keys_generate_writes_an_owner_only_key_and_prints_its_thumbprint(tmp_path: Path, fmt: str) -> None:
     out = tmp_path / f"key.{fmt}"
-    done = cli("keys", "generate", "--out", str(out), "--format", fmt)
+    done = run_cli("keys", "generate", "--out", str(out), "--format", fmt)
     assert done.returncode == 0, done.stderr
     assert stat.S_IMODE(out.stat().st_mode) == 0o600
     key = load_private_key(out.read_bytes())
     assert f"thumbprint: {key.thumbprint}" in done.stdout
     assert json.loads(done.stdout.split("public jwk: ", 1)[1]) == key.public.jwk()
     assert key.to_jwk()["d"] not in done.stdout
-    again = cli("keys", "generate", "--out", str(out))
+    again = run_cli("keys", "generate", "--out", str(out))
     assert again.returncode == 2
     assert "exists" in again.stderr
 
@@ -65,7 +50,7 @@ def test_keys_show_prints_thumbprint_and_public_jwk(tmp_path: Path) -> None:
     path = tmp_path / "k.pem"
     path.write_bytes(key.to_pem())
     path.chmod(0o600)
-    done = cli("keys", "show", str(path))
+    done = run_cli("keys", "show", str(path))
     assert done.returncode == 0
     assert key.thumbprint in done.stdout
 
@@ -85,7 +70,7 @@ def test_run_refuses_a_bad_key_file(tmp_path: Path, content: bytes | None, mode:
     if content is not None:
         path.write_bytes(content)
         path.chmod(mode)
-    done = cli("run", "--listen", "127.0.0.1:0", "--key", str(path), "--data-dir", str(tmp_path / "d"))
+    done = run_cli("run", "--listen", "127.0.0.1:0", "--key", str(path), "--data-dir", str(tmp_path / "d"))
     assert done.returncode == 2
     assert message in done.stderr
     assert str(path) in done.stderr
@@ -94,58 +79,42 @@ def test_run_refuses_a_bad_key_file(tmp_path: Path, content: bytes | None, mode:
 def test_run_refuses_a_bad_config_with_the_key_path(tmp_path: Path) -> None:
     config = tmp_path / "c.yaml"
     config.write_text("limits:\n  max_body_bytes: -5\n")
-    done = cli("run", "--config", str(config))
+    done = run_cli("run", "--config", str(config))
     assert done.returncode == 2
     assert "limits.max_body_bytes: must be a positive integer" in done.stderr
 
 
 def test_config_check_prints_the_effective_config(tmp_path: Path) -> None:
-    done = cli("config", "check", "config/sidecar.yaml")
+    done = run_cli("config", "check", "config/sidecar.yaml")
     assert done.returncode == 0, done.stderr
     assert "OK" in done.stdout
     assert "/exchange/" in done.stdout
     bad = tmp_path / "bad.yaml"
     bad.write_text("lisen: 1\n")
-    done = cli("config", "check", str(bad))
+    done = run_cli("config", "check", str(bad))
     assert done.returncode == 2
     assert "lisen: unknown key" in done.stderr
 
 
 def test_first_run_generates_an_owner_only_key(tmp_path: Path) -> None:
     data = tmp_path / "data"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "signing_proxy", "run", "--listen", "127.0.0.1:0", "--data-dir", str(data)],
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert proc.stderr is not None
-        lines = []
-        for line in proc.stderr:
-            lines.append(line)
-            if "listening on" in line:
-                break
+    with started_run("--listen", "127.0.0.1:0", "--data-dir", str(data)) as lines:
         (key_path,) = (data / "keys" / "default").glob("*.pem")  # the key store, named by thumbprint
         key = load_private_key(key_path.read_bytes())
         assert key_path.name == f"{key.thumbprint}.pem"
         assert stat.S_IMODE(key_path.stat().st_mode) == 0o600
         assert any("generated a new signing key" in ln and key.thumbprint in ln for ln in lines)
         assert f"keyid={key.thumbprint}" in lines[-1]
-    finally:
-        proc.terminate()
-        proc.wait(WAIT_S)
-        if proc.stderr is not None:
-            proc.stderr.close()
 
 
 @pytest.mark.parametrize("group", ["keys", "config", "ca", "delegate"])
 def test_a_group_without_its_action_shows_the_group_help(group: str) -> None:
-    done = cli(group)
+    done = run_cli(group)
     assert done.returncode == 2
     assert done.stdout.startswith(f"usage: signing-proxy {group} ")
 
 
 def test_run_refuses_a_worker_count_below_one(tmp_path: Path) -> None:
-    done = cli("run", "--workers", "0", "--listen", "127.0.0.1:0", "--data-dir", str(tmp_path))
+    done = run_cli("run", "--workers", "0", "--listen", "127.0.0.1:0", "--data-dir", str(tmp_path))
     assert done.returncode == 2
     assert "--workers: must be at least 1" in done.stderr

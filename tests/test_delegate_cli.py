@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -17,32 +15,19 @@ from signing_proxy.core.jwk import SigningKey
 from signing_proxy.core.jws import parse_jwt
 from signing_proxy.core.keys import format_rfc3339
 from signing_proxy.proxy.keystore import KeyStore
+from tests.harness import run_cli
 
-WAIT_S = 30
 DENIAL = "DENIAL_REASON_DELEGATION_INVALID"
 
 
-def cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SIGNING_PROXY_")}
-    return subprocess.run(
-        [sys.executable, "-m", "signing_proxy", *args],
-        capture_output=True,
-        text=True,
-        timeout=WAIT_S,
-        check=False,
-        env=env,
-        input=stdin,
-    )
-
-
 def ok(*args: str) -> str:
-    done = cli(*args)
+    done = run_cli(*args)
     assert done.returncode == 0, done.stderr
     return done.stdout.strip()
 
 
 def refused(*args: str, status: int = 2) -> str:
-    done = cli(*args)
+    done = run_cli(*args)
     assert done.returncode == status, (done.stdout, done.stderr)
     if status == 2:
         assert done.stderr.count("\n") == 1, done.stderr  # one line
@@ -122,7 +107,7 @@ def store_key(tmp_path: Path) -> str:
 
 @pytest.mark.parametrize("action", ["issue", "extend", "inspect", "verify"])
 def test_every_delegate_command_has_help(action: str) -> None:
-    done = cli("delegate", action, "--help")
+    done = run_cli("delegate", action, "--help")
     assert done.returncode == 0
     assert f"usage: signing-proxy delegate {action}" in done.stdout
 
@@ -196,7 +181,7 @@ def test_issue_refuses_bad_input_with_one_line(keys: Keys) -> None:
 
 def test_extend_to_the_proxy_key_with_holder_config(keys: Keys, proxy_config: Path, tmp_path: Path) -> None:
     (tmp_path / "authority.jwt").write_text(keys.authority() + "\n")
-    done = cli(
+    done = run_cli(
         "delegate",
         "extend",
         "@" + str(tmp_path / "authority.jwt"),
@@ -256,7 +241,7 @@ def test_extend_with_a_static_signing_key_config(keys: Keys, tmp_path: Path) -> 
 
 
 def test_extend_reads_the_chain_from_stdin(keys: Keys) -> None:
-    done = cli(
+    done = run_cli(
         "delegate",
         "extend",
         "@-",
@@ -348,7 +333,7 @@ def three_links(keys: Keys, proxy_jkt: str) -> str:
 
 def test_inspect_shows_each_link_and_its_status(keys: Keys, tmp_path: Path) -> None:
     chain = three_links(keys, SigningKey.generate().thumbprint)
-    done = cli("delegate", "inspect", chain, "--json")
+    done = run_cli("delegate", "inspect", chain, "--json")
     assert done.returncode == 0, done.stdout + done.stderr
     doc = json.loads(done.stdout)
     assert [link["index"] for link in doc["links"]] == [0, 1, 2]
@@ -374,14 +359,14 @@ def test_inspect_flags_a_tampered_link_and_expiry(keys: Keys) -> None:
     links = chain.split("~")
     h, p, s = links[1].split(".")
     links[1] = f"{h}.{p}.{('B' if s[0] == 'A' else 'A')}{s[1:]}"
-    done = cli("delegate", "inspect", "~".join(links), "--json")
+    done = run_cli("delegate", "inspect", "~".join(links), "--json")
     assert done.returncode == 1
     doc = json.loads(done.stdout)
     assert doc["links"][1]["status"]["signature"] == "bad"
     assert doc["result"]["ok"] is False
     assert doc["result"]["reason"] == "signer-not-named-by-parent"
     later = format_rfc3339(time.time() + 6 * 3600)
-    done = cli("delegate", "inspect", chain, "--now", later)
+    done = run_cli("delegate", "inspect", chain, "--now", later)
     assert done.returncode == 1
     assert "EXPIRED" in done.stdout
     assert f"result: {DENIAL}: expired: link 0" in done.stdout
@@ -397,7 +382,7 @@ def test_inspect_refuses_what_is_not_a_chain() -> None:
 
 def test_verify_accepts_a_chain_bound_to_the_holder(keys: Keys, proxy_config: Path, tmp_path: Path) -> None:
     chain = three_links(keys, store_key(tmp_path))
-    done = cli(
+    done = run_cli(
         "delegate",
         "verify",
         chain,
@@ -485,11 +470,11 @@ def test_verify_owner_key_windows_and_issuer_grace(keys: Keys, tmp_path: Path) -
         "--holder-key",
         keys.path("principal.pem"),
     )
-    done = cli(*args)
+    done = run_cli(*args)
     assert done.returncode == 1
     assert "untrusted-issuer-key" in done.stdout
     assert "outside their window" in done.stderr
-    assert cli(*args, "--issuer-grace", "1h").returncode == 0  # a recently rotated owner key
+    assert run_cli(*args, "--issuer-grace", "1h").returncode == 0  # a recently rotated owner key
 
 
 @pytest.mark.parametrize(

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import requests
 
-from tests.harness import WAIT_S, ProxyProcess, free_port
+from tests.harness import WAIT_S, ProxyProcess, free_port, wait_port
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -27,13 +25,7 @@ def test_readme_exchange_verifies_what_the_proxy_signs(tmp_path: Path) -> None:
         stderr=subprocess.DEVNULL,
     )
     try:
-        deadline = time.monotonic() + WAIT_S
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                time.sleep(0.05)
+        wait_port(port)
         config = {
             "signing": {"key": None, "signature_agent": base},
             "publish": {"listen": f"127.0.0.1:{pub}", "domain": "127.0.0.1", "public_url": base},

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -15,23 +12,11 @@ import pytest
 from signing_proxy.core.jwk import SigningKey
 from signing_proxy.core.keys import parse_rfc3339
 from signing_proxy.proxy.keystore import KeyStore
-
-WAIT_S = 30
-
-
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "signing_proxy", *args],
-        capture_output=True,
-        text=True,
-        timeout=WAIT_S,
-        check=False,
-        env=dict(os.environ),
-    )
+from tests.harness import run_cli, started_run
 
 
 def listing(data: Path, *args: str) -> dict[str, Any]:
-    done = cli("keys", "list", "--json", "--data-dir", str(data), *args)
+    done = run_cli("keys", "list", "--json", "--data-dir", str(data), *args)
     assert done.returncode == 0, done.stderr
     doc: dict[str, Any] = json.loads(done.stdout)
     return doc
@@ -42,7 +27,7 @@ def listing(data: Path, *args: str) -> dict[str, Any]:
     [["keys", "list"], ["keys", "rotate"], ["keys", "revoke"], ["keys", "prune"], ["publish"]],
 )
 def test_every_new_command_has_help(command: list[str]) -> None:
-    done = cli(*command, "--help")
+    done = run_cli(*command, "--help")
     assert done.returncode == 0
     assert "usage: signing-proxy" in done.stdout
     for flag in ("--config", "--data-dir"):
@@ -52,7 +37,7 @@ def test_every_new_command_has_help(command: list[str]) -> None:
 
 
 def test_list_without_a_store_says_how_to_make_one(tmp_path: Path) -> None:
-    done = cli("keys", "list", "--data-dir", str(tmp_path))
+    done = run_cli("keys", "list", "--data-dir", str(tmp_path))
     assert done.returncode == 2
     assert str(tmp_path / "keys" / "default") in done.stderr
     assert "keys rotate" in done.stderr
@@ -60,7 +45,7 @@ def test_list_without_a_store_says_how_to_make_one(tmp_path: Path) -> None:
 
 def test_the_key_lifecycle_through_the_cli(tmp_path: Path) -> None:
     data = str(tmp_path)
-    first = cli("keys", "rotate", "--data-dir", data, "--lifetime", "30d")
+    first = run_cli("keys", "rotate", "--data-dir", data, "--lifetime", "30d")
     assert first.returncode == 0, first.stderr
     assert "created the key store" in first.stdout
     doc = listing(tmp_path)
@@ -70,7 +55,7 @@ def test_the_key_lifecycle_through_the_cli(tmp_path: Path) -> None:
     assert doc["signing"] == a["thumbprint"]
 
     started = time.time()
-    second = cli("keys", "rotate", "--data-dir", data, "--grace", "48h")
+    second = run_cli("keys", "rotate", "--data-dir", data, "--grace", "48h")
     assert second.returncode == 0, second.stderr
     doc = listing(tmp_path)
     states = {k["thumbprint"]: k for k in doc["keys"]}
@@ -82,59 +67,59 @@ def test_the_key_lifecycle_through_the_cli(tmp_path: Path) -> None:
     assert started + 48 * 3600 <= grace_end <= time.time() + 48 * 3600 + 1
     assert parse_rfc3339(b["not_after"]) - parse_rfc3339(b["not_before"]) == 90 * 86_400  # the default
 
-    text = cli("keys", "list", "--data-dir", data)
+    text = run_cli("keys", "list", "--data-dir", data)
     assert text.returncode == 0
     assert "THUMBPRINT" in text.stdout
     assert f"{a['thumbprint']}  retiring" in text.stdout
     assert f"{b['thumbprint']}  active" in text.stdout
 
-    revoked = cli("keys", "revoke", "--data-dir", data, "--", b["thumbprint"])
+    revoked = run_cli("keys", "revoke", "--data-dir", data, "--", b["thumbprint"])
     assert revoked.returncode == 0, revoked.stderr
     assert "never signs again" in revoked.stdout
     doc = listing(tmp_path)
     assert doc["revocations"]["revoked"] == [b["thumbprint"]]
     assert doc["signing"] == a["thumbprint"]
-    again = cli("keys", "revoke", "--data-dir", data, "--", b["thumbprint"])
+    again = run_cli("keys", "revoke", "--data-dir", data, "--", b["thumbprint"])
     assert again.returncode == 0
     assert "already revoked" in again.stdout
 
-    last = cli("keys", "revoke", "--data-dir", data, "--", a["thumbprint"])
+    last = run_cli("keys", "revoke", "--data-dir", data, "--", a["thumbprint"])
     assert last.returncode == 2
     assert "no valid signing key" in last.stderr
     assert "--force" in last.stderr
-    forced = cli("keys", "revoke", "--data-dir", data, "--force", "--", a["thumbprint"])
+    forced = run_cli("keys", "revoke", "--data-dir", data, "--force", "--", a["thumbprint"])
     assert forced.returncode == 0, forced.stderr
     assert listing(tmp_path)["signing"] is None
-    assert "no key is valid now" in cli("keys", "list", "--data-dir", data).stdout
+    assert "no key is valid now" in run_cli("keys", "list", "--data-dir", data).stdout
 
-    assert cli("keys", "prune", "--data-dir", data).returncode == 2  # would leave no valid key
-    pruned = cli("keys", "prune", "--data-dir", data, "--force")
+    assert run_cli("keys", "prune", "--data-dir", data).returncode == 2  # would leave no valid key
+    pruned = run_cli("keys", "prune", "--data-dir", data, "--force")
     assert pruned.returncode == 0, pruned.stderr
     assert pruned.stdout.count("stays in the revocation list") == 2
     doc = listing(tmp_path)
     assert doc["keys"] == []
     assert sorted(doc["revocations"]["revoked"]) == sorted([a["thumbprint"], b["thumbprint"]])
-    assert "(pruned)" in cli("keys", "list", "--data-dir", data).stdout
+    assert "(pruned)" in run_cli("keys", "list", "--data-dir", data).stdout
 
 
 def test_prune_drops_expired_keys_only(tmp_path: Path) -> None:
     store = KeyStore(tmp_path)
     old = store.create(time.time() - 5000, lifetime_s=1000)  # expired long ago
     fresh, _ = store.rotate(time.time(), grace_s=60, lifetime_s=3600)
-    done = cli("keys", "prune", "--data-dir", str(tmp_path))
+    done = run_cli("keys", "prune", "--data-dir", str(tmp_path))
     assert done.returncode == 0, done.stderr
     assert f"pruned {old.thumbprint} (expired" in done.stdout
     assert [k["thumbprint"] for k in listing(tmp_path)["keys"]] == [fresh.thumbprint]
     assert not store.key_path(old.thumbprint).exists()
-    assert "nothing to prune" in cli("keys", "prune", "--data-dir", str(tmp_path)).stdout
+    assert "nothing to prune" in run_cli("keys", "prune", "--data-dir", str(tmp_path)).stdout
 
 
 def test_agent_selects_a_separate_store(tmp_path: Path) -> None:
-    assert cli("keys", "rotate", "--data-dir", str(tmp_path), "--agent", "alice").returncode == 0
+    assert run_cli("keys", "rotate", "--data-dir", str(tmp_path), "--agent", "alice").returncode == 0
     assert (tmp_path / "keys" / "alice" / "keys.json").exists()
     assert not (tmp_path / "keys" / "default").exists()
     assert len(listing(tmp_path, "--agent", "alice")["keys"]) == 1
-    bad = cli("keys", "list", "--data-dir", str(tmp_path), "--agent", "../etc")
+    bad = run_cli("keys", "list", "--data-dir", str(tmp_path), "--agent", "../etc")
     assert bad.returncode == 2
     assert "agent name" in bad.stderr
 
@@ -144,7 +129,7 @@ def test_agent_selects_a_separate_store(tmp_path: Path) -> None:
 )
 def test_bad_durations_are_refused(tmp_path: Path, args: list[str]) -> None:
     KeyStore(tmp_path).create(time.time(), lifetime_s=3600)
-    done = cli("keys", "rotate", "--data-dir", str(tmp_path), *args)
+    done = run_cli("keys", "rotate", "--data-dir", str(tmp_path), *args)
     assert done.returncode == 2
     assert "duration" in done.stderr or "seconds" in done.stderr
 
@@ -152,12 +137,12 @@ def test_bad_durations_are_refused(tmp_path: Path, args: list[str]) -> None:
 def test_an_unknown_thumbprint_and_a_permission_open_store_are_refused(tmp_path: Path) -> None:
     store = KeyStore(tmp_path)
     store.create(time.time(), lifetime_s=3600)
-    unknown = cli("keys", "revoke", "--data-dir", str(tmp_path), "--", SigningKey.generate().thumbprint)
+    unknown = run_cli("keys", "revoke", "--data-dir", str(tmp_path), "--", SigningKey.generate().thumbprint)
     assert unknown.returncode == 2
     assert "has no key" in unknown.stderr
     store.path.chmod(0o755)
     for command in (["list"], ["rotate"], ["prune"]):
-        done = cli("keys", *command, "--data-dir", str(tmp_path))
+        done = run_cli("keys", *command, "--data-dir", str(tmp_path))
         assert done.returncode == 2
         assert str(store.path) in done.stderr
         assert "chmod 700" in done.stderr
@@ -167,7 +152,7 @@ def test_run_refuses_a_malformed_store_with_its_path(tmp_path: Path) -> None:
     store = KeyStore(tmp_path)
     store.create(time.time(), lifetime_s=3600)
     store.index_path.write_text('{"format": "signing-proxy-keystore/1"}')
-    done = cli("run", "--listen", "127.0.0.1:0", "--data-dir", str(tmp_path))
+    done = run_cli("run", "--listen", "127.0.0.1:0", "--data-dir", str(tmp_path))
     assert done.returncode == 2
     assert str(store.index_path) in done.stderr
     assert "malformed index" in done.stderr
@@ -178,26 +163,9 @@ def test_run_imports_a_legacy_key_into_the_store(tmp_path: Path) -> None:
     path = tmp_path / "agent-key.pem"
     path.write_bytes(legacy.to_pem())
     path.chmod(0o600)
-    command = ["run", "--listen", "127.0.0.1:0", "--data-dir", str(tmp_path)]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "signing_proxy", *command],
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert proc.stderr is not None
-        lines = []
-        for line in proc.stderr:
-            lines.append(line)
-            if "listening on" in line:
-                break
+    with started_run("--listen", "127.0.0.1:0", "--data-dir", str(tmp_path)) as lines:
         assert f"keyid={legacy.thumbprint}" in lines[-1]
         assert any("imported the signing key" in ln and legacy.thumbprint in ln for ln in lines)
-    finally:
-        proc.terminate()
-        proc.wait(WAIT_S)
-        if proc.stderr is not None:
-            proc.stderr.close()
     assert [k["thumbprint"] for k in listing(tmp_path)["keys"]] == [legacy.thumbprint]
 
 
@@ -206,15 +174,15 @@ def test_publish_needs_a_domain_and_a_valid_key(tmp_path: Path) -> None:
     store.create(time.time() - 7200, lifetime_s=3600)  # already expired
     out = tmp_path / "public"
     publish = ("publish", "--out", str(out), "--data-dir", str(tmp_path / "data"))
-    done = cli(*publish)
+    done = run_cli(*publish)
     assert done.returncode == 2
     assert "publish.domain is required" in done.stderr
-    done = cli(*publish, "--domain", "agent.example")
+    done = run_cli(*publish, "--domain", "agent.example")
     assert done.returncode == 2
     assert "must be valid" in done.stderr
     assert not out.exists()
-    assert cli("keys", "rotate", "--data-dir", str(tmp_path / "data")).returncode == 0
-    done = cli(*publish, "--domain", "agent.example")
+    assert run_cli("keys", "rotate", "--data-dir", str(tmp_path / "data")).returncode == 0
+    done = run_cli(*publish, "--domain", "agent.example")
     assert done.returncode == 0, done.stderr
     assert (out / ".well-known/svc.json").read_bytes() == (
         b'{"ver":"1.0","role":"ROLE_AGENT","domain":"agent.example"}'
@@ -228,6 +196,6 @@ def test_a_thumbprint_starting_with_a_dash_is_revoked_after_double_dash(tmp_path
     store = KeyStore(tmp_path)
     store.create(time.time(), lifetime_s=3600, key=key)
     store.rotate(time.time(), grace_s=600, lifetime_s=3600)
-    done = cli("keys", "revoke", "--data-dir", str(tmp_path), "--", key.thumbprint)
+    done = run_cli("keys", "revoke", "--data-dir", str(tmp_path), "--", key.thumbprint)
     assert done.returncode == 0, done.stderr
     assert listing(tmp_path)["revocations"]["revoked"] == [key.thumbprint]

@@ -5,28 +5,15 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.harness import WAIT_S, free_port
+from tests.harness import WAIT_S, free_port, wait_port
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _wait_port(port: int) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"port {port} never opened")
 
 
 @pytest.mark.integration
@@ -44,8 +31,8 @@ def test_readme_quick_start(tmp_path: Path) -> None:
         stderr=subprocess.DEVNULL,
     )
     try:
-        _wait_port(origin_port)
-        _wait_port(proxy_port)
+        wait_port(origin_port)
+        wait_port(proxy_port)
         curl_env = {**env, "http_proxy": f"http://127.0.0.1:{proxy_port}"}
         curl_env.pop("no_proxy", None)
         curl_env.pop("NO_PROXY", None)

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,7 +38,7 @@ from signing_proxy.core.scopes import scopes_cover
 from signing_proxy.proxy.directory import DirectoryResolver, RevocationPoller, aiohttp_fetcher
 from signing_proxy.proxy.keystore import KeyStore
 from signing_proxy.proxy.verifier import SIGNATURE, RequestVerifier, VerifierPolicy, signature_middleware
-from tests.harness import WAIT_S, ProxyProcess, free_port, proxy_env
+from tests.harness import WAIT_S, ProxyProcess, free_port, proxy_env, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -67,14 +67,6 @@ def ok(*args: str) -> str:
     done = cli(*args)
     assert done.returncode == 0, done.stderr
     return done.stdout.strip()
-
-
-def wait_for(condition: Callable[[], bool], what: str, limit_s: float = WAIT_S) -> None:
-    deadline = time.monotonic() + limit_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 @dataclass

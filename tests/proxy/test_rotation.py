@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,7 @@ from signing_proxy.core.jwk import load_private_key
 from signing_proxy.core.keys import parse_directory, parse_revocation_list, parse_rfc3339
 from signing_proxy.core.signatures import Message, attach_signature, serialize_sf_string, sign_message
 from signing_proxy.core.uri import parse_absolute_uri
-from tests.harness import WAIT_S, ProxyProcess, VerifyingOrigin, free_port
+from tests.harness import WAIT_S, ProxyProcess, VerifyingOrigin, free_port, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -47,14 +47,6 @@ def cli(proxy: ProxyProcess, *args: str, thumbprint: str | None = None) -> subpr
         check=False,
         env={k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")},
     )
-
-
-def wait_for(condition: Callable[[], bool], what: str, limit_s: float = WAIT_S) -> None:
-    deadline = time.monotonic() + limit_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 @contextmanager
