@@ -39,6 +39,7 @@ from signing_proxy.core.signatures import (
 from signing_proxy.core.uri import parse_absolute_uri
 from signing_proxy.proxy.app import ProxyApp
 from signing_proxy.proxy.pipeline import StaticKeyProvider
+from signing_proxy.proxy.relay import unique_label
 from tests.harness import WAIT_S, VerifyingOrigin
 
 pytestmark = pytest.mark.integration
@@ -253,9 +254,7 @@ async def test_hop_cap_counts_our_signature(rig: Rig) -> None:
     assert "max_hops=3" in doc["detail"]
 
 
-async def test_relay_label_is_unique_in_the_dictionary(rig: Rig) -> None:
-    from signing_proxy.proxy.relay import unique_label
-
+def test_relay_label_is_unique_in_the_dictionary() -> None:
     assert unique_label("broker", ["agent"]) == "broker"
     assert unique_label("broker", ["agent", "broker"]) == "broker2"
     assert unique_label("broker", ["agent", "broker", "broker2"]) == "broker3"
