@@ -18,6 +18,7 @@ import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import aiohttp
 
@@ -116,6 +117,28 @@ def aiohttp_fetcher(
     return fetch
 
 
+_T = TypeVar("_T")
+
+
+async def fetch_parsed(
+    fetch: Fetcher, url: str, parse: Callable[[bytes], _T], kind: str
+) -> tuple[_T, FetchResult]:
+    """Fetch ``url`` and parse a 200 answer; DirectoryError (``<kind>-fetch-failed``, or the parser's
+    reason, prefixed with ``directory-`` for directories) otherwise."""
+    result = await fetch(url)
+    if result.status != 200:
+        raise DirectoryError(f"{kind}-fetch-failed", f"{url} answered {result.status}")
+    try:
+        return parse(result.body), result
+    except KeyFormatError as exc:
+        reason = (
+            exc.reason
+            if kind != "directory" or exc.reason.startswith("directory")
+            else f"directory-{exc.reason}"
+        )
+        raise DirectoryError(reason, f"{url}: {exc.detail}") from None
+
+
 @dataclass
 class _Entry:
     directory: Directory | None
@@ -171,16 +194,7 @@ class DirectoryResolver:
     async def _refresh(self, url: str, stale: _Entry | None) -> Directory:
         self.fetches += 1
         try:
-            result = await self.fetch(url)
-            if result.status != 200:
-                raise DirectoryError("directory-fetch-failed", f"{url} answered {result.status}")
-            try:
-                directory = parse_directory(result.body)
-            except KeyFormatError as exc:
-                raise DirectoryError(
-                    f"directory-{exc.reason}" if not exc.reason.startswith("directory") else exc.reason,
-                    f"{url}: {exc.detail}",
-                ) from None
+            directory, result = await fetch_parsed(self.fetch, url, parse_directory, "directory")
         except DirectoryError as exc:
             now = self.clock()
             if stale is not None and stale.directory is not None:
@@ -238,13 +252,7 @@ class RevocationPoller:
         """Fetch ``url`` once; replace the set on success, keep it on failure. True on success."""
         state = self._state.setdefault(url, _RevocationState())
         try:
-            result = await self.fetch(url)
-            if result.status != 200:
-                raise DirectoryError("revocation-fetch-failed", f"{url} answered {result.status}")
-            try:
-                fresh = parse_revocation_list(result.body)
-            except KeyFormatError as exc:
-                raise DirectoryError(exc.reason, f"{url}: {exc.detail}") from None
+            fresh, _result = await fetch_parsed(self.fetch, url, parse_revocation_list, "revocation")
         except DirectoryError as exc:
             state.failures += 1
             log.warning("revocation poll of %s failed (%s); keeping the last set", url, exc.reason)
