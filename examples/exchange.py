@@ -7,8 +7,8 @@ import sys
 
 from aiohttp import ClientSession, web
 
-from signing_proxy.proxy.directory import DirectoryResolver, aiohttp_fetcher
-from signing_proxy.proxy.verifier import SIGNATURE, RequestVerifier, signature_middleware
+from signing_proxy.verify.directory import DirectoryResolver, aiohttp_fetcher
+from signing_proxy.verify.verifier import SIGNATURE, RequestVerifier, signature_middleware
 
 
 async def discover(request: web.Request) -> web.Response:

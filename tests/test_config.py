@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
-from signing_proxy.config import Config, ConfigError, load_config, parse_config, redacted
+from signing_proxy.config.schema import Config, ConfigError, load_config, parse_config, redacted
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "config"
 

@@ -14,7 +14,7 @@ import yaml
 from signing_proxy.core.jwk import SigningKey
 from signing_proxy.core.jws import parse_jwt
 from signing_proxy.core.keys import format_rfc3339
-from signing_proxy.proxy.keystore import KeyStore
+from signing_proxy.storage.keystore import KeyStore
 from tests.harness import run_cli
 
 DENIAL = "DENIAL_REASON_DELEGATION_INVALID"

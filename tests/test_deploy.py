@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from signing_proxy.config import load_config, parse_config, parse_host_port
+from signing_proxy.config.schema import load_config, parse_config, parse_host_port
 
 ROOT = Path(__file__).resolve().parents[1]
 

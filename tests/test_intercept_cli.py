@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import yaml
 
-from signing_proxy.cli import main
-from signing_proxy.config import Config, ConfigError, InterceptConfig, parse_config
-from signing_proxy.proxy.ca import CertificateAuthority
+from signing_proxy.cli.main import main
+from signing_proxy.config.schema import Config, ConfigError, InterceptConfig, parse_config
+from signing_proxy.storage.ca import CertificateAuthority
 
 SYSTEM_BUNDLE_MARKER = b"-----BEGIN CERTIFICATE-----"
 

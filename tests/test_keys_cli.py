@@ -11,7 +11,7 @@ import pytest
 
 from signing_proxy.core.jwk import SigningKey
 from signing_proxy.core.keys import parse_rfc3339
-from signing_proxy.proxy.keystore import KeyStore
+from signing_proxy.storage.keystore import KeyStore
 from tests.harness import run_cli, started_run
 
 

@@ -7,7 +7,13 @@ from typing import Any
 
 import pytest
 
-from signing_proxy.config import Config, ConfigError, DelegationConfig, RequesterConfig, parse_config
+from signing_proxy.config.schema import (
+    Config,
+    ConfigError,
+    DelegationConfig,
+    RequesterConfig,
+    parse_config,
+)
 
 BASE: dict[str, Any] = {
     "id": "agent-7",

@@ -8,8 +8,8 @@ import hmac
 import ipaddress
 from pathlib import Path
 
-from ..config import AccessConfig
-from .problems import ProxyError
+from ..config.schema import AccessConfig
+from ..errors import ProxyError
 
 __all__ = ["AccessControl"]
 

@@ -25,9 +25,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..config import Config, host_matches
+from ..config.schema import Config, host_matches
 from ..core.uri import Target
-from .ca import (
+from ..errors import ProxyError
+from ..net.server import ClientConnection, parse_connect_target
+from ..net.tls import CERTIFICATE_ALERTS, TlsSession, TlsTransport
+from ..net.upstream import open_upstream
+from ..storage.ca import (
     CA_CERT_FILENAME,
     CAError,
     CertificateAuthority,
@@ -35,14 +39,10 @@ from .ca import (
     load_ca,
     load_or_create_ca,
 )
-from .problems import ProxyError
-from .server import ClientConnection, parse_connect_target
-from .tls import CERTIFICATE_ALERTS, TlsSession, TlsTransport
-from .upstream import open_upstream
 
 if TYPE_CHECKING:
-    from .app import ProxyApp
-    from .server import _Request
+    from ..net.server import _Request
+    from ..service.app import ProxyApp
 
 __all__ = ["CA_INSTALL_HINT", "ConnectHandler", "ca_cert_path", "load_interception_ca"]
 

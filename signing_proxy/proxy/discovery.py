@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..config import DiscoveryConfig
+from ..config.schema import DiscoveryConfig
 from ..core.errors import FieldError, ManifestError, ProtocolError
 from ..core.manifest import (
     MANIFEST_MEDIA_TYPE,
@@ -38,14 +38,14 @@ from ..core.manifest import (
     same_site,
 )
 from ..core.uri import Target, parse_absolute_uri
-from .directory import ttl_from_cache_control
-from .fetch import fetch
+from ..errors import ProxyError, problem_body
+from ..net.fetch import fetch
+from ..net.upstream import ResponseHead, UpstreamConnection
+from ..verify.directory import ttl_from_cache_control
 from .pipeline import HOP_BY_HOP
-from .problems import ProxyError, problem_body
-from .upstream import ResponseHead, UpstreamConnection
 
 if TYPE_CHECKING:
-    from .app import ProxyApp
+    from ..service.app import ProxyApp
 
 __all__ = [
     "CONTENT_RULES",

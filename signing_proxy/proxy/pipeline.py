@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..config import Config, CredentialRule, host_matches
+from ..config.schema import Config, CredentialRule, host_matches
 from ..core.digest import content_digest
 from ..core.errors import FieldError, SigningError
 from ..core.fields import Fields
@@ -29,10 +29,10 @@ from ..core.signatures import (
     sign_message,
 )
 from ..core.uri import Target, parse_absolute_uri
-from .problems import ProxyError
+from ..errors import ProxyError
 
 if TYPE_CHECKING:
-    from .metrics import Metrics
+    from ..metrics import Metrics
     from .requester import RequesterInjector
 
 __all__ = [

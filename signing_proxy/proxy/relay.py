@@ -17,15 +17,15 @@ from typing import Any
 
 import aiohttp
 
-from ..config import Config
+from ..config.schema import Config
 from ..core.errors import KeyFormatError, VerificationError
 from ..core.jwk import PublicKey, public_key_from_jwk
 from ..core.signatures import Message, hop_components, parse_signature_stack
 from ..core.uri import Target
-from .directory import DirectoryResolver, RevocationPoller, aiohttp_fetcher
+from ..errors import ProxyError
+from ..verify.directory import DirectoryResolver, RevocationPoller, aiohttp_fetcher
+from ..verify.verifier import RequestVerifier, VerifierPolicy
 from .pipeline import Outgoing, Signer, drop_hop_by_hop, next_hop_target, outgoing
-from .problems import ProxyError
-from .verifier import RequestVerifier, VerifierPolicy
 
 __all__ = ["RelayPipeline", "load_public_key_file", "unique_label"]
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from ..config import Config, DelegationConfig, RequesterConfig
+from ..config.schema import Config, DelegationConfig, RequesterConfig
 from ..core.delegation import VerifiedLink, check_chain
 from ..core.errors import DelegationError, KeyFormatError
 from ..core.fields import Fields
@@ -43,8 +43,8 @@ from ..core.requester import (
 )
 from ..core.scopes import narrows
 from ..core.uri import Target, parse_absolute_uri
+from ..errors import ProxyError
 from .pipeline import KeyProvider
-from .problems import ProxyError
 
 __all__ = [
     "RELOAD_CHECK_INTERVAL_S",

@@ -18,7 +18,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from signing_proxy.proxy.ca import (
+from signing_proxy.storage.ca import (
     BACKDATE,
     CAError,
     CertificateAuthority,

@@ -35,9 +35,9 @@ from signing_proxy.core.errors import DelegationError
 from signing_proxy.core.jwk import PublicKey, SigningKey
 from signing_proxy.core.keys import parse_rfc3339
 from signing_proxy.core.scopes import scopes_cover
-from signing_proxy.proxy.directory import DirectoryResolver, RevocationPoller, aiohttp_fetcher
-from signing_proxy.proxy.keystore import KeyStore
-from signing_proxy.proxy.verifier import SIGNATURE, RequestVerifier, VerifierPolicy, signature_middleware
+from signing_proxy.storage.keystore import KeyStore
+from signing_proxy.verify.directory import DirectoryResolver, RevocationPoller, aiohttp_fetcher
+from signing_proxy.verify.verifier import SIGNATURE, RequestVerifier, VerifierPolicy, signature_middleware
 from tests.harness import WAIT_S, ProxyProcess, free_port, proxy_env, wait_for
 
 pytestmark = pytest.mark.integration

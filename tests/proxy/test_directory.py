@@ -17,7 +17,7 @@ from signing_proxy.core.keys import (
     render_directory,
     render_revocation_list,
 )
-from signing_proxy.proxy.directory import (
+from signing_proxy.verify.directory import (
     DirectoryError,
     DirectoryResolver,
     FetchResult,

@@ -20,9 +20,9 @@ import requests
 
 from signing_proxy.core.jwk import SigningKey
 from signing_proxy.core.keys import Directory, DirectoryKey, parse_directory, render_directory
-from signing_proxy.proxy.ca import CertificateAuthority, LeafContextCache
-from signing_proxy.proxy.directory import DirectoryResolver, FetchResult, aiohttp_fetcher, directory_url
-from signing_proxy.proxy.verifier import RequestVerifier, VerifierPolicy, signature_middleware
+from signing_proxy.storage.ca import CertificateAuthority, LeafContextCache
+from signing_proxy.verify.directory import DirectoryResolver, FetchResult, aiohttp_fetcher, directory_url
+from signing_proxy.verify.verifier import RequestVerifier, VerifierPolicy, signature_middleware
 from tests.harness import WAIT_S, ProxyProcess, VerifyingOrigin, free_port
 
 pytestmark = pytest.mark.integration

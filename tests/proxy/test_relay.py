@@ -19,7 +19,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from signing_proxy.config import parse_config
+from signing_proxy.config.schema import parse_config
 from signing_proxy.core.digest import content_digest
 from signing_proxy.core.fields import Fields
 from signing_proxy.core.jwk import SigningKey
@@ -37,9 +37,9 @@ from signing_proxy.core.signatures import (
     sign_message,
 )
 from signing_proxy.core.uri import parse_absolute_uri
-from signing_proxy.proxy.app import ProxyApp
 from signing_proxy.proxy.pipeline import StaticKeyProvider
 from signing_proxy.proxy.relay import unique_label
+from signing_proxy.service.app import ProxyApp
 from tests.harness import WAIT_S, VerifyingOrigin
 
 pytestmark = pytest.mark.integration

@@ -11,17 +11,17 @@ from typing import Any
 
 import pytest
 
-from signing_proxy.config import Config, parse_config
+from signing_proxy.config.schema import Config, parse_config
 from signing_proxy.core.delegation import extend_chain, issue_authority, verify_chain
 from signing_proxy.core.digest import content_digest
 from signing_proxy.core.fields import Fields
 from signing_proxy.core.jwk import SigningKey
 from signing_proxy.core.signatures import Message, VerificationKey, verify_stack
 from signing_proxy.core.uri import parse_absolute_uri
-from signing_proxy.proxy.app import ProxyApp
+from signing_proxy.errors import ProxyError
 from signing_proxy.proxy.pipeline import BearerStore, KeyProvider, Signer, prepare_request
-from signing_proxy.proxy.problems import ProxyError
 from signing_proxy.proxy.requester import RequesterInjector, injector_for
+from signing_proxy.service.app import ProxyApp
 
 NOW = 1_800_000_000.0
 HOUR = 3600
@@ -367,7 +367,7 @@ def test_startup_refuses_mirror_fields_wider_than_the_chain(
 
 
 def test_unspecified_type_never_reaches_the_injector(tmp_path: Path) -> None:
-    from signing_proxy.config import ConfigError
+    from signing_proxy.config.schema import ConfigError
 
     with pytest.raises(ConfigError, match="REQUESTER_TYPE_UNSPECIFIED"):
         config(tmp_path, type="REQUESTER_TYPE_UNSPECIFIED")

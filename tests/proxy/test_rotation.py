@@ -222,7 +222,7 @@ def test_revoked_key_stops_signing_at_once_and_no_valid_key_means_503(tmp_path: 
 
 
 def test_a_registry_host_publishes_several_agents(tmp_path: Path) -> None:
-    from signing_proxy.proxy.keystore import KeyStore
+    from signing_proxy.storage.keystore import KeyStore
 
     for agent in ("alice", "bob"):
         KeyStore(tmp_path / "data", agent).create(time.time(), lifetime_s=3600)

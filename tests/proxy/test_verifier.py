@@ -25,8 +25,8 @@ from signing_proxy.core.keys import (
 )
 from signing_proxy.core.signatures import Message, attach_signature, hop_components, sign_message
 from signing_proxy.core.uri import parse_absolute_uri
-from signing_proxy.proxy.directory import DirectoryResolver, FetchResult, RevocationPoller, directory_url
-from signing_proxy.proxy.verifier import SIGNATURE, RequestVerifier, VerifierPolicy, signature_middleware
+from signing_proxy.verify.directory import DirectoryResolver, FetchResult, RevocationPoller, directory_url
+from signing_proxy.verify.verifier import SIGNATURE, RequestVerifier, VerifierPolicy, signature_middleware
 
 AGENT = SigningKey.from_seed(bytes(range(32)))
 BROKER = SigningKey.from_seed(bytes(range(1, 33)))

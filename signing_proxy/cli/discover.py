@@ -20,13 +20,13 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
-from .config import Config
-from .core.errors import FieldError
-from .core.uri import parse_absolute_uri
+from ..config.schema import Config
+from ..core.errors import FieldError
+from ..core.uri import parse_absolute_uri
 
 if TYPE_CHECKING:
-    from .proxy.discovery import Finding
-    from .proxy.pipeline import KeyProvider
+    from ..proxy.discovery import Finding
+    from ..proxy.pipeline import KeyProvider
 
 __all__ = ["EXIT_NONE", "EXIT_USABLE", "add_parser", "cmd_discover"]
 
@@ -37,7 +37,7 @@ PAGE_MAX_BYTES = 1024 * 1024  # our choice: only the head of URL's answer matter
 
 def add_parser(sub: Any) -> None:
     """Add ``discover`` to the ``signing-proxy`` sub-commands."""
-    from .cli import _add_config_flag
+    from .main import _add_config_flag
 
     discover = sub.add_parser(
         "discover",
@@ -53,8 +53,8 @@ def add_parser(sub: Any) -> None:
 
 
 def cmd_discover(args: argparse.Namespace) -> int:
-    from .cli import CliError, _load
-    from .cli_keys import key_provider_for
+    from .keys import key_provider_for
+    from .main import CliError, _load
 
     try:
         parse_absolute_uri(args.url)
@@ -70,11 +70,11 @@ def cmd_discover(args: argparse.Namespace) -> int:
 
 
 async def _discover(config: Config, keys: KeyProvider, url: str, *, as_json: bool) -> int:
-    from .cli import CliError
-    from .proxy.app import ProxyApp
-    from .proxy.discovery import Discovery
-    from .proxy.fetch import fetch
-    from .proxy.problems import ProxyError
+    from ..errors import ProxyError
+    from ..net.fetch import fetch
+    from ..proxy.discovery import Discovery
+    from ..service.app import ProxyApp
+    from .main import CliError
 
     try:
         app = ProxyApp(config, keys)

@@ -23,7 +23,7 @@ from typing import Any
 
 __all__ = ["CERTIFICATE_ALERTS", "TlsSession", "TlsTransport"]
 
-log = logging.getLogger("signing_proxy.proxy.tls")
+log = logging.getLogger("signing_proxy.net.tls")
 
 READ_CHUNK_BYTES = 64 * 1024  # plaintext read from OpenSSL per call
 WRITE_CHUNK_BYTES = 64 * 1024  # plaintext handed to SSLObject.write per call (bounds the BIO)

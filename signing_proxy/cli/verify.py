@@ -11,16 +11,16 @@ from typing import Any
 
 from aiohttp import web
 
-from .config import ConfigError, parse_host_port
-from .core.errors import KeyFormatError
+from ..config.schema import ConfigError, parse_host_port
+from ..core.errors import KeyFormatError
 
 __all__ = ["add_parsers"]
 
 
 def cmd_verify_origin(args: argparse.Namespace) -> int:
-    from .cli import CliError
-    from .proxy.relay import load_public_key_file
-    from .proxy.verifier import VerifierPolicy
+    from ..proxy.relay import load_public_key_file
+    from ..verify.verifier import VerifierPolicy
+    from .main import CliError
 
     try:
         host, port = parse_host_port(args.listen, "--listen")
@@ -44,8 +44,8 @@ def cmd_verify_origin(args: argparse.Namespace) -> int:
 
 
 async def _serve(host: str, port: int, policy: Any, external_origin: str | None) -> int:
-    from .cli import CliError
-    from .proxy.verify_origin import build_verify_origin
+    from ..verify.origin import build_verify_origin
+    from .main import CliError
 
     runner = web.AppRunner(
         build_verify_origin(policy, external_origin=external_origin), access_log=None, handle_signals=False

@@ -21,8 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from .cli import CliError, _load
-from .core.delegation import (
+from ..core.delegation import (
     THUMBPRINT_URI_PREFIX,
     check_chain,
     extend_chain,
@@ -31,13 +30,14 @@ from .core.delegation import (
     split_chain,
     verify_chain,
 )
-from .core.errors import DelegationError, KeyFormatError
-from .core.jwk import PRIVATE_JWK_MEMBERS, PublicKey, SigningKey, public_key_from_jwk
-from .core.jws import parse_jwt
-from .core.keys import MAX_DIRECTORY_BYTES, format_rfc3339, is_thumbprint, parse_directory_key, parse_rfc3339
-from .core.requester import parse_duration_s
-from .core.scopes import scope_segments
-from .keyfile import KeyFileError, load_key_file
+from ..core.errors import DelegationError, KeyFormatError
+from ..core.jwk import PRIVATE_JWK_MEMBERS, PublicKey, SigningKey, public_key_from_jwk
+from ..core.jws import parse_jwt
+from ..core.keys import MAX_DIRECTORY_BYTES, format_rfc3339, is_thumbprint, parse_directory_key, parse_rfc3339
+from ..core.requester import parse_duration_s
+from ..core.scopes import scope_segments
+from ..storage.keyfile import KeyFileError, load_key_file
+from .main import CliError, _load
 
 __all__ = ["add_parsers", "proxy_holder_jkt", "read_chain"]
 
@@ -146,7 +146,7 @@ def proxy_holder_jkt(args: argparse.Namespace, now: float) -> tuple[str, list[st
     ``signing.key`` when set; otherwise the key store's current key (or the legacy
     ``<data_dir>/agent-key.pem`` a first run would import). Only public data is read from the store.
     """
-    from .proxy.keystore import LEGACY_KEY_NAME, KeyStore, KeyStoreError
+    from ..storage.keystore import LEGACY_KEY_NAME, KeyStore, KeyStoreError
 
     config = _load(argparse.Namespace(config=args.holder_config, data_dir=args.data_dir))
     if config.signing.key:
@@ -514,7 +514,7 @@ def _or(value: object, absent: str) -> str:
 
 
 def _duration(text: str) -> int:
-    from .cli_keys import parse_duration
+    from .keys import parse_duration
 
     try:
         return parse_duration(text)

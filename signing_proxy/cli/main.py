@@ -21,15 +21,15 @@ from typing import TYPE_CHECKING
 
 import yaml
 
-from . import __version__
-from .config import Config, ConfigError, load_config, parse_host_port, redacted
-from .core.jwk import SigningKey
-from .keyfile import KeyFileError, load_key_file, write_private_file
+from .. import __version__
+from ..config.schema import Config, ConfigError, load_config, parse_host_port, redacted
+from ..core.jwk import SigningKey
+from ..storage.keyfile import KeyFileError, load_key_file, write_private_file
 
 if TYPE_CHECKING:
-    from .proxy.app import ProxyApp
-    from .proxy.ca import CertificateAuthority
-    from .proxy.pipeline import KeyProvider
+    from ..proxy.pipeline import KeyProvider
+    from ..service.app import ProxyApp
+    from ..storage.ca import CertificateAuthority
 
 __all__ = ["main"]
 
@@ -83,7 +83,7 @@ class _JsonFormatter(logging.Formatter):
 
 def _load(args: argparse.Namespace) -> Config:
     """File (``--config`` or ``$SIGNING_PROXY_CONFIG``), then ``SIGNING_PROXY_*`` variables, then flags."""
-    from .envconfig import ENV_CONFIG_FILE, apply_env_overrides
+    from ..config.env import ENV_CONFIG_FILE, apply_env_overrides
 
     try:
         path = getattr(args, "config", None) or os.environ.get(ENV_CONFIG_FILE)
@@ -118,7 +118,7 @@ def load_signing_key(config: Config) -> SigningKey:
 def cmd_run(args: argparse.Namespace) -> int:
     config = _load(args)
     _configure_logging(config.log.level, config.log.format)
-    from .cli_keys import key_provider_for
+    from .keys import key_provider_for
 
     keys = key_provider_for(config)  # signing.key, else the key store (created on first run)
     workers = getattr(args, "workers", 1)
@@ -142,8 +142,8 @@ def _use_uvloop() -> None:
 
 def _run_workers(config: Config, keys: KeyProvider, args: argparse.Namespace, workers: int) -> int:
     """``--workers N``: resolve the port once, create the CA once, then fork N event loops."""
-    from .proxy.connect import load_interception_ca
-    from .workers import MAX_WORKERS, reserve_port, run_workers
+    from ..proxy.connect import load_interception_ca
+    from ..service.workers import MAX_WORKERS, reserve_port, run_workers
 
     if not 1 < workers <= MAX_WORKERS:
         raise CliError(f"--workers: must be from 1 to {MAX_WORKERS}")
@@ -158,7 +158,7 @@ def _run_workers(config: Config, keys: KeyProvider, args: argparse.Namespace, wo
     shown = f"[{host}]" if ":" in host else host
     config = config.with_overrides(listen=f"{shown}:{port}")
     if config.intercept.enabled:
-        from .proxy.ca import CAError
+        from ..storage.ca import CAError
 
         try:
             load_interception_ca(config)  # created here, once, before the workers load it
@@ -187,9 +187,9 @@ async def _serve(
     reuse_port: bool = False,
     worker: int | None = None,
 ) -> int:
-    from .cli_keys import start_key_services
-    from .proxy.app import ProxyApp
-    from .proxy.problems import ProxyError
+    from ..errors import ProxyError
+    from ..service.app import ProxyApp
+    from .keys import start_key_services
 
     try:
         app = ProxyApp(config, keys)
@@ -240,7 +240,7 @@ async def _serve(
 
 def _reload_config(app: ProxyApp, args: argparse.Namespace) -> None:
     """SIGHUP: re-read the configuration; a bad one is refused and the running one keeps serving."""
-    from .proxy.problems import ProxyError
+    from ..errors import ProxyError
 
     try:
         pending = app.reload(_load(args))
@@ -290,8 +290,8 @@ def _print_key(key: SigningKey, path: Path) -> None:
 
 
 def _interception_ca(config: Config) -> CertificateAuthority:
-    from .proxy.ca import CAError
-    from .proxy.connect import load_interception_ca
+    from ..proxy.connect import load_interception_ca
+    from ..storage.ca import CAError
 
     try:
         return load_interception_ca(config)
@@ -315,9 +315,9 @@ def cmd_ca_export(args: argparse.Namespace) -> int:
 
 
 def cmd_env(args: argparse.Namespace) -> int:
-    from .config import parse_host_port
-    from .proxy.ca import write_ca_bundle
-    from .proxy.connect import ca_cert_path
+    from ..config.schema import parse_host_port
+    from ..proxy.connect import ca_cert_path
+    from ..storage.ca import write_ca_bundle
 
     config = _load(args)
     host, port = parse_host_port(config.listen, "listen")
@@ -428,16 +428,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     show.add_argument("path", metavar="PATH")
     show.set_defaults(func=cmd_keys_show)
-    from .cli_keys import add_parsers  # keys list|rotate|revoke|prune, publish
+    from .keys import add_parsers  # keys list|rotate|revoke|prune, publish
 
     add_parsers(sub, keys)
-    from .cli_delegate import add_parsers as add_delegate_parsers  # delegate issue|extend|inspect|verify
+    from .delegate import add_parsers as add_delegate_parsers  # delegate issue|extend|inspect|verify
 
     add_delegate_parsers(sub)
-    from .cli_verify import add_parsers as add_verify_parsers  # verify-origin
+    from .verify import add_parsers as add_verify_parsers  # verify-origin
 
     add_verify_parsers(sub)
-    from .cli_discover import add_parser as add_discover_parser  # discover URL
+    from .discover import add_parser as add_discover_parser  # discover URL
 
     add_discover_parser(sub)
 

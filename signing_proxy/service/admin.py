@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from .. import __version__
-from .metrics import CONTENT_TYPE
+from ..metrics import CONTENT_TYPE
 
 if TYPE_CHECKING:
     from .app import ProxyApp

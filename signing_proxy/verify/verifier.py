@@ -32,8 +32,8 @@ from ..core.signatures import (
     verify_stack,
 )
 from ..core.uri import parse_absolute_uri
+from ..errors import problem_body
 from .directory import DirectoryError, DirectoryResolver, RevocationPoller
-from .problems import problem_body
 
 __all__ = ["SIGNATURE", "RequestVerifier", "VerifierPolicy", "signature_middleware", "verify_aiohttp_request"]
 

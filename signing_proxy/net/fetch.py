@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING
 
 from ..core.errors import FieldError
 from ..core.uri import parse_absolute_uri
-from .problems import ProxyError
+from ..errors import ProxyError
 from .upstream import ResponseHead, UpstreamConnection
 
 if TYPE_CHECKING:
-    from .app import ProxyApp
+    from ..service.app import ProxyApp
 
 __all__ = ["FetchedResponse", "fetch"]
 

@@ -10,8 +10,8 @@ import os
 import stat
 from pathlib import Path
 
-from .core.errors import KeyFormatError
-from .core.jwk import SigningKey, load_private_key
+from ..core.errors import KeyFormatError
+from ..core.jwk import SigningKey, load_private_key
 
 __all__ = ["KeyFileError", "load_key_file", "write_private_file"]
 

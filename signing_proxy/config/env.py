@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .config import Config, ConfigError
+from .schema import Config, ConfigError
 
 __all__ = ["ENV_CONFIG_FILE", "ENV_OVERRIDES", "apply_env_overrides"]
 

@@ -111,8 +111,8 @@ class PublishConfig:
     agents: tuple[str, ...] = ()  # registry host: these agents' stores served under /agents/<name>/
 
     def _check(self, path: str) -> None:
-        from .core.errors import ManifestError
-        from .core.manifest import render_agent_manifest
+        from ..core.errors import ManifestError
+        from ..core.manifest import render_agent_manifest
 
         if self.listen is not None:
             parse_host_port(self.listen, f"{path}.listen")
@@ -248,9 +248,9 @@ class DelegationConfig:
     ext_critical: tuple[str, ...] = ()
 
     def _check(self, path: str) -> None:
-        from .core.errors import KeyFormatError
-        from .core.keys import parse_rfc3339
-        from .core.requester import TOKEN_FORMAT_JWT, check_ext, parse_duration_s
+        from ..core.errors import KeyFormatError
+        from ..core.keys import parse_rfc3339
+        from ..core.requester import TOKEN_FORMAT_JWT, check_ext, parse_duration_s
 
         for name, what in (
             ("token_file", "the delegation chain file (`signing-proxy delegate extend ... > FILE`)"),
@@ -299,10 +299,10 @@ class RequesterConfig:
     exchanges: tuple[str, ...] = ()  # base URLs: POST {base}/svc.v1.ExchangeService/<Method> gets it
 
     def _check(self, path: str) -> None:
-        from .core.errors import FieldError
-        from .core.requester import check_ext, requester_type_name
-        from .core.scopes import scope_segments
-        from .core.uri import parse_absolute_uri
+        from ..core.errors import FieldError
+        from ..core.requester import check_ext, requester_type_name
+        from ..core.scopes import scope_segments
+        from ..core.uri import parse_absolute_uri
 
         for name, what in (("id", "the unique requester identifier"), ("domain", "the requester's domain")):
             if not getattr(self, name).strip():

@@ -21,16 +21,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from . import __version__
-from .cli import CliError, _add_config_flag, _load, load_signing_key
-from .config import Config, ConfigError
-from .core.errors import KeyFormatError
-from .core.keys import format_rfc3339
+from .. import __version__
+from ..config.schema import Config, ConfigError
+from ..core.errors import KeyFormatError
+from ..core.keys import format_rfc3339
+from .main import CliError, _add_config_flag, _load, load_signing_key
 
 if TYPE_CHECKING:
-    from .proxy.keystore import KeyStore, StoreState, StoreWatcher
-    from .proxy.pipeline import KeyProvider
-    from .proxy.publish import PublishServer
+    from ..proxy.pipeline import KeyProvider
+    from ..service.publish import PublishServer
+    from ..storage.keystore import KeyStore, StoreState, StoreWatcher
 
 __all__ = [
     "KeyServices",
@@ -73,8 +73,8 @@ def _duration(text: str) -> int:
 def key_provider_for(config: Config) -> KeyProvider:
     """``signing.key`` set: that one key, always (no windows). Otherwise the agent's key store, created
     on first run (importing a legacy ``<data_dir>/agent-key.pem``), re-read when it changes."""
-    from .proxy.keystore import KeyStoreError, StoreKeyProvider, open_or_create
-    from .proxy.pipeline import StaticKeyProvider
+    from ..proxy.pipeline import StaticKeyProvider
+    from ..storage.keystore import KeyStoreError, StoreKeyProvider, open_or_create
 
     if config.signing.key:
         return StaticKeyProvider(load_signing_key(config))
@@ -148,8 +148,8 @@ class KeyServices:
 async def start_key_services(config: Config, keys: KeyProvider, *, reuse_port: bool = False) -> KeyServices:
     """Start the publication listener when ``publish.listen`` is set (printing its address) and reload
     the key stores on SIGHUP."""
-    from .proxy.keystore import KeyStore, KeyStoreError, StoreWatcher
-    from .proxy.publish import PublishServer
+    from ..service.publish import PublishServer
+    from ..storage.keystore import KeyStore, KeyStoreError, StoreWatcher
 
     services = KeyServices()
     if isinstance(keys, StoreWatcher):
@@ -183,7 +183,7 @@ async def start_key_services(config: Config, keys: KeyProvider, *, reuse_port: b
 
 
 def _store(args: argparse.Namespace) -> tuple[Config, KeyStore]:
-    from .proxy.keystore import KeyStore
+    from ..storage.keystore import KeyStore
 
     config = _load(args)
     agent = args.agent or config.signing.agent
@@ -242,7 +242,7 @@ def _state_json(state: StoreState, now: float) -> dict[str, Any]:
 
 
 def cmd_keys_list(args: argparse.Namespace) -> int:
-    from .proxy.keystore import KeyStoreError
+    from ..storage.keystore import KeyStoreError
 
     _config, store = _store(args)
     now = time.time()
@@ -258,7 +258,7 @@ def cmd_keys_list(args: argparse.Namespace) -> int:
 
 
 def cmd_keys_rotate(args: argparse.Namespace) -> int:
-    from .proxy.keystore import KeyStoreError, open_or_create
+    from ..storage.keystore import KeyStoreError, open_or_create
 
     config, store = _store(args)
     lifetime = args.lifetime if args.lifetime is not None else config.signing.key_lifetime_s
@@ -288,7 +288,7 @@ def cmd_keys_rotate(args: argparse.Namespace) -> int:
 
 
 def cmd_keys_revoke(args: argparse.Namespace) -> int:
-    from .proxy.keystore import KeyStoreError
+    from ..storage.keystore import KeyStoreError
 
     _config, store = _store(args)
     try:
@@ -308,7 +308,7 @@ def cmd_keys_revoke(args: argparse.Namespace) -> int:
 
 
 def cmd_keys_prune(args: argparse.Namespace) -> int:
-    from .proxy.keystore import KeyStoreError
+    from ..storage.keystore import KeyStoreError
 
     _config, store = _store(args)
     now = time.time()
@@ -341,8 +341,8 @@ def _write_public_file(path: Path, data: bytes) -> None:
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
-    from .proxy.keystore import KeyStore, KeyStoreError
-    from .proxy.publish import publications, render_publication
+    from ..service.publish import publications, render_publication
+    from ..storage.keystore import KeyStore, KeyStoreError
 
     config = _load(args)
     overrides = {}

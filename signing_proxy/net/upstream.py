@@ -21,9 +21,9 @@ from typing import Protocol
 
 import httptools
 
-from ..config import UpstreamConfig
+from ..config.schema import UpstreamConfig
 from ..core.uri import Target
-from .problems import ProxyError
+from ..errors import ProxyError
 
 __all__ = [
     "ResponseHead",

@@ -19,7 +19,7 @@ from typing import Final
 
 from aiohttp import web
 
-from ..config import Config, parse_host_port
+from ..config.schema import Config, parse_host_port
 from ..core.errors import KeyFormatError
 from ..core.keys import (
     DIRECTORY_MEDIA_TYPE,
@@ -30,8 +30,8 @@ from ..core.keys import (
     render_revocation_list,
 )
 from ..core.manifest import MANIFEST_PATH, render_agent_manifest
-from .keystore import StoreState, StoreWatcher
-from .problems import problem_body
+from ..errors import problem_body
+from ..storage.keystore import StoreState, StoreWatcher
 
 __all__ = [
     "AGENTS_PREFIX",

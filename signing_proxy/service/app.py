@@ -15,19 +15,19 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .. import __version__
-from ..config import Config, parse_host_port
+from ..config.schema import Config, parse_host_port
 from ..core.uri import Target, parse_absolute_uri
-from .access import AccessControl
-from .connect import ConnectHandler
-from .discovery import Discovery
-from .metrics import CONTENT_TYPE, Metrics
-from .pipeline import BearerStore, KeyProvider, Outgoing, Signer, prepare_request
-from .relay import RelayPipeline
-from .requester import RequesterInjector, injector_for
-from .upstream import UpstreamPool
+from ..metrics import CONTENT_TYPE, Metrics
+from ..net.upstream import UpstreamPool
+from ..proxy.access import AccessControl
+from ..proxy.connect import ConnectHandler
+from ..proxy.discovery import Discovery
+from ..proxy.pipeline import BearerStore, KeyProvider, Outgoing, Signer, prepare_request
+from ..proxy.relay import RelayPipeline
+from ..proxy.requester import RequesterInjector, injector_for
 
 if TYPE_CHECKING:
-    from .server import ClientConnection, _Request
+    from ..net.server import ClientConnection, _Request
 
 __all__ = ["ProxyApp"]
 
@@ -217,7 +217,7 @@ class ProxyApp:
     # --- lifecycle ---
     async def start(self) -> list[tuple[str, int]]:
         """Bind the proxy port; return the bound addresses (port 0 picks one)."""
-        from .server import ClientConnection
+        from ..net.server import ClientConnection
 
         host, port = parse_host_port(self.config.listen, "listen")
         loop = asyncio.get_running_loop()

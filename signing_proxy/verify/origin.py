@@ -12,8 +12,8 @@ import aiohttp
 from aiohttp import web
 
 from ..core.errors import VerificationError
+from ..errors import problem_body
 from .directory import DirectoryResolver, RevocationPoller, aiohttp_fetcher
-from .problems import problem_body
 from .verifier import RequestVerifier, VerifierPolicy, stack_summary, verify_aiohttp_request
 
 __all__ = ["build_verify_origin"]

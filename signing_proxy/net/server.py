@@ -25,13 +25,13 @@ import httptools
 
 from ..core.errors import FieldError
 from ..core.uri import Target, parse_absolute_uri, parse_authority
-from .discovery import DrainSink
-from .pipeline import HOP_BY_HOP, Outgoing
-from .problems import ProxyError, problem_body
+from ..errors import ProxyError, problem_body
+from ..proxy.discovery import DrainSink
+from ..proxy.pipeline import HOP_BY_HOP, Outgoing
 from .upstream import ResponseHead, UpstreamConnection
 
 if TYPE_CHECKING:
-    from .app import ProxyApp
+    from ..service.app import ProxyApp
 
 __all__ = ["ClientConnection"]
 

@@ -30,7 +30,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Final
 
-from ..config import AGENT_NAME_RE
+from ..config.schema import AGENT_NAME_RE
 from ..core.b64 import b64url_decode
 from ..core.errors import KeyFormatError
 from ..core.jwk import PublicKey, SigningKey
@@ -48,8 +48,8 @@ from ..core.keys import (
     parse_rfc3339,
     publishable,
 )
-from ..keyfile import KeyFileError, load_key_file, write_private_file
-from .pipeline import KeyProvider
+from ..proxy.pipeline import KeyProvider
+from .keyfile import KeyFileError, load_key_file, write_private_file
 
 if sys.platform != "win32":
     import fcntl
