@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from signing_proxy.cli.keys import parse_duration
 
+from signing_proxy.cli.keys import parse_duration
 from signing_proxy.core.jwk import PRIVATE_JWK_MEMBERS, SigningKey, load_private_key
 from signing_proxy.core.keys import format_rfc3339, parse_directory, render_directory
 from signing_proxy.storage.keystore import (
