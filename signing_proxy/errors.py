@@ -1,32 +1,173 @@
-"""The proxy's own error responses: RFC 9457 problem+json with a stable ``reason``.
+"""The package's one error tree, and the one map from errors to HTTP statuses.
 
-The status says whose fault it was (400 the request, 403/407 the client, 413 the body, 502/504
-the upstream, 503 us). ``detail`` is for people and never carries a secret.
+    Error                          (core.errors) reason: stable kebab-case code; detail: a sentence
+     +-- ProtocolError             (core.errors) a rule of the protocol refused a value
+     |    +-- FieldError           400  a header field that cannot be parsed or is not allowed
+     |    +-- KeyFormatError       400  a key or directory entry that is malformed or not Ed25519
+     |    +-- SigningError         500  we could not sign: never forwarded unsigned (fail closed)
+     |    +-- VerificationError    401  a signature stack refused by a rule of the spec
+     |    +-- DelegationError      403  a delegation chain refused
+     |    +-- ManifestError        502  a publisher's manifest refused
+     +-- ConfigError               the configuration refused; the message starts with the key path
+     +-- StorageError              on-disk state refused (names the path)
+     |    +-- KeyFileError         a key file: missing, unreadable, too open, malformed
+     |    +-- KeyStoreError        the key store: missing, malformed, too open, or a change would break it
+     |    +-- CAError              the interception CA, or a leaf it cannot mint
+     +-- DirectoryError            502  a directory or revocation list could not be fetched or used
+     +-- ProxyError                an answer with its own status (and extra response fields)
+     +-- CliError                  the operator's input to a command: one line, exit status 2
+
+Every class keeps ``reason`` and ``detail``. The status a refusal is answered with is decided in
+one place, :func:`http_status`; callers that answer with another status say so explicitly.
+``detail`` never carries a secret (key, PIN, bearer token, proxy credential).
 """
 
 from __future__ import annotations
 
 import json
 from http import HTTPStatus
+from pathlib import Path
 
-__all__ = ["ProxyError", "problem_body"]
+from .core.errors import (
+    DelegationError,
+    Error,
+    FieldError,
+    KeyFormatError,
+    ManifestError,
+    ProtocolError,
+    SigningError,
+    VerificationError,
+)
+
+__all__ = [
+    "CAError",
+    "CliError",
+    "ConfigError",
+    "DelegationError",
+    "DirectoryError",
+    "Error",
+    "FieldError",
+    "KeyFileError",
+    "KeyFormatError",
+    "KeyStoreError",
+    "ManifestError",
+    "ProtocolError",
+    "ProxyError",
+    "SigningError",
+    "StorageError",
+    "VerificationError",
+    "http_status",
+    "problem_body",
+]
 
 PROBLEM_TYPE_BASE = "https://signing-proxy.dev/problems/"  # documentation anchors, one per reason
 
 
-class ProxyError(Exception):
-    """An error the proxy answers itself, instead of forwarding."""
+class ConfigError(Error, ValueError):
+    """A configuration value is wrong; the message starts with its key path."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("config-invalid", message)
+
+    def __str__(self) -> str:
+        return self.detail
+
+
+class StorageError(Error):
+    """On-disk state that cannot be used; ``path`` names the file or folder, ``str()`` leads with it."""
+
+    def __init__(self, reason: str, path: Path | None, detail: str) -> None:
+        super().__init__(reason, detail)
+        self.path = path
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.detail}" if self.path is not None else self.detail
+
+
+class KeyFileError(StorageError):
+    """A key file is missing, unreadable, too open, or malformed; ``str()`` says which and where."""
+
+
+class KeyStoreError(StorageError):
+    """The store is missing, malformed, too open, or a change would break it; names the path."""
+
+
+class CAError(StorageError):
+    """A CA refused or a leaf that cannot be minted: ``reason`` is a stable kebab-case code.
+
+    Reasons: ``ca-missing``, ``ca-key-permissions``, ``ca-malformed``, ``ca-mismatch``, ``ca-not-ca``,
+    ``ca-expired``, ``leaf-host-invalid``. ``detail`` is a sentence for the operator.
+    """
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(reason, None, detail)
+
+    def __str__(self) -> str:
+        return f"{self.reason}: {self.detail}" if self.detail else self.reason
+
+
+class DirectoryError(Error):
+    """A directory (or revocation list) could not be fetched or parsed; ``reason`` is stable."""
+
+
+class ProxyError(Error):
+    """An error the proxy answers itself, instead of forwarding: status, reason, detail, extra fields."""
 
     def __init__(self, status: int, reason: str, detail: str = "", headers: tuple[tuple[str, str], ...] = ()):
-        super().__init__(f"{status} {reason}: {detail}")
+        super().__init__(reason, detail)
         self.status = status
-        self.reason = reason
-        self.detail = detail
         self.headers = headers
+
+    def __str__(self) -> str:
+        return f"{self.status} {self.reason}: {self.detail}"
+
+    @classmethod
+    def of(cls, error: Error, *, status: int | None = None, detail: str | None = None) -> ProxyError:
+        """The answer for ``error``: its reason kept, the status from :func:`http_status` unless given."""
+        return cls(
+            http_status(error) if status is None else status,
+            error.reason,
+            error.detail if detail is None else detail,
+        )
+
+
+class CliError(Error):
+    """Bad input from the operator: printed as one line, exit status 2."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("usage", message)
+
+    def __str__(self) -> str:
+        return self.detail
+
+
+# The one map from an error's kind to the status a refusal answers with (most specific class first).
+_STATUS: tuple[tuple[type[Error], int], ...] = (
+    (FieldError, 400),
+    (KeyFormatError, 400),
+    (SigningError, 500),
+    (VerificationError, 401),
+    (DelegationError, 403),
+    (ManifestError, 502),
+    (DirectoryError, 502),
+    (ConfigError, 500),
+    (StorageError, 500),
+    (CliError, 400),
+)
+
+
+def http_status(error: Error) -> int:
+    """The HTTP status that answers ``error`` (a ``ProxyError`` carries its own)."""
+    if isinstance(error, ProxyError):
+        return error.status
+    for kind, status in _STATUS:
+        if isinstance(error, kind):
+            return status
+    return 500
 
 
 def problem_body(status: int, reason: str, detail: str = "", **extra: object) -> bytes:
-    """A problem+json document; ``reason`` is the stable machine code."""
+    """A problem+json document (RFC 9457); ``reason`` is the stable machine code."""
     doc: dict[str, object] = {
         "type": PROBLEM_TYPE_BASE + reason,
         "title": HTTPStatus(status).phrase,

@@ -36,8 +36,9 @@ from ..core.jws import parse_jwt
 from ..core.keys import MAX_DIRECTORY_BYTES, format_rfc3339, is_thumbprint, parse_directory_key, parse_rfc3339
 from ..core.requester import parse_duration_s
 from ..core.scopes import scope_segments
+from ..errors import CliError
 from ..storage.keyfile import KeyFileError, load_key_file
-from .main import CliError, _load
+from .main import _load
 
 __all__ = ["add_parsers", "proxy_holder_jkt", "read_chain"]
 

@@ -53,8 +53,9 @@ def add_parser(sub: Any) -> None:
 
 
 def cmd_discover(args: argparse.Namespace) -> int:
+    from ..errors import CliError
     from .keys import key_provider_for
-    from .main import CliError, _load
+    from .main import _load
 
     try:
         parse_absolute_uri(args.url)
@@ -70,11 +71,10 @@ def cmd_discover(args: argparse.Namespace) -> int:
 
 
 async def _discover(config: Config, keys: KeyProvider, url: str, *, as_json: bool) -> int:
-    from ..errors import ProxyError
+    from ..errors import CliError, ProxyError
     from ..net.fetch import fetch
     from ..proxy.discovery import Discovery
     from ..service.app import ProxyApp
-    from .main import CliError
 
     try:
         app = ProxyApp(config, keys)

@@ -25,7 +25,8 @@ from .. import __version__
 from ..config.schema import Config, ConfigError
 from ..core.errors import KeyFormatError
 from ..core.keys import format_rfc3339
-from .main import CliError, _add_config_flag, _load, load_signing_key
+from ..errors import CliError
+from .main import _add_config_flag, _load, load_signing_key
 
 if TYPE_CHECKING:
     from ..proxy.pipeline import KeyProvider

@@ -24,6 +24,7 @@ import yaml
 from .. import __version__
 from ..config.schema import Config, ConfigError, load_config, parse_host_port, redacted
 from ..core.jwk import SigningKey
+from ..errors import CliError
 from ..storage.keyfile import KeyFileError, load_key_file, write_private_file
 
 if TYPE_CHECKING:
@@ -48,10 +49,6 @@ examples:
 
 Point an agent at it (HTTP and HTTPS, with the CA bundle):  eval "$(signing-proxy env)"
 """
-
-
-class CliError(Exception):
-    """Bad input from the operator: printed as one line, exit status 2."""
 
 
 def _configure_logging(level: str, fmt: str) -> None:

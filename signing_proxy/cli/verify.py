@@ -18,9 +18,9 @@ __all__ = ["add_parsers"]
 
 
 def cmd_verify_origin(args: argparse.Namespace) -> int:
+    from ..errors import CliError
     from ..proxy.relay import load_public_key_file
     from ..verify.verifier import VerifierPolicy
-    from .main import CliError
 
     try:
         host, port = parse_host_port(args.listen, "--listen")
@@ -44,8 +44,8 @@ def cmd_verify_origin(args: argparse.Namespace) -> int:
 
 
 async def _serve(host: str, port: int, policy: Any, external_origin: str | None) -> int:
+    from ..errors import CliError
     from ..verify.origin import build_verify_origin
-    from .main import CliError
 
     runner = web.AppRunner(
         build_verify_origin(policy, external_origin=external_origin), access_log=None, handle_signals=False

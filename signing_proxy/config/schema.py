@@ -22,6 +22,8 @@ from typing import Any, Literal
 
 import yaml
 
+from ..errors import ConfigError
+
 __all__ = [
     "AccessConfig",
     "AdminConfig",
@@ -46,10 +48,6 @@ __all__ = [
     "parse_config",
     "redacted",
 ]
-
-
-class ConfigError(ValueError):
-    """A configuration value is wrong; the message starts with its key path."""
 
 
 def parse_host_port(value: str, path: str) -> tuple[str, int]:

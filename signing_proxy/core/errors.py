@@ -1,12 +1,13 @@
 """The protocol's errors: one small tree, each error carrying a stable machine-readable reason.
 
-    ProtocolError                 reason: str (kebab-case, stable, goes on the wire), detail: str
-     +-- FieldError               a header field that cannot be parsed or is not allowed
-     +-- KeyFormatError           a key (PEM, JWK, directory entry) that is malformed or not Ed25519
-     +-- SigningError             we could not sign (covered value absent or not ASCII, bad key window)
-     +-- VerificationError        a signature stack refused by a rule of the spec ("Request signature")
-     +-- DelegationError          a delegation chain refused; denial = DENIAL_REASON_DELEGATION_INVALID
-     +-- ManifestError            a svc.json manifest refused ("Versioning", "Manifest")
+    Error                         root of the package's one tree (``signing_proxy.errors`` draws it whole)
+     +-- ProtocolError            reason: str (kebab-case, stable, goes on the wire), detail: str
+          +-- FieldError          a header field that cannot be parsed or is not allowed
+          +-- KeyFormatError      a key (PEM, JWK, directory entry) that is malformed or not Ed25519
+          +-- SigningError        we could not sign (covered value absent or not ASCII, bad key window)
+          +-- VerificationError   a signature stack refused by a rule of the spec ("Request signature")
+          +-- DelegationError     a delegation chain refused; denial = DENIAL_REASON_DELEGATION_INVALID
+          +-- ManifestError       a svc.json manifest refused ("Versioning", "Manifest")
 
 The reason is decided where the error is raised and never rewritten on the way out: the proxy
 puts it verbatim in the ``reason`` member of its problem+json bodies and in metrics labels. The
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 __all__ = [
     "DelegationError",
+    "Error",
     "FieldError",
     "KeyFormatError",
     "ManifestError",
@@ -26,13 +28,17 @@ __all__ = [
 ]
 
 
-class ProtocolError(Exception):
-    """Base class: ``reason`` is a stable code, ``detail`` a human sentence."""
+class Error(Exception):
+    """The package's root error: ``reason`` is a stable code, ``detail`` a human sentence."""
 
     def __init__(self, reason: str, detail: str = "") -> None:
         super().__init__(f"{reason}: {detail}" if detail else reason)
         self.reason = reason
         self.detail = detail
+
+
+class ProtocolError(Error):
+    """A rule of the protocol refused a value (sans-IO: raised by ``core`` only)."""
 
 
 class FieldError(ProtocolError):

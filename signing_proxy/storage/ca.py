@@ -52,6 +52,8 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 if sys.platform != "win32":
     import fcntl
 
+from ..errors import CAError
+
 __all__ = [
     "BACKDATE",
     "CA_CERT_FILENAME",
@@ -94,19 +96,6 @@ _IssuerKey: TypeAlias = (
     ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey | ed25519.Ed25519PrivateKey | ed448.Ed448PrivateKey
 )
 _Hash: TypeAlias = hashes.SHA256 | hashes.SHA384 | hashes.SHA512
-
-
-class CAError(Exception):
-    """A CA refused or a leaf that cannot be minted: ``reason`` is a stable kebab-case code.
-
-    Reasons: ``ca-missing``, ``ca-key-permissions``, ``ca-malformed``, ``ca-mismatch``, ``ca-not-ca``,
-    ``ca-expired``, ``leaf-host-invalid``. ``detail`` is a sentence for the operator.
-    """
-
-    def __init__(self, reason: str, detail: str = "") -> None:
-        super().__init__(f"{reason}: {detail}" if detail else reason)
-        self.reason = reason
-        self.detail = detail
 
 
 def _utcnow(now: datetime | None) -> datetime:

@@ -12,17 +12,9 @@ from pathlib import Path
 
 from ..core.errors import KeyFormatError
 from ..core.jwk import SigningKey, load_private_key
+from ..errors import KeyFileError
 
 __all__ = ["KeyFileError", "load_key_file", "write_private_file"]
-
-
-class KeyFileError(Exception):
-    """A key file is missing, unreadable, too open, or malformed; ``str()`` says which and where."""
-
-    def __init__(self, reason: str, path: Path, detail: str) -> None:
-        super().__init__(f"{path}: {detail}")
-        self.reason = reason
-        self.path = path
 
 
 def write_private_file(path: Path, data: bytes, *, overwrite: bool = False) -> None:

@@ -48,6 +48,7 @@ from ..core.keys import (
     parse_rfc3339,
     publishable,
 )
+from ..errors import KeyStoreError
 from ..proxy.pipeline import KeyProvider
 from .keyfile import KeyFileError, load_key_file, write_private_file
 
@@ -90,16 +91,6 @@ GROUP_OTHER_BITS: Final = 0o077
 
 _ENTRY_MEMBERS = frozenset({"thumbprint", "x", "not_before", "not_after", "created_at"})
 _INDEX_MEMBERS = frozenset({"format", "agent", "keys", "revocations"})
-
-
-class KeyStoreError(Exception):
-    """The store is missing, malformed, too open, or a change would break it; names the path."""
-
-    def __init__(self, reason: str, path: Path, detail: str) -> None:
-        super().__init__(f"{path}: {detail}")
-        self.reason = reason
-        self.path = path
-        self.detail = detail
 
 
 def check_agent_name(agent: str) -> str:

@@ -33,6 +33,7 @@ from ..core.keys import (
     parse_directory,
     parse_revocation_list,
 )
+from ..errors import DirectoryError
 
 __all__ = [
     "DirectoryError",
@@ -52,15 +53,6 @@ MAX_TTL_S = 6 * 3600.0  # ceiling: re-fetch at least every six hours, whatever t
 NEGATIVE_TTL_S = 30.0  # a failed fetch is retried after this long, not on every request
 FETCH_TIMEOUT_S = 5.0
 _MAX_AGE = re.compile(r"(?:^|[,\s])max-age\s*=\s*\"?(\d+)", re.IGNORECASE)
-
-
-class DirectoryError(Exception):
-    """A directory (or revocation list) could not be fetched or parsed; ``reason`` is stable."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-        self.detail = detail
 
 
 @dataclass(frozen=True, slots=True)
