@@ -25,8 +25,8 @@ from ..core.errors import FieldError
 from ..core.uri import parse_absolute_uri
 
 if TYPE_CHECKING:
+    from ..core.keys import KeyProvider
     from ..proxy.discovery import Finding
-    from ..proxy.pipeline import KeyProvider
 
 __all__ = ["EXIT_NONE", "EXIT_USABLE", "add_parser", "cmd_discover"]
 

@@ -29,7 +29,7 @@ from ..errors import CliError
 from .main import _add_config_flag, _load, load_signing_key
 
 if TYPE_CHECKING:
-    from ..proxy.pipeline import KeyProvider
+    from ..core.keys import KeyProvider
     from ..service.publish import PublishServer
     from ..storage.keystore import KeyStore, StoreState, StoreWatcher
 
@@ -74,7 +74,7 @@ def _duration(text: str) -> int:
 def key_provider_for(config: Config) -> KeyProvider:
     """``signing.key`` set: that one key, always (no windows). Otherwise the agent's key store, created
     on first run (importing a legacy ``<data_dir>/agent-key.pem``), re-read when it changes."""
-    from ..proxy.pipeline import StaticKeyProvider
+    from ..core.keys import StaticKeyProvider
     from ..storage.keystore import KeyStoreError, StoreKeyProvider, open_or_create
 
     if config.signing.key:

@@ -28,7 +28,7 @@ from ..errors import CliError
 from ..storage.keyfile import KeyFileError, load_key_file, write_private_file
 
 if TYPE_CHECKING:
-    from ..proxy.pipeline import KeyProvider
+    from ..core.keys import KeyProvider
     from ..service.app import ProxyApp
     from ..storage.ca import CertificateAuthority
 

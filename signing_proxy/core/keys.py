@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 
 from .b64 import b64url_decode
 from .errors import KeyFormatError
-from .jwk import PRIVATE_JWK_MEMBERS, PublicKey, public_key_from_jwk
+from .jwk import PRIVATE_JWK_MEMBERS, PublicKey, SigningKey, public_key_from_jwk
 
 __all__ = [
     "DIRECTORY_MEDIA_TYPE",
@@ -36,8 +36,10 @@ __all__ = [
     "REVOCATION_POLL_JITTER",
     "Directory",
     "DirectoryKey",
+    "KeyProvider",
     "KeyRecord",
     "RevocationList",
+    "StaticKeyProvider",
     "choose_signing_key",
     "format_rfc3339",
     "is_thumbprint",
@@ -432,3 +434,24 @@ def publishable(records: Iterable[KeyRecord], now: float) -> tuple[KeyRecord, ..
     ordered by ``not_before``, ``created_at``, thumbprint so the served bytes are stable."""
     keep = [r for r in records if not r.revoked and now < r.not_after]
     return tuple(sorted(keep, key=lambda r: (r.not_before, r.created_at, r.thumbprint)))
+
+
+class KeyProvider:
+    """Where the signing key comes from; ``current`` returns None when no key may sign now."""
+
+    def current(self, now: float) -> SigningKey | None:
+        raise NotImplementedError
+
+    def not_after(self, now: float) -> float | None:
+        """When the key that signs now stops being valid (None: no window, or no key)."""
+        return None
+
+
+class StaticKeyProvider(KeyProvider):
+    """One key, always valid (the key store with windows and rotation replaces it when configured)."""
+
+    def __init__(self, key: SigningKey) -> None:
+        self.key = key
+
+    def current(self, now: float) -> SigningKey | None:
+        return self.key

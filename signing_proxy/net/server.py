@@ -27,7 +27,7 @@ from ..core.errors import FieldError
 from ..core.uri import Target, parse_absolute_uri, parse_authority
 from ..errors import ProxyError, problem_body
 from ..proxy.discovery import DrainSink
-from ..proxy.pipeline import HOP_BY_HOP, Outgoing
+from .framing import HOP_BY_HOP, Outgoing
 from .upstream import ResponseHead, UpstreamConnection
 
 if TYPE_CHECKING:

@@ -40,9 +40,9 @@ from ..core.manifest import (
 from ..core.uri import Target, parse_absolute_uri
 from ..errors import ProxyError, problem_body
 from ..net.fetch import fetch
+from ..net.framing import HOP_BY_HOP
 from ..net.upstream import ResponseHead, UpstreamConnection
 from ..verify.directory import ttl_from_cache_control
-from .pipeline import HOP_BY_HOP
 
 if TYPE_CHECKING:
     from ..service.app import ProxyApp

@@ -12,14 +12,12 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..config.schema import Config, CredentialRule, host_matches
 from ..core.digest import content_digest
 from ..core.errors import FieldError, SigningError
-from ..core.fields import Fields
-from ..core.jwk import SigningKey
+from ..core.keys import KeyProvider
 from ..core.signatures import (
     SPEC_COMPONENTS,
     Component,
@@ -30,64 +28,16 @@ from ..core.signatures import (
 )
 from ..core.uri import Target, parse_absolute_uri
 from ..errors import ProxyError
+from ..net.framing import Outgoing, drop_hop_by_hop, outgoing
 
 if TYPE_CHECKING:
     from ..metrics import Metrics
     from .requester import RequesterInjector
 
-__all__ = [
-    "HOP_BY_HOP",
-    "BearerStore",
-    "KeyProvider",
-    "Outgoing",
-    "Signer",
-    "StaticKeyProvider",
-    "drop_hop_by_hop",
-    "next_hop_target",
-    "outgoing",
-    "prepare_request",
-]
+__all__ = ["BearerStore", "Signer", "next_hop_target", "prepare_request"]
 
-# RFC 9110 section 7.6.1 plus the proxy-only fields; never covered, never forwarded.
-HOP_BY_HOP = frozenset(
-    {
-        "connection",
-        "proxy-connection",
-        "keep-alive",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-        "proxy-authorization",
-        "proxy-authenticate",
-    }
-)
-# Regenerated for every request: framing, Host (RFC 9112 section 3.2.2), Expect (we answer 100 ourselves).
-_REGENERATED = frozenset({"host", "content-length", "expect"})
 # What the agent may not forge: our signature and what it vouches for.
 _AGENT_STRIPPED = frozenset({"signature", "signature-input", "signature-agent", "content-digest"})
-_BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
-
-
-class KeyProvider:
-    """Where the signing key comes from; ``current`` returns None when no key may sign now."""
-
-    def current(self, now: float) -> SigningKey | None:
-        raise NotImplementedError
-
-    def not_after(self, now: float) -> float | None:
-        """When the key that signs now stops being valid (None: no window, or no key)."""
-        return None
-
-
-class StaticKeyProvider(KeyProvider):
-    """One key, always valid (the key store with windows and rotation replaces it when configured)."""
-
-    def __init__(self, key: SigningKey) -> None:
-        self.key = key
-
-    def current(self, now: float) -> SigningKey | None:
-        return self.key
 
 
 class BearerStore:
@@ -175,66 +125,11 @@ class Signer:
         return key.thumbprint
 
 
-@dataclass(slots=True)
-class Outgoing:
-    """A request ready for the wire: head bytes, body, and what we did to it."""
-
-    target: Target
-    method: str
-    head: bytes
-    body: bytes
-    keyid: str | None  # None when forwarded unsigned by a host rule
-    connect_to: Target  # where the bytes go: the target's origin, or the next-hop relay
-
-
-def drop_hop_by_hop(lines: Sequence[tuple[str, str]]) -> Fields:
-    named: set[str] = set()
-    for name, value in lines:
-        if name.lower() == "connection":
-            named.update(token.strip().lower() for token in value.split(","))
-    drop = HOP_BY_HOP | _REGENERATED | named
-    return Fields((n, v) for n, v in lines if n.lower() not in drop)
-
-
-def serialize_head(
-    method: str, target: Target, fields: Fields, body_len: int, framed: bool, *, absolute_form: bool = False
-) -> bytes:
-    """Request line, Host, the fields in order, Content-Length when there is (or may be) a body.
-
-    ``absolute_form`` is for a next-hop relay (RFC 9112 section 3.2.2), which then sees the full URI.
-    """
-    request_target = target.uri if absolute_form else target.path_query
-    parts = [f"{method} {request_target} HTTP/1.1\r\nHost: {target.authority}\r\n"]
-    parts.extend(f"{name}: {value}\r\n" for name, value in fields)
-    if body_len or framed or method in _BODY_METHODS:
-        parts.append(f"Content-Length: {body_len}\r\n")
-    parts.append("\r\n")
-    try:
-        return "".join(parts).encode("latin-1")
-    except UnicodeEncodeError:
-        raise ProxyError(400, "malformed-header", "a header value cannot be sent as HTTP/1.1 bytes") from None
-
-
 def next_hop_target(config: Config) -> Target | None:
     """The configured next-hop relay as a connect target, or None."""
     if config.upstream.next_hop is None:
         return None
     return parse_absolute_uri(config.upstream.next_hop.rstrip("/") + "/")
-
-
-def outgoing(
-    method: str,
-    target: Target,
-    fields: Fields,
-    body: bytes,
-    *,
-    framed: bool,
-    keyid: str | None,
-    via: Target | None,
-) -> Outgoing:
-    """Serialize for the wire: origin-form to the target's origin, absolute-form to a next-hop relay."""
-    head = serialize_head(method, target, fields, len(body), framed, absolute_form=via is not None)
-    return Outgoing(target, method, head, body, keyid, via or target)
 
 
 def prepare_request(

@@ -23,9 +23,10 @@ from ..core.jwk import PublicKey, public_key_from_jwk
 from ..core.signatures import Message, hop_components, parse_signature_stack
 from ..core.uri import Target
 from ..errors import ProxyError
+from ..net.framing import Outgoing, drop_hop_by_hop, outgoing
 from ..verify.directory import DirectoryResolver, RevocationPoller, aiohttp_fetcher
 from ..verify.verifier import RequestVerifier, VerifierPolicy
-from .pipeline import Outgoing, Signer, drop_hop_by_hop, next_hop_target, outgoing
+from .pipeline import Signer, next_hop_target
 
 __all__ = ["RelayPipeline", "load_public_key_file", "unique_label"]
 

@@ -31,7 +31,7 @@ from ..config.schema import Config, DelegationConfig, RequesterConfig
 from ..core.delegation import VerifiedLink, check_chain
 from ..core.errors import DelegationError, KeyFormatError
 from ..core.fields import Fields
-from ..core.keys import format_rfc3339, parse_rfc3339
+from ..core.keys import KeyProvider, format_rfc3339, parse_rfc3339
 from ..core.requester import (
     EXCHANGE_SERVICE,
     REQUESTER_MEMBER,
@@ -44,7 +44,6 @@ from ..core.requester import (
 from ..core.scopes import narrows
 from ..core.uri import Target, parse_absolute_uri
 from ..errors import ProxyError
-from .pipeline import KeyProvider
 
 __all__ = [
     "RELOAD_CHECK_INTERVAL_S",

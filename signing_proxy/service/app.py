@@ -16,13 +16,15 @@ from typing import TYPE_CHECKING, Any
 
 from .. import __version__
 from ..config.schema import Config, parse_host_port
+from ..core.keys import KeyProvider
 from ..core.uri import Target, parse_absolute_uri
 from ..metrics import CONTENT_TYPE, Metrics
+from ..net.framing import Outgoing
 from ..net.upstream import UpstreamPool
 from ..proxy.access import AccessControl
 from ..proxy.connect import ConnectHandler
 from ..proxy.discovery import Discovery
-from ..proxy.pipeline import BearerStore, KeyProvider, Outgoing, Signer, prepare_request
+from ..proxy.pipeline import BearerStore, Signer, prepare_request
 from ..proxy.relay import RelayPipeline
 from ..proxy.requester import RequesterInjector, injector_for
 

@@ -39,6 +39,7 @@ from ..core.keys import (
     MAX_REVOKED_THUMBPRINTS,
     Directory,
     DirectoryKey,
+    KeyProvider,
     KeyRecord,
     RevocationList,
     choose_signing_key,
@@ -49,7 +50,6 @@ from ..core.keys import (
     publishable,
 )
 from ..errors import KeyStoreError
-from ..proxy.pipeline import KeyProvider
 from .keyfile import KeyFileError, load_key_file, write_private_file
 
 if sys.platform != "win32":

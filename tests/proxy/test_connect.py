@@ -33,7 +33,7 @@ from aiohttp import web
 
 from signing_proxy.config.schema import parse_config
 from signing_proxy.core.jwk import SigningKey
-from signing_proxy.proxy.pipeline import StaticKeyProvider
+from signing_proxy.core.keys import StaticKeyProvider
 from signing_proxy.service.app import ProxyApp
 from signing_proxy.storage.ca import CertificateAuthority, LeafContextCache
 from tests.harness import WAIT_S, Arrival, ProxyProcess, VerifyingOrigin

@@ -17,8 +17,8 @@ import requests
 
 from signing_proxy.config.schema import ConfigError, load_config, parse_config
 from signing_proxy.core.jwk import SigningKey
+from signing_proxy.core.keys import StaticKeyProvider
 from signing_proxy.proxy.discovery import LINK_REL, Discovery
-from signing_proxy.proxy.pipeline import StaticKeyProvider
 from signing_proxy.service.app import ProxyApp
 from signing_proxy.storage.ca import CertificateAuthority, LeafContextCache
 from tests.harness import WAIT_S, Arrival, ProxyProcess, proxy_env

@@ -27,6 +27,7 @@ from signing_proxy.core.keys import (
     Directory,
     DirectoryKey,
     RevocationList,
+    StaticKeyProvider,
     render_directory,
     render_revocation_list,
 )
@@ -37,7 +38,6 @@ from signing_proxy.core.signatures import (
     sign_message,
 )
 from signing_proxy.core.uri import parse_absolute_uri
-from signing_proxy.proxy.pipeline import StaticKeyProvider
 from signing_proxy.proxy.relay import unique_label
 from signing_proxy.service.app import ProxyApp
 from tests.harness import WAIT_S, VerifyingOrigin

@@ -16,10 +16,11 @@ from signing_proxy.core.delegation import extend_chain, issue_authority, verify_
 from signing_proxy.core.digest import content_digest
 from signing_proxy.core.fields import Fields
 from signing_proxy.core.jwk import SigningKey
+from signing_proxy.core.keys import KeyProvider
 from signing_proxy.core.signatures import Message, VerificationKey, verify_stack
 from signing_proxy.core.uri import parse_absolute_uri
 from signing_proxy.errors import ProxyError
-from signing_proxy.proxy.pipeline import BearerStore, KeyProvider, Signer, prepare_request
+from signing_proxy.proxy.pipeline import BearerStore, Signer, prepare_request
 from signing_proxy.proxy.requester import RequesterInjector, injector_for
 from signing_proxy.service.app import ProxyApp
 

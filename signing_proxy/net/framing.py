@@ -1,0 +1,131 @@
+"""HTTP/1.1 framing in one place: hop-by-hop rules, request and response heads, problem responses.
+
+The engine (``net.server``, ``net.upstream``) and the policy (``proxy``) both build heads here and
+nowhere else, so the bytes that go on the wire have one author.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from http import HTTPStatus
+
+from ..core.fields import Fields
+from ..core.uri import Target
+from ..errors import ProxyError, problem_body
+
+__all__ = [
+    "BODY_METHODS",
+    "HOP_BY_HOP",
+    "Outgoing",
+    "drop_hop_by_hop",
+    "outgoing",
+    "phrase",
+    "problem_response",
+    "response_head",
+    "serialize_head",
+]
+
+# RFC 9110 section 7.6.1 plus the proxy-only fields; never covered, never forwarded.
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "proxy-connection",
+        "keep-alive",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "proxy-authorization",
+        "proxy-authenticate",
+    }
+)
+# Regenerated for every request: framing, Host (RFC 9112 section 3.2.2), Expect (we answer 100 ourselves).
+_REGENERATED = frozenset({"host", "content-length", "expect"})
+# Regenerated for every request: framing, Host (RFC 9112 section 3.2.2), Expect (we answer 100 ourselves).
+_REGENERATED = frozenset({"host", "content-length", "expect"})
+BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})  # a Content-Length is always sent for these
+
+
+@dataclass(slots=True)
+class Outgoing:
+    """A request ready for the wire: head bytes, body, and what we did to it."""
+
+    target: Target
+    method: str
+    head: bytes
+    body: bytes
+    keyid: str | None  # None when forwarded unsigned by a host rule
+    connect_to: Target  # where the bytes go: the target's origin, or the next-hop relay
+
+
+def drop_hop_by_hop(lines: Sequence[tuple[str, str]]) -> Fields:
+    named: set[str] = set()
+    for name, value in lines:
+        if name.lower() == "connection":
+            named.update(token.strip().lower() for token in value.split(","))
+    drop = HOP_BY_HOP | _REGENERATED | named
+    return Fields((n, v) for n, v in lines if n.lower() not in drop)
+
+
+def serialize_head(
+    method: str, target: Target, fields: Fields, body_len: int, framed: bool, *, absolute_form: bool = False
+) -> bytes:
+    """Request line, Host, the fields in order, Content-Length when there is (or may be) a body.
+
+    ``absolute_form`` is for a next-hop relay (RFC 9112 section 3.2.2), which then sees the full URI.
+    """
+    request_target = target.uri if absolute_form else target.path_query
+    parts = [f"{method} {request_target} HTTP/1.1\r\nHost: {target.authority}\r\n"]
+    parts.extend(f"{name}: {value}\r\n" for name, value in fields)
+    if body_len or framed or method in BODY_METHODS:
+        parts.append(f"Content-Length: {body_len}\r\n")
+    parts.append("\r\n")
+    try:
+        return "".join(parts).encode("latin-1")
+    except UnicodeEncodeError:
+        raise ProxyError(400, "malformed-header", "a header value cannot be sent as HTTP/1.1 bytes") from None
+
+
+def outgoing(
+    method: str,
+    target: Target,
+    fields: Fields,
+    body: bytes,
+    *,
+    framed: bool,
+    keyid: str | None,
+    via: Target | None,
+) -> Outgoing:
+    """Serialize for the wire: origin-form to the target's origin, absolute-form to a next-hop relay."""
+    head = serialize_head(method, target, fields, len(body), framed, absolute_form=via is not None)
+    return Outgoing(target, method, head, body, keyid, via or target)
+
+
+def phrase(status: int) -> str:
+    """The reason phrase of ``status`` (RFC 9110 section 15), or ``Unknown``."""
+    try:
+        return str(HTTPStatus(status).phrase)
+    except ValueError:
+        return "Unknown"
+
+
+def response_head(status: int, fields: Sequence[tuple[str, str]], *, close: bool = False) -> bytes:
+    """A response head: status line, the fields in order, ``Connection: close`` when asked."""
+    parts = [f"HTTP/1.1 {status} {phrase(status)}\r\n"]
+    parts.extend(f"{name}: {value}\r\n" for name, value in fields)
+    if close:
+        parts.append("Connection: close\r\n")
+    parts.append("\r\n")
+    return "".join(parts).encode("latin-1")
+
+
+def problem_response(error: ProxyError, *, close: bool = False, **extra: object) -> bytes:
+    """A whole problem+json response (RFC 9457) for ``error``, its extra header fields included."""
+    body = problem_body(error.status, error.reason, error.detail, **extra)
+    fields = [
+        ("Content-Type", "application/problem+json"),
+        ("Content-Length", str(len(body))),
+        *error.headers,
+    ]
+    return response_head(error.status, fields, close=close) + body
