@@ -130,7 +130,8 @@ async def main() -> None:
     loop = asyncio.get_running_loop()
     tls = None
     if args.tls_ca_out:
-        from signing_proxy.storage.ca import CertificateAuthority, LeafContextCache
+        from signing_proxy.net.leaves import LeafContextCache
+        from signing_proxy.storage.ca import CertificateAuthority
 
         ca = CertificateAuthority.generate()
         with open(args.tls_ca_out, "wb") as fh:  # noqa: ASYNC230 - once, before serving

@@ -176,7 +176,8 @@ def micro_figures() -> dict[str, float]:
     ed = min(timeit.repeat(lambda: key.sign(b"x" * 400), number=n, repeat=5)) / n * 1e6
     figures = {"core signer per 1 KiB request (us)": per, "Ed25519 sign alone (us)": ed}
     with contextlib.suppress(ImportError):
-        from signing_proxy.storage.ca import CertificateAuthority, LeafContextCache
+        from signing_proxy.net.leaves import LeafContextCache
+        from signing_proxy.storage.ca import CertificateAuthority
 
         cache = LeafContextCache(CertificateAuthority.generate(), max_entries=10_000)
         hosts = [f"h{i}.example" for i in range(300)]

@@ -5,10 +5,16 @@ python3 examples/exchange.py 9100
 
 import sys
 
-from aiohttp import ClientSession, web
+from aiohttp import web
 
-from signing_proxy.verify.directory import DirectoryResolver, aiohttp_fetcher
-from signing_proxy.verify.verifier import SIGNATURE, RequestVerifier, signature_middleware
+from signing_proxy.verify import (
+    SIGNATURE,
+    DirectoryResolver,
+    HttpClient,
+    RequestVerifier,
+    http_fetcher,
+    signature_middleware,
+)
 
 
 async def discover(request: web.Request) -> web.Response:
@@ -17,9 +23,11 @@ async def discover(request: web.Request) -> web.Response:
 
 
 async def app() -> web.Application:
-    verifier = RequestVerifier(DirectoryResolver(aiohttp_fetcher(ClientSession())))
+    client = HttpClient.standalone()  # directories come through the package's one HTTP client
+    verifier = RequestVerifier(DirectoryResolver(http_fetcher(client)))
     exchange = web.Application(middlewares=[signature_middleware(verifier)])
     exchange.router.add_post("/svc.v1.ExchangeService/DiscoverResources", discover)
+    exchange.on_cleanup.append(lambda _app: client.close())
     return exchange
 
 

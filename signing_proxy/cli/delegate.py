@@ -15,9 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -30,19 +28,26 @@ from ..core.delegation import (
     split_chain,
     verify_chain,
 )
-from ..core.errors import DelegationError, KeyFormatError
-from ..core.jwk import PRIVATE_JWK_MEMBERS, PublicKey, SigningKey, public_key_from_jwk
+from ..core.errors import DelegationError
+from ..core.jwk import PublicKey, public_key_from_jwk
 from ..core.jws import parse_jwt
-from ..core.keys import MAX_DIRECTORY_BYTES, format_rfc3339, is_thumbprint, parse_directory_key, parse_rfc3339
-from ..core.requester import parse_duration_s
-from ..core.scopes import scope_segments
+from ..core.keys import format_rfc3339
 from ..errors import CliError
-from ..storage.keyfile import KeyFileError, load_key_file
-from .main import _load
+from .common import duration
+from .delegate_inputs import (
+    caps_args,
+    expires_at,
+    holder_jkt,
+    now_arg,
+    print_notes,
+    read_chain,
+    read_owner_keys,
+    scopes_arg,
+    signing_key_file,
+)
 
-__all__ = ["add_parsers", "proxy_holder_jkt", "read_chain"]
+__all__ = ["add_parsers"]
 
-MAX_CHAIN_FILE_BYTES: Final = 256 * 1024
 # What each narrowing refusal means, for the one-line error of `delegate extend`.
 RULES: Final = {
     "scope-widened": "a delegation may only narrow its parent's scope",
@@ -51,211 +56,6 @@ RULES: Final = {
     "signer-not-named-by-parent": "--principal-key must be the key the chain's last link names (cnf.jkt)",
     "expired": "the chain (or the requested exp) is already expired",
 }
-_OPEN_WINDOW: Final = {"not_before": "1970-01-01T00:00:00Z", "not_after": "9999-12-31T23:59:59Z"}
-
-
-# --- inputs -----------------------------------------------------------------------------------------
-
-
-def read_chain(arg: str) -> str:
-    """The chain itself, ``@FILE`` or ``@-`` (stdin), whitespace stripped."""
-    if not arg.startswith("@"):
-        return arg.strip()
-    source = arg[1:]
-    try:
-        if source == "-":
-            data = sys.stdin.buffer.read(MAX_CHAIN_FILE_BYTES + 1)
-        else:
-            with Path(source).expanduser().open("rb") as fh:
-                data = fh.read(MAX_CHAIN_FILE_BYTES + 1)
-    except OSError as exc:
-        raise CliError(f"cannot read the chain from {source}: {exc.strerror or exc}") from None
-    if len(data) > MAX_CHAIN_FILE_BYTES:
-        raise CliError(f"{source}: larger than {MAX_CHAIN_FILE_BYTES} bytes; not a delegation chain")
-    try:
-        return data.decode("ascii").strip()
-    except UnicodeDecodeError:
-        raise CliError(f"{source}: not ASCII; a delegation chain is compact JWSs joined with ~") from None
-
-
-def _now(args: argparse.Namespace) -> float:
-    if getattr(args, "now", None) is None:
-        return time.time()
-    try:
-        return float(parse_rfc3339(args.now))
-    except KeyFormatError as exc:
-        raise CliError(f"--now: {exc.detail}") from None
-
-
-def _expires(text: str, now: float) -> int:
-    """``--expires``: a duration from now (``30d``, ``12h``) or an RFC 3339 date-time."""
-    try:
-        return math.floor(now) + parse_duration_s(text)
-    except ValueError:
-        pass
-    try:
-        return parse_rfc3339(text)
-    except KeyFormatError:
-        raise CliError(f"--expires: {text!r} is neither a duration (30m, 12h, 30d) nor RFC 3339") from None
-
-
-def _scopes(values: Sequence[str] | None) -> list[str] | None:
-    if not values:
-        return None
-    scopes = [s for value in values for s in value.split()]
-    for scope in scopes:
-        try:
-            scope_segments(scope)
-        except ValueError as exc:
-            raise CliError(f"--scope {scope!r}: {exc}") from None
-    return scopes
-
-
-def _signing_key(path: str, flag: str) -> SigningKey:
-    try:
-        return load_key_file(Path(path).expanduser())
-    except KeyFileError as exc:
-        raise CliError(f"{flag}: {exc}") from None
-
-
-def public_key_file(path: Path, flag: str) -> PublicKey:
-    """A public key from a file: SPKI PEM, public JWK, or a private key file (owner-only) whose public
-    half is taken."""
-    try:
-        data = path.read_bytes().strip()
-    except OSError as exc:
-        raise CliError(f"{flag}: cannot read {path}: {exc.strerror or exc}") from None
-    try:
-        if data.startswith(b"{"):
-            jwk = json.loads(data)
-            if isinstance(jwk, dict) and PRIVATE_JWK_MEMBERS.intersection(jwk):
-                return _signing_key(str(path), flag).public
-            return public_key_from_jwk(jwk)
-        if b"PRIVATE KEY-----" in data:
-            return _signing_key(str(path), flag).public
-        return PublicKey.from_pem(data)
-    except ValueError:
-        raise CliError(f"{flag}: {path} is not valid JSON") from None
-    except KeyFormatError as exc:
-        raise CliError(f"{flag}: {path}: {exc.detail or exc.reason}") from None
-
-
-def proxy_holder_jkt(args: argparse.Namespace, now: float) -> tuple[str, list[str]]:
-    """The thumbprint of the key the proxy signs with now, and notes for the operator (where it was
-    found, a key about to take over).
-
-    ``signing.key`` when set; otherwise the key store's current key (or the legacy
-    ``<data_dir>/agent-key.pem`` a first run would import). Only public data is read from the store.
-    """
-    from ..storage.keystore import LEGACY_KEY_NAME, KeyStore, KeyStoreError
-
-    config = _load(argparse.Namespace(config=args.holder_config, data_dir=args.data_dir))
-    if config.signing.key:
-        path = Path(config.signing.key).expanduser()
-        jkt = _signing_key(str(path), "signing.key").thumbprint
-        return jkt, [f"holder: the proxy's signing key {jkt} (signing.key {path})"]
-    try:
-        store = KeyStore(config.data_path, args.agent or config.signing.agent)
-    except ValueError as exc:
-        raise CliError(f"--agent: {exc}") from None
-    if not store.exists():
-        legacy = config.data_path / LEGACY_KEY_NAME
-        if legacy.exists():
-            jkt = _signing_key(str(legacy), "legacy key").thumbprint
-            return jkt, [f"holder: the proxy's signing key {jkt} ({legacy}, imported on its first run)"]
-        raise CliError(
-            f"the proxy has no key store at {store.path} yet: create its key first "
-            "(signing-proxy keys rotate --config FILE, or run the proxy once)"
-        )
-    try:
-        state = store.load(private=False)
-    except KeyStoreError as exc:
-        raise CliError(f"key store: {exc}") from None
-    chosen = state.signing_record(now)
-    if chosen is None:
-        raise CliError(f"the key store {store.path} has no key valid now; run `signing-proxy keys rotate`")
-    notes = [f"holder: the proxy's signing key {chosen.thumbprint} (key store {store.path})"]
-    notes += [
-        f"note: key {r.thumbprint} starts signing at {format_rfc3339(r.not_before)}; "
-        "re-issue the delegation to it then"
-        for r in state.records
-        if r.not_before > now and not r.revoked
-    ]
-    return chosen.thumbprint, notes
-
-
-def _holder(args: argparse.Namespace, now: float, notes: list[str]) -> str:
-    """``--holder-key`` / ``--holder-jkt`` / ``--holder-config`` (``--data-dir``): exactly one."""
-    proxy = args.holder_config is not None or args.data_dir is not None
-    given = sum((args.holder_key is not None, args.holder_jkt is not None, proxy))
-    if given != 1:
-        raise CliError(
-            "name the holder once: --holder-key PATH, --holder-jkt THUMBPRINT, or the proxy's key with "
-            "--holder-config FILE / --data-dir DIR"
-        )
-    if args.holder_jkt is not None:
-        if not is_thumbprint(args.holder_jkt):
-            raise CliError("--holder-jkt: an RFC 7638 SHA-256 thumbprint is 43 base64url characters")
-        return str(args.holder_jkt)
-    if args.holder_key is not None:
-        return public_key_file(Path(args.holder_key).expanduser(), "--holder-key").thumbprint
-    jkt, found = proxy_holder_jkt(args, now)
-    notes.extend(found)
-    return jkt
-
-
-def _print_notes(notes: list[str]) -> None:
-    for note in notes:
-        print(note, file=sys.stderr)
-
-
-def _owner_keys(path: Path, now: float, grace_s: int, notes: list[str]) -> list[PublicKey]:
-    """The owner's JWK Set: keys whose window (plus grace after not_after) covers now, or no window."""
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise CliError(f"--owner-jwks: cannot read {path}: {exc.strerror or exc}") from None
-    if len(data) > MAX_DIRECTORY_BYTES:
-        raise CliError(f"--owner-jwks: {path} is larger than {MAX_DIRECTORY_BYTES} bytes")
-    try:
-        doc = json.loads(data)
-    except ValueError:
-        raise CliError(f"--owner-jwks: {path} is not valid JSON") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("keys"), list):
-        raise CliError(f'--owner-jwks: {path} must be a JWK Set, {{"keys": [...]}}')
-    keys: list[PublicKey] = []
-    outside = 0
-    for i, entry in enumerate(doc["keys"]):
-        if not isinstance(entry, dict):
-            raise CliError(f"--owner-jwks: keys[{i}] is not a JSON object")
-        windowed = [m in entry for m in ("not_before", "not_after")]
-        if any(windowed) and not all(windowed):
-            raise CliError(f"--owner-jwks: keys[{i}]: set both not_before and not_after, or neither")
-        try:
-            key = parse_directory_key(entry if all(windowed) else {**entry, **_OPEN_WINDOW})
-        except KeyFormatError as exc:
-            raise CliError(f"--owner-jwks: keys[{i}]: {exc.detail or exc.reason}") from None
-        if key.not_before <= now < key.not_after + grace_s:
-            keys.append(key.public)
-        else:
-            outside += 1
-    if outside:
-        notes.append(f"note: {outside} owner key(s) outside their window at {format_rfc3339(now)}")
-    return keys
-
-
-def _caps_args(args: argparse.Namespace) -> tuple[int | None, int | None, int | None]:
-    """``--max-spend-cents``, ``--max-accesses``, ``--quota-period`` (seconds); None when not given."""
-    period = None
-    if args.quota_period is not None:
-        try:
-            period = parse_duration_s(args.quota_period)
-        except ValueError as exc:
-            raise CliError(f"--quota-period: {exc}") from None
-    for flag, value in (("--max-spend-cents", args.max_spend_cents), ("--max-accesses", args.max_accesses)):
-        if value is not None and value < 0:
-            raise CliError(f"{flag}: must not be negative")
-    return args.max_spend_cents, args.max_accesses, period
 
 
 def _refusal(exc: DelegationError) -> str:
@@ -269,17 +69,17 @@ def _refusal(exc: DelegationError) -> str:
 
 def cmd_issue(args: argparse.Namespace) -> int:
     now = time.time()
-    owner = _signing_key(args.owner_key, "--owner-key")
+    owner = signing_key_file(args.owner_key, "--owner-key")
     notes: list[str] = []
-    holder = _holder(args, now, notes)
-    spend, accesses, period = _caps_args(args)
+    holder = holder_jkt(args, now, notes)
+    spend, accesses, period = caps_args(args)
     try:
         token = issue_authority(
             owner,
             iss=args.iss,
             holder_jkt=holder,
-            scope=_scopes(args.scope),
-            exp=_expires(args.expires, now),
+            scope=scopes_arg(args.scope),
+            exp=expires_at(args.expires, now),
             max_spend_cents=spend,
             max_accesses=accesses,
             quota_period_s=period,
@@ -290,14 +90,14 @@ def cmd_issue(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise CliError(str(exc)) from None
     print(token)
-    _print_notes(notes)
+    print_notes(notes)
     return 0
 
 
 def cmd_extend(args: argparse.Namespace) -> int:
     now = time.time()
     chain = read_chain(args.chain)
-    principal = _signing_key(args.principal_key, "--principal-key")
+    principal = signing_key_file(args.principal_key, "--principal-key")
     try:
         parent = check_chain(chain, now=now)[-1]
     except DelegationError as exc:
@@ -305,17 +105,17 @@ def cmd_extend(args: argparse.Namespace) -> int:
             f"the chain to extend is refused: {exc.denial_reason}: {exc.reason}: {exc.detail}"
         ) from None
     notes: list[str] = []
-    holder = _holder(args, now, notes)
-    spend, accesses, period = _caps_args(args)
+    holder = holder_jkt(args, now, notes)
+    spend, accesses, period = caps_args(args)
     # A child restates its parent's limits (absent means none): default to them, narrowed only by flags.
     spend = spend if spend is not None else parent.caps.max_spend_cents
     accesses = accesses if accesses is not None else parent.caps.max_accesses
     period = period if period is not None else parent.caps.quota_period_s
-    scope = _scopes(args.scope)
+    scope = scopes_arg(args.scope)
     if scope is None and parent.scope is not None:
         scope = list(parent.scope)
     if args.expires is not None:
-        exp: int | None = _expires(args.expires, now)
+        exp: int | None = expires_at(args.expires, now)
     else:
         exp = None if parent.exp is None else math.floor(parent.exp)
     try:
@@ -336,7 +136,7 @@ def cmd_extend(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise CliError(str(exc)) from None
     print(extended)
-    _print_notes(notes)
+    print_notes(notes)
     return 0
 
 
@@ -382,11 +182,11 @@ def _cnf_jkt(claims: dict[str, Any]) -> str | None:
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     chain = read_chain(args.chain)
-    now = _now(args)
+    now = now_arg(args)
     notes: list[str] = []
     owner_keys = None
     if args.owner_jwks is not None:
-        owner_keys = _owner_keys(Path(args.owner_jwks).expanduser(), now, args.issuer_grace, notes)
+        owner_keys = read_owner_keys(Path(args.owner_jwks).expanduser(), now, args.issuer_grace, notes)
     try:
         tokens = split_chain(chain)
         entries = inspect_chain(chain)
@@ -416,7 +216,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         print(json.dumps(doc, indent=2))
     else:
         _print_inspection(entries, result, now)
-    _print_notes(notes)
+    print_notes(notes)
     return 1 if failed else 0
 
 
@@ -459,10 +259,10 @@ def _print_inspection(entries: list[dict[str, Any]], result: dict[str, Any], now
 
 def cmd_verify(args: argparse.Namespace) -> int:
     chain = read_chain(args.chain)
-    now = _now(args)
+    now = now_arg(args)
     notes: list[str] = []
-    owner_keys = _owner_keys(Path(args.owner_jwks).expanduser(), now, args.issuer_grace, notes)
-    holder = _holder(args, now, notes)
+    owner_keys = read_owner_keys(Path(args.owner_jwks).expanduser(), now, args.issuer_grace, notes)
+    holder = holder_jkt(args, now, notes)
     try:
         verified = verify_chain(
             chain,
@@ -474,7 +274,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         )
     except DelegationError as exc:
         print(f"{exc.denial_reason}: {exc.reason}: {exc.detail}")
-        _print_notes(notes)
+        print_notes(notes)
         return 1
     except ValueError as exc:
         raise CliError(str(exc)) from None
@@ -493,7 +293,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     }
     if args.json:
         print(json.dumps(doc, indent=2))
-        _print_notes(notes)
+        print_notes(notes)
         return 0
     print(f"ok: {doc['links']} link(s), owner key {doc['owner_jkt']}, holder {doc['holder_jkt']}")
     print(f"issuer:          {doc['issuer']}")
@@ -503,7 +303,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     print(f"max_accesses:    {_or(doc['max_accesses'], 'no cap')}")
     print(f"quota_period:    {_or(doc['quota_period'], 'lifetime')}")
     print(f"expires_at:      {_or(doc['expires_at'], 'never (no exp)')}")
-    _print_notes(notes)
+    print_notes(notes)
     return 0
 
 
@@ -512,15 +312,6 @@ def _or(value: object, absent: str) -> str:
 
 
 # --- parser -----------------------------------------------------------------------------------------
-
-
-def _duration(text: str) -> int:
-    from .keys import parse_duration
-
-    try:
-        return parse_duration(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _holder_flags(parser: argparse.ArgumentParser) -> None:
@@ -609,7 +400,7 @@ def add_parsers(sub: Any) -> None:
     inspect.add_argument("--json", action="store_true", help="machine-readable output")
     inspect.add_argument("--now", metavar="RFC3339", help="check as of this time (default: now)")
     inspect.add_argument("--owner-jwks", metavar="FILE", help="also check the authority's signature")
-    inspect.add_argument("--issuer-grace", type=_duration, default=0, metavar="DURATION", help="see verify")
+    inspect.add_argument("--issuer-grace", type=duration, default=0, metavar="DURATION", help="see verify")
     inspect.set_defaults(func=cmd_inspect)
 
     verify = delegate.add_parser(
@@ -630,7 +421,7 @@ def add_parsers(sub: Any) -> None:
     verify.add_argument("--now", metavar="RFC3339", help="verify as of this time (default: now)")
     verify.add_argument(
         "--issuer-grace",
-        type=_duration,
+        type=duration,
         default=0,
         metavar="DURATION",
         help="accept an owner key this long after its not_after (rotation grace; default 0s)",

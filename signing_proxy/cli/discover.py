@@ -18,27 +18,27 @@ import argparse
 import asyncio
 import json
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ..config.schema import Config
+from ..config import Config
 from ..core.errors import FieldError
+from ..core.keys import KeyProvider
 from ..core.uri import parse_absolute_uri
+from ..errors import CliError, ProxyError
+from ..proxy.discovery import Discovery, Finding
+from ..service.app import ProxyApp
+from ..service.keys import key_provider_for
+from .common import add_config_flag, config_from, error_line
 
-if TYPE_CHECKING:
-    from ..core.keys import KeyProvider
-    from ..proxy.discovery import Finding
-
-__all__ = ["EXIT_NONE", "EXIT_USABLE", "add_parser", "cmd_discover"]
+__all__ = ["EXIT_NONE", "EXIT_USABLE", "add_parsers", "cmd_discover"]
 
 EXIT_USABLE = 0  # a usable exchange was found
 EXIT_NONE = 1  # none was found (the reason is printed)
 PAGE_MAX_BYTES = 1024 * 1024  # our choice: only the head of URL's answer matters; the body is cut here
 
 
-def add_parser(sub: Any) -> None:
+def add_parsers(sub: Any) -> None:
     """Add ``discover`` to the ``signing-proxy`` sub-commands."""
-    from .main import _add_config_flag
-
     discover = sub.add_parser(
         "discover",
         help="follow a publisher's 403 + X-Content-Rules to its manifest and authorized exchanges",
@@ -47,21 +47,17 @@ def add_parser(sub: Any) -> None:
         "the authorized exchanges. Exit status: 0 a usable exchange was found, 1 none, 2 bad input.",
     )
     discover.add_argument("url", metavar="URL", help="an absolute http(s) URL of the publisher")
-    _add_config_flag(discover)
+    add_config_flag(discover)
     discover.add_argument("--json", action="store_true", help="machine-readable output")
     discover.set_defaults(func=cmd_discover)
 
 
 def cmd_discover(args: argparse.Namespace) -> int:
-    from ..errors import CliError
-    from .keys import key_provider_for
-    from .main import _load
-
     try:
         parse_absolute_uri(args.url)
     except FieldError as exc:
         raise CliError(f"URL: {exc.detail or exc.reason}") from None
-    config = _load(args)
+    config = config_from(args)
     if config.mode != "agent":
         raise CliError("discover signs as the agent: use a configuration with mode: agent")
     # no CONNECT is served here: do not load (or create) the interception CA
@@ -71,18 +67,13 @@ def cmd_discover(args: argparse.Namespace) -> int:
 
 
 async def _discover(config: Config, keys: KeyProvider, url: str, *, as_json: bool) -> int:
-    from ..errors import CliError, ProxyError
-    from ..net.fetch import fetch
-    from ..proxy.discovery import Discovery
-    from ..service.app import ProxyApp
-
     try:
         app = ProxyApp(config, keys)
     except ProxyError as exc:
-        raise CliError(exc.detail or exc.reason) from None
+        raise CliError(error_line(exc)) from None
     try:
         try:
-            answer = await fetch(app, "GET", url, max_bytes=PAGE_MAX_BYTES, truncate=True)
+            answer = await app.signed_fetch("GET", url, max_bytes=PAGE_MAX_BYTES, truncate=True)
         except ProxyError as exc:
             if exc.status in {400, 503}:  # the request itself (or our key) is unusable
                 raise CliError(f"{url}: {exc.reason}: {exc.detail}") from None
@@ -100,7 +91,8 @@ async def _discover(config: Config, keys: KeyProvider, url: str, *, as_json: boo
             if not as_json:
                 print(f"{_safe(url)} {detail}")
             return EXIT_NONE
-        finding = await Discovery(app).find(rules, parse_absolute_uri(url))
+        discovery = Discovery(lambda: config.discovery, app.signed_fetch, requester=lambda: app.requester)
+        finding = await discovery.find(rules, parse_absolute_uri(url))
     finally:
         await app.stop(drain_s=0)
     if as_json:

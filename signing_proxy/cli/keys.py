@@ -1,192 +1,75 @@
-"""The key-store half of the ``signing-proxy`` command: ``keys list|rotate|revoke|prune``, ``publish``,
-and what ``run`` needs to sign from the store and serve the publication listener.
+"""``signing-proxy keys generate|show|list|rotate|revoke|prune`` and ``signing-proxy publish``.
 
-Every ``keys`` command takes ``--config``/``--data-dir`` and ``--agent NAME`` (default
-``signing.agent``), and refuses to leave the agent with no valid key unless ``--force``. Times are
-printed as RFC 3339 UTC; durations are read as ``30m``, ``48h``, ``90d`` or ``3600s``.
+``generate`` and ``show`` work on a single key file. The store commands take ``--config``/``--data-dir``
+and ``--agent NAME`` (default ``signing.agent``), and refuse to leave the agent with no valid key
+unless ``--force``. Times are printed as RFC 3339 UTC; durations are read as ``30m``, ``48h``, ``90d``
+or ``3600s``. ``publish --out`` writes the bytes the publication listener serves.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
-import logging
 import os
-import re
-import signal
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
-from .. import __version__
-from ..config.schema import Config, ConfigError
+from ..config import Config, ConfigError
+from ..core.durations import parse_duration
 from ..core.errors import KeyFormatError
+from ..core.jwk import SigningKey
 from ..core.keys import format_rfc3339
-from ..errors import CliError
-from .main import _add_config_flag, _load, load_signing_key
+from ..errors import CliError, KeyFileError, KeyStoreError
+from ..service.publish import publications, render_publication
+from ..storage.keyfile import load_key_file, write_private_file
+from ..storage.keystore import KeyStore, StoreState, open_or_create
+from .common import add_config_flag, add_data_dir_flag, config_from, duration
 
-if TYPE_CHECKING:
-    from ..core.keys import KeyProvider
-    from ..service.publish import PublishServer
-    from ..storage.keystore import KeyStore, StoreState, StoreWatcher
+__all__ = ["add_parsers"]
 
-__all__ = [
-    "KeyServices",
-    "add_parsers",
-    "key_provider_for",
-    "parse_duration",
-    "start_key_services",
-]
-
-log = logging.getLogger("signing_proxy")
-
-_DURATION = re.compile(r"([0-9]{1,9})([smhd])")
-_UNIT_S: Final = {"s": 1, "m": 60, "h": 3600, "d": 86_400}
-MAX_DURATION_S: Final = 100 * 365 * 86_400  # our choice: windows stay far inside RFC 3339's range
-EXPIRY_WARNING_S: Final = 7 * 86_400  # our choice: warn at start-up when the signing key ends this soon
 DEFAULT_GRACE: Final = "48h"  # spec: Limits (rotation grace "typically 24 to 48 hours")
 
 
-def parse_duration(text: str) -> int:
-    """``30m``, ``48h``, ``90d``, ``3600s`` -> seconds (``0s`` is 0); anything else raises ValueError."""
-    match = _DURATION.fullmatch(text.strip())
-    if match is None:
-        raise ValueError(f"{text!r} is not a duration such as 30m, 48h, 90d or 3600s")
-    seconds = int(match.group(1)) * _UNIT_S[match.group(2)]
-    if seconds > MAX_DURATION_S:
-        raise ValueError(f"{text!r} is longer than 100 years")
-    return seconds
+# --- keys generate | show ---------------------------------------------------------------------------
 
 
-def _duration(text: str) -> int:
+def cmd_keys_generate(args: argparse.Namespace) -> int:
+    path = Path(args.out).expanduser()
+    key = SigningKey.generate()
+    data = json.dumps(key.to_jwk()).encode() + b"\n" if args.format == "jwk" else key.to_pem()
     try:
-        return parse_duration(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-# --- run: the signing key provider and the publication listener -------------------------------------
-
-
-def key_provider_for(config: Config) -> KeyProvider:
-    """``signing.key`` set: that one key, always (no windows). Otherwise the agent's key store, created
-    on first run (importing a legacy ``<data_dir>/agent-key.pem``), re-read when it changes."""
-    from ..core.keys import StaticKeyProvider
-    from ..storage.keystore import KeyStoreError, StoreKeyProvider, open_or_create
-
-    if config.signing.key:
-        return StaticKeyProvider(load_signing_key(config))
-    now = time.time()
-    agent = config.signing.agent
-    try:
-        store, created, imported = open_or_create(
-            config.data_path, agent, now, lifetime_s=config.signing.key_lifetime_s
-        )
-        provider = StoreKeyProvider(store)
-    except KeyStoreError as exc:
-        raise CliError(f"key store: {exc}") from None
+        write_private_file(path, data, overwrite=args.force)
+    except FileExistsError:
+        raise CliError(f"{path} exists; use --force to replace it") from None
     except OSError as exc:
-        raise CliError(f"cannot create the key store in {config.data_path}: {exc.strerror or exc}") from None
-    if created is not None and imported is not None:
-        log.info(
-            "imported the signing key %s from %s into the key store %s, valid until %s; "
-            "that file is no longer read",
-            created.thumbprint,
-            imported,
-            store.path,
-            format_rfc3339(created.not_after),
-        )
-    elif created is not None:
-        log.info(
-            "generated a new signing key %s in the key store %s, valid until %s (first run)",
-            created.thumbprint,
-            store.path,
-            format_rfc3339(created.not_after),
-        )
-    state = provider.state()
-    chosen = state.signing_record(now)
-    if chosen is None:
-        log.warning(
-            "agent %s has no valid signing key: requests get 503 until `signing-proxy keys rotate`", agent
-        )
-    elif chosen.not_after - now < EXPIRY_WARNING_S and not any(
-        r.not_after > chosen.not_after and not r.revoked
-        for r in state.records  # no successor yet
-    ):
-        log.warning(
-            "signing key %s of agent %s ends at %s; run `signing-proxy keys rotate`",
-            chosen.thumbprint,
-            agent,
-            format_rfc3339(chosen.not_after),
-        )
-    return provider
+        raise CliError(f"cannot write {path}: {exc.strerror or exc}") from None
+    _print_key(key, path)
+    return 0
 
 
-@dataclass
-class KeyServices:
-    """What ``run`` starts beside the proxy: the publication listener and the SIGHUP reload."""
-
-    publisher: PublishServer | None = None
-    watchers: dict[str, StoreWatcher] = field(default_factory=dict)
-    _signal_installed: bool = False
-
-    def reload(self) -> None:
-        log.info("SIGHUP: reloading the key store")
-        for watcher in self.watchers.values():
-            watcher.reload()
-
-    async def stop(self) -> None:
-        if self._signal_installed:
-            asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
-            self._signal_installed = False
-        if self.publisher is not None:
-            await self.publisher.stop()
+def cmd_keys_show(args: argparse.Namespace) -> int:
+    path = Path(args.path).expanduser()
+    try:
+        key = load_key_file(path)
+    except KeyFileError as exc:
+        raise CliError(str(exc)) from None
+    _print_key(key, path)
+    return 0
 
 
-async def start_key_services(config: Config, keys: KeyProvider, *, reuse_port: bool = False) -> KeyServices:
-    """Start the publication listener when ``publish.listen`` is set (printing its address) and reload
-    the key stores on SIGHUP."""
-    from ..service.publish import PublishServer
-    from ..storage.keystore import KeyStore, KeyStoreError, StoreWatcher
-
-    services = KeyServices()
-    if isinstance(keys, StoreWatcher):
-        services.watchers[config.signing.agent] = keys
-    if config.publish.listen is not None:
-        if not isinstance(keys, StoreWatcher):  # config validation refuses signing.key with publish.listen
-            raise CliError("publish.listen: publishing needs the key store; unset signing.key")
-        for i, agent in enumerate(config.publish.agents):
-            if agent not in services.watchers:
-                try:
-                    services.watchers[agent] = StoreWatcher(KeyStore(config.data_path, agent), private=False)
-                except KeyStoreError as exc:
-                    raise CliError(f"publish.agents[{i}]: {exc}") from None
-        services.publisher = PublishServer(config, services.watchers)
-        try:
-            addresses = await services.publisher.start(reuse_port=reuse_port)
-        except OSError as exc:
-            reason = exc.strerror or exc
-            raise CliError(f"publish.listen: cannot bind {config.publish.listen}: {reason}") from None
-        for host, port in addresses:
-            shown = f"[{host}]" if ":" in host else host
-            line = f"signing-proxy {__version__} publishing on http://{shown}:{port}"
-            print(line, file=sys.stderr, flush=True)
-    if services.watchers and sys.platform != "win32":
-        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, services.reload)
-        services._signal_installed = True
-    return services
+def _print_key(key: SigningKey, path: Path) -> None:
+    print(f"thumbprint: {key.thumbprint}")
+    print(f"file:       {path}")
+    print(f"public jwk: {json.dumps(key.public.jwk())}")
 
 
 # --- keys list | rotate | revoke | prune ------------------------------------------------------------
 
 
 def _store(args: argparse.Namespace) -> tuple[Config, KeyStore]:
-    from ..storage.keystore import KeyStore
-
-    config = _load(args)
+    config = config_from(args)
     agent = args.agent or config.signing.agent
     try:
         store = KeyStore(config.data_path, agent)
@@ -243,8 +126,6 @@ def _state_json(state: StoreState, now: float) -> dict[str, Any]:
 
 
 def cmd_keys_list(args: argparse.Namespace) -> int:
-    from ..storage.keystore import KeyStoreError
-
     _config, store = _store(args)
     now = time.time()
     try:
@@ -259,8 +140,6 @@ def cmd_keys_list(args: argparse.Namespace) -> int:
 
 
 def cmd_keys_rotate(args: argparse.Namespace) -> int:
-    from ..storage.keystore import KeyStoreError, open_or_create
-
     config, store = _store(args)
     lifetime = args.lifetime if args.lifetime is not None else config.signing.key_lifetime_s
     now = time.time()
@@ -289,8 +168,6 @@ def cmd_keys_rotate(args: argparse.Namespace) -> int:
 
 
 def cmd_keys_revoke(args: argparse.Namespace) -> int:
-    from ..storage.keystore import KeyStoreError
-
     _config, store = _store(args)
     try:
         changed = store.revoke(args.thumbprint, time.time(), force=args.force)
@@ -309,8 +186,6 @@ def cmd_keys_revoke(args: argparse.Namespace) -> int:
 
 
 def cmd_keys_prune(args: argparse.Namespace) -> int:
-    from ..storage.keystore import KeyStoreError
-
     _config, store = _store(args)
     now = time.time()
     try:
@@ -342,10 +217,7 @@ def _write_public_file(path: Path, data: bytes) -> None:
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
-    from ..service.publish import publications, render_publication
-    from ..storage.keystore import KeyStore, KeyStoreError
-
-    config = _load(args)
+    config = config_from(args)
     overrides = {}
     if args.domain:
         overrides["publish.domain"] = args.domain
@@ -388,13 +260,33 @@ def cmd_publish(args: argparse.Namespace) -> int:
 
 
 def _store_flags(parser: argparse.ArgumentParser) -> None:
-    _add_config_flag(parser)
-    parser.add_argument("--data-dir", metavar="DIR", help="data directory (default: from the config)")
+    add_config_flag(parser)
+    add_data_dir_flag(parser)
     parser.add_argument("--agent", metavar="NAME", help="whose key store (default: signing.agent, 'default')")
 
 
-def add_parsers(sub: Any, keys: Any) -> None:
-    """Add ``keys list|rotate|revoke|prune`` to ``keys`` and ``publish`` to ``sub``."""
+def add_parsers(sub: Any) -> None:
+    """Add ``keys generate|show|list|rotate|revoke|prune`` and ``publish`` to the top-level subcommands."""
+    keys = sub.add_parser("keys", help="signing keys").add_subparsers(dest="keys_command", metavar="ACTION")
+    gen = keys.add_parser(
+        "generate",
+        help="generate an Ed25519 signing key",
+        description="Generate an Ed25519 key, written owner-only (0600).",
+    )
+    gen.add_argument("--out", required=True, metavar="PATH", help="file to write")
+    gen.add_argument(
+        "--format", choices=("pem", "jwk"), default="pem", help="PKCS#8 PEM (default) or private JWK"
+    )
+    gen.add_argument("--force", action="store_true", help="replace an existing file")
+    gen.set_defaults(func=cmd_keys_generate)
+    show = keys.add_parser(
+        "show",
+        help="print a key's thumbprint and public JWK",
+        description="Print the RFC 7638 thumbprint (the keyid) and the public JWK of a key file.",
+    )
+    show.add_argument("path", metavar="PATH")
+    show.set_defaults(func=cmd_keys_show)
+
     listing = keys.add_parser(
         "list",
         help="list the key store: thumbprint, state, window",
@@ -414,21 +306,21 @@ def add_parsers(sub: Any, keys: Any) -> None:
     _store_flags(rotate)
     rotate.add_argument(
         "--grace",
-        type=_duration,
+        type=duration,
         default=parse_duration(DEFAULT_GRACE),
         metavar="DURATION",
         help=f"how long the old key stays published and valid (default {DEFAULT_GRACE})",
     )
     rotate.add_argument(
         "--lifetime",
-        type=_duration,
+        type=duration,
         default=None,
         metavar="DURATION",
         help="the new key's window (default signing.key_lifetime_s, 90d)",
     )
     rotate.add_argument(
         "--activate-in",
-        type=_duration,
+        type=duration,
         default=0,
         metavar="DURATION",
         help="publish the new key now but start signing with it this much later (e.g. the directory's "
@@ -466,8 +358,8 @@ def add_parsers(sub: Any, keys: Any) -> None:
         "revocation list (and /agents/<name>/... for publish.agents) under DIR, byte-identical to what "
         "publish.listen serves, for any web server or CDN.",
     )
-    _add_config_flag(publish)
-    publish.add_argument("--data-dir", metavar="DIR", help="data directory (default: from the config)")
+    add_config_flag(publish)
+    add_data_dir_flag(publish)
     publish.add_argument("--out", required=True, metavar="DIR", help="document root to write into")
     publish.add_argument("--domain", metavar="DOMAIN", help="the manifest's domain (default publish.domain)")
     publish.add_argument(

@@ -21,7 +21,7 @@ from typing import Protocol
 
 import httptools
 
-from ..config.schema import UpstreamConfig
+from ..config import UpstreamConfig
 from ..core.uri import Target
 from ..errors import ProxyError
 

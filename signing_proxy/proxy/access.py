@@ -8,7 +8,7 @@ import hmac
 import ipaddress
 from pathlib import Path
 
-from ..config.schema import AccessConfig
+from ..config import AccessConfig
 from ..errors import ProxyError
 
 __all__ = ["AccessControl"]

@@ -3,11 +3,11 @@
 Spec "What the service does" 5-6: an agent that crawls a publisher directly is refused by the edge
 with 403 and ``X-Content-Rules``, and continues through the publisher's manifest
 (``/.well-known/svc.json``) to an authorized exchange. In ``follow`` mode the proxy holds such a
-refusal before any byte of it reaches the agent (``server._ResponseRelay``), resolves the manifest
+refusal before any byte of it reaches the agent (``net.forward``'s ``hold``), resolves the manifest
 address (the header value when it is an http(s) URL, else ``{origin}/.well-known/svc.json``; on the
 refusing origin's site unless ``allow_cross_site``; never plain HTTP for an HTTPS origin), fetches
-it signed through the pipeline (``fetch``), validates it (``core.manifest``), caches it for its
-``Cache-Control`` lifetime clamped to ``[cache_min_s, cache_max_s]``, optionally calls
+it signed through the pipeline (the ``fetch`` it is given), validates it (``core.manifest``),
+caches it for its ``Cache-Control`` lifetime clamped to ``[cache_min_s, cache_max_s]``, optionally calls
 DiscoverResources at the first DIRECT exchange, and answers the agent: status 403 and the edge's
 fields kept, ``Link: <manifest>; rel="describedby"`` added, and an ``application/problem+json`` body
 with reason ``content-rules`` listing the authorized exchanges (or why the manifest was refused).
@@ -23,9 +23,9 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
-from ..config.schema import DiscoveryConfig
+from ..config import DiscoveryConfig
 from ..core.errors import FieldError, ManifestError, ProtocolError
 from ..core.manifest import (
     MANIFEST_MEDIA_TYPE,
@@ -39,13 +39,10 @@ from ..core.manifest import (
 )
 from ..core.uri import Target, parse_absolute_uri
 from ..errors import ProxyError, problem_body
-from ..net.fetch import fetch
+from ..net.client import FetchedResponse
 from ..net.framing import HOP_BY_HOP
-from ..net.upstream import ResponseHead, UpstreamConnection
+from ..net.upstream import ResponseHead
 from ..verify.directory import ttl_from_cache_control
-
-if TYPE_CHECKING:
-    from ..service.app import ProxyApp
 
 __all__ = [
     "CONTENT_RULES",
@@ -53,8 +50,9 @@ __all__ = [
     "LINK_REL",
     "PROBLEM_REASON",
     "Discovery",
-    "DrainSink",
+    "Fetch",
     "Finding",
+    "RequesterSource",
     "content_rules",
     "exchange_json",
     "link_value",
@@ -67,7 +65,6 @@ DISCOVER_RESOURCES_PATH = "/svc.v1.ExchangeService/DiscoverResources"  # spec: E
 ENVELOPE_VERSION = "1.0"  # spec: Endpoints (request body ``ver``) and Versioning 1
 LINK_REL = "describedby"  # RFC 8288 registry: "a resource providing information about the link's context"
 PROBLEM_REASON = "content-rules"
-HELD_BODY_MAX_BYTES = 1024 * 1024  # our choice: an edge's 403 body is drained unread up to this, then cut
 DISCOVER_MAX_BYTES = 1024 * 1024  # our choice: the spec gives no body-size limit for offers
 NEGATIVE_TTL_S = 30.0  # our choice: a refused or unreachable manifest is retried after this (or cache_min_s)
 MAX_CACHED_MANIFESTS = 1024  # our choice: bound on the manifest cache (oldest entry dropped)
@@ -96,8 +93,22 @@ _REPLACED = frozenset(
 )
 
 
-class _RequesterSource(Protocol):
-    """``app.requester`` (configured elsewhere): the proto-JSON Requester for exchange calls."""
+class Fetch(Protocol):
+    """A signed fetch through the proxy's pipeline and its one client; ``ProxyError`` with a reason."""
+
+    async def __call__(
+        self,
+        method: str,
+        url: str,
+        *,
+        body: bytes = b"",
+        headers: tuple[tuple[str, str], ...] = (),
+        max_bytes: int,
+    ) -> FetchedResponse: ...
+
+
+class RequesterSource(Protocol):
+    """The proxy's requester injection (``proxy.requester``): the proto-JSON Requester for exchange calls."""
 
     def document(self) -> dict[str, Any]: ...
 
@@ -138,37 +149,6 @@ class Finding:
         return self.manifest is not None and bool(self.manifest.exchanges)
 
 
-class DrainSink:
-    """Takes over an upstream connection after a held 403's head: the edge's body is read and
-    dropped (the connection stays reusable), cut off above ``HELD_BODY_MAX_BYTES``; either way the
-    exchange then counts as done, since discovery needs only the head."""
-
-    __slots__ = ("conn", "done", "size")
-
-    def __init__(self, conn: UpstreamConnection, done: asyncio.Future[None]) -> None:
-        self.conn = conn
-        self.done = done
-        self.size = 0
-
-    def on_head(self, head: ResponseHead) -> None:
-        pass
-
-    def on_body(self, data: bytes) -> None:
-        self.size += len(data)
-        if self.size > HELD_BODY_MAX_BYTES:
-            self.conn._fail(ProxyError(502, "response-too-large", "the 403 body is too large to drain"))
-
-    def on_feed_end(self) -> None:
-        pass
-
-    def on_complete(self) -> None:
-        if not self.done.done():
-            self.done.set_result(None)
-
-    def on_fail(self, error: ProxyError) -> None:
-        self.on_complete()  # the head arrived; a body cut short changes nothing we answer
-
-
 @dataclass
 class _Entry:
     manifest: WellKnownManifest | None
@@ -179,22 +159,28 @@ class _Entry:
 class Discovery:
     """Manifest lookup with a bounded cache, DiscoverResources, and the agent's 403 answer."""
 
-    def __init__(self, app: ProxyApp, *, clock: Callable[[], float] = time.monotonic) -> None:
-        self.app = app
+    def __init__(
+        self,
+        config: Callable[[], DiscoveryConfig],
+        fetch: Fetch,
+        *,
+        requester: Callable[[], RequesterSource | None] = lambda: None,
+        count: Callable[[str], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._config = config
+        self._fetch_signed = fetch
+        self._requester = requester
+        self._counter = count
         self.clock = clock
         self._cache: dict[str, _Entry] = {}
         self._inflight: dict[str, asyncio.Future[WellKnownManifest]] = {}
         self.fetches = 0  # manifest fetches sent (cache misses)
 
-    @classmethod
-    def for_app(cls, app: ProxyApp) -> Discovery | None:
-        """The discovery of a proxy; None in relay mode, where the agent's own proxy discovers."""
-        return cls(app) if app.config.mode == "agent" else None
-
     @property
     def config(self) -> DiscoveryConfig:
         """The live ``discovery`` section (a configuration reload applies to the next refusal)."""
-        return self.app.config.discovery
+        return self._config()
 
     # --- in the response path, at the head of every 403 (synchronous) ---
     def holds(self, head: ResponseHead, target: Target) -> bool:
@@ -257,17 +243,14 @@ class Discovery:
             del self._inflight[url]
 
     def _count(self, counter: str) -> None:
-        """Bump a counter of ``app.metrics`` when the proxy has one."""
-        found = getattr(getattr(self.app, "metrics", None), counter, None)
-        if found is not None:
-            found.inc()
+        if self._counter is not None:
+            self._counter(counter)
 
     async def _fetch(self, url: str) -> WellKnownManifest:
         self.fetches += 1
         self._count("manifest_fetches")
         try:
-            answer = await fetch(
-                self.app,
+            answer = await self._fetch_signed(
                 "GET",
                 url,
                 headers=(("Accept", MANIFEST_MEDIA_TYPE),),
@@ -328,7 +311,7 @@ class Discovery:
         url = exchange.endpoint.rstrip("/") + DISCOVER_RESOURCES_PATH
         out: dict[str, object] = {"exchange": exchange.domain, "url": url}
         body: dict[str, object] = {"ver": ENVELOPE_VERSION, "exchange": exchange.domain}
-        source: _RequesterSource | None = getattr(self.app, "requester", None)
+        source = self._requester()
         if source is None:
             out["requester"] = "not-configured"
             out["note"] = "no requester is configured: DiscoverResources was sent without one"
@@ -351,8 +334,7 @@ class Discovery:
             {"axis": r.axis, "values": list(r.values)} for r in self.config.acceptable_restrictions
         ]
         try:
-            answer = await fetch(
-                self.app,
+            answer = await self._fetch_signed(
                 "POST",
                 url,
                 body=json.dumps(body, separators=(",", ":")).encode(),

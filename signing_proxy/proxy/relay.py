@@ -15,16 +15,16 @@ from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
-from ..config.schema import Config
+from ..config import Config
 from ..core.errors import KeyFormatError, VerificationError
 from ..core.jwk import PublicKey, public_key_from_jwk
 from ..core.signatures import Message, hop_components, parse_signature_stack
 from ..core.uri import Target
 from ..errors import ProxyError
+from ..net.client import HttpClient
 from ..net.framing import Outgoing, drop_hop_by_hop, outgoing
-from ..verify.directory import DirectoryResolver, RevocationPoller, aiohttp_fetcher
+from ..verify.directory import DirectoryResolver, http_fetcher
+from ..verify.revocation import RevocationPoller
 from ..verify.verifier import RequestVerifier, VerifierPolicy
 from .pipeline import Signer, next_hop_target
 
@@ -78,15 +78,16 @@ class RelayPipeline:
             pinned_agent_keys=_pinned(relay.pinned_agent_keys, "relay.pinned_agent_keys"),
             pinned_broker_keys=_pinned(relay.pinned_broker_keys, "relay.pinned_broker_keys"),
         )
-        self._session: aiohttp.ClientSession | None = None
+        self._client: HttpClient | None = None
         self.verifier: RequestVerifier | None = None
         self.poller: RevocationPoller | None = None
         self._spawn = spawn
 
     def _get_verifier(self) -> RequestVerifier:
-        if self.verifier is None:  # created lazily: the session needs the running loop
-            self._session = aiohttp.ClientSession()
-            fetch = aiohttp_fetcher(self._session)
+        if self.verifier is None:  # created lazily: relays that never verify open no pool
+            # not via upstream.next_hop: the next relay forwards only signed requests
+            self._client = HttpClient.standalone(self.config.upstream, self.config.timeouts)
+            fetch = http_fetcher(self._client)
             self.poller = RevocationPoller(fetch)
             spawn, poller = self._spawn, self.poller
             self.verifier = RequestVerifier(
@@ -132,5 +133,5 @@ class RelayPipeline:
         )
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
+        if self._client is not None:
+            await self._client.close()

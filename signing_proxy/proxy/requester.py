@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from ..config.schema import Config, DelegationConfig, RequesterConfig
+from ..config import Config, DelegationConfig, RequesterConfig
 from ..core.delegation import VerifiedLink, check_chain
 from ..core.errors import DelegationError, KeyFormatError
 from ..core.fields import Fields
@@ -226,12 +226,10 @@ class RequesterInjector:
         keys: KeyProvider,
         *,
         clock: Callable[[], float] = time.time,
-        check_interval_s: float = RELOAD_CHECK_INTERVAL_S,
     ) -> None:
         self.config = config
         self.keys = keys
         self.clock = clock
-        self.check_interval_s = check_interval_s
         try:
             self._type = requester_type_name(config.type)
         except ValueError as exc:  # config validation makes this unreachable
@@ -242,7 +240,6 @@ class RequesterInjector:
             prefix = f"{target.path.rstrip('/')}/{EXCHANGE_SERVICE}/"
             self._prefixes.append((target.scheme, target.host, target.port, prefix))
         self._loaded: LoadedDelegation | None = None
-        self._next_check = 0.0
         self._failed: tuple[int, int, int] | None = None  # a token file refused on reload (logged once)
         self._warned: tuple[str, str] | None = None
         if config.delegation is not None:
@@ -251,14 +248,17 @@ class RequesterInjector:
             self._loaded = load_delegation(
                 config.delegation, config.scopes, None if key is None else key.thumbprint, now
             )
-            self._next_check = now + check_interval_s
         self._member_json = self._render()
 
     # --- what is sent ---
     def _render(self) -> str:
-        return json.dumps(self._requester().proto_json(), separators=(",", ":"), ensure_ascii=False)
+        return self._render_with(self._loaded)
 
-    def _requester(self) -> RequesterDoc:
+    def _render_with(self, loaded: LoadedDelegation | None) -> str:
+        doc = self._requester(loaded).proto_json()
+        return json.dumps(doc, separators=(",", ":"), ensure_ascii=False)
+
+    def _requester(self, loaded: LoadedDelegation | None) -> RequesterDoc:
         c = self.config
         return RequesterDoc(
             id=c.id,
@@ -266,7 +266,7 @@ class RequesterInjector:
             type=self._type,
             name=c.name,
             scopes=c.scopes,
-            delegation=None if self._loaded is None else self._loaded.doc,
+            delegation=None if loaded is None else loaded.doc,
             ext=dict(c.ext),
             ext_critical=c.ext_critical,
         )
@@ -301,19 +301,16 @@ class RequesterInjector:
         injected = insert_member(body, REQUESTER_MEMBER, member)
         if injected is None:
             return body
-        self._check_live(self.clock())  # may adopt a changed token file
-        if self._member_json != member:
+        self._check_live(self.clock())
+        if self._member_json != member:  # a reload swapped the delegation in the meantime
             injected = insert_member(body, REQUESTER_MEMBER, self._member_json) or body
         log.debug("requester %s inserted into POST %s", self.config.id, target.uri)
         return injected
 
-    # --- the delegation, re-checked per request ---
+    # --- the delegation, re-checked per request (memory only: ``reload`` reads the file, off the loop) ---
     def _check_live(self, now: float) -> None:
         if self.config.delegation is None:
             return
-        if now >= self._next_check:
-            self._next_check = now + self.check_interval_s
-            self.reload(now)
         loaded = self._loaded
         assert loaded is not None
         if now >= loaded.expires_at:
@@ -334,7 +331,11 @@ class RequesterInjector:
         return holder_mismatch_detail(loaded.holder_jkt, signing, self.config.delegation.token_file)
 
     def reload(self, now: float | None = None) -> bool:
-        """Adopt a changed token file if it passes the start-up checks; True when one was adopted."""
+        """Adopt a changed token file if it passes the start-up checks; True when one was adopted.
+
+        Blocking (stat and read): the service calls it from a worker thread every
+        ``RELOAD_CHECK_INTERVAL_S`` and on SIGHUP, never from a request.
+        """
         delegation = self.config.delegation
         if delegation is None or self._loaded is None:
             return False
@@ -355,8 +356,9 @@ class RequesterInjector:
                 self._failed = fingerprint
                 log.error("delegation not reloaded, keeping the one loaded before: %s", exc.detail)
             return False
-        self._loaded, self._failed, self._warned = loaded, None, None
-        self._member_json = self._render()
+        member_json = self._render_with(loaded)
+        self._failed, self._warned = None, None
+        self._loaded, self._member_json = loaded, member_json  # a request reads both together
         log.info(
             "reloaded the delegation from %s: holder %s, expires %s",
             delegation.token_file,

@@ -1,40 +1,60 @@
-"""The admin listener: ``/healthz``, ``/readyz`` and ``/metrics`` on their own port.
+"""Health, readiness and metrics: on the proxy port as origin-form paths, and on the admin listener.
 
-The proxy port already answers these as origin-form paths; a separate port lets a sidecar keep its
-proxy port on pod-loopback while the kubelet probes and Prometheus scrapes from outside the pod.
-It serves nothing else, and nothing it serves is secret.
+The proxy port answers ``/healthz``, ``/readyz`` and ``/metrics`` itself; a separate admin port
+lets a sidecar keep its proxy port on pod-loopback while the kubelet probes and Prometheus scrapes
+from outside the pod. Both serve the same documents, nothing else, and nothing secret.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from aiohttp import web
 
 from .. import __version__
 from ..metrics import CONTENT_TYPE
+from ..net.server import ClientConnection, Request
+from ..proxy.exchange import LocalEndpoint
 
-if TYPE_CHECKING:
-    from .app import ProxyApp
+__all__ = ["HEALTH", "Readiness", "build_admin_app", "local_endpoints"]
 
-__all__ = ["build_admin_app"]
+HEALTH = {"status": "ok", "version": __version__}
+Readiness = Callable[[], tuple[int, dict[str, object]]]
 
 
-def build_admin_app(app: ProxyApp) -> web.Application:
+def local_endpoints(
+    readiness: Readiness, metrics: Callable[[], bytes]
+) -> Callable[[str], LocalEndpoint | None]:
+    """The proxy port's own paths: a lookup from an origin-form path to its answer."""
+
+    def healthz(conn: ClientConnection, _req: Request) -> int:
+        return conn.local_json(200, HEALTH)
+
+    def readyz(conn: ClientConnection, _req: Request) -> int:
+        return conn.local_json(*readiness())
+
+    def render(conn: ClientConnection, _req: Request) -> int:
+        return conn.local_response(200, CONTENT_TYPE, metrics())
+
+    table: dict[str, LocalEndpoint] = {"/healthz": healthz, "/readyz": readyz, "/metrics": render}
+    return table.get
+
+
+def build_admin_app(readiness: Readiness, metrics: Callable[[], bytes]) -> web.Application:
+    """The admin listener's aiohttp application."""
+
     async def healthz(_r: web.Request) -> web.Response:
-        return web.json_response(
-            {"status": "ok", "version": __version__}, headers={"Cache-Control": "no-store"}
-        )
+        return web.json_response(HEALTH, headers={"Cache-Control": "no-store"})
 
     async def readyz(_r: web.Request) -> web.Response:
-        status, doc = app.readiness()
+        status, doc = readiness()
         return web.json_response(doc, status=status, headers={"Cache-Control": "no-store"})
 
-    async def metrics(_r: web.Request) -> web.Response:
-        return web.Response(body=app.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+    async def render(_r: web.Request) -> web.Response:
+        return web.Response(body=metrics(), headers={"Content-Type": CONTENT_TYPE})
 
     admin = web.Application()
     admin.router.add_get("/healthz", healthz)
     admin.router.add_get("/readyz", readyz)
-    admin.router.add_get("/metrics", metrics)
+    admin.router.add_get("/metrics", render)
     return admin

@@ -1,82 +1,133 @@
-"""Wiring: one ``ProxyApp`` holds the configuration, the signer, the upstream pool and the listeners.
+"""Assembly: one ``ProxyApp`` builds the proxy from its configuration and runs its lifecycle.
 
-Background work goes through ``spawn`` only, which keeps a reference to every task (a bare
-``create_task`` can be garbage-collected mid-flight) and lets shutdown wait for in-flight exchanges.
+The only place that sees everything. It builds the parts bottom-up (metrics, signer, the upstream
+pool and the one HTTP client, the mode's pipeline, discovery, the CONNECT policy, the engine) and
+hands each the narrow callables it needs. A configuration reload builds a new ``Policy`` and swaps
+it in one step. Background work goes through ``spawn`` only, which keeps a reference to every task
+(a bare ``create_task`` can be garbage-collected mid-flight) and lets shutdown wait for them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import logging
 import time
 from collections.abc import Callable, Coroutine, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .. import __version__
-from ..config.schema import Config, parse_host_port
+from aiohttp import web
+
+from ..config import Config, parse_host_port
 from ..core.keys import KeyProvider
-from ..core.uri import Target, parse_absolute_uri
-from ..metrics import CONTENT_TYPE, Metrics
+from ..core.uri import Target
+from ..metrics import Metrics
+from ..net.client import FetchedResponse, HttpClient
 from ..net.framing import Outgoing
+from ..net.server import ClientConnection, Engine, Limits
 from ..net.upstream import UpstreamPool
 from ..proxy.access import AccessControl
+from ..proxy.accesslog import AccessLog
 from ..proxy.connect import ConnectHandler
 from ..proxy.discovery import Discovery
-from ..proxy.pipeline import BearerStore, Signer, prepare_request
+from ..proxy.exchange import Policy, ProxyHandler, Routes
+from ..proxy.pipeline import BearerStore, Signer, next_hop_target, prepare_request
 from ..proxy.relay import RelayPipeline
-from ..proxy.requester import RequesterInjector, injector_for
-
-if TYPE_CHECKING:
-    from ..net.server import ClientConnection, _Request
+from ..proxy.requester import RELOAD_CHECK_INTERVAL_S, RequesterInjector, injector_for
+from .admin import build_admin_app, local_endpoints
 
 __all__ = ["ProxyApp"]
 
 log = logging.getLogger("signing_proxy")
-access_log = logging.getLogger("signing_proxy.access")
 
-LocalEndpoint = Callable[["ClientConnection", "_Request"], int]
+
+def _limits(config: Config) -> Limits:
+    return Limits(
+        max_header_bytes=config.limits.max_header_bytes,
+        max_body_bytes=config.limits.max_body_bytes,
+        client_idle_s=config.timeouts.client_idle_s,
+        read_s=config.timeouts.read_s,
+    )
 
 
 class ProxyApp:
     """The running proxy: configuration, signer, upstream pool, listeners and background tasks."""
+
+    RESTART_ONLY = ("mode", "listen", "data_dir", "publish", "intercept", "upstream", "relay")
 
     def __init__(self, config: Config, keys: KeyProvider, *, clock: Callable[[], float] = time.time) -> None:
         self.config = config
         self.keys = keys
         self.clock = clock
         self.metrics = Metrics()
-        self.signer = Signer(
-            keys,
-            label=config.signing.label,
-            validity_s=config.signing.validity_s,
-            clock=clock,
-            metrics=self.metrics,
-        )
-        self.bearers = BearerStore(config.credentials)
-        self.access = AccessControl(config.access)
-        # requester injection; ProxyError 500 (exit 2) for a delegation bound to another key or expired
-        self.requester: RequesterInjector | None = injector_for(config, keys, clock=clock)
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._servers: list[asyncio.Server] = []
+        self._admin_runner: web.AppRunner | None = None
+        self.admin_address: tuple[str, int] | None = None
+        self.reuse_port = False  # set by `run --workers N`: N processes share the listening ports
+        self.draining = False  # set on SIGTERM: finish what is in flight, keep no connection alive
         self.pool = UpstreamPool(
             config.upstream,
             connect_timeout_s=config.timeouts.connect_s,
             read_timeout_s=config.timeouts.read_s,
         )
-        self._routes: list[tuple[str, Target]] = sorted(
-            ((r.prefix, parse_absolute_uri(r.upstream)) for r in config.routes), key=lambda r: -len(r[0])
-        )
-        self.connections: set[ClientConnection] = set()
-        self._tasks: set[asyncio.Task[Any]] = set()
-        self._servers: list[asyncio.Server] = []
-        self.admin_address: tuple[str, int] | None = None
-        self.reuse_port = False  # set by `run --workers N`: N processes share the listening ports
-        self._admin_runner: Any = None
-        self.draining = False  # set on SIGTERM: finish what is in flight, keep no connection alive
-        self.interception = ConnectHandler(self)  # loads or creates the CA; ProxyError if unusable
+        self.client = HttpClient(self.pool, config.timeouts, via=next_hop_target(config))
+        # the live parts, rebuilt whole by ``reload``
+        self.signer = self._signer(config)
+        self.bearers = BearerStore(config.credentials)
+        # requester injection; ProxyError 500 (exit 2) for a delegation bound to another key or expired
+        self.requester: RequesterInjector | None = injector_for(config, keys, clock=clock)
         self.relay = RelayPipeline(config, self.signer, spawn=self.spawn) if config.mode == "relay" else None
-        self.discovery = Discovery.for_app(self)  # 403 + X-Content-Rules; None in relay mode
+        self.discovery = (  # 403 + X-Content-Rules; the agent's own proxy discovers, never a relay
+            Discovery(
+                lambda: self.config.discovery,
+                self.signed_fetch,
+                requester=lambda: self.requester,
+                count=self._count_discovery,
+            )
+            if config.mode == "agent"
+            else None
+        )
+        self.handler = ProxyHandler(
+            self._policy(config),
+            pool=self.pool,
+            metrics=self.metrics,
+            local=local_endpoints(self.readiness, self.metrics.render),
+            discovery=self.discovery,
+            draining=lambda: self.draining,
+        )
+        self.engine = Engine(self.handler, _limits(config), self.spawn)
+        self.interception = ConnectHandler(  # loads or creates the CA; ProxyError if unusable
+            config,
+            policy=lambda: self.handler.policy,
+            inner=self.engine.protocol,
+            count=self.handler.count,
+        )
+        self.handler.connect = self.interception
         self._wire_metric_callbacks()
+
+    # --- parts ---
+    def _signer(self, config: Config) -> Signer:
+        return Signer(
+            self.keys,
+            label=config.signing.label,
+            validity_s=config.signing.validity_s,
+            clock=self.clock,
+            metrics=self.metrics,
+        )
+
+    def _policy(self, config: Config) -> Policy:
+        return Policy(
+            mode=config.mode,
+            access=AccessControl(config.access),
+            connect_timeout_s=config.timeouts.connect_s,
+            routes=Routes([(r.prefix, r.upstream) for r in config.routes]),
+            prepare=self.prepare,
+            access_log=AccessLog(enabled=config.log.access_log, fmt=config.log.format),
+        )
+
+    def _count_discovery(self, counter: str) -> None:
+        getattr(self.metrics, counter).inc()
 
     def _wire_metric_callbacks(self) -> None:
         callbacks = self.metrics.callbacks
@@ -99,9 +150,15 @@ class ProxyApp:
                 else None
             )
 
-    # --- live reload (SIGHUP) ---
-    RESTART_ONLY = ("mode", "listen", "data_dir", "publish", "intercept", "upstream", "relay")
+    @property
+    def access(self) -> AccessControl:
+        return self.handler.policy.access
 
+    @property
+    def connections(self) -> set[ClientConnection]:
+        return self.engine.connections
+
+    # --- live reload (SIGHUP) ---
     def reload(self, config: Config) -> list[str]:
         """Apply a new configuration's live parts atomically; return the sections that need a restart.
 
@@ -109,23 +166,17 @@ class ProxyApp:
         with ProxyError), then swapped in one step: a request sees the old or the new, never a mix.
         """
         bearers = BearerStore(config.credentials)
-        access = AccessControl(config.access)
         requester = injector_for(config, self.keys, clock=self.clock)  # refused like at start-up
-        signer = Signer(
-            self.keys,
-            label=config.signing.label,
-            validity_s=config.signing.validity_s,
-            clock=self.clock,
-            metrics=self.metrics,
-        )
-        routes = sorted(
-            ((r.prefix, parse_absolute_uri(r.upstream)) for r in config.routes), key=lambda r: -len(r[0])
-        )
+        signer = self._signer(config)
         pending = [name for name in self.RESTART_ONLY if getattr(config, name) != getattr(self.config, name)]
         kept = {name: getattr(self.config, name) for name in self.RESTART_ONLY}
-        self.config = dataclasses.replace(config, **kept)
-        self.bearers, self.access, self.signer, self._routes = bearers, access, signer, routes
-        self.requester = requester
+        config = dataclasses.replace(config, **kept)
+        policy = self._policy(config)
+        self.config = config
+        self.bearers, self.signer, self.requester = bearers, signer, requester
+        self.handler.policy = policy
+        self.engine.limits = _limits(config)
+        self.client.timeouts = config.timeouts
         if self.relay is not None:
             self.relay.signer = signer
         logging.getLogger("signing_proxy").setLevel(config.log.level.upper())
@@ -140,14 +191,7 @@ class ProxyApp:
 
     # --- the pipeline ---
     async def prepare(
-        self,
-        method: str,
-        target: Target,
-        lines: Sequence[tuple[str, str]],
-        body: bytes,
-        *,
-        framed: bool,
-        client_ip: str = "-",
+        self, method: str, target: Target, lines: Sequence[tuple[str, str]], body: bytes, *, framed: bool
     ) -> Outgoing:
         """Run the pipeline of this proxy's mode; raises ProxyError instead of forwarding unsigned."""
         if self.relay is not None:
@@ -164,27 +208,26 @@ class ProxyApp:
             requester=self.requester,
         )
 
-    def route_for(self, raw_target: str) -> Target | None:
-        """Map an origin-form target on a configured prefix to the upstream URL (longest prefix wins)."""
-        path = raw_target.split("?", 1)[0]
-        for prefix, base in self._routes:
-            if path.startswith(prefix):
-                rest = raw_target[len(prefix) :]  # "v1/x?q" after "/exchange/"
-            elif path == prefix[:-1]:
-                rest = raw_target[len(prefix) - 1 :]  # "" or "?q" after "/exchange"
-            else:
-                continue
-            return base.with_path_query(base.path + rest)
-        return None
-
-    def local_endpoint(self, path: str) -> LocalEndpoint | None:
-        if path == "/healthz":
-            return lambda conn, _req: conn.local_json(200, {"status": "ok", "version": __version__})
-        if path == "/readyz":
-            return lambda conn, _req: conn.local_json(*self.readiness())
-        if path == "/metrics":
-            return lambda conn, _req: conn.local_response(200, CONTENT_TYPE, self.metrics.render())
-        return None
+    async def signed_fetch(
+        self,
+        method: str,
+        url: str,
+        *,
+        body: bytes = b"",
+        headers: tuple[tuple[str, str], ...] = (),
+        max_bytes: int,
+        truncate: bool = False,
+    ) -> FetchedResponse:
+        """One request of the proxy's own (a manifest, DiscoverResources), signed like the agent's."""
+        return await self.client.fetch(
+            method,
+            url,
+            body=body,
+            headers=headers,
+            max_bytes=max_bytes,
+            truncate=truncate,
+            prepare=self.prepare,
+        )
 
     def readiness(self) -> tuple[int, dict[str, object]]:
         """(status, document) for ``/readyz``: a valid signing key, the CA if intercepting, config loaded."""
@@ -198,35 +241,15 @@ class ProxyApp:
         ready = all(v == "ok" for v in checks.values())
         return (200 if ready else 503), {"status": "ready" if ready else "not-ready", "checks": checks}
 
-    async def handle_connect(self, conn: ClientConnection, req: _Request) -> tuple[int, str]:
-        """CONNECT: refuse with ``ProxyError`` or take ``conn``'s transport over; (status, outcome)."""
-        return await self.interception.handle(conn, req)
-
-    # --- observability ---
-    def metrics_request(self, outcome: str) -> None:
-        self.metrics.request(self.config.mode, outcome)
-        if outcome in ("intercepted", "tunnelled"):
-            self.metrics.tunnel(outcome)
-
-    def log_access(self, **fields: object) -> None:
-        if not access_log.isEnabledFor(logging.INFO):
-            return
-        if self.config.log.format == "json":
-            access_log.info(json.dumps({"event": "request", **fields}, separators=(",", ":")))
-        else:
-            access_log.info(" ".join(f"{k}={v}" for k, v in fields.items() if v is not None))
-
     # --- lifecycle ---
     async def start(self) -> list[tuple[str, int]]:
         """Bind the proxy port; return the bound addresses (port 0 picks one)."""
-        from ..net.server import ClientConnection
-
         host, port = parse_host_port(self.config.listen, "listen")
         loop = asyncio.get_running_loop()
         if self.config.admin.listen is not None:
             self.admin_address = await self._start_admin(self.config.admin.listen)
         server = await loop.create_server(
-            lambda: ClientConnection(self),
+            self.engine.protocol,
             host,
             port,
             backlog=1024,
@@ -234,22 +257,30 @@ class ProxyApp:
             reuse_port=self.reuse_port or None,
         )
         self._servers.append(server)
+        self.spawn(self._watch_token_file())
         return [sock.getsockname()[:2] for sock in server.sockets]
 
+    async def _watch_token_file(self) -> None:
+        """Pick up a reissued delegation token file: read off the event loop, so no request waits on disk."""
+        while True:
+            await asyncio.sleep(RELOAD_CHECK_INTERVAL_S)
+            requester = self.requester
+            if requester is not None and requester.config.delegation is not None:
+                try:
+                    await asyncio.to_thread(requester.reload)
+                except Exception:  # a bug: keep the running delegation and keep watching
+                    log.exception("reloading the delegation token file failed")
+
     async def _start_admin(self, listen: str) -> tuple[str, int]:
-        from aiohttp import web
-
-        from .admin import build_admin_app
-
         host, port = parse_host_port(listen, "admin.listen")
-        runner = web.AppRunner(build_admin_app(self), access_log=None, handle_signals=False)
+        app = build_admin_app(self.readiness, self.metrics.render)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await runner.setup()
         site = web.TCPSite(runner, host, port, reuse_port=self.reuse_port or None)
         await site.start()
         self._admin_runner = runner
-        server = site._server
-        sockets = getattr(server, "sockets", None) or []
-        bound = sockets[0].getsockname()[:2] if sockets else (host, port)
+        addresses = runner.addresses
+        bound = addresses[0][:2] if addresses else (host, port)
         return str(bound[0]), int(bound[1])
 
     async def stop(self, drain_s: float = 5.0) -> None:
@@ -260,14 +291,13 @@ class ProxyApp:
             self._admin_runner = None
         for server in self._servers:
             server.close()
-        deadline = asyncio.get_running_loop().time() + drain_s
-        while self._tasks and asyncio.get_running_loop().time() < deadline:
-            busy = [c for c in self.connections if c.busy]
-            if not busy:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + drain_s
+        while self._tasks and loop.time() < deadline:
+            if not self.engine.busy():
                 break
-            await asyncio.sleep(0.05)
-        for conn in list(self.connections):
-            conn.close()
+            await asyncio.sleep(0.05)  # polled: in-flight exchanges share no one event to wait on
+        self.engine.close_all()
         self.interception.close()
         for task in list(self._tasks):
             task.cancel()
@@ -275,6 +305,7 @@ class ProxyApp:
             await asyncio.wait(list(self._tasks), timeout=1.0)
         for server in self._servers:
             await server.wait_closed()
+        await self.client.close()
         self.pool.close()
         if self.relay is not None:
             await self.relay.close()

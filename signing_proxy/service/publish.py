@@ -19,7 +19,7 @@ from typing import Final
 
 from aiohttp import web
 
-from ..config.schema import Config, parse_host_port
+from ..config import Config, parse_host_port
 from ..core.errors import KeyFormatError
 from ..core.keys import (
     DIRECTORY_MEDIA_TYPE,

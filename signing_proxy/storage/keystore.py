@@ -10,50 +10,50 @@ refuses a malformed index, a key file whose key does not match its name, and any
 or others can access, with a message naming the path.
 
 ``StoreKeyProvider`` signs with ``choose_signing_key`` evaluated at each call, so a key stops
-signing the moment its window closes, and re-reads the store when its index changes (checked at
-most once a second) or when ``reload()`` is called (the CLI calls it on SIGHUP).
+signing the moment its window closes. It answers from memory only (no file I/O: safe on the event
+loop); ``reload()`` (blocking, any thread) re-reads the store when its index changed, and the service
+calls it off the loop every ``RELOAD_CHECK_INTERVAL_S`` and on SIGHUP. The index format is
+``keyindex.py``'s, the owner-only file handling ``files.py``'s.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
 import os
-import stat
-import sys
-import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Final
+from typing import Final
 
-from ..config.schema import AGENT_NAME_RE
+from ..config import AGENT_NAME_RE
 from ..core.b64 import b64url_decode
 from ..core.errors import KeyFormatError
 from ..core.jwk import PublicKey, SigningKey
 from ..core.keys import (
     MAX_DIRECTORY_KEYS,
     MAX_REVOKED_THUMBPRINTS,
-    Directory,
-    DirectoryKey,
     KeyProvider,
     KeyRecord,
     RevocationList,
     choose_signing_key,
     format_rfc3339,
-    is_thumbprint,
-    key_state,
-    parse_rfc3339,
-    publishable,
 )
 from ..errors import KeyStoreError
+from .files import (
+    PRIVATE_DIR_MODE,
+    PRIVATE_FILE_MODE,
+    PrivateFileError,
+    check_private_dir,
+    file_lock,
+    make_private_dir,
+    read_private,
+)
 from .keyfile import KeyFileError, load_key_file, write_private_file
-
-if sys.platform != "win32":
-    import fcntl
+from .keyindex import MAX_INDEX_BYTES, IndexEntry, StoreState, parse_index, render_index
 
 __all__ = [
     "DEFAULT_AGENT",
@@ -78,19 +78,12 @@ STORE_DIR_NAME: Final = "keys"  # <data_dir>/keys/<agent>/
 INDEX_NAME: Final = "keys.json"
 LOCK_NAME: Final = ".lock"
 LEGACY_KEY_NAME: Final = "agent-key.pem"  # the single key of earlier versions, imported once
-INDEX_FORMAT: Final = "signing-proxy-keystore/1"
 DEFAULT_AGENT: Final = "default"
 DEFAULT_KEY_LIFETIME_S: Final = 90 * 86_400  # our choice: a key's window when none is given
 DEFAULT_GRACE_S: Final = 48 * 3600  # spec: Limits ("typically 24 to 48 hours")
 RELOAD_CHECK_INTERVAL_S: Final = 1.0  # our choice: how often a running proxy looks at the index
-MAX_INDEX_BYTES: Final = 4 * 1024 * 1024  # our choice: 10 000 revoked thumbprints fit easily
-MAX_STORE_KEYS: Final = 1024  # our choice: keys the index may hold (expired ones included)
-DIR_MODE: Final = 0o700
-FILE_MODE: Final = 0o600
-GROUP_OTHER_BITS: Final = 0o077
 
-_ENTRY_MEMBERS = frozenset({"thumbprint", "x", "not_before", "not_after", "created_at"})
-_INDEX_MEMBERS = frozenset({"format", "agent", "keys", "revocations"})
+_NOTHING_REPORTED: Final = object()  # no failed reload reported yet (None is a missing index)
 
 
 def check_agent_name(agent: str) -> str:
@@ -98,51 +91,6 @@ def check_agent_name(agent: str) -> str:
     if not isinstance(agent, str) or not AGENT_NAME_RE.fullmatch(agent):
         raise ValueError(f"agent name {agent!r}: use 1-63 of a-z 0-9 . _ - starting with a letter or digit")
     return agent
-
-
-@dataclass(frozen=True)
-class StoreState:
-    """One consistent view of a store: records (``revoked`` from the revocation list), public keys,
-    the revocation list, and the private keys of unrevoked keys when loaded with ``private``."""
-
-    agent: str
-    path: Path
-    records: tuple[KeyRecord, ...]
-    publics: Mapping[str, PublicKey]
-    revocations: RevocationList
-    private: Mapping[str, SigningKey] = field(default_factory=lambda: MappingProxyType({}))
-
-    def record(self, thumbprint: str) -> KeyRecord | None:
-        return next((r for r in self.records if r.thumbprint == thumbprint), None)
-
-    def signing_record(self, now: float) -> KeyRecord | None:
-        """The newest key valid at ``now`` and not revoked (DESIGN 4), or None."""
-        return choose_signing_key(self.records, now)
-
-    def signing_key(self, now: float) -> SigningKey | None:
-        chosen = self.signing_record(now)
-        return None if chosen is None else self.private.get(chosen.thumbprint)
-
-    def state_of(self, record: KeyRecord, now: float) -> str:
-        """``active``, ``next``, ``retiring``, ``revoked`` or ``expired``."""
-        return key_state(record, self.records, now)
-
-    def directory(self, now: float, revocation_url: str | None) -> Directory:
-        """The keys to publish at ``now``: unrevoked, unexpired (current and next ones)."""
-        keys = tuple(
-            DirectoryKey(self.publics[r.thumbprint], r.not_before, r.not_after)
-            for r in publishable(self.records, now)
-        )
-        return Directory(keys, revocation_url)
-
-
-@dataclass(frozen=True)
-class _Entry:
-    thumbprint: str
-    x: str
-    not_before: int
-    not_after: int
-    created_at: int
 
 
 class KeyStore:
@@ -183,7 +131,7 @@ class KeyStore:
         with self._lock(exclusive=False):
             return self._load(private=private)[0]
 
-    def _load(self, *, private: bool) -> tuple[StoreState, list[_Entry]]:
+    def _load(self, *, private: bool) -> tuple[StoreState, list[IndexEntry]]:
         entries, revocations = self._read_index()
         revoked = revocations.revoked
         records = tuple(
@@ -201,45 +149,50 @@ class KeyStore:
         )
         return state, entries
 
-    def _check_owner_only(self, path: Path, *, directory: bool) -> None:
-        try:
-            st = os.stat(path)
-        except FileNotFoundError:
-            raise KeyStoreError(
+    def _refusal(self, exc: PrivateFileError, *, directory: bool) -> KeyStoreError:
+        """The key store's words for a private file or folder that cannot be used."""
+        path = exc.path
+        if exc.reason == "missing":
+            return KeyStoreError(
                 "store-missing",
                 path,
                 f"no key store for agent {self.agent!r} (`signing-proxy run` creates one on first start; "
                 f"`signing-proxy keys rotate --agent {self.agent}` adds a first key)",
-            ) from None
-        except OSError as exc:
-            raise KeyStoreError("store-unreadable", path, f"cannot stat: {exc.strerror}") from None
-        kind_ok = stat.S_ISDIR(st.st_mode) if directory else stat.S_ISREG(st.st_mode)
-        if not kind_ok:
-            raise KeyStoreError("store-malformed", path, "is not a " + ("directory" if directory else "file"))
-        if st.st_mode & GROUP_OTHER_BITS:
-            want = DIR_MODE if directory else FILE_MODE
-            raise KeyStoreError(
+            )
+        if exc.reason == "wrong-kind":
+            return KeyStoreError(
+                "store-malformed", path, "is not a " + ("directory" if directory else "file")
+            )
+        if exc.reason == "too-open":
+            want = PRIVATE_DIR_MODE if directory else PRIVATE_FILE_MODE
+            return KeyStoreError(
                 "store-permissions",
                 path,
-                f"mode is {stat.S_IMODE(st.st_mode):04o}; the key store must be accessible by its owner "
+                f"mode is {exc.mode:04o}; the key store must be accessible by its owner "
                 f"only (run: chmod {want:o} {path})",
             )
+        operation = "read" if exc.reason == "denied" else exc.operation
+        return KeyStoreError("store-unreadable", path, f"cannot {operation}: {exc.detail}")
 
-    def _read_index(self) -> tuple[list[_Entry], RevocationList]:
-        if not self.path.exists() and not self.path.is_symlink():
-            self._check_owner_only(self.path, directory=True)  # names the store, not its parent
-        self._check_owner_only(self.root, directory=True)
-        self._check_owner_only(self.path, directory=True)
-        self._check_owner_only(self.index_path, directory=False)
+    def _check_dir(self, path: Path) -> None:
         try:
-            with open(self.index_path, "rb") as fh:
-                data = fh.read(MAX_INDEX_BYTES + 1)
-        except OSError as exc:
-            raise KeyStoreError("store-unreadable", self.index_path, f"cannot read: {exc.strerror}") from None
+            check_private_dir(path)
+        except PrivateFileError as exc:
+            raise self._refusal(exc, directory=True) from None
+
+    def _read_index(self) -> tuple[list[IndexEntry], RevocationList]:
+        if not self.path.exists() and not self.path.is_symlink():
+            self._check_dir(self.path)  # names the store, not its parent
+        self._check_dir(self.root)
+        self._check_dir(self.path)
+        try:
+            data = read_private(self.index_path, max_bytes=MAX_INDEX_BYTES)
+        except PrivateFileError as exc:
+            raise self._refusal(exc, directory=False) from None
         if len(data) > MAX_INDEX_BYTES:
             raise KeyStoreError("store-malformed", self.index_path, f"larger than {MAX_INDEX_BYTES} bytes")
         try:
-            return _parse_index(data, self.agent)
+            return parse_index(data, self.agent)
         except (KeyFormatError, ValueError) as exc:
             detail = exc.detail if isinstance(exc, KeyFormatError) else str(exc)
             raise KeyStoreError("store-malformed", self.index_path, f"malformed index: {detail}") from None
@@ -276,7 +229,7 @@ class KeyStore:
                 raise KeyStoreError("store-exists", self.index_path, "the key store already exists")
             key = key or SigningKey.generate()
             start = math.floor(now)
-            entry = _Entry(
+            entry = IndexEntry(
                 key.thumbprint,
                 key.public.jwk()["x"],
                 start,
@@ -324,9 +277,9 @@ class KeyStore:
             cutoff = math.ceil(now) + activate_in_s + grace_s
             created = max([math.floor(now), *(e.created_at + 1 for e in entries)])  # strictly newest
             key = SigningKey.generate()
-            new = _Entry(key.thumbprint, key.public.jwk()["x"], start, start + lifetime_s, created)
+            new = IndexEntry(key.thumbprint, key.public.jwk()["x"], start, start + lifetime_s, created)
             moved: list[KeyRecord] = []
-            out: list[_Entry] = []
+            out: list[IndexEntry] = []
             for entry, record in zip(entries, state.records, strict=True):
                 if record.valid_at(now) and not record.revoked and entry.not_after > cutoff:
                     out.append(replace(entry, not_after=cutoff))
@@ -397,137 +350,35 @@ class KeyStore:
     # --- files ---
 
     def _make_dirs(self) -> None:
-        self.data_dir.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
-        for directory in (self.root, self.path):
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(directory, DIR_MODE)
+        for directory in (self.data_dir, self.root, self.path):
+            make_private_dir(directory)
 
     @contextlib.contextmanager
     def _lock(self, *, exclusive: bool) -> Iterator[None]:
         """An advisory lock on ``<store>/.lock``: exclusive to change, shared to read (when it exists)."""
-        if sys.platform == "win32":
-            yield
-            return
         lock_path = self.path / LOCK_NAME
-        try:
-            if exclusive:
-                fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
-            else:
-                fd = os.open(lock_path, os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            if exclusive:
-                raise KeyStoreError("store-missing", self.path, "the key store is missing") from None
-            yield  # a store written by hand, or on a read-only volume: read without the lock
-            return
-        except OSError as exc:
-            raise KeyStoreError("store-unreadable", lock_path, f"cannot open: {exc.strerror}") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        with contextlib.ExitStack() as stack:
+            try:
+                stack.enter_context(file_lock(lock_path, shared=not exclusive))
+            except FileNotFoundError:
+                if exclusive:
+                    raise KeyStoreError("store-missing", self.path, "the key store is missing") from None
+                # a store written by hand, or on a read-only volume: read without the lock
+            except OSError as exc:
+                raise KeyStoreError("store-unreadable", lock_path, f"cannot open: {exc.strerror}") from None
             yield
-        finally:
-            os.close(fd)  # releases the lock
 
     def _write_key(self, key: SigningKey) -> None:
         write_private_file(self.key_path(key.thumbprint), key.to_pem())
 
-    def _write_index(self, entries: Sequence[_Entry], revocations: RevocationList) -> None:
-        ordered = sorted(entries, key=lambda e: (e.not_before, e.created_at, e.thumbprint))
-        doc = {
-            "format": INDEX_FORMAT,
-            "agent": self.agent,
-            "keys": [
-                {
-                    "thumbprint": e.thumbprint,
-                    "x": e.x,
-                    "not_before": format_rfc3339(e.not_before),
-                    "not_after": format_rfc3339(e.not_after),
-                    "created_at": format_rfc3339(e.created_at),
-                }
-                for e in ordered
-            ],
-            "revocations": {
-                "as_of": format_rfc3339(revocations.as_of),
-                "revoked": sorted(revocations.revoked),
-            },
-        }
-        data = (json.dumps(doc, indent=2) + "\n").encode("ascii")
+    def _write_index(self, entries: Sequence[IndexEntry], revocations: RevocationList) -> None:
+        data = render_index(self.agent, entries, revocations)
         write_private_file(self.index_path, data, overwrite=True)
 
 
 def _check_positive(value: int, what: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValueError(f"{what} must be a positive number of seconds")
-
-
-def _strict_json(data: bytes) -> Any:
-    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for name, value in items:
-            if name in out:
-                raise ValueError(f"member {name!r} appears twice")
-            out[name] = value
-        return out
-
-    def no_constant(name: str) -> Any:
-        raise ValueError(f"{name} is not JSON")
-
-    try:
-        return json.loads(data.decode("utf-8"), object_pairs_hook=pairs, parse_constant=no_constant)
-    except UnicodeDecodeError:
-        raise ValueError("not UTF-8") from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"not JSON ({exc.msg} at line {exc.lineno})") from None
-
-
-def _members(obj: object, required: frozenset[str], where: str) -> Mapping[str, Any]:
-    if not isinstance(obj, dict):
-        raise ValueError(f"{where} must be an object")
-    missing, unknown = sorted(required - obj.keys()), sorted(obj.keys() - required)
-    if missing:
-        raise ValueError(f"{where} lacks member {missing[0]!r}")
-    if unknown:
-        raise ValueError(f"{where} has unknown member {unknown[0]!r}")
-    return obj
-
-
-def _parse_index(data: bytes, agent: str) -> tuple[list[_Entry], RevocationList]:
-    doc = _members(_strict_json(data), _INDEX_MEMBERS, "the index")
-    if doc["format"] != INDEX_FORMAT:
-        raise ValueError(f"format {doc['format']!r}; expected {INDEX_FORMAT!r}")
-    if doc["agent"] != agent:
-        raise ValueError(f"it belongs to agent {doc['agent']!r}, not {agent!r} (its directory)")
-    raw_keys = doc["keys"]
-    if not isinstance(raw_keys, list) or len(raw_keys) > MAX_STORE_KEYS:
-        raise ValueError(f"'keys' must be an array of at most {MAX_STORE_KEYS} entries")
-    entries: list[_Entry] = []
-    seen: set[str] = set()
-    for i, raw in enumerate(raw_keys):
-        item = _members(raw, _ENTRY_MEMBERS, f"keys[{i}]")
-        thumbprint, x = item["thumbprint"], item["x"]
-        if not is_thumbprint(thumbprint):
-            raise ValueError(f"keys[{i}].thumbprint is not an RFC 7638 thumbprint")
-        if thumbprint in seen:
-            raise ValueError(f"keys[{i}]: key {thumbprint} is listed twice")
-        seen.add(thumbprint)
-        try:
-            public = PublicKey.from_raw(b64url_decode(x)) if isinstance(x, str) else None
-        except (ValueError, KeyFormatError):
-            public = None
-        if public is None:
-            raise ValueError(f"keys[{i}].x is not a base64url Ed25519 public key")
-        if public.thumbprint != thumbprint:
-            raise ValueError(f"keys[{i}]: x does not hash to the thumbprint {thumbprint}")
-        not_before = parse_rfc3339(item["not_before"])
-        not_after = parse_rfc3339(item["not_after"])
-        created_at = parse_rfc3339(item["created_at"])
-        if not not_before < not_after:
-            raise ValueError(f"keys[{i}]: not_before must be earlier than not_after")
-        entries.append(_Entry(thumbprint, x, not_before, not_after, created_at))
-    rev = _members(doc["revocations"], frozenset({"as_of", "revoked"}), "revocations")
-    revoked = rev["revoked"]
-    if not isinstance(revoked, list) or not all(isinstance(t, str) for t in revoked):
-        raise ValueError("revocations.revoked must be an array of thumbprints")
-    return entries, RevocationList(parse_rfc3339(rev["as_of"]), frozenset(revoked))
 
 
 def open_or_create(
@@ -562,48 +413,40 @@ def open_or_create(
 
 
 class StoreWatcher:
-    """A store loaded once and re-read when its index changes (looked at no more than once per
-    ``check_interval_s``) or on ``reload()``. A store that turns bad is reported and the last good
-    state is kept."""
+    """A store loaded once and served from memory: ``state()`` never touches the disk. ``reload()``
+    re-reads it when its index changed; a store that turns bad is reported and the last good state kept.
+    """
 
-    def __init__(
-        self,
-        store: KeyStore,
-        *,
-        private: bool,
-        check_interval_s: float = RELOAD_CHECK_INTERVAL_S,
-        monotonic: Callable[[], float] = time.monotonic,
-    ) -> None:
+    def __init__(self, store: KeyStore, *, private: bool) -> None:
         self.store = store
         self._private = private
-        self._interval = check_interval_s
-        self._monotonic = monotonic
-        self._seen = store.fingerprint()
+        self._reload_lock = threading.Lock()  # one reload at a time (the periodic check and SIGHUP)
+        self._seen = store.fingerprint()  # of the index the state was loaded from
         self._state = store.load(private=private)  # a bad store at start-up is refused
-        self._next_check = monotonic() + check_interval_s
-        self._reported: tuple[int, ...] | None = None
+        self._reported: object = _NOTHING_REPORTED
 
     def state(self) -> StoreState:
-        """The current state, re-read first when the index changed since the last look."""
-        now = self._monotonic()
-        if now >= self._next_check:
-            self._next_check = now + self._interval
-            if self.store.fingerprint() != self._seen:
-                self.reload()
+        """The state loaded last: memory only, no file I/O (safe on the event loop)."""
         return self._state
 
-    def reload(self) -> bool:
-        """Re-read the store now; False (and the previous state kept) when it cannot be loaded."""
-        seen = self.store.fingerprint()
-        try:
-            state = self.store.load(private=self._private)
-        except KeyStoreError as exc:
-            if seen != self._reported:  # once per version of the index, not once per second
-                self._reported = seen
-                log.error("key store not reloaded, keeping the keys loaded before: %s", exc)
-            return False
-        before = self._state
-        self._state, self._seen = state, seen
+    def reload(self, *, force: bool = False) -> bool:
+        """Re-read the store when its index changed since the last good load (one ``stat`` when it did
+        not), or always with ``force``. Blocking: call it off the event loop; safe from any thread (the
+        new state replaces the old in one reference). False, and the previous state kept, when it
+        cannot be loaded."""
+        with self._reload_lock:
+            seen = self.store.fingerprint()
+            if seen == self._seen and not force:
+                return True
+            try:
+                state = self.store.load(private=self._private)
+            except KeyStoreError as exc:
+                if seen != self._reported:  # once per version of the index, not once per check
+                    self._reported = seen
+                    log.error("key store not reloaded, keeping the keys loaded before: %s", exc)
+                return False
+            before = self._state
+            self._state, self._seen = state, seen
         if before.records != state.records or before.revocations != state.revocations:
             log.info(
                 "reloaded key store %s (agent %s): %d keys, %d revoked",
@@ -618,16 +461,11 @@ class StoreWatcher:
 
 
 class StoreKeyProvider(StoreWatcher, KeyProvider):
-    """Signs with the store's newest key valid at the moment of each call, never outside its window."""
+    """Signs with the store's newest key valid at the moment of each call, never outside its window;
+    answers from memory (see ``StoreWatcher``)."""
 
-    def __init__(
-        self,
-        store: KeyStore,
-        *,
-        check_interval_s: float = RELOAD_CHECK_INTERVAL_S,
-        monotonic: Callable[[], float] = time.monotonic,
-    ) -> None:
-        super().__init__(store, private=True, check_interval_s=check_interval_s, monotonic=monotonic)
+    def __init__(self, store: KeyStore) -> None:
+        super().__init__(store, private=True)
 
     def current(self, now: float) -> SigningKey | None:
         return self.state().signing_key(now)

@@ -1,48 +1,38 @@
-"""Key directories of other participants: fetched, cached, bounded; and their revocation lists.
+"""Key directories of other participants: fetched through the package's one client, cached, bounded.
 
 A verifier finds a signer's key at ``{Signature-Agent}/.well-known/http-message-signatures-directory``
 (spec "Key lookup"). ``DirectoryResolver`` fetches it once per URL at a time (concurrent callers
 share the fetch), caches it for the response's ``Cache-Control`` max-age clamped between a floor
 and a ceiling, refuses oversized or slow answers, remembers failures briefly (negative cache), and
 keeps serving the last good copy when a refresh fails — a failed fetch is no evidence that a key
-was withdrawn. ``RevocationPoller`` polls every directory's ``revocation_url`` every 300 s +/-10 %
-(spec "Key publication, rotation and revocation" 3) with an injected clock, sleep and random source.
+was withdrawn. Fetches go through a ``Fetcher``: ``http_fetcher`` builds one on ``net.client.HttpClient``
+(no redirects, bounded size and time); tests pass a fake. Revocation lists: ``verify.revocation``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-import aiohttp
-
 from ..core.errors import KeyFormatError
-from ..core.keys import (
-    DIRECTORY_PATH,
-    MAX_DIRECTORY_BYTES,
-    Directory,
-    RevocationList,
-    merge_revocation_lists,
-    next_poll_delay,
-    parse_directory,
-    parse_revocation_list,
-)
-from ..errors import DirectoryError
+from ..core.keys import DIRECTORY_PATH, MAX_DIRECTORY_BYTES, Directory, parse_directory
+from ..errors import DirectoryError, ProxyError
+from ..net.client import HttpClient
 
 __all__ = [
     "DirectoryError",
     "DirectoryResolver",
     "FetchResult",
     "Fetcher",
-    "RevocationPoller",
-    "aiohttp_fetcher",
     "directory_url",
+    "fetch_parsed",
+    "http_fetcher",
+    "ttl_from_cache_control",
 ]
 
 log = logging.getLogger("signing_proxy.directory")
@@ -51,12 +41,14 @@ DEFAULT_TTL_S = 300.0  # no Cache-Control: "minutes to hours" (spec: Limits) -> 
 MIN_TTL_S = 60.0  # floor: never re-fetch a directory more often than once a minute
 MAX_TTL_S = 6 * 3600.0  # ceiling: re-fetch at least every six hours, whatever the server says
 NEGATIVE_TTL_S = 30.0  # a failed fetch is retried after this long, not on every request
-FETCH_TIMEOUT_S = 5.0
+FETCH_TIMEOUT_S = 5.0  # our choice: a whole directory or revocation-list exchange, connect included
 _MAX_AGE = re.compile(r"(?:^|[,\s])max-age\s*=\s*\"?(\d+)", re.IGNORECASE)
 
 
 @dataclass(frozen=True, slots=True)
 class FetchResult:
+    """What a resolver needs of an answer: status, body, ``Cache-Control``."""
+
     status: int
     body: bytes
     cache_control: str | None
@@ -82,29 +74,29 @@ def ttl_from_cache_control(value: str | None, floor_s: float, ceiling_s: float) 
     return min(max(seconds, floor_s), ceiling_s)
 
 
-def aiohttp_fetcher(
-    session: aiohttp.ClientSession,
-    *,
-    max_bytes: int = MAX_DIRECTORY_BYTES,
-    timeout_s: float = FETCH_TIMEOUT_S,
+def http_fetcher(
+    client: HttpClient, *, max_bytes: int = MAX_DIRECTORY_BYTES, timeout_s: float = FETCH_TIMEOUT_S
 ) -> Fetcher:
-    """A fetcher on an aiohttp session: no redirects (drafts: MUST NOT follow), bounded size and time."""
+    """A fetcher on ``client``: unsigned GET, no redirects (drafts: MUST NOT follow), bounded size and time.
+
+    Failures become DirectoryError: ``directory-too-large``, ``directory-fetch-timeout`` or
+    ``directory-fetch-failed`` (the client's reason in the detail).
+    """
 
     async def fetch(url: str) -> FetchResult:
         try:
-            async with session.get(
-                url, allow_redirects=False, timeout=aiohttp.ClientTimeout(total=timeout_s)
-            ) as resp:
-                body = await resp.content.read(max_bytes + 1)
-                if len(body) > max_bytes:
-                    raise DirectoryError("directory-too-large", f"{url} is larger than {max_bytes} bytes")
-                return FetchResult(resp.status, body, resp.headers.get("Cache-Control"))
-        except TimeoutError:
-            raise DirectoryError(
-                "directory-fetch-timeout", f"{url} did not answer in {timeout_s:g} s"
-            ) from None
-        except aiohttp.ClientError as exc:
-            raise DirectoryError("directory-fetch-failed", f"{url}: {exc}") from None
+            answer = await client.fetch("GET", url, max_bytes=max_bytes, total_s=timeout_s)
+        except ProxyError as exc:
+            if exc.reason == "response-too-large":
+                raise DirectoryError(
+                    "directory-too-large", f"{url} is larger than {max_bytes} bytes"
+                ) from None
+            if exc.reason in ("upstream-timeout", "upstream-connect-timeout"):
+                raise DirectoryError(
+                    "directory-fetch-timeout", f"{url} did not answer in {timeout_s:g} s"
+                ) from None
+            raise DirectoryError("directory-fetch-failed", f"{url}: {exc.reason}: {exc.detail}") from None
+        return FetchResult(answer.status, answer.body, answer.header("Cache-Control"))
 
     return fetch
 
@@ -203,63 +195,3 @@ class DirectoryResolver:
         urls = {e.directory.revocation_url for e in self._cache.values() if e.directory is not None}
         urls.update(d.revocation_url for d in self.pinned.values())
         return {u for u in urls if u}
-
-
-@dataclass
-class _RevocationState:
-    current: RevocationList | None = None
-    last_success: float | None = None
-    failures: int = 0
-
-
-@dataclass
-class RevocationPoller:
-    """Polls revocation lists and keeps the latest revoked set per URL (a failed poll keeps the last)."""
-
-    fetch: Fetcher
-    clock: Callable[[], float] = time.time
-    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
-    rand: Callable[[], float] = random.random
-    _state: dict[str, _RevocationState] = field(default_factory=dict)
-
-    def revoked(self) -> frozenset[str]:
-        """Every thumbprint revoked by any list we hold."""
-        out: set[str] = set()
-        for state in self._state.values():
-            if state.current is not None:
-                out |= state.current.revoked
-        return frozenset(out)
-
-    def age_s(self, url: str) -> float | None:
-        """Seconds since the last successful poll of ``url`` (None: never succeeded)."""
-        state = self._state.get(url)
-        if state is None or state.last_success is None:
-            return None
-        return self.clock() - state.last_success
-
-    def ages(self) -> dict[str, float | None]:
-        return {url: self.age_s(url) for url in self._state}
-
-    async def poll_once(self, url: str) -> bool:
-        """Fetch ``url`` once; replace the set on success, keep it on failure. True on success."""
-        state = self._state.setdefault(url, _RevocationState())
-        try:
-            fresh, _result = await fetch_parsed(self.fetch, url, parse_revocation_list, "revocation")
-        except DirectoryError as exc:
-            state.failures += 1
-            log.warning("revocation poll of %s failed (%s); keeping the last set", url, exc.reason)
-            return False
-        state.current = merge_revocation_lists(state.current, fresh)
-        state.last_success = self.clock()
-        state.failures = 0
-        return True
-
-    async def run(self, url: str, *, rounds: int | None = None) -> None:
-        """Poll ``url`` now and then every 300 s +/-10 % (``rounds`` bounds the loop, for tests)."""
-        done = 0
-        while rounds is None or done < rounds:
-            await self.poll_once(url)
-            done += 1
-            if rounds is not None and done >= rounds:
-                return
-            await self.sleep(next_poll_delay(self.rand()))

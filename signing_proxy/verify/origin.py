@@ -8,17 +8,19 @@ found, the exact signature bases — or the refusal reason and the label it conc
 
 from __future__ import annotations
 
-import aiohttp
 from aiohttp import web
 
 from ..core.errors import VerificationError
 from ..errors import problem_body
-from .directory import DirectoryResolver, RevocationPoller, aiohttp_fetcher
-from .verifier import RequestVerifier, VerifierPolicy, stack_summary, verify_aiohttp_request
+from ..net.client import HttpClient
+from .directory import DirectoryResolver, http_fetcher
+from .middleware import verify_aiohttp_request
+from .revocation import RevocationPoller
+from .verifier import RequestVerifier, VerifierPolicy, stack_summary
 
 __all__ = ["build_verify_origin"]
 
-_SESSION = web.AppKey("session", aiohttp.ClientSession)
+_CLIENT = web.AppKey("client", HttpClient)
 _VERIFIER = web.AppKey("verifier", RequestVerifier)
 
 
@@ -26,22 +28,26 @@ def build_verify_origin(
     policy: VerifierPolicy,
     *,
     external_origin: str | None = None,
-    session: aiohttp.ClientSession | None = None,
+    client: HttpClient | None = None,
 ) -> web.Application:
-    """An aiohttp app answering every path with the verification verdict of the request."""
+    """An aiohttp app answering every path with the verification verdict of the request.
+
+    Directories and revocation lists are fetched through ``client`` (default: a standalone one,
+    closed with the app).
+    """
     app = web.Application(client_max_size=64 * 1024 * 1024)
 
     async def on_startup(app: web.Application) -> None:
-        own = session or aiohttp.ClientSession()
-        app[_SESSION] = own
-        fetch = aiohttp_fetcher(own)
+        own = client if client is not None else HttpClient.standalone()
+        app[_CLIENT] = own
+        fetch = http_fetcher(own)
         app[_VERIFIER] = RequestVerifier(
             DirectoryResolver(fetch), policy, revocations=RevocationPoller(fetch)
         )
 
     async def on_cleanup(app: web.Application) -> None:
-        if session is None:
-            await app[_SESSION].close()
+        if client is None:
+            await app[_CLIENT].close()
 
     async def verdict(request: web.Request) -> web.Response:
         try:

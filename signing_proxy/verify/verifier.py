@@ -4,18 +4,16 @@
 label's in the directory named by ``Signature-Agent`` (or pinned keys when it is empty), later
 labels' in the directories of known brokers — folds in the revocation lists, and hands everything
 to ``core.signatures.verify_stack`` with the current time. The result is a frozen
-``VerifiedStack``; a refusal is a ``VerificationError`` with a stable reason.
-``signature_middleware`` mounts it on an aiohttp application in one line.
+``VerifiedStack``; a refusal is a ``VerificationError`` with a stable reason. No aiohttp here:
+``verify.middleware`` mounts it on an aiohttp application in one line.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
-
-from aiohttp import web
 
 from ..core.errors import FieldError, VerificationError
 from ..core.fields import Fields
@@ -32,15 +30,14 @@ from ..core.signatures import (
     verify_stack,
 )
 from ..core.uri import parse_absolute_uri
-from ..errors import problem_body
-from .directory import DirectoryError, DirectoryResolver, RevocationPoller
+from .directory import DirectoryError, DirectoryResolver
+from .revocation import RevocationPoller
 
-__all__ = ["SIGNATURE", "RequestVerifier", "VerifierPolicy", "signature_middleware", "verify_aiohttp_request"]
+__all__ = ["PINNED", "RequestVerifier", "VerifierPolicy", "stack_summary"]
 
 log = logging.getLogger("signing_proxy.verifier")
 
-PINNED = "pinned"
-SIGNATURE = web.RequestKey("signature", VerifiedStack)  # request[SIGNATURE]: the verified result
+PINNED = "pinned"  # the key source of pinned keys (no directory)
 _FOREVER = (0, 2**62)
 
 
@@ -154,52 +151,3 @@ def stack_summary(stack: VerifiedStack) -> dict[str, object]:
             for s in stack.signatures
         ],
     }
-
-
-async def verify_aiohttp_request(
-    verifier: RequestVerifier, request: web.Request, *, external_origin: str | None = None
-) -> VerifiedStack:
-    """Verify an aiohttp request as received (raw header lines, raw path, exact body).
-
-    ``external_origin`` (``https://exchange.example``) is the origin clients used when a TLS-terminating
-    load balancer sits in front (RFC 9421 section 7.4.3); otherwise scheme and Host of the request.
-    """
-    body = await request.read()
-    lines = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.raw_headers]
-    origin = external_origin.rstrip("/") if external_origin else f"{request.scheme}://{request.host}"
-    return await verifier.verify(request.method, origin + request.raw_path, Fields(lines), body)
-
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-def signature_middleware(
-    verifier: RequestVerifier, *, external_origin: str | None = None, exempt_paths: Sequence[str] = ()
-) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
-    """aiohttp middleware: refuse unverified requests with 401 problem+json; else put the
-    ``VerifiedStack`` in ``request[SIGNATURE]`` for the handler (trust only that)."""
-
-    @web.middleware
-    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path in exempt_paths:
-            return await handler(request)
-        try:
-            request[SIGNATURE] = await verify_aiohttp_request(
-                verifier, request, external_origin=external_origin
-            )
-        except VerificationError as exc:
-            return refusal(exc)
-        return await handler(request)
-
-    return middleware
-
-
-def refusal(exc: VerificationError) -> web.Response:
-    """401 problem+json carrying the refusal reason (and the label it concerns)."""
-    extra: dict[str, object] = {"label": exc.label} if exc.label else {}
-    return web.Response(
-        status=401,
-        body=problem_body(401, exc.reason, exc.detail, **extra),
-        content_type="application/problem+json",
-        headers={"WWW-Authenticate": 'Signature realm="signing-proxy"'},
-    )

@@ -363,6 +363,22 @@ def test_signing_refuses_non_ascii_values() -> None:
     assert err.value.reason == "non-ascii-component"
 
 
+def test_extra_params_follow_the_spec_four_and_still_verify() -> None:
+    message = unsigned()
+    plain = sign_message(message, AGENT, created=NOW, expires=NOW + 300)
+    extra = sign_message(message, AGENT, created=NOW, expires=NOW + 300, extra_params=[("nonce", 'a"b')])
+    assert extra.params_value == plain.params_value + ';nonce="a\\"b"'
+    attach_signature(message.fields, extra)
+    assert verify(message).agent.keyid == AGENT.thumbprint
+
+
+@pytest.mark.parametrize("extra", [(), (("tag", "t"),)])
+def test_signing_refuses_integers_beyond_the_structured_field_range(extra: Sequence[tuple[str, str]]) -> None:
+    with pytest.raises(SigningError) as err:
+        sign_message(unsigned(), AGENT, created=NOW, expires=10**15, extra_params=extra)
+    assert err.value.reason == "bad-signature-parameter"
+
+
 # --- interoperability with an independent RFC 9421 implementation ---------------------------------
 
 

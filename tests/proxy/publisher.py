@@ -19,8 +19,8 @@ from aiohttp import web
 
 from signing_proxy.core.errors import VerificationError
 from signing_proxy.core.jwk import SigningKey
+from signing_proxy.verify import RequestVerifier, VerifierPolicy, refusal, verify_aiohttp_request
 from signing_proxy.verify.directory import DirectoryError, DirectoryResolver, FetchResult
-from signing_proxy.verify.verifier import RequestVerifier, VerifierPolicy, refusal, verify_aiohttp_request
 from tests.harness import VerifyingOrigin
 
 EXCHANGE_DOMAIN = "exchange.example"

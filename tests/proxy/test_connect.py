@@ -31,11 +31,12 @@ import pytest
 import requests
 from aiohttp import web
 
-from signing_proxy.config.schema import parse_config
+from signing_proxy.config import parse_config
 from signing_proxy.core.jwk import SigningKey
 from signing_proxy.core.keys import StaticKeyProvider
+from signing_proxy.net.leaves import LeafContextCache
 from signing_proxy.service.app import ProxyApp
-from signing_proxy.storage.ca import CertificateAuthority, LeafContextCache
+from signing_proxy.storage.ca import CertificateAuthority
 from tests.harness import WAIT_S, Arrival, ProxyProcess, VerifyingOrigin
 
 pytestmark = pytest.mark.integration

@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 import requests
 import yaml
@@ -36,8 +35,16 @@ from signing_proxy.core.jwk import PublicKey, SigningKey
 from signing_proxy.core.keys import parse_rfc3339
 from signing_proxy.core.scopes import scopes_cover
 from signing_proxy.storage.keystore import KeyStore
-from signing_proxy.verify.directory import DirectoryResolver, RevocationPoller, aiohttp_fetcher
-from signing_proxy.verify.verifier import SIGNATURE, RequestVerifier, VerifierPolicy, signature_middleware
+from signing_proxy.verify import (
+    SIGNATURE,
+    DirectoryResolver,
+    HttpClient,
+    RequestVerifier,
+    RevocationPoller,
+    VerifierPolicy,
+    http_fetcher,
+    signature_middleware,
+)
 from tests.harness import WAIT_S, ProxyProcess, free_port, proxy_env, wait_for
 
 pytestmark = pytest.mark.integration
@@ -136,13 +143,13 @@ class Exchange:
     def _run(self) -> None:
         loop = asyncio.new_event_loop()
         self._loop = loop
-        session: aiohttp.ClientSession | None = None
+        client: HttpClient | None = None
         runner: web.AppRunner | None = None
 
         async def start() -> None:
-            nonlocal session, runner
-            session = aiohttp.ClientSession()  # trust_env False: directory fetches go direct
-            fetch = aiohttp_fetcher(session)
+            nonlocal client, runner
+            client = HttpClient.standalone()  # no upstream.next_hop: directory fetches go direct
+            fetch = http_fetcher(client)
             # Directories re-fetched every second: a rotation shows up at once (real ones cache longer).
             resolver = DirectoryResolver(fetch, floor_s=0.5, ceiling_s=1.0)
             verifier = RequestVerifier(resolver, VerifierPolicy(), revocations=RevocationPoller(fetch))
@@ -159,8 +166,8 @@ class Exchange:
         async def stop() -> None:
             if runner is not None:
                 await runner.cleanup()
-            if session is not None:
-                await session.close()
+            if client is not None:
+                await client.close()
 
         loop.run_until_complete(start())
         self._ready.set()

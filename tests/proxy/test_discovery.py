@@ -15,12 +15,13 @@ from typing import Any
 import pytest
 import requests
 
-from signing_proxy.config.schema import ConfigError, load_config, parse_config
+from signing_proxy.config import ConfigError, load_config, parse_config
 from signing_proxy.core.jwk import SigningKey
 from signing_proxy.core.keys import StaticKeyProvider
+from signing_proxy.net.leaves import LeafContextCache
 from signing_proxy.proxy.discovery import LINK_REL, Discovery
 from signing_proxy.service.app import ProxyApp
-from signing_proxy.storage.ca import CertificateAuthority, LeafContextCache
+from signing_proxy.storage.ca import CertificateAuthority
 from tests.harness import WAIT_S, Arrival, ProxyProcess, proxy_env
 from tests.proxy.publisher import DEFAULT_RULES, EDGE_BODY, EXCHANGE_DOMAIN, RESALE_DOMAIN, Publisher
 

@@ -18,7 +18,7 @@ import pytest
 import yaml
 from aiohttp.test_utils import TestClient
 
-from signing_proxy.config.schema import ConfigError, parse_config
+from signing_proxy.config import ConfigError, parse_config
 from signing_proxy.core.jwk import PRIVATE_JWK_MEMBERS
 from signing_proxy.core.keys import parse_directory, parse_revocation_list
 from signing_proxy.core.manifest import parse_manifest

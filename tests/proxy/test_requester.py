@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from signing_proxy.config.schema import Config, parse_config
+from signing_proxy.config import Config, parse_config
 from signing_proxy.core.delegation import extend_chain, issue_authority, verify_chain
 from signing_proxy.core.digest import content_digest
 from signing_proxy.core.fields import Fields
@@ -368,7 +368,7 @@ def test_startup_refuses_mirror_fields_wider_than_the_chain(
 
 
 def test_unspecified_type_never_reaches_the_injector(tmp_path: Path) -> None:
-    from signing_proxy.config.schema import ConfigError
+    from signing_proxy.config import ConfigError
 
     with pytest.raises(ConfigError, match="REQUESTER_TYPE_UNSPECIFIED"):
         config(tmp_path, type="REQUESTER_TYPE_UNSPECIFIED")
@@ -410,7 +410,10 @@ def test_a_reissued_token_file_is_picked_up(tmp_path: Path) -> None:
     keys.key = ROTATED
     write_chain(tmp_path / "delegation.jwt", make_chain(holder=ROTATED, exp=int(NOW) + 1800))
     os.utime(tmp_path / "delegation.jwt", ns=(1, 1))  # a different fingerprint even within one tick
-    clock.now += 1.5  # the file is looked at at most once a second
+    clock.now += 1.5
+    with pytest.raises(ProxyError):  # requests never read the file: the old chain is still in force
+        apply(inj)
+    assert inj.reload()  # the service's periodic reload, off the event loop
     d = json.loads(apply(inj))["requester"]["delegation"]
     token = base64.b64decode(d["token"]).decode()
     verify_chain(token, owner_keys=[OWNER.public], holder_jkt=ROTATED.thumbprint, now=clock.now)
@@ -427,6 +430,7 @@ def test_a_bad_new_token_file_is_refused_and_the_old_one_kept(
     write_chain(tmp_path / "delegation.jwt", make_chain(holder=ROTATED))  # bound to a key we do not sign with
     os.utime(tmp_path / "delegation.jwt", ns=(1, 1))
     clock.now += 1.5
+    assert not inj.reload()
     assert json.loads(apply(inj))["requester"] == before
     assert "delegation not reloaded" in caplog.text
     assert ROTATED.thumbprint in caplog.text  # which key the refused file names

@@ -1,0 +1,114 @@
+"""What every command group shares: the configuration from flags and environment, logging, the
+shared flags, the duration argument type and the one-line text of a refusal.
+
+Command modules import this; it imports no command module.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+from ..config import ENV_CONFIG_FILE, Config, apply_env_overrides, load_config
+from ..core.durations import parse_duration
+from ..errors import CAError, CliError, ConfigError, Error, KeyStoreError, ProxyError, StorageError
+
+__all__ = [
+    "REFUSALS",
+    "add_config_flag",
+    "add_data_dir_flag",
+    "config_from",
+    "configure_logging",
+    "duration",
+    "error_line",
+    "show_host",
+]
+
+
+def config_from(args: argparse.Namespace) -> Config:
+    """File (``--config`` or ``$SIGNING_PROXY_CONFIG``), then ``SIGNING_PROXY_*`` variables, then flags."""
+    try:
+        path = getattr(args, "config", None) or os.environ.get(ENV_CONFIG_FILE)
+        config = apply_env_overrides(load_config(Path(path) if path else None), os.environ)
+        overrides = {}
+        if getattr(args, "listen", None):
+            overrides["listen"] = args.listen
+        if getattr(args, "key", None):
+            overrides["signing.key"] = args.key
+        if getattr(args, "signature_agent", None) is not None:
+            overrides["signing.signature_agent"] = args.signature_agent
+        if getattr(args, "data_dir", None):
+            overrides["data_dir"] = args.data_dir
+        return config.with_overrides(**overrides) if overrides else config
+    except ConfigError as exc:
+        raise CliError(f"configuration error: {exc}") from None
+
+
+def configure_logging(level: str, fmt: str) -> None:
+    """Log ``signing_proxy.*`` to stderr at ``level``, as text or one JSON object a line."""
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        handler.setFormatter(_JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger("signing_proxy")
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    root.propagate = False
+
+
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        message = record.getMessage()
+        if message.startswith("{"):  # access lines are already JSON objects
+            return message
+        return json.dumps(
+            {
+                "time": self.formatTime(record),
+                "level": record.levelname.lower(),
+                "logger": record.name,
+                "message": message,
+            }
+        )
+
+
+# What ends a command with one line and exit status 2: bad input (arguments, configuration, files).
+REFUSALS: tuple[type[Error], ...] = (CliError, ConfigError, StorageError)
+
+
+def error_line(exc: Error) -> str:
+    """The one line printed for a refusal that ends a command (after ``signing-proxy: ``)."""
+    if isinstance(exc, CAError):
+        return f"interception CA: {exc.detail or exc.reason}"
+    if isinstance(exc, KeyStoreError):
+        return f"key store: {exc}"
+    if isinstance(exc, ProxyError):
+        return exc.detail or exc.reason
+    return str(exc)
+
+
+def show_host(host: str) -> str:
+    """``host`` as written in a URL: an IPv6 address in brackets."""
+    return f"[{host}]" if ":" in host else host
+
+
+def duration(text: str) -> int:
+    """An argparse ``type``: ``30m``, ``48h``, ``90d``, ``3600s`` -> seconds."""
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_config_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config", metavar="FILE", help="YAML configuration (default: the embedded defaults)"
+    )
+
+
+def add_data_dir_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data-dir", metavar="DIR", help="data directory (default: from the config)")

@@ -1,0 +1,34 @@
+"""``signing-proxy config check``: validate a configuration and print the effective one, secrets redacted."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import yaml
+
+from ..config import redacted
+from .common import config_from
+
+__all__ = ["add_parsers", "cmd_config_check"]
+
+
+def cmd_config_check(args: argparse.Namespace) -> int:
+    config = config_from(args)
+    print(f"# {args.config or 'embedded default configuration'}: OK")
+    print(yaml.safe_dump(redacted(config), sort_keys=False), end="")
+    return 0
+
+
+def add_parsers(sub: Any) -> None:
+    """Add ``config check`` to the top-level subcommands."""
+    cfg = sub.add_parser("config", help="configuration tools").add_subparsers(
+        dest="config_command", metavar="ACTION"
+    )
+    check = cfg.add_parser(
+        "check",
+        help="validate a config file and print the effective configuration",
+        description="Validate FILE and print the effective configuration (secrets redacted).",
+    )
+    check.add_argument("config", metavar="FILE", nargs="?", help="YAML file (default: the embedded defaults)")
+    check.set_defaults(func=cmd_config_check)

@@ -1,0 +1,245 @@
+"""What the operator hands ``signing-proxy delegate``: chains (``@FILE``, ``@-``), key files, the
+holder (a key, a thumbprint, or the proxy's own key), the owner's JWK Set, times, scopes and caps.
+
+Every refusal is a ``CliError`` naming the flag.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Final
+
+from ..core.durations import parse_duration
+from ..core.errors import KeyFormatError
+from ..core.jwk import PRIVATE_JWK_MEMBERS, PublicKey, SigningKey, public_key_from_jwk
+from ..core.keys import MAX_DIRECTORY_BYTES, format_rfc3339, is_thumbprint, parse_directory_key, parse_rfc3339
+from ..core.requester import parse_duration_s
+from ..core.scopes import scope_segments
+from ..errors import CliError, KeyFileError, KeyStoreError
+from ..storage.keyfile import load_key_file
+from ..storage.keystore import LEGACY_KEY_NAME, KeyStore
+from .common import config_from
+
+__all__ = [
+    "MAX_CHAIN_FILE_BYTES",
+    "caps_args",
+    "expires_at",
+    "holder_jkt",
+    "now_arg",
+    "print_notes",
+    "proxy_holder_jkt",
+    "public_key_file",
+    "read_chain",
+    "read_owner_keys",
+    "scopes_arg",
+    "signing_key_file",
+]
+
+MAX_CHAIN_FILE_BYTES: Final = 256 * 1024
+_OPEN_WINDOW: Final = {"not_before": "1970-01-01T00:00:00Z", "not_after": "9999-12-31T23:59:59Z"}
+
+
+def read_chain(arg: str) -> str:
+    """The chain itself, ``@FILE`` or ``@-`` (stdin), whitespace stripped."""
+    if not arg.startswith("@"):
+        return arg.strip()
+    source = arg[1:]
+    try:
+        if source == "-":
+            data = sys.stdin.buffer.read(MAX_CHAIN_FILE_BYTES + 1)
+        else:
+            with Path(source).expanduser().open("rb") as fh:
+                data = fh.read(MAX_CHAIN_FILE_BYTES + 1)
+    except OSError as exc:
+        raise CliError(f"cannot read the chain from {source}: {exc.strerror or exc}") from None
+    if len(data) > MAX_CHAIN_FILE_BYTES:
+        raise CliError(f"{source}: larger than {MAX_CHAIN_FILE_BYTES} bytes; not a delegation chain")
+    try:
+        return data.decode("ascii").strip()
+    except UnicodeDecodeError:
+        raise CliError(f"{source}: not ASCII; a delegation chain is compact JWSs joined with ~") from None
+
+
+def now_arg(args: argparse.Namespace) -> float:
+    if getattr(args, "now", None) is None:
+        return time.time()
+    try:
+        return float(parse_rfc3339(args.now))
+    except KeyFormatError as exc:
+        raise CliError(f"--now: {exc.detail}") from None
+
+
+def expires_at(text: str, now: float) -> int:
+    """``--expires``: a duration from now (``30d``, ``12h``; not ``0s``) or an RFC 3339 date-time."""
+    with contextlib.suppress(ValueError):
+        seconds = parse_duration(text)
+        if seconds > 0:  # an exp of now is already expired
+            return math.floor(now) + seconds
+    try:
+        return parse_rfc3339(text)
+    except KeyFormatError:
+        raise CliError(f"--expires: {text!r} is neither a duration (30m, 12h, 30d) nor RFC 3339") from None
+
+
+def scopes_arg(values: Sequence[str] | None) -> list[str] | None:
+    if not values:
+        return None
+    scopes = [s for value in values for s in value.split()]
+    for scope in scopes:
+        try:
+            scope_segments(scope)
+        except ValueError as exc:
+            raise CliError(f"--scope {scope!r}: {exc}") from None
+    return scopes
+
+
+def signing_key_file(path: str, flag: str) -> SigningKey:
+    try:
+        return load_key_file(Path(path).expanduser())
+    except KeyFileError as exc:
+        raise CliError(f"{flag}: {exc}") from None
+
+
+def public_key_file(path: Path, flag: str) -> PublicKey:
+    """A public key from a file: SPKI PEM, public JWK, or a private key file (owner-only) whose public
+    half is taken."""
+    try:
+        data = path.read_bytes().strip()
+    except OSError as exc:
+        raise CliError(f"{flag}: cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        if data.startswith(b"{"):
+            jwk = json.loads(data)
+            if isinstance(jwk, dict) and PRIVATE_JWK_MEMBERS.intersection(jwk):
+                return signing_key_file(str(path), flag).public
+            return public_key_from_jwk(jwk)
+        if b"PRIVATE KEY-----" in data:
+            return signing_key_file(str(path), flag).public
+        return PublicKey.from_pem(data)
+    except ValueError:
+        raise CliError(f"{flag}: {path} is not valid JSON") from None
+    except KeyFormatError as exc:
+        raise CliError(f"{flag}: {path}: {exc.detail or exc.reason}") from None
+
+
+def proxy_holder_jkt(args: argparse.Namespace, now: float) -> tuple[str, list[str]]:
+    """The thumbprint of the key the proxy signs with now, and notes for the operator (where it was
+    found, a key about to take over).
+
+    ``signing.key`` when set; otherwise the key store's current key (or the legacy
+    ``<data_dir>/agent-key.pem`` a first run would import). Only public data is read from the store.
+    """
+    config = config_from(argparse.Namespace(config=args.holder_config, data_dir=args.data_dir))
+    if config.signing.key:
+        path = Path(config.signing.key).expanduser()
+        jkt = signing_key_file(str(path), "signing.key").thumbprint
+        return jkt, [f"holder: the proxy's signing key {jkt} (signing.key {path})"]
+    try:
+        store = KeyStore(config.data_path, args.agent or config.signing.agent)
+    except ValueError as exc:
+        raise CliError(f"--agent: {exc}") from None
+    if not store.exists():
+        legacy = config.data_path / LEGACY_KEY_NAME
+        if legacy.exists():
+            jkt = signing_key_file(str(legacy), "legacy key").thumbprint
+            return jkt, [f"holder: the proxy's signing key {jkt} ({legacy}, imported on its first run)"]
+        raise CliError(
+            f"the proxy has no key store at {store.path} yet: create its key first "
+            "(signing-proxy keys rotate --config FILE, or run the proxy once)"
+        )
+    try:
+        state = store.load(private=False)
+    except KeyStoreError as exc:
+        raise CliError(f"key store: {exc}") from None
+    chosen = state.signing_record(now)
+    if chosen is None:
+        raise CliError(f"the key store {store.path} has no key valid now; run `signing-proxy keys rotate`")
+    notes = [f"holder: the proxy's signing key {chosen.thumbprint} (key store {store.path})"]
+    notes += [
+        f"note: key {r.thumbprint} starts signing at {format_rfc3339(r.not_before)}; "
+        "re-issue the delegation to it then"
+        for r in state.records
+        if r.not_before > now and not r.revoked
+    ]
+    return chosen.thumbprint, notes
+
+
+def holder_jkt(args: argparse.Namespace, now: float, notes: list[str]) -> str:
+    """``--holder-key`` / ``--holder-jkt`` / ``--holder-config`` (``--data-dir``): exactly one."""
+    proxy = args.holder_config is not None or args.data_dir is not None
+    given = sum((args.holder_key is not None, args.holder_jkt is not None, proxy))
+    if given != 1:
+        raise CliError(
+            "name the holder once: --holder-key PATH, --holder-jkt THUMBPRINT, or the proxy's key with "
+            "--holder-config FILE / --data-dir DIR"
+        )
+    if args.holder_jkt is not None:
+        if not is_thumbprint(args.holder_jkt):
+            raise CliError("--holder-jkt: an RFC 7638 SHA-256 thumbprint is 43 base64url characters")
+        return str(args.holder_jkt)
+    if args.holder_key is not None:
+        return public_key_file(Path(args.holder_key).expanduser(), "--holder-key").thumbprint
+    jkt, found = proxy_holder_jkt(args, now)
+    notes.extend(found)
+    return jkt
+
+
+def print_notes(notes: list[str]) -> None:
+    for note in notes:
+        print(note, file=sys.stderr)
+
+
+def read_owner_keys(path: Path, now: float, grace_s: int, notes: list[str]) -> list[PublicKey]:
+    """The owner's JWK Set: keys whose window (plus grace after not_after) covers now, or no window."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise CliError(f"--owner-jwks: cannot read {path}: {exc.strerror or exc}") from None
+    if len(data) > MAX_DIRECTORY_BYTES:
+        raise CliError(f"--owner-jwks: {path} is larger than {MAX_DIRECTORY_BYTES} bytes")
+    try:
+        doc = json.loads(data)
+    except ValueError:
+        raise CliError(f"--owner-jwks: {path} is not valid JSON") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("keys"), list):
+        raise CliError(f'--owner-jwks: {path} must be a JWK Set, {{"keys": [...]}}')
+    keys: list[PublicKey] = []
+    outside = 0
+    for i, entry in enumerate(doc["keys"]):
+        if not isinstance(entry, dict):
+            raise CliError(f"--owner-jwks: keys[{i}] is not a JSON object")
+        windowed = [m in entry for m in ("not_before", "not_after")]
+        if any(windowed) and not all(windowed):
+            raise CliError(f"--owner-jwks: keys[{i}]: set both not_before and not_after, or neither")
+        try:
+            key = parse_directory_key(entry if all(windowed) else {**entry, **_OPEN_WINDOW})
+        except KeyFormatError as exc:
+            raise CliError(f"--owner-jwks: keys[{i}]: {exc.detail or exc.reason}") from None
+        if key.not_before <= now < key.not_after + grace_s:
+            keys.append(key.public)
+        else:
+            outside += 1
+    if outside:
+        notes.append(f"note: {outside} owner key(s) outside their window at {format_rfc3339(now)}")
+    return keys
+
+
+def caps_args(args: argparse.Namespace) -> tuple[int | None, int | None, int | None]:
+    """``--max-spend-cents``, ``--max-accesses``, ``--quota-period`` (seconds); None when not given."""
+    period = None
+    if args.quota_period is not None:
+        try:
+            period = parse_duration_s(args.quota_period)
+        except ValueError as exc:
+            raise CliError(f"--quota-period: {exc}") from None
+    for flag, value in (("--max-spend-cents", args.max_spend_cents), ("--max-accesses", args.max_accesses)):
+        if value is not None and value < 0:
+            raise CliError(f"{flag}: must not be negative")
+    return args.max_spend_cents, args.max_accesses, period

@@ -1,0 +1,174 @@
+"""``signing-proxy run``: the proxy in the foreground, one event loop or ``--workers N``.
+
+Prints one line per listener on start (publication, admin, proxy), drains in-flight requests on
+SIGTERM/SIGINT, and on SIGHUP re-reads the key stores and the configuration (a bad one is refused
+and the running one keeps serving).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from typing import Any
+
+from .. import __version__
+from ..config import Config, parse_host_port
+from ..core.keys import KeyProvider
+from ..errors import CliError, Error, ProxyError
+from ..proxy.connect import load_interception_ca
+from ..service.app import ProxyApp
+from ..service.keys import key_provider_for, start_key_services
+from ..service.workers import MAX_WORKERS, reserve_port, run_workers
+from .common import REFUSALS, add_config_flag, config_from, configure_logging, error_line, show_host
+
+__all__ = ["add_parsers", "cmd_run"]
+
+log = logging.getLogger("signing_proxy")
+
+
+def add_parsers(sub: Any) -> None:
+    """Add ``run`` to the top-level subcommands."""
+    run = sub.add_parser("run", help="run the proxy", description="Run the signing proxy in the foreground.")
+    add_config_flag(run)
+    run.add_argument("--listen", metavar="HOST:PORT", help="address to listen on (default 127.0.0.1:8080)")
+    run.add_argument("--key", metavar="PATH", help="signing key: PKCS#8 PEM or private JWK, mode 0600")
+    run.add_argument(
+        "--signature-agent", metavar="URL", help="directory base URL sent in Signature-Agent (default: empty)"
+    )
+    run.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="N processes sharing the port (SO_REUSEPORT), one event loop each (default 1)",
+    )
+    run.add_argument(
+        "--data-dir", metavar="DIR", help="where generated keys live (default ~/.local/share/signing-proxy)"
+    )
+    run.set_defaults(func=cmd_run)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    config = config_from(args)
+    configure_logging(config.log.level, config.log.format)
+    keys = key_provider_for(config)  # signing.key, else the key store (created on first run)
+    workers = getattr(args, "workers", 1)
+    if workers < 1:
+        raise CliError(f"--workers: must be at least 1, got {workers}")
+    if workers > 1:
+        return _run_workers(config, keys, args, workers)
+    _use_uvloop()
+    return asyncio.run(_serve(config, keys, args))
+
+
+def _use_uvloop() -> None:
+    with contextlib.suppress(ImportError):
+        import uvloop  # noqa: PLC0415 (optional extra "fast": the stdlib loop serves without it)
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+
+def _run_workers(config: Config, keys: KeyProvider, args: argparse.Namespace, workers: int) -> int:
+    """``--workers N``: resolve the port once, create the CA once, then fork N event loops."""
+    if not 1 < workers <= MAX_WORKERS:
+        raise CliError(f"--workers: must be from 1 to {MAX_WORKERS}")
+    for name, listen in (("publish.listen", config.publish.listen), ("admin.listen", config.admin.listen)):
+        if listen is not None and listen.endswith(":0"):
+            raise CliError(f"{name}: with --workers, give a fixed port (every worker binds it)")
+    host, port = parse_host_port(config.listen, "listen")
+    try:
+        reserved, port = reserve_port(host, port)
+    except OSError as exc:
+        raise CliError(f"listen: cannot bind {config.listen}: {exc.strerror or exc}") from None
+    config = config.with_overrides(listen=f"{show_host(host)}:{port}")
+    if config.intercept.enabled:
+        load_interception_ca(config)  # created here, once, before the workers load it; CAError
+
+    def worker(index: int) -> int:
+        _use_uvloop()
+        try:
+            return asyncio.run(_serve(config, keys, args, reuse_port=True, worker=index))
+        except REFUSALS as exc:
+            print(f"signing-proxy: {error_line(exc)}", file=sys.stderr)
+            return 2
+
+    try:
+        return run_workers(workers, worker)
+    finally:
+        reserved.close()
+
+
+async def _serve(
+    config: Config,
+    keys: KeyProvider,
+    args: argparse.Namespace | None = None,
+    *,
+    reuse_port: bool = False,
+    worker: int | None = None,
+) -> int:
+    try:
+        app = ProxyApp(config, keys)
+    except ProxyError as exc:
+        raise CliError(error_line(exc)) from None
+    app.reuse_port = reuse_port
+    try:
+        addresses = await app.start()
+    except OSError as exc:
+        raise CliError(f"listen: cannot bind {config.listen}: {exc.strerror or exc}") from None
+    try:
+        services = await start_key_services(config, keys, reuse_port=reuse_port)
+    except OSError as exc:
+        await app.stop()
+        reason = exc.strerror or exc
+        raise CliError(f"publish.listen: cannot bind {config.publish.listen}: {reason}") from None
+    except BaseException:
+        await app.stop()
+        raise
+    for host, port in services.publish_addresses:
+        line = f"signing-proxy {__version__} publishing on http://{show_host(host)}:{port}"
+        print(line, file=sys.stderr, flush=True)
+    key = keys.current(app.clock())
+    if app.admin_address is not None:
+        host, port = app.admin_address
+        print(f"signing-proxy {__version__} admin on http://{host}:{port}", file=sys.stderr, flush=True)
+    for host, port in addresses:
+        print(
+            f"signing-proxy {__version__} listening on http://{show_host(host)}:{port} "
+            f"keyid={key.thumbprint if key is not None else 'none'}"
+            + (f" worker={worker}" if worker is not None else ""),
+            file=sys.stderr,
+            flush=True,
+        )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+    def on_sighup() -> None:
+        if stop.is_set():  # draining: nothing is reloaded any more
+            return
+        services.reload()  # key stores, re-read off the loop
+        if args is not None:
+            _reload_config(app, args)
+
+    loop.add_signal_handler(signal.SIGHUP, on_sighup)
+    await stop.wait()
+    log.info("shutting down: draining in-flight requests for up to %g s", app.config.timeouts.drain_s)
+    await services.stop()
+    await app.stop(drain_s=app.config.timeouts.drain_s)
+    return 0
+
+
+def _reload_config(app: ProxyApp, args: argparse.Namespace) -> None:
+    """SIGHUP: re-read the configuration; a bad one is refused and the running one keeps serving."""
+    try:
+        pending = app.reload(config_from(args))
+    except Error as exc:
+        log.error("SIGHUP: new configuration refused, the running one keeps serving: %s", error_line(exc))
+        return
+    suffix = f"; not applied until restart: {', '.join(pending)}" if pending else ""
+    log.info("SIGHUP: configuration reloaded%s", suffix)

@@ -1,0 +1,111 @@
+"""``signing-proxy verify-origin``: run an origin that answers each request with its verification verdict.
+
+The origin is ``verify.build_verify_origin`` (the public verifier) on an aiohttp runner, stopped by
+SIGTERM/SIGINT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from ..config import ConfigError, parse_host_port
+from ..core.errors import KeyFormatError
+from ..errors import CliError
+from ..proxy.relay import load_public_key_file
+from ..verify import VerifierPolicy, build_verify_origin
+
+__all__ = ["add_parsers"]
+
+
+def cmd_verify_origin(args: argparse.Namespace) -> int:
+    try:
+        host, port = parse_host_port(args.listen, "--listen")
+        pinned = tuple(load_public_key_file(Path(p).expanduser()) for p in args.pinned_key)
+        brokers = tuple(load_public_key_file(Path(p).expanduser()) for p in args.pinned_broker_key)
+    except ConfigError as exc:
+        raise CliError(str(exc)) from None
+    except (OSError, KeyFormatError, ValueError) as exc:
+        raise CliError(f"--pinned-key/--pinned-broker-key: {exc}") from None
+    for url in args.broker_directory:
+        if not url.startswith(("http://", "https://")):
+            raise CliError(f"--broker-directory: must be an http(s) URL, got {url!r}")
+    policy = VerifierPolicy(
+        skew_s=args.skew,
+        max_hops=args.max_hops,
+        broker_directories=tuple(args.broker_directory),
+        pinned_agent_keys=pinned,
+        pinned_broker_keys=brokers,
+    )
+    return asyncio.run(_serve(host, port, policy, args.external_origin))
+
+
+async def _serve(host: str, port: int, policy: VerifierPolicy, external_origin: str | None) -> int:
+    runner = web.AppRunner(
+        build_verify_origin(policy, external_origin=external_origin), access_log=None, handle_signals=False
+    )
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise CliError(f"--listen: cannot bind {host}:{port}: {exc.strerror or exc}") from None
+    server = site._server
+    bound = server.sockets[0].getsockname() if server is not None and server.sockets else (host, port)  # type: ignore[attr-defined]
+    print(f"verify-origin listening on http://{bound[0]}:{bound[1]}", file=sys.stderr, flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await runner.cleanup()
+    return 0
+
+
+def add_parsers(sub: Any) -> None:
+    """Register ``verify-origin`` on the top-level subparsers."""
+    p = sub.add_parser(
+        "verify-origin",
+        help="run an origin that verifies every request and answers the verdict as JSON",
+        description="Verify each request's RFC 9421 signature stack per the spec (keys from the "
+        "Signature-Agent directory, brokers' keys from --broker-directory) and answer 200 with the "
+        "labels, keyids, key sources and signature bases, or 401 problem+json with the refusal reason. "
+        "Point a proxy or a chain of relays at it to debug a deployment end to end.",
+    )
+    p.add_argument("--listen", default="127.0.0.1:8090", metavar="HOST:PORT", help="default 127.0.0.1:8090")
+    p.add_argument(
+        "--broker-directory",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="directory base URL of a broker whose labels may appear (repeatable)",
+    )
+    p.add_argument(
+        "--pinned-key",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="public key (PEM or JWK) trusted for an empty Signature-Agent (repeatable)",
+    )
+    p.add_argument(
+        "--pinned-broker-key",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="public key (PEM or JWK) of a broker, trusted for later labels without a directory (repeatable)",
+    )
+    p.add_argument(
+        "--external-origin",
+        metavar="URL",
+        help="origin clients used, when a TLS-terminating proxy sits in front (e.g. https://x.example)",
+    )
+    p.add_argument("--max-hops", type=int, metavar="N", help="refuse stacks with more than N signatures")
+    p.add_argument("--skew", type=int, default=5, metavar="SECONDS", help="clock skew tolerated (default 5)")
+    p.set_defaults(func=cmd_verify_origin)

@@ -1,0 +1,80 @@
+"""Value checks shared by the configuration sections; each refusal is a ConfigError naming the key path."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+
+from ..errors import ConfigError
+
+__all__ = [
+    "AGENT_NAME_RE",
+    "check_agent_name",
+    "check_host_pattern",
+    "check_url",
+    "host_matches",
+    "is_loopback",
+    "parse_host_port",
+    "positive",
+]
+
+AGENT_NAME_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")  # one safe path segment, in files and URLs
+
+
+def parse_host_port(value: str, path: str) -> tuple[str, int]:
+    """``HOST:PORT`` (IPv6 as ``[::1]:8080``) -> (host, port); port 0 picks a free port."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) < 65536 or not host:
+        raise ConfigError(f"{path}: must be HOST:PORT, got {value!r}")
+    return host.strip("[]"), int(port)
+
+
+def check_agent_name(name: str, path: str) -> None:
+    """Refuse an agent name that is not one safe lower-case path segment."""
+    if not AGENT_NAME_RE.fullmatch(name):
+        raise ConfigError(f"{path}: agent names are 1-63 of a-z 0-9 . _ - starting with a letter or digit")
+
+
+def check_url(url: str | None, path: str) -> None:
+    """Refuse a set value that is not an absolute http(s) URL without a fragment."""
+    if url is not None and (
+        not url.startswith(("https://", "http://"))
+        or not url.split("/", 3)[2]
+        or not url.isascii()
+        or any(c.isspace() or c in '"\\<>#' for c in url)
+    ):
+        raise ConfigError(f"{path}: must be an absolute http(s) URL, got {url!r}")
+
+
+def is_loopback(host: str) -> bool:
+    """``localhost`` or a loopback IP literal."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def positive(value: float, path: str, maximum: float | None = None) -> None:
+    """Refuse a value that is not a positive number (not a bool), or above ``maximum``."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        kind = "integer" if isinstance(value, int) else "number"
+        raise ConfigError(f"{path}: must be a positive {kind}")
+    if maximum is not None and value > maximum:
+        raise ConfigError(f"{path}: must be at most {maximum}")
+
+
+def check_host_pattern(pattern: str, path: str) -> None:
+    """Refuse a host pattern that is neither ``host`` nor ``*.domain``."""
+    body = pattern[2:] if pattern.startswith("*.") else pattern
+    if not body or any(c in body for c in "*/ @?#"):
+        raise ConfigError(f"{path}: host patterns are 'host' or '*.domain', got {pattern!r}")
+
+
+def host_matches(pattern: str, host: str) -> bool:
+    """``*.example.com`` matches any subdomain (not the apex); other patterns match exactly."""
+    pattern, host = pattern.lower(), host.lower()
+    if pattern.startswith("*."):
+        return host.endswith(pattern[1:])
+    return host == pattern

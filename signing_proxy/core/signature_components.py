@@ -1,0 +1,215 @@
+"""RFC 9421 signature bases: component identifiers, component values and the ``@signature-params`` line.
+
+This is the part of HTTP Message Signatures that signer and verifier share byte for byte. A
+``Message`` (method as sent, canonical target, ordered field lines) yields one value per covered
+``Component`` (derived ``@`` components from the target, fields as their combined lines, dictionary
+members re-serialized strictly, RFC 9421 sections 2.1-2.2); ``signature_base`` joins them with the
+``@signature-params`` Inner List (section 2.5). The spec ("Request signature") pins the covered set
+to ``SPEC_COMPONENTS``, plus ``"signature";key=<previous label>`` for each later broker hop
+(``hop_components``). Signing lives in ``signatures``, parsing and verifying a stack in
+``signature_verify``; import the public names from ``signatures``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import FieldError, SigningError
+from .fields import Fields
+from .sfv import parse_dictionary, serialize_member
+from .uri import Target
+
+__all__ = [
+    "ALG_ED25519",
+    "SPEC_COMPONENTS",
+    "Component",
+    "Message",
+    "component_value",
+    "hop_components",
+    "parse_field_dictionary",
+    "serialize_params_value",
+    "serialize_sf_string",
+    "signature_base",
+    "signing_params_value",
+]
+
+ALG_ED25519 = "ed25519"  # RFC 9421 section 3.3.6; the spec's only algorithm
+_SF_INT_MAX = 999_999_999_999_999  # RFC 8941 section 3.3.1: at most 15 digits
+
+
+def serialize_sf_string(value: str) -> str:
+    """RFC 8941 section 4.1.6 String: printable ASCII in double quotes, ``\\`` and ``"`` escaped."""
+    if not (value.isascii() and value.isprintable()):  # exactly %x20-7E
+        raise SigningError("non-ascii-component", "structured-field strings are printable ASCII only")
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+@dataclass(frozen=True, slots=True)
+class Component:
+    """A component identifier: a lower-case name, with a ``key`` parameter for dictionary members."""
+
+    name: str
+    key: str | None = None
+    serialized: str = field(init=False, repr=False, compare=False)  # computed once: the hot path reuses it
+    is_derived: bool = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        base = serialize_sf_string(self.name)
+        value = base if self.key is None else f"{base};key={serialize_sf_string(self.key)}"
+        object.__setattr__(self, "serialized", value)
+        object.__setattr__(self, "is_derived", self.name.startswith("@"))
+
+
+SPEC_COMPONENTS: tuple[Component, ...] = (
+    Component("@method"),
+    Component("@target-uri"),
+    Component("content-digest"),
+    Component("authorization"),
+    Component("signature-agent"),
+)
+
+
+_SPEC_INNER = "(" + " ".join(c.serialized for c in SPEC_COMPONENTS) + ")"
+
+
+def hop_components(previous_label: str | None) -> tuple[Component, ...]:
+    """The spec's covered set for a label: the five, plus the predecessor's signature for a later hop."""
+    if previous_label is None:
+        return SPEC_COMPONENTS
+    return (*SPEC_COMPONENTS, Component("signature", key=previous_label))
+
+
+def _sf_int(value: int) -> str:
+    if not -_SF_INT_MAX <= value <= _SF_INT_MAX:
+        raise SigningError("bad-signature-parameter", "integer out of structured-field range")
+    return str(value)
+
+
+def _serialize_param(value: str | int) -> str:
+    if isinstance(value, bool):
+        raise SigningError("bad-signature-parameter", "boolean signature parameters are not used")
+    if isinstance(value, int):
+        return _sf_int(value)
+    return serialize_sf_string(value)
+
+
+def serialize_params_value(components: Sequence[Component], params: Sequence[tuple[str, str | int]]) -> str:
+    """The Inner List that is both the ``@signature-params`` value and the Signature-Input member."""
+    return _inner_list(tuple(components)) + "".join(
+        f";{name}={_serialize_param(value)}" for name, value in params
+    )
+
+
+def signing_params_value(
+    components: Sequence[Component],
+    thumbprint: str,
+    created: int,
+    expires: int,
+    extra_params: Sequence[tuple[str, str | int]] = (),
+) -> str:
+    """The params value in the spec's order ``keyid``, ``alg``, ``created``, ``expires`` (then extras).
+
+    ``thumbprint`` is an RFC 7638 thumbprint: base64url, so the hot path writes it without escaping.
+    """
+    if extra_params:
+        params: list[tuple[str, str | int]] = [
+            ("keyid", thumbprint),
+            ("alg", ALG_ED25519),
+            ("created", created),
+            ("expires", expires),
+            *extra_params,
+        ]
+        return serialize_params_value(components, params)
+    # The spec's shape, on the hot path: no per-parameter dispatch, the spec's Inner List precomputed.
+    inner = _SPEC_INNER if components is SPEC_COMPONENTS else _inner_list(tuple(components))
+    return (
+        f'{inner};keyid="{thumbprint}";alg="{ALG_ED25519}"'
+        f";created={_sf_int(created)};expires={_sf_int(expires)}"
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def _inner_list(components: tuple[Component, ...]) -> str:
+    return "(" + " ".join(c.serialized for c in components) + ")"
+
+
+@dataclass(slots=True)
+class Message:
+    """What a signature base is built from: the method as sent, the canonical target, the field lines."""
+
+    method: str
+    target: Target
+    fields: Fields
+    _dict_cache: dict[str, tuple[str, dict[str, Any]]] = field(default_factory=dict, repr=False)
+
+    def dictionary(self, name: str) -> dict[str, Any]:
+        """The combined field parsed as an RFC 8941 Dictionary (cached while the field is unchanged)."""
+        value = self.fields.combined(name)
+        if value is None:
+            raise SigningError("missing-covered-header", f"covered field {name!r} is absent")
+        cached = self._dict_cache.get(name)
+        if cached is None or cached[0] != value:
+            cached = (value, parse_field_dictionary(value, name))
+            self._dict_cache[name] = cached
+        return cached[1]
+
+
+def parse_field_dictionary(value: str, name: str) -> dict[str, Any]:
+    """Field ``name``'s combined value as an RFC 8941 Dictionary; a repeated member key is refused."""
+
+    def refuse_duplicate(key: str, _where: str) -> None:
+        raise FieldError("duplicate-label", f"{name} has member {key!r} more than once")
+
+    try:
+        return parse_dictionary(value, refuse_duplicate)
+    except FieldError:
+        raise
+    except (ValueError, UnicodeEncodeError) as exc:
+        raise FieldError(f"malformed-{name.lower()}", f"{name} is not a structured Dictionary") from exc
+
+
+def component_value(message: Message, component: Component) -> str:
+    """The value of one covered component (RFC 9421 sections 2.1, 2.1.2 and 2.2)."""
+    name = component.name
+    if component.is_derived:
+        if component.key is not None:
+            raise SigningError("bad-component", f"{name} takes no key parameter")
+        target = message.target
+        if name == "@method":
+            return message.method  # as sent, case-sensitive (RFC 9421 section 2.2.1)
+        if name == "@target-uri":
+            return target.uri
+        if name == "@authority":
+            return target.authority
+        if name == "@scheme":
+            return target.scheme
+        if name == "@path":
+            return target.path
+        if name == "@query":
+            return target.query
+        if name == "@request-target":
+            return target.path_query
+        raise SigningError("unsupported-component", f"derived component {name} is not supported")
+    if component.key is None:
+        value = message.fields.combined(name)
+        if value is None:  # absent is never empty (spec, "Request signature" rule 4)
+            raise SigningError("missing-covered-header", f"covered field {name!r} is absent")
+        return value
+    members = message.dictionary(name)
+    if component.key not in members:
+        raise SigningError("missing-dictionary-member", f"{name} has no member {component.key!r}")
+    member = members[component.key]
+    return serialize_member(member)  # strict re-serialization (RFC 9421 section 2.1.2)
+
+
+def signature_base(message: Message, components: Sequence[Component], params_value: str) -> bytes:
+    """RFC 9421 section 2.5: one line per component, then ``@signature-params``; LF, no trailing LF."""
+    lines = [f"{c.serialized}: {component_value(message, c)}" for c in components]
+    lines.append(f'"@signature-params": {params_value}')
+    base = "\n".join(lines)
+    if not base.isascii() or base.count("\n") != len(components):
+        raise SigningError("non-ascii-component", "a covered value is not ASCII or spans lines")
+    return base.encode("ascii")

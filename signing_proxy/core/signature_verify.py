@@ -1,0 +1,331 @@
+"""RFC 9421 verification under the spec's profile: parse a signature stack, then verify it purely.
+
+Verification follows "resolve, then verify" (DESIGN, STYLE 2): ``parse_signature_stack`` turns
+Signature-Input and Signature into ``SignatureEntry`` values in stack order, the caller resolves each
+keyid (a directory fetch is I/O, so it happens outside) and hands ``verify_stack`` a ``KeyLookup``.
+``verify_stack`` checks every label against the profile — exactly the covered set of
+``hop_components`` for its position, ``alg="ed25519"``, ``keyid``, ``created`` and ``expires`` within
+``skew_s`` of ``now`` (a parameter, never a clock), the key's window and revocation, Content-Digest
+over the received body — rebuilds each signature base and returns a frozen ``VerifiedStack``, the
+only thing a caller should trust. Refusals are VerificationError with the spec's reason codes.
+Import the public names from ``signatures``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .digest import verify_content_digest
+from .errors import FieldError, SigningError, VerificationError
+from .fields import Fields
+from .jwk import PublicKey
+from .sfv import parse_item, serialize_member
+from .signature_components import (
+    ALG_ED25519,
+    SPEC_COMPONENTS,
+    Component,
+    Message,
+    parse_field_dictionary,
+    signature_base,
+)
+
+__all__ = [
+    "DEFAULT_SKEW_S",
+    "KeyLookup",
+    "SignatureEntry",
+    "VerificationKey",
+    "VerifiedSignature",
+    "VerifiedStack",
+    "parse_signature_agent",
+    "parse_signature_stack",
+    "verify_stack",
+]
+
+DEFAULT_SKEW_S = 5  # our choice: the spec gives no clock-skew tolerance (README, "Where the spec is silent")
+# RFC 9421 signature parameters registry; the spec's template uses the first four.
+_KNOWN_PARAMS = frozenset({"keyid", "alg", "created", "expires", "nonce", "tag"})
+
+
+@dataclass(frozen=True, slots=True)
+class SignatureEntry:
+    """One parsed label of a signature stack."""
+
+    label: str
+    components: tuple[Component, ...]
+    params: tuple[tuple[str, object], ...]
+    params_value: str  # re-serialized inner list: the @signature-params value (RFC 9421 3.2 step 7)
+    signature: bytes
+
+    def param(self, name: str) -> object:
+        for key, value in self.params:
+            if key == name:
+                return value
+        return None
+
+    @property
+    def keyid(self) -> str | None:
+        value = self.param("keyid")
+        return value if isinstance(value, str) else None
+
+
+def parse_signature_stack(fields: Fields) -> tuple[SignatureEntry, ...]:
+    """Parse Signature-Input and Signature into entries in stack order (first label = first signer)."""
+    raw_input = fields.combined("Signature-Input")
+    raw_sig = fields.combined("Signature")
+    if raw_input is None and raw_sig is None:
+        raise VerificationError("missing-signature", "no Signature-Input and Signature headers")
+    if raw_input is None or raw_sig is None:
+        missing = "Signature-Input" if raw_input is None else "Signature"
+        raise VerificationError("missing-signature", f"{missing} header is absent")
+    try:
+        inputs = parse_field_dictionary(raw_input, "Signature-Input")
+        signatures = parse_field_dictionary(raw_sig, "Signature")
+    except FieldError as exc:
+        raise VerificationError(exc.reason, exc.detail) from exc
+    if not inputs:
+        raise VerificationError("missing-signature", "Signature-Input is empty")
+    dangling = set(inputs) ^ set(signatures)
+    if dangling:
+        raise VerificationError("dangling-label", f"labels {sorted(dangling)} appear in only one header")
+    entries = []
+    for label, member in inputs.items():
+        entries.append(_entry(label, member, signatures[label]))
+    return tuple(entries)
+
+
+def _entry(label: str, member: Any, sig_member: Any) -> SignatureEntry:
+    if not (isinstance(member, tuple) and isinstance(member[0], list)):
+        raise VerificationError("malformed-signature-input", f"member {label!r} is not an Inner List", label)
+    items, params = member
+    components = []
+    for item_value, item_params in items:
+        if not isinstance(item_value, str):  # a Token is not a str (http-sf uses UserString)
+            raise VerificationError("malformed-signature-input", "component identifiers are Strings", label)
+        unknown = set(item_params) - {"key"}
+        key = item_params.get("key")
+        if unknown or (key is not None and not isinstance(key, str)):
+            raise VerificationError(
+                "unsupported-component-parameter", f"component {item_value!r} has parameters {unknown}", label
+            )
+        components.append(Component(item_value, key))
+    if not (isinstance(sig_member, tuple) and isinstance(sig_member[0], bytes)):
+        raise VerificationError("malformed-signature", f"member {label!r} is not a Byte Sequence", label)
+    return SignatureEntry(
+        label=label,
+        components=tuple(components),
+        params=tuple(params.items()),
+        params_value=serialize_member(member),
+        signature=sig_member[0],
+    )
+
+
+def parse_signature_agent(value: str | None) -> str | None:
+    """The directory base named by Signature-Agent: a bare URL or an RFC 8941 String; empty -> None."""
+    if value is None:
+        raise FieldError("missing-covered-header", "Signature-Agent header is absent")
+    value = value.strip()
+    if not value:
+        return None
+    if value.startswith('"'):
+        try:
+            url, params = parse_item(value)
+        except (ValueError, UnicodeEncodeError) as exc:
+            raise FieldError(
+                "malformed-signature-agent", "quoted Signature-Agent is not an sf-string"
+            ) from exc
+        if not isinstance(url, str) or params:
+            raise FieldError("malformed-signature-agent", "Signature-Agent must be a plain String")
+    else:
+        url = value
+    if not url.startswith(("https://", "http://")) or any(c in url for c in ' "<>\\'):
+        raise FieldError("malformed-signature-agent", "Signature-Agent must be an http(s) URL")
+    return url
+
+
+@dataclass(frozen=True, slots=True)
+class VerificationKey:
+    """A key the caller resolved for a keyid, with its published window and revocation state."""
+
+    public: PublicKey
+    not_before: int | None = None
+    not_after: int | None = None
+    revoked: bool = False
+    source: str | None = None  # the directory URL that published it, or "pinned"
+
+
+KeyLookup = Callable[[SignatureEntry, int], "VerificationKey | None"]
+"""Called with an entry and its position in the stack; returns the key for its keyid, or None."""
+
+
+@dataclass(frozen=True, slots=True)
+class VerifiedSignature:
+    """What one verified label proves: who (keyid, key source) signed which base, and when."""
+
+    label: str
+    keyid: str
+    created: int
+    expires: int
+    components: tuple[str, ...]
+    signature_base: str
+    key_source: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class VerifiedStack:
+    """The verified result; trust only this, never the raw request."""
+
+    signatures: tuple[VerifiedSignature, ...]
+    signature_agent: str  # the raw covered value, byte-for-byte
+    directory: str | None  # the directory base it names (None when empty)
+
+    @property
+    def hops(self) -> int:
+        return len(self.signatures)
+
+    @property
+    def agent(self) -> VerifiedSignature:
+        return self.signatures[0]
+
+
+def _check_components(entry: SignatureEntry, previous: str | None, required: Sequence[Component]) -> None:
+    expected = list(required)
+    if previous is not None:
+        expected.append(Component("signature", key=previous))
+    got = entry.components
+    if len(set(got)) != len(got):
+        raise VerificationError("duplicate-component", "a component is covered twice", entry.label)
+    missing = [c for c in expected if c not in got]
+    extra = [c for c in got if c not in expected]
+    if previous is not None and Component("signature", key=previous) in missing:
+        wrong = [c.serialized for c in extra if c.name == "signature"]
+        raise VerificationError(
+            "predecessor-not-covered",
+            f'label {entry.label!r} must cover "signature";key={previous!r}, covers {wrong or "none"}',
+            entry.label,
+        )
+    if missing:
+        raise VerificationError(
+            "missing-covered-component",
+            f"label {entry.label!r} does not cover {', '.join(c.serialized for c in missing)}",
+            entry.label,
+        )
+    if extra:
+        raise VerificationError(
+            "unexpected-covered-component",
+            f"label {entry.label!r} covers {', '.join(c.serialized for c in extra)} beyond the profile",
+            entry.label,
+        )
+
+
+def _check_params(entry: SignatureEntry, now: float, skew_s: int) -> tuple[str, int, int]:
+    label = entry.label
+    unknown = {name for name, _ in entry.params} - _KNOWN_PARAMS
+    if unknown:
+        raise VerificationError("unknown-signature-parameter", f"parameters {sorted(unknown)}", label)
+    alg = entry.param("alg")
+    if alg is None:
+        raise VerificationError("missing-alg", 'alg="ed25519" is required', label)
+    if alg != ALG_ED25519:
+        raise VerificationError("unsupported-algorithm", f"alg {alg!r} is not ed25519", label)
+    keyid = entry.keyid
+    if not keyid:
+        raise VerificationError("missing-keyid", "keyid is required", label)
+    created, expires = entry.param("created"), entry.param("expires")
+    for name, value in (("created", created), ("expires", expires)):
+        if value is None:
+            raise VerificationError(f"missing-{name}", f"{name} is required", label)
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise VerificationError("malformed-signature-input", f"{name} must be an Integer", label)
+    assert isinstance(created, int)
+    assert isinstance(expires, int)
+    if expires <= created:
+        raise VerificationError("bad-signature-window", "expires is not after created", label)
+    if created > now + skew_s:
+        raise VerificationError("signature-not-yet-valid", "created is in the future", label)
+    if now >= expires + skew_s:
+        raise VerificationError("signature-expired", "the signature's window has ended", label)
+    return keyid, created, expires
+
+
+def _check_key(entry: SignatureEntry, key: VerificationKey | None, now: float) -> VerificationKey:
+    label = entry.label
+    if key is None:
+        raise VerificationError("unknown-keyid", f"no key for keyid {entry.keyid!r}", label)
+    if key.public.thumbprint != entry.keyid:
+        raise VerificationError("unknown-keyid", "resolved key does not match the keyid", label)
+    if key.revoked:
+        raise VerificationError("key-revoked", f"key {entry.keyid} is revoked", label)
+    if (key.not_before is not None and now < key.not_before) or (
+        key.not_after is not None and now >= key.not_after
+    ):
+        raise VerificationError("key-outside-window", f"key {entry.keyid} is outside its window", label)
+    return key
+
+
+def verify_stack(
+    message: Message,
+    body: bytes | None,
+    lookup: KeyLookup,
+    *,
+    now: float,
+    skew_s: int = DEFAULT_SKEW_S,
+    max_hops: int | None = None,
+    required: Sequence[Component] = SPEC_COMPONENTS,
+) -> VerifiedStack:
+    """Verify every label of the stack per the spec; raise VerificationError with the first refusal.
+
+    ``body`` is the received content; pass None only when the caller checks Content-Digest itself.
+    """
+    entries = parse_signature_stack(message.fields)
+    if max_hops is not None and len(entries) > max_hops:
+        raise VerificationError("too-many-hops", f"{len(entries)} signatures exceed the cap of {max_hops}")
+    checked = []
+    previous: str | None = None
+    for entry in entries:
+        _check_components(entry, previous, required)
+        checked.append((entry, *_check_params(entry, now, skew_s)))
+        previous = entry.label
+    raw_agent = message.fields.combined("signature-agent")
+    if raw_agent is None:
+        raise VerificationError("missing-covered-header", "covered field 'signature-agent' is absent")
+    try:
+        directory = parse_signature_agent(raw_agent)
+    except FieldError as exc:
+        raise VerificationError(exc.reason, exc.detail) from exc
+    if body is not None:
+        verify_content_digest(message.fields.combined("content-digest"), body)
+    verified = []
+    for index, (entry, keyid, created, expires) in enumerate(checked):
+        key = _check_key(entry, lookup(entry, index), now)
+        try:
+            base = signature_base(message, entry.components, entry.params_value)
+        except SigningError as exc:
+            raise VerificationError(exc.reason, exc.detail, entry.label) from exc
+        if not key.public.verify(entry.signature, base):
+            raise VerificationError("bad-signature", _bad_signature_hint(message, entry), entry.label)
+        verified.append(
+            VerifiedSignature(
+                label=entry.label,
+                keyid=keyid,
+                created=created,
+                expires=expires,
+                components=tuple(c.serialized for c in entry.components),
+                signature_base=base.decode("ascii"),
+                key_source=key.source,
+            )
+        )
+    return VerifiedStack(tuple(verified), raw_agent, directory)
+
+
+def _bad_signature_hint(message: Message, entry: SignatureEntry) -> str:
+    repeated = [
+        c.name
+        for c in entry.components
+        if not c.is_derived and c.key is None and message.fields.count(c.name) > 1
+    ]
+    hint = f"label {entry.label!r} does not verify over the rebuilt signature base"
+    if repeated:
+        hint += f"; covered fields with repeated lines (joined with ', '): {', '.join(repeated)}"
+    return hint

@@ -1,0 +1,216 @@
+"""CONNECT tunnels as the engine sees them: the first byte after ``200``, TLS termination, blind pipes.
+
+After ``200 Connection Established`` a :class:`TunnelStart` owns the client transport until the
+first byte tells a TLS ClientHello (0x16) from plain HTTP; it then hands the transport to a TLS
+session or straight to a new inner connection protocol. A :class:`BlindTunnel` joins client and
+upstream byte for byte with backpressure and half-close. What to intercept, and what a failure
+means to the operator, is the policy's (``proxy.connect``); it is told through callbacks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+import time
+import typing
+from collections.abc import Callable, MutableMapping
+
+from .tls import TlsSession, TlsTransport
+
+__all__ = ["CONNECT_ESTABLISHED", "BlindTunnel", "TunnelStart"]
+
+log = logging.getLogger("signing_proxy.proxy.connect")
+
+CONNECT_ESTABLISHED = b"HTTP/1.1 200 Connection Established\r\n\r\n"
+TLS_HANDSHAKE_RECORD = 0x16  # first byte of a TLS record carrying a ClientHello
+
+
+class TunnelStart(asyncio.Protocol):
+    """The client transport's protocol from ``200 Connection Established`` to the first byte."""
+
+    def __init__(
+        self,
+        raw: asyncio.Transport,
+        *,
+        host: str,
+        port: int,
+        context: ssl.SSLContext,
+        client_ip: str,
+        handshake_timeout_s: float,
+        inner: Callable[[str], asyncio.Protocol],
+        on_failed: Callable[[TunnelStart, ssl.SSLError | None], None],
+        handshakes: MutableMapping[ssl.SSLObject, TunnelStart],
+        starting: set[TunnelStart],
+    ) -> None:
+        self.raw = raw
+        self.host = host
+        self.port = port
+        self.authority = f"{host}:{port}"
+        self.expected_sni = host.strip("[]")
+        self.context = context
+        self.client_ip = client_ip
+        self.sni_refused = False
+        self.session: TlsSession | None = None
+        self._inner = inner  # scheme -> the protocol that serves the requests inside the tunnel
+        self._on_failed = on_failed
+        self._handshakes = handshakes
+        self._starting = starting
+        self._timeout_s = handshake_timeout_s
+        self._done = False
+        starting.add(self)
+        self._timer = asyncio.get_running_loop().call_later(handshake_timeout_s, self._timeout)
+
+    def begin(self, early: bytes) -> None:
+        self.raw.set_protocol(self)
+        if early:
+            self.data_received(early)
+        if not self.raw.is_closing():
+            self.raw.resume_reading()
+
+    # --- raw transport callbacks until the tunnel knows what it carries ---
+    def data_received(self, data: bytes) -> None:
+        if not data:
+            return
+        if data[0] == TLS_HANDSHAKE_RECORD:
+            session = TlsSession(
+                self.raw, self.context, on_established=self._established, on_failed=self._failed
+            )
+            self.session = session
+            self._handshakes[session.sslobj] = self
+            self.raw.set_protocol(session)
+            session.data_received(data)
+            return
+        self._finish()
+        inner = self._inner("http")
+        self.raw.set_protocol(inner)
+        inner.connection_made(self.raw)
+        inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        self._finish()
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._finish()
+
+    # --- TLS outcomes ---
+    def _established(self, transport: TlsTransport) -> asyncio.Protocol:
+        self._finish()
+        return self._inner("https")
+
+    def _failed(self, exc: ssl.SSLError | None) -> None:
+        timed_out = self._done
+        self._finish()
+        if self.sni_refused or timed_out:
+            return
+        self._on_failed(self, exc)
+
+    def _timeout(self) -> None:
+        if self._done:
+            return
+        self._done = True  # a failure report from the abort below is not a second log line
+        self._starting.discard(self)
+        log.info(
+            "CONNECT %s from %s: no %s within %g s; closing",
+            self.authority,
+            self.client_ip,
+            "TLS handshake" if self.session is not None else "data",
+            self._timeout_s,
+        )
+        self.raw.abort()
+
+    def _finish(self) -> None:
+        self._done = True
+        self._timer.cancel()
+        self._starting.discard(self)
+
+    def abort(self) -> None:
+        self._finish()
+        self.raw.abort()
+
+
+class _PipeEnd(asyncio.Protocol):
+    """One side of a blind tunnel: bytes arriving here are written to the other side."""
+
+    def __init__(self, tunnel: BlindTunnel) -> None:
+        self.tunnel = tunnel
+        self.transport: asyncio.Transport | None = None
+        self.peer: _PipeEnd | None = None
+        self.bytes_in = 0
+        self.eof = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = typing.cast(asyncio.Transport, transport)  # uvloop's are not subclasses
+
+    def data_received(self, data: bytes) -> None:
+        self.bytes_in += len(data)
+        out = self.peer.transport if self.peer is not None else None
+        if out is not None and not out.is_closing():
+            out.write(data)
+
+    def eof_received(self) -> bool | None:
+        self.eof = True
+        peer = self.peer
+        if peer is None or peer.eof or peer.transport is None:
+            self.tunnel.close()
+            return None
+        if not peer.transport.is_closing() and peer.transport.can_write_eof():
+            peer.transport.write_eof()  # half-close: the other direction keeps flowing
+        return True
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.tunnel.end_lost(self)
+
+    def pause_writing(self) -> None:  # our side cannot take more: stop reading the other side
+        out = self.peer.transport if self.peer is not None else None
+        if out is not None and not out.is_closing():
+            out.pause_reading()
+
+    def resume_writing(self) -> None:
+        out = self.peer.transport if self.peer is not None else None
+        if out is not None and not out.is_closing():
+            out.resume_reading()
+
+    def close(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()  # what is buffered is still written first
+
+
+class BlindTunnel:
+    """Client and upstream joined byte for byte: not intercepted, not signed."""
+
+    def __init__(self, client_ip: str, authority: str, on_finished: Callable[[BlindTunnel], None]) -> None:
+        self.client_ip = client_ip
+        self.authority = authority
+        self.client = _PipeEnd(self)
+        self.upstream = _PipeEnd(self)
+        self.client.peer, self.upstream.peer = self.upstream, self.client
+        self.started = time.perf_counter()
+        self.attached = False  # the client side joined (after 200); before that only upstream exists
+        self._on_finished = on_finished
+        self._lost = 0
+        self._finished_already = False
+
+    @property
+    def duration_s(self) -> float:
+        return time.perf_counter() - self.started
+
+    def attach_client(self, raw: asyncio.Transport, early: bytes) -> None:
+        self.attached = True
+        raw.set_protocol(self.client)
+        self.client.connection_made(raw)
+        if early:
+            self.client.data_received(early)
+        raw.resume_reading()
+
+    def end_lost(self, end: _PipeEnd) -> None:
+        self._lost += 1
+        self.close()  # one side gone: the other is closed once its buffered bytes are written
+        if self._lost >= (2 if self.attached else 1) and not self._finished_already:
+            self._finished_already = True
+            self._on_finished(self)
+
+    def close(self) -> None:
+        self.client.close()
+        self.upstream.close()

@@ -1,0 +1,227 @@
+"""The proxy's request policy over the engine: one agent request from parsed head to streamed answer.
+
+``ProxyHandler`` is the ``net.server.Handler`` of the proxy port. Per request: access control, where
+the request goes (absolute-form target, a sidecar route, the port's own ``/healthz``, ``/readyz``,
+``/metrics``, or CONNECT), the body up to the limit, the mode's pipeline (sign, or verify and stack a
+relay label), forward (``net.forward``), and discovery's answer to a held 403. Nothing the pipeline
+refuses is forwarded; every refusal is a problem+json response with a stable reason.
+
+The handler is given what it uses, never the app: a :class:`Policy` (replaced whole on a
+configuration reload, so a request sees the old or the new, never a mix) and the stable parts.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from ..core.errors import FieldError
+from ..core.uri import Target, parse_absolute_uri
+from ..errors import ProxyError
+from ..metrics import Metrics
+from ..net.forward import ResponseStream, forward
+from ..net.framing import Outgoing
+from ..net.server import AbortConnection, ClientConnection, Request
+from ..net.upstream import UpstreamPool
+from .access import AccessControl
+from .accesslog import AccessLog
+from .discovery import Discovery
+
+__all__ = ["LocalEndpoint", "Policy", "Prepare", "ProxyHandler", "Routes"]
+
+LocalEndpoint = Callable[[ClientConnection, Request], int]
+_CLOSING_STATUSES = frozenset({400, 403, 413, 431})  # the rest of the connection cannot be trusted
+
+
+class Prepare(Protocol):
+    """The mode's pipeline: the request as it goes on the wire, signed; ``ProxyError`` instead of unsigned."""
+
+    def __call__(
+        self, method: str, target: Target, lines: Sequence[tuple[str, str]], body: bytes, *, framed: bool
+    ) -> Awaitable[Outgoing]: ...
+
+
+class Routes:
+    """Sidecar routes: an origin-form prefix mapped to an upstream base URL (longest prefix wins)."""
+
+    def __init__(self, routes: Sequence[tuple[str, str]]) -> None:
+        self._routes = sorted(
+            ((prefix, parse_absolute_uri(up)) for prefix, up in routes), key=lambda r: -len(r[0])
+        )
+
+    def target_for(self, raw_target: str) -> Target | None:
+        path = raw_target.split("?", 1)[0]
+        for prefix, base in self._routes:
+            if path.startswith(prefix):
+                rest = raw_target[len(prefix) :]  # "v1/x?q" after "/exchange/"
+            elif path == prefix[:-1]:
+                rest = raw_target[len(prefix) - 1 :]  # "" or "?q" after "/exchange"
+            else:
+                continue
+            return base.with_path_query(base.path + rest)
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """What a configuration reload may change, swapped in one step."""
+
+    mode: str
+    access: AccessControl
+    connect_timeout_s: float
+    routes: Routes
+    prepare: Prepare
+    access_log: AccessLog
+
+
+class ConnectPolicy(Protocol):
+    async def handle(self, conn: ClientConnection, req: Request) -> tuple[int, str]: ...
+
+
+class ProxyHandler:
+    """Serves the proxy port's requests (``net.server.Handler``)."""
+
+    def __init__(
+        self,
+        policy: Policy,
+        *,
+        pool: UpstreamPool,
+        metrics: Metrics,
+        local: Callable[[str], LocalEndpoint | None],
+        discovery: Discovery | None,
+        draining: Callable[[], bool],
+    ) -> None:
+        self.policy = policy
+        self.pool = pool
+        self.metrics = metrics
+        self.local = local
+        self.discovery = discovery
+        self.draining = draining
+        self.connect: ConnectPolicy | None = None  # set once the CONNECT policy exists (it needs the engine)
+        self._observe_latency = metrics.upstream_latency.observe
+
+    def count(self, outcome: str) -> None:
+        """Count one request's outcome (and tunnels by kind)."""
+        self.metrics.request(self.policy.mode, outcome)
+        if outcome in ("intercepted", "tunnelled"):
+            self.metrics.tunnel(outcome)
+
+    # --- net.server.Handler ---
+    def connection_made(self, conn: ClientConnection) -> None:
+        conn.client_allowed = self.policy.access.client_allowed(conn.client_ip)  # once, not per request
+
+    async def serve(self, conn: ClientConnection, req: Request) -> bool:
+        policy = self.policy
+        started = time.perf_counter()
+        outcome, status, keyid, host, sent_out = "error", 0, None, "-", 0
+        try:
+            if req.method == "CONNECT":  # refused (ProxyError) or the tunnel takes the transport over
+                host = req.url.decode("latin-1")
+                if self.connect is None:
+                    raise ProxyError(405, "connect-not-supported", "CONNECT is not served here")
+                status, outcome = await self.connect.handle(conn, req)
+                return False
+            target, local = self._resolve(conn, req, policy)
+            host = target.host if target is not None else "-"
+            if local is not None:
+                status = local(conn, req)
+                outcome = "local"
+                return conn.keep_alive
+            assert target is not None
+            body = await conn.read_body(req)
+
+            def build() -> Awaitable[Outgoing]:
+                return policy.prepare(req.method, target, req.headers, body, framed=req.framed)
+
+            outgoing = await build()
+            keyid = outgoing.keyid
+            stream = await forward(
+                conn,
+                self.pool,
+                outgoing,
+                build,
+                hold=self.discovery.holds if self.discovery is not None else None,
+                on_latency=self._observe_latency,
+            )
+            if stream.held is not None:
+                await self._answer_refusal(conn, stream)
+            status, sent_out = stream.status, stream.bytes_out
+            outcome = "signed" if keyid else "unsigned"
+            self.count(outcome)
+            return conn.keep_alive and not stream.close_after and not self.draining()
+        except ProxyError as error:
+            status, outcome = error.status, error.reason
+            self.count(error.reason)
+            keep = (
+                conn.keep_alive
+                and req.complete
+                and not req.too_large
+                and error.status not in _CLOSING_STATUSES
+            )
+            conn.keep_alive = keep
+            conn.write_problem(error)
+            return keep
+        except AbortConnection:
+            outcome = "aborted"
+            conn.abort()
+            return False
+        finally:
+            self.metrics.transferred(req.body_size, sent_out)
+            if policy.access_log.enabled:
+                policy.access_log.request(
+                    client=conn.client_ip,
+                    method=req.method,
+                    host=host,
+                    status=status,
+                    duration_ms=round((time.perf_counter() - started) * 1000, 2),
+                    bytes_in=req.body_size,
+                    bytes_out=sent_out,
+                    keyid=keyid,
+                    outcome=outcome,
+                )
+
+    def _resolve(
+        self, conn: ClientConnection, req: Request, policy: Policy
+    ) -> tuple[Target | None, LocalEndpoint | None]:
+        """Where the request goes; access control happens here so no refused request reaches upstream."""
+        if not conn.client_allowed:
+            raise ProxyError(
+                403, "client-not-allowed", "this address may not use the proxy (access.allow_clients)"
+            )
+        raw = req.url.decode("latin-1")
+        tunnel = conn.tunnel
+        if tunnel is not None:
+            if not raw.startswith("/"):
+                raise ProxyError(400, "malformed-target", "requests inside a tunnel use origin-form targets")
+            return _target(lambda: tunnel.with_path_query(raw)), None
+        if raw.startswith("/"):
+            path = raw.split("?", 1)[0]
+            local = self.local(path)
+            if local is not None:
+                return None, local
+            policy.access.check_proxy_auth(req.header("proxy-authorization"))
+            route = policy.routes.target_for(raw)
+            if route is None:
+                raise ProxyError(404, "no-route", f"{path} is not a proxied URL or a configured route")
+            return route, None
+        policy.access.check_proxy_auth(req.header("proxy-authorization"))
+        return _target(lambda: parse_absolute_uri(raw)), None
+
+    async def _answer_refusal(self, conn: ClientConnection, stream: ResponseStream) -> None:
+        """Write discovery's answer to a held 403 (status kept, Link, problem+json body)."""
+        assert self.discovery is not None
+        assert stream.held is not None
+        head, body = await self.discovery.refusal(stream.held, stream.target, keep_alive=conn.keep_alive)
+        conn.write(head if stream.head_only else head + body)
+        stream.head_written = True
+        stream.bytes_out = 0 if stream.head_only else len(body)
+        await conn.drain()
+
+
+def _target(build: Callable[[], Target]) -> Target:
+    try:
+        return build()
+    except FieldError as exc:
+        raise ProxyError.of(exc) from None

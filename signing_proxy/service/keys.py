@@ -1,0 +1,163 @@
+"""The running proxy's keys: the signing key provider, the publication listener, and the refresh
+that re-reads the key stores off the event loop.
+
+Requests read keys from memory only. While the services run, every ``RELOAD_CHECK_INTERVAL_S``
+(and at once on ``reload()``, which ``run`` calls on SIGHUP) each store is re-read through
+``asyncio.to_thread``, so no file is opened, locked or stat'ed on the loop.
+
+Refusals are package errors for the caller to print: ``ConfigError`` (the message starts with the
+key path), ``KeyStoreError`` (names the store), ``OSError`` from binding ``publish.listen``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+from ..config import Config
+from ..core.keys import KeyProvider, StaticKeyProvider, format_rfc3339
+from ..errors import ConfigError, KeyFileError, KeyStoreError
+from ..storage.keyfile import load_key_file
+from ..storage.keystore import (
+    RELOAD_CHECK_INTERVAL_S,
+    KeyStore,
+    StoreKeyProvider,
+    StoreWatcher,
+    open_or_create,
+)
+from .publish import PublishServer
+
+__all__ = ["EXPIRY_WARNING_S", "KeyServices", "key_provider_for", "start_key_services"]
+
+log = logging.getLogger("signing_proxy")
+
+EXPIRY_WARNING_S: Final = 7 * 86_400  # our choice: warn at start-up when the signing key ends this soon
+
+
+def key_provider_for(config: Config) -> KeyProvider:
+    """``signing.key`` set: that one key, always (no windows). Otherwise the agent's key store, created
+    on first run (importing a legacy ``<data_dir>/agent-key.pem``), refreshed by ``KeyServices``."""
+    if config.signing.key:
+        try:
+            return StaticKeyProvider(load_key_file(Path(config.signing.key).expanduser()))
+        except KeyFileError as exc:
+            raise ConfigError(f"signing.key: {exc}") from None
+    now = time.time()
+    agent = config.signing.agent
+    try:
+        store, created, imported = open_or_create(
+            config.data_path, agent, now, lifetime_s=config.signing.key_lifetime_s
+        )
+    except OSError as exc:
+        reason = f"cannot create the key store: {exc.strerror or exc}"
+        raise KeyStoreError("store-unwritable", config.data_path, reason) from None
+    provider = StoreKeyProvider(store)
+    if created is not None and imported is not None:
+        log.info(
+            "imported the signing key %s from %s into the key store %s, valid until %s; "
+            "that file is no longer read",
+            created.thumbprint,
+            imported,
+            store.path,
+            format_rfc3339(created.not_after),
+        )
+    elif created is not None:
+        log.info(
+            "generated a new signing key %s in the key store %s, valid until %s (first run)",
+            created.thumbprint,
+            store.path,
+            format_rfc3339(created.not_after),
+        )
+    _warn_about_expiry(provider, agent, now)
+    return provider
+
+
+def _warn_about_expiry(provider: StoreKeyProvider, agent: str, now: float) -> None:
+    state = provider.state()
+    chosen = state.signing_record(now)
+    if chosen is None:
+        log.warning(
+            "agent %s has no valid signing key: requests get 503 until `signing-proxy keys rotate`", agent
+        )
+    elif chosen.not_after - now < EXPIRY_WARNING_S and not any(
+        r.not_after > chosen.not_after and not r.revoked
+        for r in state.records  # no successor yet
+    ):
+        log.warning(
+            "signing key %s of agent %s ends at %s; run `signing-proxy keys rotate`",
+            chosen.thumbprint,
+            agent,
+            format_rfc3339(chosen.not_after),
+        )
+
+
+@dataclass
+class KeyServices:
+    """What runs beside the proxy: the publication listener and the key stores' refresh."""
+
+    publisher: PublishServer | None = None
+    watchers: dict[str, StoreWatcher] = field(default_factory=dict)
+    publish_addresses: list[tuple[str, int]] = field(default_factory=list)
+    _refresh: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
+    _wake: asyncio.Event = field(default_factory=asyncio.Event, init=False, repr=False)
+    _forced: bool = field(default=False, init=False, repr=False)
+
+    def reload(self) -> None:
+        """Re-read every key store now, changed or not (off the loop); ``run`` calls this on SIGHUP."""
+        log.info("SIGHUP: reloading the key store")
+        self._forced = True
+        self._wake.set()
+
+    def start_refresh(self, interval_s: float = RELOAD_CHECK_INTERVAL_S) -> None:
+        """Look at the stores every ``interval_s`` (re-reading a changed one) and on ``reload()``,
+        until ``stop()``."""
+        if self.watchers and self._refresh is None:
+            self._refresh = asyncio.get_running_loop().create_task(self._refresh_loop(interval_s))
+
+    async def _refresh_loop(self, interval_s: float) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), interval_s)
+            self._wake.clear()
+            force, self._forced = self._forced, False
+            for watcher in tuple(self.watchers.values()):
+                try:
+                    await asyncio.to_thread(watcher.reload, force=force)
+                except Exception:  # keep refreshing: the keys loaded before keep serving
+                    log.exception("key store %s: refresh failed", watcher.store.path)
+
+    async def stop(self) -> None:
+        """Stop the refresh, then the publication listener."""
+        if self._refresh is not None:
+            task, self._refresh = self._refresh, None
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self.publisher is not None:
+            await self.publisher.stop()
+
+
+async def start_key_services(config: Config, keys: KeyProvider, *, reuse_port: bool = False) -> KeyServices:
+    """Start the publication listener when ``publish.listen`` is set (its addresses in
+    ``publish_addresses``) and the refresh of every key store in use."""
+    services = KeyServices()
+    if isinstance(keys, StoreWatcher):
+        services.watchers[config.signing.agent] = keys
+    if config.publish.listen is not None:
+        if not isinstance(keys, StoreWatcher):  # config validation refuses signing.key with publish.listen
+            raise ConfigError("publish.listen: publishing needs the key store; unset signing.key")
+        for i, agent in enumerate(config.publish.agents):
+            if agent not in services.watchers:
+                try:
+                    services.watchers[agent] = StoreWatcher(KeyStore(config.data_path, agent), private=False)
+                except KeyStoreError as exc:
+                    raise ConfigError(f"publish.agents[{i}]: {exc}") from None
+        services.publisher = PublishServer(config, services.watchers)
+        services.publish_addresses = await services.publisher.start(reuse_port=reuse_port)
+    services.start_refresh()
+    return services

@@ -1,0 +1,197 @@
+"""The key store's index file, ``keys.json``: its format, strict parsing and rendering (no file I/O),
+and ``StoreState``, the view of a store loaded from it.
+
+The index lists each key's thumbprint, public ``x`` and window, and the revocation list::
+
+    {"format": "signing-proxy-keystore/1", "agent": "default",
+     "keys": [{"thumbprint", "x", "not_before", "not_after", "created_at"}, ...],
+     "revocations": {"as_of": RFC 3339, "revoked": [thumbprint, ...]}}
+
+Parsing refuses duplicate members, unknown or missing members, a thumbprint that ``x`` does not
+hash to and an empty window, with a ValueError (or KeyFormatError) naming the member.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Final
+
+from ..core.b64 import b64url_decode
+from ..core.errors import KeyFormatError
+from ..core.jwk import PublicKey, SigningKey
+from ..core.keys import (
+    Directory,
+    DirectoryKey,
+    KeyRecord,
+    RevocationList,
+    choose_signing_key,
+    format_rfc3339,
+    is_thumbprint,
+    key_state,
+    parse_rfc3339,
+    publishable,
+)
+
+__all__ = [
+    "INDEX_FORMAT",
+    "MAX_INDEX_BYTES",
+    "MAX_STORE_KEYS",
+    "IndexEntry",
+    "StoreState",
+    "parse_index",
+    "render_index",
+]
+
+INDEX_FORMAT: Final = "signing-proxy-keystore/1"
+MAX_INDEX_BYTES: Final = 4 * 1024 * 1024  # our choice: 10 000 revoked thumbprints fit easily
+MAX_STORE_KEYS: Final = 1024  # our choice: keys the index may hold (expired ones included)
+
+_ENTRY_MEMBERS = frozenset({"thumbprint", "x", "not_before", "not_after", "created_at"})
+_INDEX_MEMBERS = frozenset({"format", "agent", "keys", "revocations"})
+
+
+@dataclass(frozen=True)
+class IndexEntry:
+    """One key of the index: thumbprint, public ``x`` (base64url) and times in unix seconds."""
+
+    thumbprint: str
+    x: str
+    not_before: int
+    not_after: int
+    created_at: int
+
+
+@dataclass(frozen=True)
+class StoreState:
+    """One consistent view of a store: records (``revoked`` from the revocation list), public keys,
+    the revocation list, and the private keys of unrevoked keys when loaded with ``private``."""
+
+    agent: str
+    path: Path
+    records: tuple[KeyRecord, ...]
+    publics: Mapping[str, PublicKey]
+    revocations: RevocationList
+    private: Mapping[str, SigningKey] = field(default_factory=lambda: MappingProxyType({}))
+
+    def record(self, thumbprint: str) -> KeyRecord | None:
+        return next((r for r in self.records if r.thumbprint == thumbprint), None)
+
+    def signing_record(self, now: float) -> KeyRecord | None:
+        """The newest key valid at ``now`` and not revoked (DESIGN 4), or None."""
+        return choose_signing_key(self.records, now)
+
+    def signing_key(self, now: float) -> SigningKey | None:
+        chosen = self.signing_record(now)
+        return None if chosen is None else self.private.get(chosen.thumbprint)
+
+    def state_of(self, record: KeyRecord, now: float) -> str:
+        """``active``, ``next``, ``retiring``, ``revoked`` or ``expired``."""
+        return key_state(record, self.records, now)
+
+    def directory(self, now: float, revocation_url: str | None) -> Directory:
+        """The keys to publish at ``now``: unrevoked, unexpired (current and next ones)."""
+        keys = tuple(
+            DirectoryKey(self.publics[r.thumbprint], r.not_before, r.not_after)
+            for r in publishable(self.records, now)
+        )
+        return Directory(keys, revocation_url)
+
+
+def render_index(agent: str, entries: Sequence[IndexEntry], revocations: RevocationList) -> bytes:
+    """The index document (keys ordered by window start), as ASCII JSON with a final newline."""
+    ordered = sorted(entries, key=lambda e: (e.not_before, e.created_at, e.thumbprint))
+    doc = {
+        "format": INDEX_FORMAT,
+        "agent": agent,
+        "keys": [
+            {
+                "thumbprint": e.thumbprint,
+                "x": e.x,
+                "not_before": format_rfc3339(e.not_before),
+                "not_after": format_rfc3339(e.not_after),
+                "created_at": format_rfc3339(e.created_at),
+            }
+            for e in ordered
+        ],
+        "revocations": {
+            "as_of": format_rfc3339(revocations.as_of),
+            "revoked": sorted(revocations.revoked),
+        },
+    }
+    return (json.dumps(doc, indent=2) + "\n").encode("ascii")
+
+
+def _strict_json(data: bytes) -> Any:
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name, value in items:
+            if name in out:
+                raise ValueError(f"member {name!r} appears twice")
+            out[name] = value
+        return out
+
+    def no_constant(name: str) -> Any:
+        raise ValueError(f"{name} is not JSON")
+
+    try:
+        return json.loads(data.decode("utf-8"), object_pairs_hook=pairs, parse_constant=no_constant)
+    except UnicodeDecodeError:
+        raise ValueError("not UTF-8") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not JSON ({exc.msg} at line {exc.lineno})") from None
+
+
+def _members(obj: object, required: frozenset[str], where: str) -> Mapping[str, Any]:
+    if not isinstance(obj, dict):
+        raise ValueError(f"{where} must be an object")
+    missing, unknown = sorted(required - obj.keys()), sorted(obj.keys() - required)
+    if missing:
+        raise ValueError(f"{where} lacks member {missing[0]!r}")
+    if unknown:
+        raise ValueError(f"{where} has unknown member {unknown[0]!r}")
+    return obj
+
+
+def parse_index(data: bytes, agent: str) -> tuple[list[IndexEntry], RevocationList]:
+    """``agent``'s index entries and revocation list; ValueError or KeyFormatError says what is wrong."""
+    doc = _members(_strict_json(data), _INDEX_MEMBERS, "the index")
+    if doc["format"] != INDEX_FORMAT:
+        raise ValueError(f"format {doc['format']!r}; expected {INDEX_FORMAT!r}")
+    if doc["agent"] != agent:
+        raise ValueError(f"it belongs to agent {doc['agent']!r}, not {agent!r} (its directory)")
+    raw_keys = doc["keys"]
+    if not isinstance(raw_keys, list) or len(raw_keys) > MAX_STORE_KEYS:
+        raise ValueError(f"'keys' must be an array of at most {MAX_STORE_KEYS} entries")
+    entries: list[IndexEntry] = []
+    seen: set[str] = set()
+    for i, raw in enumerate(raw_keys):
+        item = _members(raw, _ENTRY_MEMBERS, f"keys[{i}]")
+        thumbprint, x = item["thumbprint"], item["x"]
+        if not is_thumbprint(thumbprint):
+            raise ValueError(f"keys[{i}].thumbprint is not an RFC 7638 thumbprint")
+        if thumbprint in seen:
+            raise ValueError(f"keys[{i}]: key {thumbprint} is listed twice")
+        seen.add(thumbprint)
+        try:
+            public = PublicKey.from_raw(b64url_decode(x)) if isinstance(x, str) else None
+        except (ValueError, KeyFormatError):
+            public = None
+        if public is None:
+            raise ValueError(f"keys[{i}].x is not a base64url Ed25519 public key")
+        if public.thumbprint != thumbprint:
+            raise ValueError(f"keys[{i}]: x does not hash to the thumbprint {thumbprint}")
+        not_before = parse_rfc3339(item["not_before"])
+        not_after = parse_rfc3339(item["not_after"])
+        created_at = parse_rfc3339(item["created_at"])
+        if not not_before < not_after:
+            raise ValueError(f"keys[{i}]: not_before must be earlier than not_after")
+        entries.append(IndexEntry(thumbprint, x, not_before, not_after, created_at))
+    rev = _members(doc["revocations"], frozenset({"as_of", "revoked"}), "revocations")
+    revoked = rev["revoked"]
+    if not isinstance(revoked, list) or not all(isinstance(t, str) for t in revoked):
+        raise ValueError("revocations.revoked must be an array of thumbprints")
+    return entries, RevocationList(parse_rfc3339(rev["as_of"]), frozenset(revoked))

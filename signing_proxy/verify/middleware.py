@@ -1,0 +1,72 @@
+"""The verifier on aiohttp: verify a request as received, and a middleware that refuses with 401.
+
+``signature_middleware`` runs ``RequestVerifier.verify`` on the raw header lines, raw path and
+exact body of each request, answers a refusal with 401 problem+json carrying the stable reason,
+and otherwise puts the ``VerifiedStack`` in ``request[SIGNATURE]`` — the only thing a handler
+should trust.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+
+from aiohttp import web
+
+from ..core.errors import VerificationError
+from ..core.fields import Fields
+from ..core.signatures import VerifiedStack
+from ..errors import problem_body
+from .verifier import RequestVerifier
+
+__all__ = ["SIGNATURE", "Handler", "refusal", "signature_middleware", "verify_aiohttp_request"]
+
+SIGNATURE = web.RequestKey("signature", VerifiedStack)  # request[SIGNATURE]: the verified result
+
+
+async def verify_aiohttp_request(
+    verifier: RequestVerifier, request: web.Request, *, external_origin: str | None = None
+) -> VerifiedStack:
+    """Verify an aiohttp request as received (raw header lines, raw path, exact body).
+
+    ``external_origin`` (``https://exchange.example``) is the origin clients used when a TLS-terminating
+    load balancer sits in front (RFC 9421 section 7.4.3); otherwise scheme and Host of the request.
+    """
+    body = await request.read()
+    lines = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.raw_headers]
+    origin = external_origin.rstrip("/") if external_origin else f"{request.scheme}://{request.host}"
+    return await verifier.verify(request.method, origin + request.raw_path, Fields(lines), body)
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def signature_middleware(
+    verifier: RequestVerifier, *, external_origin: str | None = None, exempt_paths: Sequence[str] = ()
+) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+    """aiohttp middleware: refuse unverified requests with 401 problem+json; else put the
+    ``VerifiedStack`` in ``request[SIGNATURE]`` for the handler (trust only that)."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path in exempt_paths:
+            return await handler(request)
+        try:
+            request[SIGNATURE] = await verify_aiohttp_request(
+                verifier, request, external_origin=external_origin
+            )
+        except VerificationError as exc:
+            return refusal(exc)
+        return await handler(request)
+
+    return middleware
+
+
+def refusal(exc: VerificationError) -> web.Response:
+    """401 problem+json carrying the refusal reason (and the label it concerns)."""
+    extra: dict[str, object] = {"label": exc.label} if exc.label else {}
+    return web.Response(
+        status=401,
+        body=problem_body(401, exc.reason, exc.detail, **extra),
+        content_type="application/problem+json",
+        headers={"WWW-Authenticate": 'Signature realm="signing-proxy"'},
+    )

@@ -1,0 +1,119 @@
+"""The `signing-proxy` command through real subprocesses."""
+
+from __future__ import annotations
+
+import json
+import stat
+from pathlib import Path
+
+import pytest
+
+from signing_proxy import __version__
+from signing_proxy.core.jwk import SigningKey, load_private_key
+from tests.harness import run_cli, started_run
+
+
+def test_version() -> None:
+    done = run_cli("--version")
+    assert done.returncode == 0
+    assert done.stdout.strip() == f"signing-proxy {__version__}"
+
+
+@pytest.mark.parametrize(
+    "command", [[], ["run"], ["config", "check"], ["keys", "generate"], ["keys", "show"]]
+)
+def test_every_command_has_help(command: list[str]) -> None:
+    done = run_cli(*command, "--help")
+    assert done.returncode == 0
+    assert "usage: signing-proxy" in done.stdout
+    assert len(done.stdout.splitlines()) > 3
+
+
+@pytest.mark.parametrize("fmt", ["pem", "jwk"])
+def test_keys_generate_writes_an_owner_only_key_and_prints_its_thumbprint(tmp_path: Path, fmt: str) -> None:
+    out = tmp_path / f"key.{fmt}"
+    done = run_cli("keys", "generate", "--out", str(out), "--format", fmt)
+    assert done.returncode == 0, done.stderr
+    assert stat.S_IMODE(out.stat().st_mode) == 0o600
+    key = load_private_key(out.read_bytes())
+    assert f"thumbprint: {key.thumbprint}" in done.stdout
+    assert json.loads(done.stdout.split("public jwk: ", 1)[1]) == key.public.jwk()
+    assert key.to_jwk()["d"] not in done.stdout
+    again = run_cli("keys", "generate", "--out", str(out))
+    assert again.returncode == 2
+    assert "exists" in again.stderr
+
+
+def test_keys_show_prints_thumbprint_and_public_jwk(tmp_path: Path) -> None:
+    key = SigningKey.generate()
+    path = tmp_path / "k.pem"
+    path.write_bytes(key.to_pem())
+    path.chmod(0o600)
+    done = run_cli("keys", "show", str(path))
+    assert done.returncode == 0
+    assert key.thumbprint in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("content", "mode", "message"),
+    [
+        (SigningKey.generate().to_pem(), 0o644, "must be readable by its owner only"),
+        (SigningKey.generate().to_pem(), 0o640, "must be readable by its owner only"),
+        (b"-----BEGIN PRIVATE KEY-----\ngarbage\n-----END PRIVATE KEY-----\n", 0o600, "not a usable Ed25519"),
+        (b"{}", 0o600, "not a usable Ed25519"),
+        (None, 0o600, "does not exist"),
+    ],
+)
+def test_run_refuses_a_bad_key_file(tmp_path: Path, content: bytes | None, mode: int, message: str) -> None:
+    path = tmp_path / "key.pem"
+    if content is not None:
+        path.write_bytes(content)
+        path.chmod(mode)
+    done = run_cli("run", "--listen", "127.0.0.1:0", "--key", str(path), "--data-dir", str(tmp_path / "d"))
+    assert done.returncode == 2
+    assert message in done.stderr
+    assert str(path) in done.stderr
+
+
+def test_run_refuses_a_bad_config_with_the_key_path(tmp_path: Path) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text("limits:\n  max_body_bytes: -5\n")
+    done = run_cli("run", "--config", str(config))
+    assert done.returncode == 2
+    assert "limits.max_body_bytes: must be a positive integer" in done.stderr
+
+
+def test_config_check_prints_the_effective_config(tmp_path: Path) -> None:
+    done = run_cli("config", "check", "config/sidecar.yaml")
+    assert done.returncode == 0, done.stderr
+    assert "OK" in done.stdout
+    assert "/exchange/" in done.stdout
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("lisen: 1\n")
+    done = run_cli("config", "check", str(bad))
+    assert done.returncode == 2
+    assert "lisen: unknown key" in done.stderr
+
+
+def test_first_run_generates_an_owner_only_key(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    with started_run("--listen", "127.0.0.1:0", "--data-dir", str(data)) as lines:
+        (key_path,) = (data / "keys" / "default").glob("*.pem")  # the key store, named by thumbprint
+        key = load_private_key(key_path.read_bytes())
+        assert key_path.name == f"{key.thumbprint}.pem"
+        assert stat.S_IMODE(key_path.stat().st_mode) == 0o600
+        assert any("generated a new signing key" in ln and key.thumbprint in ln for ln in lines)
+        assert f"keyid={key.thumbprint}" in lines[-1]
+
+
+@pytest.mark.parametrize("group", ["keys", "config", "ca", "delegate"])
+def test_a_group_without_its_action_shows_the_group_help(group: str) -> None:
+    done = run_cli(group)
+    assert done.returncode == 2
+    assert done.stdout.startswith(f"usage: signing-proxy {group} ")
+
+
+def test_run_refuses_a_worker_count_below_one(tmp_path: Path) -> None:
+    done = run_cli("run", "--workers", "0", "--listen", "127.0.0.1:0", "--data-dir", str(tmp_path))
+    assert done.returncode == 2
+    assert "--workers: must be at least 1" in done.stderr

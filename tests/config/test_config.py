@@ -1,0 +1,97 @@
+"""Configuration: the embedded defaults equal config/default.yaml; mistakes name their key path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from signing_proxy.config import Config, ConfigError, load_config, parse_config, redacted
+
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "config"
+
+
+def test_default_yaml_is_the_embedded_default() -> None:
+    assert load_config(CONFIG_DIR / "default.yaml") == Config()
+    assert load_config(None) == Config()
+
+
+@pytest.mark.parametrize("path", sorted(CONFIG_DIR.glob("*.yaml")), ids=lambda p: p.name)
+def test_every_example_config_is_valid(path: Path) -> None:
+    load_config(path)
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"limits": {"max_body_bytes": 0}}, "limits.max_body_bytes: must be a positive integer"),
+        ({"limits": {"max_body_bytes": "10MiB"}}, "limits.max_body_bytes: must be an integer"),
+        ({"limits": {"max_body_byte": 1}}, "limits.max_body_byte: unknown key"),
+        ({"signin": {}}, "signin: unknown key"),
+        ({"timeouts": {"read_s": -1}}, "timeouts.read_s: must be a positive"),
+        ({"signing": {"label": "Agent"}}, "signing.label: must be a structured-field key"),
+        (
+            {"signing": {"signature_agent": "agent.example"}},
+            "signing.signature_agent: must be an http(s) URL",
+        ),
+        ({"signing": {"validity_s": 90000}}, "signing.validity_s: must be at most 86400"),
+        ({"listen": "8080"}, "listen: must be HOST:PORT"),
+        ({"listen": "0.0.0.0:8080"}, "listen: 0.0.0.0:8080 is not a loopback address"),
+        ({"access": {"allow_clients": ["10.0.0.0/33"]}}, "access.allow_clients[0]: not a CIDR"),
+        ({"log": {"level": "loud"}}, "log.level: must be one of debug, info, warning, error"),
+        ({"log": {"access_log": "yes"}}, "log.access_log: must be true or false"),
+        (
+            {"routes": [{"prefix": "exchange", "upstream": "https://x.example/"}]},
+            "routes[0].prefix: must start",
+        ),
+        (
+            {"routes": [{"prefix": "/x/", "upstream": "ftp://x/"}]},
+            "routes[0].upstream: must be an http(s) URL",
+        ),
+        (
+            {"routes": [{"prefix": "/healthz/", "upstream": "https://x.example/"}]},
+            "collides with the proxy's own",
+        ),
+        ({"credentials": [{"hosts": ["a"]}]}, "credentials[0]: set exactly one of bearer_file or bearer_env"),
+        ({"credentials": [{"hosts": []}]}, "credentials[0].hosts: must list at least one host pattern"),
+        ({"credentials": [{"bearer_env": "X"}]}, "credentials[0]:"),
+        ({"hosts": {"unsigned": ["a.*.b"]}}, "hosts.unsigned[0]: host patterns are"),
+        ({"routes": {"prefix": "/x/"}}, "routes: must be a list"),
+        (["not", "a", "mapping"], "config: must be a mapping"),
+    ],
+)
+def test_mistakes_are_refused_with_their_key_path(raw: Any, message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config(raw)
+    assert str(err.value).startswith(message) or message in str(err.value), str(err.value)
+
+
+def test_public_listen_is_allowed_with_an_allow_list_or_auth(tmp_path: Path) -> None:
+    parse_config({"listen": "0.0.0.0:8080", "access": {"allow_clients": ["10.0.0.0/8"]}})
+    parse_config({"listen": "0.0.0.0:8080", "access": {"proxy_auth_file": str(tmp_path / "users")}})
+
+
+def test_config_is_frozen_and_overrides_are_validated() -> None:
+    config = parse_config({})
+    with pytest.raises(AttributeError):
+        config.listen = "x"  # type: ignore[misc]
+    assert config.with_overrides(**{"signing.key": "/k.pem"}).signing.key == "/k.pem"
+    with pytest.raises(ConfigError):
+        config.with_overrides(listen="nope")
+
+
+def test_unreadable_and_invalid_yaml_files_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("listen: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+
+
+def test_redacted_view_names_env_vars_not_values() -> None:
+    config = parse_config({"credentials": [{"hosts": ["a"], "bearer_env": "TOKEN"}]})
+    text = yaml.safe_dump(redacted(config))
+    assert "TOKEN (value not shown)" in text

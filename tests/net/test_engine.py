@@ -1,0 +1,135 @@
+"""The engine alone: a connection parses, bounds and hands requests to any ``Handler``, with no app,
+no signing and no configuration file. What the proxy does with a request is tested in tests/proxy."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from signing_proxy.errors import ProxyError
+from signing_proxy.net.server import ClientConnection, Engine, Limits, Request
+
+LIMITS = Limits(max_header_bytes=1024, max_body_bytes=64, client_idle_s=5.0, read_s=5.0)
+WAIT_S = 5.0
+
+
+class Echo:
+    """A handler that answers each request with its method, target and body."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, bytes, bytes]] = []
+        self.connected: list[str] = []
+
+    def connection_made(self, conn: ClientConnection) -> None:
+        self.connected.append(conn.client_ip)
+
+    async def serve(self, conn: ClientConnection, req: Request) -> bool:
+        try:
+            body = await conn.read_body(req)
+        except ProxyError as error:
+            conn.keep_alive = False
+            conn.write_problem(error)
+            return False
+        self.seen.append((req.method, req.url, body))
+        conn.local_response(200, "text/plain", b"%s %s %s" % (req.method.encode(), req.url, body))
+        return conn.keep_alive
+
+
+@pytest.fixture
+async def engine() -> AsyncIterator[tuple[Engine, Echo, int]]:
+    tasks: set[asyncio.Task[object]] = set()
+
+    def spawn(coro: object) -> asyncio.Task[object]:
+        task = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+        return task
+
+    handler = Echo()
+    eng = Engine(handler, LIMITS, spawn)
+    server = await asyncio.get_running_loop().create_server(eng.protocol, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield eng, handler, port
+    finally:
+        server.close()
+        eng.close_all()
+        for task in list(tasks):
+            task.cancel()
+        await asyncio.wait_for(server.wait_closed(), WAIT_S)
+
+
+async def exchange(port: int, raw: bytes) -> bytes:
+    reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), WAIT_S)
+    writer.write(raw)
+    try:
+        return await asyncio.wait_for(reader.read(-1), WAIT_S)
+    finally:
+        writer.close()
+
+
+async def test_requests_reach_the_handler_in_order_over_one_connection(
+    engine: tuple[Engine, Echo, int],
+) -> None:
+    _, handler, port = engine
+    raw = (
+        b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n"
+        b"POST /b HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc"
+        b"GET /c HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    answer = await exchange(port, raw)
+    assert [s[:2] for s in handler.seen] == [("GET", b"/a"), ("POST", b"/b"), ("GET", b"/c")]
+    assert handler.seen[1][2] == b"abc"
+    assert answer.count(b"HTTP/1.1 200 OK") == 3
+    assert answer.endswith(b"Connection: close\r\n\r\nGET /c ")
+    assert handler.connected == ["127.0.0.1"]
+
+
+async def test_a_header_section_over_the_limit_is_431_and_the_handler_never_sees_it(
+    engine: tuple[Engine, Echo, int],
+) -> None:
+    _, handler, port = engine
+    answer = await exchange(port, b"GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 2000 + b"\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 431 ")
+    assert b'"reason":"header-too-large"' in answer
+    assert handler.seen == []
+
+
+async def test_a_body_over_the_limit_is_413(engine: tuple[Engine, Echo, int]) -> None:
+    _, handler, port = engine
+    answer = await exchange(port, b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 65\r\n\r\n" + b"a" * 65)
+    assert answer.startswith(b"HTTP/1.1 413 ")
+    assert b'"reason":"body-too-large"' in answer
+    assert handler.seen == []
+
+
+async def test_a_malformed_request_is_400_and_closes(engine: tuple[Engine, Echo, int]) -> None:
+    _, handler, port = engine
+    answer = await exchange(
+        port, b"GET / HTTP/1.1\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )
+    assert answer.startswith(b"HTTP/1.1 400 ")
+    assert b"Connection: close" in answer
+    assert handler.seen == []
+
+
+async def test_the_engine_tracks_open_connections(engine: tuple[Engine, Echo, int]) -> None:
+    eng, _, port = engine
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    await asyncio.wait_for(reader.readuntil(b"GET / "), WAIT_S)
+    assert len(eng.connections) == 1
+    conn = next(iter(eng.connections))
+    closed = asyncio.Event()
+    original = conn.connection_lost
+
+    def lost(exc: Exception | None) -> None:
+        original(exc)
+        closed.set()
+
+    conn.connection_lost = lost  # type: ignore[method-assign]
+    writer.close()
+    await asyncio.wait_for(closed.wait(), WAIT_S)
+    assert eng.connections == set()

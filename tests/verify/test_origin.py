@@ -1,0 +1,74 @@
+"""``build_verify_origin``: the verdict of each request as JSON (200) or problem+json (401), with
+directories fetched through the package's HTTP client from a loopback directory host."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+from yarl import URL
+
+from signing_proxy.core.digest import content_digest
+from signing_proxy.core.fields import Fields
+from signing_proxy.core.jwk import SigningKey
+from signing_proxy.core.keys import DIRECTORY_PATH, Directory, DirectoryKey, render_directory
+from signing_proxy.core.signatures import Message, attach_signature, sign_message
+from signing_proxy.core.uri import parse_absolute_uri
+from signing_proxy.verify import HttpClient, VerifierPolicy, build_verify_origin
+
+AGENT = SigningKey.from_seed(bytes(range(3, 35)))
+
+
+@pytest.fixture
+async def directory_base() -> AsyncIterator[str]:
+    now = int(time.time())
+    body = render_directory(Directory((DirectoryKey(AGENT.public, now - 60, now + 3600),)))
+
+    async def directory(_r: web.Request) -> web.Response:
+        return web.Response(body=body, content_type="application/jwk-set+json")
+
+    app = web.Application()
+    app.router.add_get(DIRECTORY_PATH, directory)
+    async with TestServer(app, host="127.0.0.1") as server:
+        yield f"http://127.0.0.1:{server.port}"
+
+
+@pytest.fixture(params=["own client", "given client"])
+async def origin(request: pytest.FixtureRequest) -> AsyncIterator[str]:
+    async with HttpClient.standalone() as client:
+        given = client if request.param == "given client" else None
+        async with TestServer(
+            build_verify_origin(VerifierPolicy(), client=given), host="127.0.0.1"
+        ) as server:
+            yield f"http://127.0.0.1:{server.port}"
+
+
+def signed(url: str, agent: str) -> list[tuple[str, str]]:
+    now = int(time.time())
+    fields = Fields(
+        [("Content-Digest", content_digest(b"{}")), ("Authorization", ""), ("Signature-Agent", agent)]
+    )
+    attach_signature(
+        fields,
+        sign_message(Message("POST", parse_absolute_uri(url), fields), AGENT, created=now, expires=now + 60),
+    )
+    return list(fields)
+
+
+async def test_verified_and_refused_requests_get_their_verdicts(origin: str, directory_base: str) -> None:
+    url = f"{origin}/x?y=1"
+    async with aiohttp.ClientSession() as session:
+        headers = signed(url, f'"{directory_base}"')
+        async with session.post(URL(url, encoded=True), data=b"{}", headers=headers) as resp:
+            doc = await resp.json()
+            assert resp.status == 200, doc
+        assert (doc["verified"], doc["directory"], doc["path"]) == (True, directory_base, "/x?y=1")
+        assert doc["labels"][0]["keyid"] == AGENT.thumbprint
+        async with session.post(URL(url, encoded=True), data=b"{}") as resp:
+            doc = await resp.json(content_type=None)
+            assert resp.status == 401
+        assert (doc["verified"], doc["reason"]) == (False, "missing-signature")
