@@ -32,6 +32,7 @@ from .schema import (
     Config,
     CredentialRule,
     DiscoveryConfig,
+    EgressConfig,
     HostsConfig,
     InterceptConfig,
     LimitsConfig,
@@ -41,6 +42,7 @@ from .schema import (
     Route,
     TimeoutsConfig,
     UpstreamConfig,
+    VerifyConfig,
 )
 
 __all__ = [
@@ -57,6 +59,7 @@ __all__ = [
     "CredentialRule",
     "DelegationConfig",
     "DiscoveryConfig",
+    "EgressConfig",
     "HostsConfig",
     "InterceptConfig",
     "LimitsConfig",
@@ -69,6 +72,7 @@ __all__ = [
     "SigningConfig",
     "TimeoutsConfig",
     "UpstreamConfig",
+    "VerifyConfig",
     "apply_env_overrides",
     "host_matches",
     "load_config",

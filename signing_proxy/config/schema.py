@@ -29,6 +29,7 @@ __all__ = [
     "CredentialRule",
     "DelegationConfig",
     "DiscoveryConfig",
+    "EgressConfig",
     "HostsConfig",
     "InterceptConfig",
     "LimitsConfig",
@@ -41,6 +42,7 @@ __all__ = [
     "SigningConfig",
     "TimeoutsConfig",
     "UpstreamConfig",
+    "VerifyConfig",
 ]
 
 
@@ -81,6 +83,43 @@ class UpstreamConfig:
                 raise ConfigError(
                     f"{path}.next_hop: must be http(s)://HOST[:PORT] of a relay, got {self.next_hop!r}"
                 )
+
+
+@dataclass(frozen=True)
+class VerifyConfig:
+    """How every verifier of the package (relay, verify-origin, middleware, gateway) treats strangers."""
+
+    max_validity_s: int = 3600  # our choice (spec silent): expires - created above this is refused
+    skew_s: int = 5  # tolerated for a created in the future only, never after expires
+    directory_cache_entries: int = 1024  # directories kept (least recently used dropped, pollers with them)
+    directory_cache_bytes: int = 16 * 1024 * 1024  # and at most this many bytes of them
+    negative_cache_entries: int = 4096  # failed fetches remembered (with their reason only)
+    keyid_refetch_s: int = 30  # an unknown keyid re-fetches its directory at most this often (rotation)
+
+    def _check(self, path: str) -> None:
+        for name in ("max_validity_s", "directory_cache_entries", "directory_cache_bytes"):
+            positive(getattr(self, name), f"{path}.{name}")
+        for name in ("negative_cache_entries", "keyid_refetch_s"):
+            positive(getattr(self, name), f"{path}.{name}")
+        if self.skew_s < 0:
+            raise ConfigError(f"{path}.skew_s: must be zero or more")
+
+
+@dataclass(frozen=True)
+class EgressConfig:
+    """Fetches made on a remote party's word: directories, revocation lists, manifests, exchange endpoints."""
+
+    # CIDRs that may be reached although private, loopback or link-local (also over plain http)
+    allow_private: tuple[str, ...] = ()
+    fetch_timeout_s: float = 5.0  # the whole fetch of one document, connect included
+
+    def _check(self, path: str) -> None:
+        for i, cidr in enumerate(self.allow_private):
+            try:
+                ipaddress.ip_network(cidr, strict=False)
+            except ValueError:
+                raise ConfigError(f"{path}.allow_private[{i}]: {cidr!r} is not an address or CIDR") from None
+        positive(self.fetch_timeout_s, f"{path}.fetch_timeout_s")
 
 
 @dataclass(frozen=True)
@@ -261,6 +300,8 @@ class Config:
     access: AccessConfig = field(default_factory=AccessConfig)
     intercept: InterceptConfig = field(default_factory=InterceptConfig)
     relay: RelayConfig = field(default_factory=RelayConfig)
+    verify: VerifyConfig = field(default_factory=VerifyConfig)
+    egress: EgressConfig = field(default_factory=EgressConfig)
     requester: RequesterConfig | None = None  # None: exchange calls are forwarded as the agent wrote them
     discovery: DiscoveryConfig = field(default_factory=DiscoveryConfig)
     admin: AdminConfig = field(default_factory=AdminConfig)
