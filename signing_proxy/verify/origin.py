@@ -29,6 +29,7 @@ def build_verify_origin(
     *,
     external_origin: str | None = None,
     client: HttpClient | None = None,
+    egress: object | None = None,
 ) -> web.Application:
     """An aiohttp app answering every path with the verification verdict of the request.
 

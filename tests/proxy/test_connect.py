@@ -37,7 +37,7 @@ from signing_proxy.core.keys import StaticKeyProvider
 from signing_proxy.net.leaves import LeafContextCache
 from signing_proxy.service.app import ProxyApp
 from signing_proxy.storage.ca import CertificateAuthority
-from tests.harness import WAIT_S, Arrival, ProxyProcess, VerifyingOrigin
+from tests.harness import WAIT_S, Arrival, ProxyProcess, VerifyingOrigin, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -46,15 +46,6 @@ ROOT = Path(__file__).resolve().parents[2]
 CLIENTS = ["requests", "httpx", "aiohttp", *(["curl"] if shutil.which("curl") else [])]
 PROXY_VARS = ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")
 TRUST_VARS = ("SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE")
-
-
-def wait_until(condition: Callable[[], bool], limit_s: float = WAIT_S) -> bool:
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)
-    return condition()
 
 
 def clean_env() -> dict[str, str]:
@@ -264,8 +255,8 @@ def test_clients_reach_the_https_origin_signed_over_one_tunnel(
         assert url.startswith("https://")
         assert_signed(arrival, method, url)
         assert arrival.body == (body or "").encode()
-    assert wait_until(lambda: len(connects(proxy, authority)) == before + 1)
-    time.sleep(0.1)
+    # the CONNECT is logged when it is answered, before any of the three responses came back
+    wait_for(lambda: len(connects(proxy, authority)) == before + 1, "the CONNECT's access-log line")
     tunnels = connects(proxy, authority)[before:]
     assert len(tunnels) == 1, tunnels  # keep-alive: three requests, one CONNECT
     assert tunnels[0]["status"] == 200
@@ -319,7 +310,9 @@ def test_blind_tunnel_host_passes_through_unsigned(
     assert arrival.header("signature-input") is None
     assert arrival.reason == "missing-signature"
     authority = f"localhost:{origin.port}"
-    assert wait_until(lambda: any(d["outcome"] == "tunnelled" for d in connects(proxy, authority)))
+    wait_for(
+        lambda: any(d["outcome"] == "tunnelled" for d in connects(proxy, authority)), "a tunnelled CONNECT"
+    )
 
     def tunnel_closed() -> list[dict[str, Any]]:
         lines = []
@@ -330,7 +323,7 @@ def test_blind_tunnel_host_passes_through_unsigned(
                     lines.append(doc)
         return lines
 
-    assert wait_until(lambda: bool(tunnel_closed()))
+    wait_for(lambda: bool(tunnel_closed()), "the tunnel's closing log line")
     closed = tunnel_closed()[-1]
     assert closed["outcome"] == "tunnelled"
     assert closed["bytes_up"] > 0
@@ -347,8 +340,9 @@ def test_sni_naming_another_host_is_refused(proxy: ProxyProcess, origin: Verifyi
             context.wrap_socket(sock, server_hostname="evil.example").close()
     assert "UNRECOGNIZED_NAME" in str(refused.value).upper()
     assert origin.arrivals == []
-    assert wait_until(
-        lambda: any("SNI mismatch" in line and "evil.example" in line for line in proxy.stderr_lines)
+    wait_for(
+        lambda: any("SNI mismatch" in line and "evil.example" in line for line in proxy.stderr_lines),
+        "the SNI mismatch log line",
     )
 
 
@@ -436,7 +430,7 @@ def test_a_client_that_does_not_trust_the_ca_fails_the_handshake_and_the_log_say
     def hints() -> list[str]:
         return [line for line in proxy.stderr_lines if "signing-proxy ca export" in line]
 
-    assert wait_until(lambda: len(hints()) > hints_before)
+    wait_for(lambda: len(hints()) > hints_before, "the CA install hint in the log")
     hint = hints()[-1]
     assert "signing-proxy env" in hint
     assert "rejected our certificate" in hint

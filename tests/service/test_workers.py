@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from pathlib import Path
 
 import pytest
 import requests
 
 from signing_proxy.core.jwk import SigningKey
-from tests.harness import WAIT_S, ProxyProcess, VerifyingOrigin
+from tests.harness import WAIT_S, ProxyProcess, VerifyingOrigin, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -38,9 +37,9 @@ def test_workers_share_the_port_and_stop_together(tmp_path: Path) -> None:
     ):
         origin.trust(KEY)
         assert proxy.proc is not None
-        deadline = time.monotonic() + WAIT_S
-        while sum("listening on" in line for line in proxy.stderr_lines) < 2 and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_for(
+            lambda: sum("listening on" in line for line in proxy.stderr_lines) >= 2, "both workers listening"
+        )
         workers = children(proxy.proc.pid)
         assert len(workers) == 2
         for _ in range(20):  # a new connection each time: the kernel spreads them over the workers
@@ -49,9 +48,10 @@ def test_workers_share_the_port_and_stop_together(tmp_path: Path) -> None:
             )
             assert resp.json()["verified"] is True
         proxy.proc.send_signal(signal.SIGHUP)
-        while sum("configuration reloaded" in line for line in proxy.stderr_lines) < 2:
-            assert time.monotonic() < deadline + WAIT_S, "SIGHUP did not reach both workers"
-            time.sleep(0.02)
+        wait_for(
+            lambda: sum("configuration reloaded" in line for line in proxy.stderr_lines) >= 2,
+            "SIGHUP reaching both workers",
+        )
         proxy.proc.send_signal(signal.SIGTERM)
         assert proxy.proc.wait(WAIT_S) == 0
     assert all(a.verified and a.oracle == "ok" for a in origin.arrivals)
