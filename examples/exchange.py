@@ -1,20 +1,13 @@
 """A ten-line exchange: every request's signature stack is verified before the handler runs.
 
-python3 examples/exchange.py 9100
+python3 examples/exchange.py 9100 [CIDR ...]   (CIDRs: private addresses whose directories may be fetched)
 """
 
 import sys
 
 from aiohttp import web
 
-from signing_proxy.verify import (
-    SIGNATURE,
-    DirectoryResolver,
-    HttpClient,
-    RequestVerifier,
-    http_fetcher,
-    signature_middleware,
-)
+from signing_proxy.verify import SIGNATURE, EgressPolicy, build_verifier, signature_middleware
 
 
 async def discover(request: web.Request) -> web.Response:
@@ -23,11 +16,12 @@ async def discover(request: web.Request) -> web.Response:
 
 
 async def app() -> web.Application:
-    client = HttpClient.standalone()  # directories come through the package's one HTTP client
-    verifier = RequestVerifier(DirectoryResolver(http_fetcher(client)))
+    # directories and revocation lists through the package's one HTTP client, public https only
+    # unless allow-listed; revocation lists polled every 300 s +/-10 %, failing closed until fetched
+    verifier = build_verifier(egress=EgressPolicy(allow_private=tuple(sys.argv[2:])))
     exchange = web.Application(middlewares=[signature_middleware(verifier)])
     exchange.router.add_post("/svc.v1.ExchangeService/DiscoverResources", discover)
-    exchange.on_cleanup.append(lambda _app: client.close())
+    exchange.on_cleanup.append(lambda _app: verifier.close())
     return exchange
 
 

@@ -14,6 +14,7 @@
      |    +-- KeyStoreError        the key store: missing, malformed, too open, or a change would break it
      |    +-- CAError              the interception CA, or a leaf it cannot mint
      +-- DirectoryError            502  a directory or revocation list could not be fetched or used
+     +-- EgressError               403  a fetch on a remote party's word refused by the egress policy
      +-- ProxyError                an answer with its own status (and extra response fields)
      +-- CliError                  the operator's input to a command: one line, exit status 2
 
@@ -45,6 +46,7 @@ __all__ = [
     "ConfigError",
     "DelegationError",
     "DirectoryError",
+    "EgressError",
     "Error",
     "FieldError",
     "KeyFileError",
@@ -64,10 +66,10 @@ PROBLEM_TYPE_BASE = "https://signing-proxy.dev/problems/"  # documentation ancho
 
 
 class ConfigError(Error, ValueError):
-    """A configuration value is wrong; the message starts with its key path."""
+    """A configuration value is wrong, or what it names is unusable; the message starts with its key path."""
 
-    def __init__(self, message: str) -> None:
-        super().__init__("config-invalid", message)
+    def __init__(self, message: str, *, reason: str = "config-invalid") -> None:
+        super().__init__(reason, message)
 
     def __str__(self) -> str:
         return self.detail
@@ -110,6 +112,15 @@ class DirectoryError(Error):
     """A directory (or revocation list) could not be fetched or parsed; ``reason`` is stable."""
 
 
+class EgressError(Error):
+    """A URL named by a remote party that the egress policy (``net.egress``) refuses to fetch.
+
+    Reasons: ``egress-scheme``, ``egress-userinfo``, ``egress-query``, ``egress-fragment``, ``egress-host``,
+    ``egress-url`` (too long, or characters not allowed on the wire), ``egress-address`` (a forbidden
+    address), ``egress-unresolvable``. ``detail`` names the rule, never the resolved addresses.
+    """
+
+
 class ProxyError(Error):
     """An error the proxy answers itself, instead of forwarding: status, reason, detail, extra fields."""
 
@@ -150,6 +161,7 @@ _STATUS: tuple[tuple[type[Error], int], ...] = (
     (DelegationError, 403),
     (ManifestError, 502),
     (DirectoryError, 502),
+    (EgressError, 403),
     (ConfigError, 500),
     (StorageError, 500),
     (CliError, 400),

@@ -1,7 +1,7 @@
 """Prometheus metrics: one registry per process, served at ``/metrics``.
 
-Labels carry only closed sets of values (modes, outcomes, reasons, labels, directory URLs we
-fetched) — never a client address, a path, a token or a key. The per-request counts are plain
+Labels carry only closed sets of values (modes, outcomes, reasons, labels) — never a client
+address, a path, a token, a key or a URL a stranger's directory named. The per-request counts are plain
 integers (one event loop per process: no lock needed) that the collector turns into counter
 families at scrape time, so counting costs a dict update, not a locked Prometheus child; figures
 that live elsewhere (key validity, caches, revocation ages) are read the same way.
@@ -28,9 +28,11 @@ class _Callbacks(Collector):
 
     def __init__(self) -> None:
         self.key_remaining: Callable[[], float | None] = lambda: None
-        self.revocation_ages: Callable[[], dict[str, float | None]] = dict
+        self.delegation_key_remaining: Callable[[], float | None] = lambda: None
+        self.revocation_ages: Callable[[], Iterable[float | None]] = tuple  # one per list tracked
         self.leaf_cache: Callable[[], tuple[int, int, int] | None] = lambda: None
         self.directory_cache: Callable[[], tuple[int, int] | None] = lambda: None
+        self.engine: Callable[[], tuple[int, int, int] | None] = lambda: None  # open, refused, buffered
         self.requests: dict[tuple[str, str], int] = {}
         self.signatures: dict[str, int] = {}
         self.connects: dict[str, int] = {}
@@ -48,10 +50,24 @@ class _Callbacks(Collector):
         )
         yield _counter(
             "signing_proxy_connect_tunnels",
-            "CONNECT tunnels, by kind (intercepted, tunnelled)",
+            "CONNECT tunnels and WebSockets, by kind (intercepted, tunnelled, websocket)",
             ["kind"],
             self.connects,
         )
+        engine = self.engine()
+        if engine is not None:
+            open_now = GaugeMetricFamily("signing_proxy_connections_open", "Client connections open")
+            open_now.add_metric([], engine[0])
+            yield open_now
+            yield _counter(
+                "signing_proxy_connections_refused",
+                "Client connections refused at limits.max_connections",
+                [],
+                {(): engine[1]},
+            )
+            held = GaugeMetricFamily("signing_proxy_buffered_body_bytes", "Request body bytes buffered now")
+            held.add_metric([], engine[2])
+            yield held
         yield _counter(
             "signing_proxy_request_bytes", "Request body bytes received from agents", [], {(): self.bytes[0]}
         )
@@ -66,14 +82,28 @@ class _Callbacks(Collector):
         if remaining is not None:
             key.add_metric([], remaining)
         yield key
-        ages = GaugeMetricFamily(
-            "signing_proxy_revocation_set_age_seconds",
-            "Seconds since each revocation list was last fetched successfully (+Inf: never)",
-            labels=["url"],
+        bound = self.delegation_key_remaining()
+        delegated = GaugeMetricFamily(
+            "signing_proxy_delegation_key_remaining_seconds",
+            "Seconds until the key the delegation chain is bound to stops signing (absent: no delegation)",
         )
-        for url, age in self.revocation_ages().items():
-            ages.add_metric([url], float("inf") if age is None else age)
-        yield ages
+        if bound is not None:
+            delegated.add_metric([], bound)
+        yield delegated
+        # an aggregate: the URLs are named by strangers' directories, never a label (issue 15)
+        ages = [float("inf") if age is None else age for age in self.revocation_ages()]
+        oldest = GaugeMetricFamily(
+            "signing_proxy_revocation_set_age_seconds",
+            "Seconds since the stalest revocation list in use was last fetched successfully (+Inf: never)",
+        )
+        if ages:
+            oldest.add_metric([], max(ages))
+        yield oldest
+        tracked = GaugeMetricFamily(
+            "signing_proxy_revocation_lists", "Revocation lists polled (one per directory)"
+        )
+        tracked.add_metric([], len(ages))
+        yield tracked
         directory = self.directory_cache()
         if directory is not None:
             for name, value, doc in (

@@ -2,8 +2,11 @@
 
 ``generate`` and ``show`` work on a single key file. The store commands take ``--config``/``--data-dir``
 and ``--agent NAME`` (default ``signing.agent``), and refuse to leave the agent with no valid key
-unless ``--force``. Times are printed as RFC 3339 UTC; durations are read as ``30m``, ``48h``, ``90d``
-or ``3600s``. ``publish --out`` writes the bytes the publication listener serves.
+unless ``--force``. ``rotate`` publishes first and signs later: the new key signs once every cached
+copy of the directory holds it (``publish.directory_max_age_s`` + ``ROTATION_MARGIN_S``), unless
+``--activate-in`` or ``--now`` says otherwise. Times are printed as RFC 3339 UTC; durations are read
+as ``30m``, ``48h``, ``90d`` or ``3600s``. ``publish --out`` writes the bytes the publication listener
+serves.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from ..core.durations import parse_duration
 from ..core.errors import KeyFormatError
 from ..core.jwk import SigningKey
 from ..core.keys import format_rfc3339
+from ..core.rotation import ROTATION_MARGIN_S, KeyRecord, activation_delay, choose_signing_key
 from ..errors import CliError, KeyFileError, KeyStoreError
 from ..service.publish import publications, render_publication
 from ..storage.keyfile import load_key_file, write_private_file
@@ -88,15 +92,20 @@ def _fail(exc: Exception) -> CliError:
     return CliError(str(exc))
 
 
+def _next(state: StoreState, record: KeyRecord, now: float) -> str:
+    change = state.next_change(record, now)
+    return "-" if change is None else f"{change[1]} at {format_rfc3339(change[0])}"
+
+
 def _print_state(state: StoreState, now: float) -> None:
     print(f"agent {state.agent}: {state.path}")
-    rows = [(r.thumbprint, state.state_of(r, now), r.not_before, r.not_after) for r in state.records]
     listed = {r.thumbprint for r in state.records}
-    print(f"{'THUMBPRINT':<44} {'STATE':<9} {'NOT_BEFORE':<21} NOT_AFTER")
-    for thumbprint, key_state, not_before, not_after in rows:
-        print(f"{thumbprint:<44} {key_state:<9} {format_rfc3339(not_before):<21} {format_rfc3339(not_after)}")
+    print(f"{'THUMBPRINT':<44} {'STATE':<9} {'NOT_BEFORE':<21} {'NOT_AFTER':<21} NEXT")
+    for r in state.records:
+        window = f"{format_rfc3339(r.not_before):<21} {format_rfc3339(r.not_after):<21}"
+        print(f"{r.thumbprint:<44} {state.state_of(r, now):<9} {window} {_next(state, r, now)}")
     for thumbprint in sorted(state.revocations.revoked - listed):
-        print(f"{thumbprint:<44} {'revoked':<9} {'-':<21} - (pruned)")
+        print(f"{thumbprint:<44} {'revoked':<9} {'-':<21} {'-':<21} - (pruned)")
     revoked = len(state.revocations.revoked)
     print(f"revocation list as_of {format_rfc3339(state.revocations.as_of)}: {revoked} revoked")
     if state.signing_record(now) is None:
@@ -114,6 +123,8 @@ def _state_json(state: StoreState, now: float) -> dict[str, Any]:
                 "not_before": format_rfc3339(r.not_before),
                 "not_after": format_rfc3339(r.not_after),
                 "created_at": format_rfc3339(r.created_at),
+                "activates_at": format_rfc3339(r.activation),
+                "next_change": _change_json(state, r, now),
             }
             for r in state.records
         ],
@@ -123,6 +134,11 @@ def _state_json(state: StoreState, now: float) -> dict[str, Any]:
             "revoked": sorted(state.revocations.revoked),
         },
     }
+
+
+def _change_json(state: StoreState, record: KeyRecord, now: float) -> dict[str, str] | None:
+    change = state.next_change(record, now)
+    return None if change is None else {"state": change[1], "at": format_rfc3339(change[0])}
 
 
 def cmd_keys_list(args: argparse.Namespace) -> int:
@@ -142,27 +158,47 @@ def cmd_keys_list(args: argparse.Namespace) -> int:
 def cmd_keys_rotate(args: argparse.Namespace) -> int:
     config, store = _store(args)
     lifetime = args.lifetime if args.lifetime is not None else config.signing.key_lifetime_s
+    max_age = config.publish.directory_max_age_s
     now = time.time()
     try:
         store, created, imported = open_or_create(config.data_path, store.agent, now, lifetime_s=lifetime)
         if created is not None and imported is None:
-            print(f"created the key store {store.path} with key {created.thumbprint}")
+            print(f"created the key store {store.path} with key {created.thumbprint}: it signs now")
             print(f"  valid {format_rfc3339(created.not_before)} .. {format_rfc3339(created.not_after)}")
             return 0
         if imported is not None:
             print(f"imported {imported} into the key store {store.path}")
+        records = store.load(private=False).records
+        signer = choose_signing_key(records, now)
+        delay = 0 if args.now else args.activate_in
+        if delay is None:
+            delay = activation_delay(records, now, max_age)
         new, moved = store.rotate(
-            now, grace_s=args.grace, lifetime_s=lifetime, activate_in_s=args.activate_in, force=args.force
+            now, grace_s=args.grace, lifetime_s=lifetime, activate_in_s=delay, force=args.force
         )
     except (KeyStoreError, ValueError) as exc:
         raise _fail(exc) from None
     except OSError as exc:
         raise CliError(f"cannot write the key store {store.path}: {exc.strerror or exc}") from None
-    when = "now" if args.activate_in == 0 else f"at {format_rfc3339(new.not_before)}"
-    print(f"new key {new.thumbprint}: signs from {when}")
+    signs = "now" if new.activation <= now else f"from {format_rfc3339(new.activation)}"
+    print(f"new key {new.thumbprint}: published now, signs {signs}")
     print(f"  valid {format_rfc3339(new.not_before)} .. {format_rfc3339(new.not_after)}")
+    cut = {r.thumbprint: r for r in moved}
+    if signer is not None:
+        old = cut.get(signer.thumbprint, signer)
+        until = format_rfc3339(min(new.activation, old.not_after))
+        ends = f"{'now ends' if old.thumbprint in cut else 'ends'} at {format_rfc3339(old.not_after)}"
+        print(f"key {old.thumbprint}: signs until {until}, then retiring; {ends}")
     for record in moved:
-        print(f"key {record.thumbprint}: retiring, now ends at {format_rfc3339(record.not_after)}")
+        if signer is None or record.thumbprint != signer.thumbprint:
+            print(f"key {record.thumbprint}: retiring, now ends at {format_rfc3339(record.not_after)}")
+    if signer is not None and delay < max_age + ROTATION_MARGIN_S:
+        print(
+            f"warning: the new key signs before every cached copy of the directory can hold it "
+            f"(publish.directory_max_age_s is {max_age} s): verifiers that cached it refuse our "
+            "requests until they re-fetch it",
+            file=sys.stderr,
+        )
     print("a running proxy picks this up within a second (at once on SIGHUP); republish static files")
     return 0
 
@@ -180,8 +216,16 @@ def cmd_keys_revoke(args: argparse.Namespace) -> int:
         return 0
     print(f"revoked {args.thumbprint}: it never signs again; its private key file is deleted")
     print(f"revocation list as_of {as_of}: {len(state.revocations.revoked)} revoked")
-    if state.signing_record(time.time()) is None:
+    now = time.time()
+    signing = state.signing_record(now)
+    if signing is None:
         print("no key is valid now: the proxy answers 503 no-valid-signing-key until `keys rotate`")
+    elif signing.activation > now:
+        print(
+            f"key {signing.thumbprint} signs now, before its activation at "
+            f"{format_rfc3339(signing.activation)}: verifiers holding an older copy of the directory "
+            "refuse our requests until they re-fetch it"
+        )
     return 0
 
 
@@ -289,9 +333,10 @@ def add_parsers(sub: Any) -> None:
 
     listing = keys.add_parser(
         "list",
-        help="list the key store: thumbprint, state, window",
-        description="List the agent's keys (state active, next, retiring, revoked or expired; window "
-        "[not_before, not_after) in RFC 3339 UTC) and the revocation list.",
+        help="list the key store: thumbprint, state, window, next change",
+        description="List the agent's keys (state published, signing, retiring, expired or revoked; "
+        "window [not_before, not_after) in RFC 3339 UTC; the next change of state and when) and the "
+        "revocation list.",
     )
     _store_flags(listing)
     listing.add_argument("--json", action="store_true", help="machine-readable output")
@@ -299,9 +344,11 @@ def add_parsers(sub: Any) -> None:
 
     rotate = keys.add_parser(
         "rotate",
-        help="add a new signing key; the old one retires after a grace period",
-        description="Add a new key valid now (published beside the old one; signing moves to it). Every "
-        "key valid now then ends at now + GRACE. On an empty store: create the first key.",
+        help="add a new signing key: published now, signing once cached directories hold it",
+        description="Add a new key, published at once beside the old one. It starts signing after "
+        "publish.directory_max_age_s + 30 s (so every verifier's cached directory holds it), or after "
+        "--activate-in, or at once with --now; the old key signs until then and stays published for "
+        "GRACE after it. On an empty store: create the first key (it signs at once).",
     )
     _store_flags(rotate)
     rotate.add_argument(
@@ -309,24 +356,36 @@ def add_parsers(sub: Any) -> None:
         type=duration,
         default=parse_duration(DEFAULT_GRACE),
         metavar="DURATION",
-        help=f"how long the old key stays published and valid (default {DEFAULT_GRACE})",
+        help=f"how long the old key stays published and valid after the new one activates "
+        f"(default {DEFAULT_GRACE})",
     )
     rotate.add_argument(
         "--lifetime",
         type=duration,
         default=None,
         metavar="DURATION",
-        help="the new key's window (default signing.key_lifetime_s, 90d)",
+        help="how long the new key signs from its activation (default signing.key_lifetime_s, 90d)",
     )
-    rotate.add_argument(
+    when = rotate.add_mutually_exclusive_group()
+    when.add_argument(
         "--activate-in",
         type=duration,
-        default=0,
+        default=None,
         metavar="DURATION",
-        help="publish the new key now but start signing with it this much later (e.g. the directory's "
-        "max-age, so cached directories already hold it); default 0s",
+        help="start signing with the new key this much later (default publish.directory_max_age_s "
+        "+ 30s, capped at the end of the current key's window)",
     )
-    rotate.add_argument("--force", action="store_true", help="allow leaving no valid key in between")
+    when.add_argument(
+        "--now",
+        action="store_true",
+        help="emergency: sign with the new key at once (verifiers that cached the directory refuse "
+        "our requests until they re-fetch it)",
+    )
+    rotate.add_argument(
+        "--force",
+        action="store_true",
+        help="allow --activate-in beyond the end of the current key (the new key then signs from that end)",
+    )
     rotate.set_defaults(func=cmd_keys_rotate)
 
     revoke = keys.add_parser(

@@ -18,7 +18,7 @@ from typing import Any
 from .. import __version__
 from ..config import Config, parse_host_port
 from ..core.keys import KeyProvider
-from ..errors import CliError, Error, ProxyError
+from ..errors import CliError, Error
 from ..proxy.connect import load_interception_ca
 from ..service.app import ProxyApp
 from ..service.keys import key_provider_for, start_key_services
@@ -112,7 +112,7 @@ async def _serve(
 ) -> int:
     try:
         app = ProxyApp(config, keys)
-    except ProxyError as exc:
+    except Error as exc:  # a delegation, CA, pinned key or credentials file refused at start-up
         raise CliError(error_line(exc)) from None
     app.reuse_port = reuse_port
     try:
@@ -128,6 +128,20 @@ async def _serve(
     except BaseException:
         await app.stop()
         raise
+    # signals first: a supervisor may act on the lines below at once
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+    def on_sighup() -> None:
+        if stop.is_set():  # draining: nothing is reloaded any more
+            return
+        services.reload()  # key stores, re-read off the loop
+        if args is not None:
+            _reload_config(app, args)
+
+    loop.add_signal_handler(signal.SIGHUP, on_sighup)
     for host, port in services.publish_addresses:
         line = f"signing-proxy {__version__} publishing on http://{show_host(host)}:{port}"
         print(line, file=sys.stderr, flush=True)
@@ -143,19 +157,6 @@ async def _serve(
             file=sys.stderr,
             flush=True,
         )
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-
-    def on_sighup() -> None:
-        if stop.is_set():  # draining: nothing is reloaded any more
-            return
-        services.reload()  # key stores, re-read off the loop
-        if args is not None:
-            _reload_config(app, args)
-
-    loop.add_signal_handler(signal.SIGHUP, on_sighup)
     await stop.wait()
     log.info("shutting down: draining in-flight requests for up to %g s", app.config.timeouts.drain_s)
     await services.stop()

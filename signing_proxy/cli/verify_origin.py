@@ -18,6 +18,7 @@ from aiohttp import web
 from ..config import ConfigError, parse_host_port
 from ..core.errors import KeyFormatError
 from ..errors import CliError
+from ..net.egress import EgressPolicy
 from ..proxy.relay import load_public_key_file
 from ..verify import VerifierPolicy, build_verify_origin
 
@@ -33,6 +34,12 @@ def cmd_verify_origin(args: argparse.Namespace) -> int:
         raise CliError(str(exc)) from None
     except (OSError, KeyFormatError, ValueError) as exc:
         raise CliError(f"--pinned-key/--pinned-broker-key: {exc}") from None
+    for cidr in args.allow_private:
+        try:
+            EgressPolicy((cidr,))
+        except ConfigError:
+            raise CliError(f"--allow-private: {cidr!r} is not an address or CIDR") from None
+    egress = EgressPolicy(args.allow_private)
     for url in args.broker_directory:
         if not url.startswith(("http://", "https://")):
             raise CliError(f"--broker-directory: must be an http(s) URL, got {url!r}")
@@ -43,12 +50,16 @@ def cmd_verify_origin(args: argparse.Namespace) -> int:
         pinned_agent_keys=pinned,
         pinned_broker_keys=brokers,
     )
-    return asyncio.run(_serve(host, port, policy, args.external_origin))
+    return asyncio.run(_serve(host, port, policy, args.external_origin, egress))
 
 
-async def _serve(host: str, port: int, policy: VerifierPolicy, external_origin: str | None) -> int:
+async def _serve(
+    host: str, port: int, policy: VerifierPolicy, external_origin: str | None, egress: EgressPolicy
+) -> int:
     runner = web.AppRunner(
-        build_verify_origin(policy, external_origin=external_origin), access_log=None, handle_signals=False
+        build_verify_origin(policy, external_origin=external_origin, egress=egress),
+        access_log=None,
+        handle_signals=False,
     )
     await runner.setup()
     site = web.TCPSite(runner, host, port)
@@ -105,6 +116,14 @@ def add_parsers(sub: Any) -> None:
         "--external-origin",
         metavar="URL",
         help="origin clients used, when a TLS-terminating proxy sits in front (e.g. https://x.example)",
+    )
+    p.add_argument(
+        "--allow-private",
+        action="append",
+        default=[],
+        metavar="CIDR",
+        help="let directories and revocation lists be fetched from these loopback, private or link-local "
+        "addresses, also over plain http (local development and tests; repeatable)",
     )
     p.add_argument("--max-hops", type=int, metavar="N", help="refuse stacks with more than N signatures")
     p.add_argument("--skew", type=int, default=5, metavar="SECONDS", help="clock skew tolerated (default 5)")

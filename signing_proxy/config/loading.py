@@ -41,6 +41,7 @@ ENV_OVERRIDES: dict[str, tuple[str, bool]] = {
     "SIGNING_PROXY_PUBLISH_DOMAIN": ("publish.domain", False),
     "SIGNING_PROXY_NEXT_HOP": ("upstream.next_hop", False),
     "SIGNING_PROXY_ADMIN_LISTEN": ("admin.listen", False),
+    "SIGNING_PROXY_ADMIN_ALLOW_CLIENTS": ("admin.allow_clients", True),
     "SIGNING_PROXY_ALLOW_CLIENTS": ("access.allow_clients", True),
     "SIGNING_PROXY_PROXY_AUTH_FILE": ("access.proxy_auth_file", False),
     "SIGNING_PROXY_LOG_LEVEL": ("log.level", False),

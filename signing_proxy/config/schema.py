@@ -48,12 +48,29 @@ __all__ = [
 
 @dataclass(frozen=True)
 class LimitsConfig:
-    max_body_bytes: int = 10 * 1024 * 1024
-    max_header_bytes: int = 64 * 1024
+    """Bounds on what a stranger can make the proxy hold (checked while reading, never after)."""
+
+    max_body_bytes: int = 10 * 1024 * 1024  # one request body (buffered to be digested and signed)
+    max_header_bytes: int = 64 * 1024  # one request head: request line and fields together (431)
+    max_request_line_bytes: int = 8 * 1024  # the request line's target (414 URI Too Long)
+    max_header_fields: int = 256  # field lines in one head, trailers included (431)
+    max_response_header_bytes: int = 64 * 1024  # one upstream response head (502 above it)
+    max_connections: int = 2048  # client connections at once; above it: 503 and close
+    max_buffered_bytes: int = 128 * 1024 * 1024  # request bodies buffered at once, all connections (503)
 
     def _check(self, path: str) -> None:
-        positive(self.max_body_bytes, f"{path}.max_body_bytes")
-        positive(self.max_header_bytes, f"{path}.max_header_bytes")
+        for name in (
+            "max_body_bytes",
+            "max_header_bytes",
+            "max_request_line_bytes",
+            "max_header_fields",
+            "max_response_header_bytes",
+            "max_connections",
+            "max_buffered_bytes",
+        ):
+            positive(getattr(self, name), f"{path}.{name}")
+        if self.max_buffered_bytes < self.max_body_bytes:
+            raise ConfigError(f"{path}.max_buffered_bytes: must be at least limits.max_body_bytes")
 
 
 @dataclass(frozen=True)
@@ -148,18 +165,37 @@ class RelayConfig:
 
 @dataclass(frozen=True)
 class CredentialRule:
-    """Inject a bearer credential for matching hosts; the secret comes from a file or the environment."""
+    """Inject a bearer credential for matching targets; the secret comes from a file or the environment.
+
+    A token goes only to ``https`` targets unless ``allow_plaintext``, and only to ``ports`` when set:
+    a token sent over plain http is a token given to everyone on the path.
+    """
 
     hosts: tuple[str, ...]
-    bearer_file: str | None = None
+    bearer_file: str | None = None  # owner-only (0600), like key files
     bearer_env: str | None = None
     override: bool = False  # replace an Authorization the agent sent (default: keep the agent's)
+    allow_plaintext: bool = False  # also send the token to http:// targets (in clear text)
+    ports: tuple[int, ...] = ()  # only to these ports (explicit or the scheme's default); empty: any
 
     def _check(self, path: str) -> None:
         if not self.hosts:
             raise ConfigError(f"{path}.hosts: must list at least one host pattern")
+        for i, pattern in enumerate(self.hosts):
+            check_host_pattern(pattern, f"{path}.hosts[{i}]")
         if (self.bearer_file is None) == (self.bearer_env is None):
             raise ConfigError(f"{path}: set exactly one of bearer_file or bearer_env")
+        for i, port in enumerate(self.ports):
+            if not 0 < port < 65536:
+                raise ConfigError(f"{path}.ports[{i}]: must be a port number 1-65535, got {port}")
+
+    def refusal(self, scheme: str, port: int) -> str | None:
+        """Why this rule's token must not go to a ``scheme`` target on ``port``; None when it may."""
+        if scheme != "https" and not self.allow_plaintext:
+            return f"the target is {scheme}:// and the rule does not say allow_plaintext: true"
+        if self.ports and port not in self.ports:
+            return f"port {port} is not in the rule's ports {list(self.ports)}"
+        return None
 
 
 @dataclass(frozen=True)
@@ -185,17 +221,23 @@ class Route:
             raise ConfigError(f"{path}.upstream: must be an http(s) URL ending in '/', got {self.upstream!r}")
 
 
+def _check_cidrs(cidrs: tuple[str, ...], path: str) -> None:
+    for i, cidr in enumerate(cidrs):
+        try:
+            ipaddress.ip_network(cidr, strict=False)
+        except ValueError:
+            raise ConfigError(f"{path}[{i}]: not a CIDR: {cidr!r}") from None
+
+
 @dataclass(frozen=True)
 class AccessConfig:
+    """Who may use the proxy port: ``allow_clients`` is always the gate; proxy auth is on top of it."""
+
     allow_clients: tuple[str, ...] = ()  # CIDRs; empty means loopback only
-    proxy_auth_file: str | None = None  # lines of "user:password"
+    proxy_auth_file: str | None = None  # lines of "user:password"; required in addition, never instead
 
     def _check(self, path: str) -> None:
-        for i, cidr in enumerate(self.allow_clients):
-            try:
-                ipaddress.ip_network(cidr, strict=False)
-            except ValueError:
-                raise ConfigError(f"{path}.allow_clients[{i}]: not a CIDR: {cidr!r}") from None
+        _check_cidrs(self.allow_clients, f"{path}.allow_clients")
 
 
 @dataclass(frozen=True)
@@ -271,10 +313,18 @@ class AdminConfig:
     """``/healthz``, ``/readyz``, ``/metrics`` on a port of their own (probes, scraping)."""
 
     listen: str | None = None
+    allow_clients: tuple[str, ...] = ()  # CIDRs the admin port answers (others: 403); empty: loopback only
 
     def _check(self, path: str) -> None:
-        if self.listen is not None:
-            parse_host_port(self.listen, f"{path}.listen")
+        _check_cidrs(self.allow_clients, f"{path}.allow_clients")
+        if self.listen is None:
+            return
+        host, _port = parse_host_port(self.listen, f"{path}.listen")
+        if not is_loopback(host) and not self.allow_clients:
+            raise ConfigError(
+                f"{path}.listen: {self.listen} is not a loopback address; set {path}.allow_clients (the "
+                "CIDRs of the probes and scrapers) so the admin port is not open to anyone who can reach it"
+            )
 
 
 @dataclass(frozen=True)
@@ -318,10 +368,11 @@ class Config:
                     raise ConfigError(
                         f"routes[{i}].prefix: {prefix!r} collides with the proxy's own {reserved}"
                     )
-        if not is_loopback(host) and not self.access.allow_clients and not self.access.proxy_auth_file:
+        if not is_loopback(host) and not self.access.allow_clients:
+            # the allow-list is the gate even with proxy auth: without one only loopback is admitted
             raise ConfigError(
-                f"listen: {self.listen} is not a loopback address; set access.allow_clients or "
-                "access.proxy_auth_file so the proxy is not open to anyone who can reach it"
+                f"listen: {self.listen} is not a loopback address; set access.allow_clients (the CIDRs "
+                "that may connect; access.proxy_auth_file adds authentication to it, never replaces it)"
             )
         if self.requester is not None and self.mode != "agent":
             raise ConfigError("requester: only in mode agent (a relay must not change the body it forwards)")

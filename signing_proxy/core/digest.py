@@ -30,9 +30,17 @@ def content_digest(body: bytes) -> str:
 
 
 def parse_content_digest(value: str) -> dict[str, bytes]:
-    """Parse the Dictionary into algorithm -> digest bytes; every member must be a Byte Sequence."""
+    """Parse the Dictionary into algorithm -> digest bytes; every member must be a Byte Sequence, and
+    an algorithm named twice (in one line or across lines) is refused, never "last wins"."""
+
+    def refuse_duplicate(alg: str, where: str) -> None:
+        if where == "dictionary":  # a repeated parameter name inside a member is not an algorithm
+            raise FieldError("duplicate-content-digest", f"Content-Digest names {alg!r} more than once")
+
     try:
-        parsed = parse_dictionary(value)
+        parsed = parse_dictionary(value, refuse_duplicate)
+    except FieldError:
+        raise
     except (ValueError, UnicodeEncodeError) as exc:
         raise FieldError("malformed-content-digest", "Content-Digest is not a structured Dictionary") from exc
     out: dict[str, bytes] = {}

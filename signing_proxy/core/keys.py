@@ -5,7 +5,8 @@ window ``[not_before, not_after)`` and named only by its RFC 7638 thumbprint; a 
 thumbprint-only snapshot polled every 300 s +/- 10 % (spec "Key publication, rotation and
 revocation", "Limits"). Parsers are strict and refuse the whole document on any fault, with a
 stable ``KeyFormatError.reason``; renderers emit deterministic bytes. Nothing here reads a clock:
-``now`` is always a parameter in unix seconds.
+``now`` is always a parameter in unix seconds. Our own keys over time (activation, states, the
+choice of the signing key) live in ``rotation`` and are re-exported here.
 """
 
 from __future__ import annotations
@@ -13,15 +14,15 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterable, Mapping, Set
+from collections.abc import Mapping, Set
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 from urllib.parse import urlsplit
 
-from .b64 import b64url_decode
 from .errors import KeyFormatError
 from .jwk import PRIVATE_JWK_MEMBERS, PublicKey, SigningKey, public_key_from_jwk
+from .rotation import KeyRecord, choose_signing_key, key_state, publishable
 
 __all__ = [
     "DIRECTORY_MEDIA_TYPE",
@@ -73,7 +74,9 @@ _RFC3339 = re.compile(
 )
 _MAX_TIMESTAMP_CHARS = 64
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_THUMBPRINT_CHARS = 43
+# 32 bytes in unpadded base64url: 42 characters, then one whose two low bits are zero (canonical
+# form, as b64url_decode demands). A regex, not a decode: a 4 MiB revocation list names ~90,000.
+_THUMBPRINT = re.compile(r"[A-Za-z0-9_-]{42}[AEIMQUYcgkosw048]")
 # RFC 8037 `EdDSA` (the spec's value), RFC 9864 `Ed25519` (its fully-specified successor) and the
 # HTTP Signature Algorithms registry's `ed25519` (web-bot-auth drafts) all name Ed25519 here.
 _ACCEPTED_ALGS = frozenset({"EdDSA", "Ed25519", "ed25519"})
@@ -174,12 +177,7 @@ def _check_http_url(url: str) -> None:
 
 def is_thumbprint(value: object) -> bool:
     """True for a canonical RFC 7638 SHA-256 thumbprint: 43 base64url characters naming 32 bytes."""
-    if not isinstance(value, str) or len(value) != _THUMBPRINT_CHARS:
-        return False
-    try:
-        return len(b64url_decode(value)) == 32
-    except ValueError:
-        return False
+    return isinstance(value, str) and _THUMBPRINT.fullmatch(value) is not None
 
 
 # --------------------------------------------------------------------------------------------
@@ -280,7 +278,7 @@ def parse_directory_key(entry: object) -> DirectoryKey:
     use, alg = entry.get("use"), entry.get("alg")
     if use is not None and use != "sig":
         raise KeyFormatError("unsupported-key-use", f"use {use!r}; directory keys are for 'sig'")
-    if alg is not None and alg not in _ACCEPTED_ALGS:
+    if alg is not None and (not isinstance(alg, str) or alg not in _ACCEPTED_ALGS):  # {} is unhashable
         raise KeyFormatError("unsupported-key-alg", f"alg {alg!r}; expected 'EdDSA'")
     if "kid" in entry and entry["kid"] != public.thumbprint:
         raise KeyFormatError("kid-mismatch", "a kid, when present, must equal the RFC 7638 thumbprint")
@@ -336,7 +334,7 @@ class RevocationList:
 
     def __post_init__(self) -> None:
         revoked = frozenset(self.revoked)
-        bad = next((t for t in sorted(revoked) if not is_thumbprint(t)), None)
+        bad = min((t for t in revoked if not is_thumbprint(t)), default=None)  # the first, sorted
         if bad is not None:
             raise KeyFormatError("malformed-thumbprint", f"{bad!r} is not an RFC 7638 thumbprint")
         object.__setattr__(self, "revoked", revoked)
@@ -390,50 +388,7 @@ def next_poll_delay(rand: float) -> float:
 
 
 # --------------------------------------------------------------------------------------------
-# Choosing and publishing our own keys
-
-
-@dataclass(frozen=True)
-class KeyRecord:
-    """What a key store knows about one of our keys (all times unix seconds)."""
-
-    thumbprint: str
-    not_before: int
-    not_after: int
-    created_at: int
-    revoked: bool = False
-
-    def valid_at(self, now: float) -> bool:
-        return self.not_before <= now < self.not_after
-
-
-def choose_signing_key(records: Iterable[KeyRecord], now: float) -> KeyRecord | None:
-    """The newest key (largest ``not_before``, then ``created_at``) valid at ``now`` and not revoked."""
-    usable = [r for r in records if r.valid_at(now) and not r.revoked]
-    if not usable:
-        return None
-    return max(usable, key=lambda r: (r.not_before, r.created_at, r.thumbprint))
-
-
-def key_state(record: KeyRecord, records: Iterable[KeyRecord], now: float) -> str:
-    """One of ``revoked``, ``expired``, ``next``, ``active`` (the chosen key) or ``retiring``."""
-    if record.revoked:
-        return "revoked"
-    if now >= record.not_after:
-        return "expired"
-    if now < record.not_before:
-        return "next"
-    chosen = choose_signing_key(records, now)
-    if chosen is not None and chosen.thumbprint == record.thumbprint:
-        return "active"
-    return "retiring"
-
-
-def publishable(records: Iterable[KeyRecord], now: float) -> tuple[KeyRecord, ...]:
-    """Keys to serve in our directory: not revoked and not expired (current and next ones),
-    ordered by ``not_before``, ``created_at``, thumbprint so the served bytes are stable."""
-    keep = [r for r in records if not r.revoked and now < r.not_after]
-    return tuple(sorted(keep, key=lambda r: (r.not_before, r.created_at, r.thumbprint)))
+# Our own keys: where the signing key comes from (windows, activation, states: ``rotation``)
 
 
 class KeyProvider:
@@ -446,6 +401,16 @@ class KeyProvider:
         """When the key that signs now stops being valid (None: no window, or no key)."""
         return None
 
+    def key_for(self, thumbprint: str, now: float) -> SigningKey | None:
+        """Our key ``thumbprint`` if it may still sign at ``now``: published, in its window, not
+        revoked (a delegation's holder, a transaction's key). By default only the current key."""
+        key = self.current(now)
+        return key if key is not None and key.thumbprint == thumbprint else None
+
+    def not_after_of(self, thumbprint: str) -> float | None:
+        """When our key ``thumbprint`` stops being valid (None: unknown, or no window)."""
+        return None
+
 
 class StaticKeyProvider(KeyProvider):
     """One key, always valid (the key store with windows and rotation replaces it when configured)."""
@@ -455,3 +420,6 @@ class StaticKeyProvider(KeyProvider):
 
     def current(self, now: float) -> SigningKey | None:
         return self.key
+
+    def key_for(self, thumbprint: str, now: float) -> SigningKey | None:
+        return self.key if thumbprint == self.key.thumbprint else None

@@ -7,8 +7,14 @@ from typing import Any
 
 import http_sf
 from http_sf.innerlist import ser_item_or_inner_list
+from http_sf.types import Token
 
-__all__ = ["parse_dictionary", "parse_item", "serialize_member"]
+__all__ = ["is_token", "parse_dictionary", "parse_item", "serialize_member"]
+
+
+def is_token(value: object, name: str) -> bool:
+    """True when a parsed bare item is the Token ``name`` (a String with the same text is not)."""
+    return isinstance(value, Token) and str(value) == name
 
 
 def parse_dictionary(value: str, on_duplicate: Callable[[str, str], None] | None = None) -> dict[str, Any]:

@@ -3,12 +3,15 @@
 Verification follows "resolve, then verify" (DESIGN, STYLE 2): ``parse_signature_stack`` turns
 Signature-Input and Signature into ``SignatureEntry`` values in stack order, the caller resolves each
 keyid (a directory fetch is I/O, so it happens outside) and hands ``verify_stack`` a ``KeyLookup``.
-``verify_stack`` checks every label against the profile — exactly the covered set of
-``hop_components`` for its position, ``alg="ed25519"``, ``keyid``, ``created`` and ``expires`` within
-``skew_s`` of ``now`` (a parameter, never a clock), the key's window and revocation, Content-Digest
-over the received body — rebuilds each signature base and returns a frozen ``VerifiedStack``, the
-only thing a caller should trust. Refusals are VerificationError with the spec's reason codes.
-Import the public names from ``signatures``.
+``check_stack`` applies every rule that needs no key — exactly the covered set of
+``hop_components`` for its position, ``alg="ed25519"``, a thumbprint ``keyid``, ``created`` no more
+than ``skew_s`` ahead of ``now`` (a parameter, never a clock), ``now`` before ``expires``, a lifetime
+of at most ``max_validity_s``, Content-Digest over the received body, every covered component
+present (the signature bases are built here) — so a caller can refuse before any I/O;
+``verify_checked`` then checks each key's window and revocation and each signature over its base,
+and returns a frozen ``VerifiedStack``, the only thing a caller should trust. ``verify_stack`` is
+both. Refusals are VerificationError with the spec's reason codes. Import the public names from
+``signatures`` (``check_stack``/``verify_checked`` from here).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from .digest import verify_content_digest
 from .errors import FieldError, SigningError, VerificationError
 from .fields import Fields
 from .jwk import PublicKey
+from .keys import is_thumbprint
 from .sfv import parse_item, serialize_member
 from .signature_components import (
     ALG_ED25519,
@@ -32,18 +36,24 @@ from .signature_components import (
 )
 
 __all__ = [
+    "DEFAULT_MAX_VALIDITY_S",
     "DEFAULT_SKEW_S",
+    "CheckedStack",
     "KeyLookup",
     "SignatureEntry",
     "VerificationKey",
     "VerifiedSignature",
     "VerifiedStack",
+    "check_stack",
     "parse_signature_agent",
     "parse_signature_stack",
+    "verify_checked",
     "verify_stack",
 ]
 
 DEFAULT_SKEW_S = 5  # our choice: the spec gives no clock-skew tolerance (README, "Where the spec is silent")
+# our choice (spec silent, config verify.max_validity_s): a leaked request is replayable for at most an hour
+DEFAULT_MAX_VALIDITY_S = 3600
 # RFC 9421 signature parameters registry; the spec's template uses the first four.
 _KNOWN_PARAMS = frozenset({"keyid", "alg", "created", "expires", "nonce", "tag"})
 
@@ -219,7 +229,9 @@ def _check_components(entry: SignatureEntry, previous: str | None, required: Seq
         )
 
 
-def _check_params(entry: SignatureEntry, now: float, skew_s: int) -> tuple[str, int, int]:
+def _check_params(
+    entry: SignatureEntry, now: float, skew_s: int, max_validity_s: int | None
+) -> tuple[str, int, int]:
     label = entry.label
     unknown = {name for name, _ in entry.params} - _KNOWN_PARAMS
     if unknown:
@@ -232,6 +244,8 @@ def _check_params(entry: SignatureEntry, now: float, skew_s: int) -> tuple[str, 
     keyid = entry.keyid
     if not keyid:
         raise VerificationError("missing-keyid", "keyid is required", label)
+    if not is_thumbprint(keyid):  # no directory can hold it: refused as it would be after a lookup
+        raise VerificationError("unknown-keyid", "keyid is not an RFC 7638 thumbprint", label)
     created, expires = entry.param("created"), entry.param("expires")
     for name, value in (("created", created), ("expires", expires)):
         if value is None:
@@ -242,9 +256,13 @@ def _check_params(entry: SignatureEntry, now: float, skew_s: int) -> tuple[str, 
     assert isinstance(expires, int)
     if expires <= created:
         raise VerificationError("bad-signature-window", "expires is not after created", label)
+    if max_validity_s is not None and expires - created > max_validity_s:
+        raise VerificationError("validity-too-long", f"expires - created exceeds {max_validity_s} s", label)
+    # skew forgives a signer's clock ahead of ours for created only; the window ends at expires
+    # (spec: "a signature outside that window is refused"), half-open like a key's window
     if created > now + skew_s:
         raise VerificationError("signature-not-yet-valid", "created is in the future", label)
-    if now >= expires + skew_s:
+    if now >= expires:
         raise VerificationError("signature-expired", "the signature's window has ended", label)
     return keyid, created, expires
 
@@ -264,17 +282,29 @@ def _check_key(entry: SignatureEntry, key: VerificationKey | None, now: float) -
     return key
 
 
-def verify_stack(
+@dataclass(frozen=True, slots=True)
+class CheckedStack:
+    """A stack that passed every rule needing no key; each label with its keyid, created, expires."""
+
+    message: Message
+    entries: tuple[tuple[SignatureEntry, str, int, int, bytes], ...]  # keyid, created, expires, base
+    signature_agent: str  # the raw covered value
+    directory: str | None  # the directory base it names (None when empty)
+
+
+def check_stack(
     message: Message,
     body: bytes | None,
-    lookup: KeyLookup,
     *,
     now: float,
     skew_s: int = DEFAULT_SKEW_S,
+    max_validity_s: int | None = DEFAULT_MAX_VALIDITY_S,
     max_hops: int | None = None,
     required: Sequence[Component] = SPEC_COMPONENTS,
-) -> VerifiedStack:
-    """Verify every label of the stack per the spec; raise VerificationError with the first refusal.
+) -> CheckedStack:
+    """Every rule that needs no key (parse, hop cap, components, parameters, window, lifetime,
+    Signature-Agent syntax, Content-Digest, signature bases); raise VerificationError with the first
+    refusal.
 
     ``body`` is the received content; pass None only when the caller checks Content-Digest itself.
     """
@@ -285,7 +315,7 @@ def verify_stack(
     previous: str | None = None
     for entry in entries:
         _check_components(entry, previous, required)
-        checked.append((entry, *_check_params(entry, now, skew_s)))
+        checked.append((entry, *_check_params(entry, now, skew_s, max_validity_s)))
         previous = entry.label
     raw_agent = message.fields.combined("signature-agent")
     if raw_agent is None:
@@ -296,13 +326,22 @@ def verify_stack(
         raise VerificationError(exc.reason, exc.detail) from exc
     if body is not None:
         verify_content_digest(message.fields.combined("content-digest"), body)
-    verified = []
-    for index, (entry, keyid, created, expires) in enumerate(checked):
-        key = _check_key(entry, lookup(entry, index), now)
-        try:
+    with_bases = []
+    for entry, keyid, created, expires in checked:
+        try:  # a covered field that is absent or ambiguous needs no key to be refused
             base = signature_base(message, entry.components, entry.params_value)
         except SigningError as exc:
             raise VerificationError(exc.reason, exc.detail, entry.label) from exc
+        with_bases.append((entry, keyid, created, expires, base))
+    return CheckedStack(message, tuple(with_bases), raw_agent, directory)
+
+
+def verify_checked(checked: CheckedStack, lookup: KeyLookup, *, now: float) -> VerifiedStack:
+    """Resolve each label's key with ``lookup``, check its window and revocation and the signature."""
+    message = checked.message
+    verified = []
+    for index, (entry, keyid, created, expires, base) in enumerate(checked.entries):
+        key = _check_key(entry, lookup(entry, index), now)
         if not key.public.verify(entry.signature, base):
             raise VerificationError("bad-signature", _bad_signature_hint(message, entry), entry.label)
         verified.append(
@@ -316,7 +355,31 @@ def verify_stack(
                 key_source=key.source,
             )
         )
-    return VerifiedStack(tuple(verified), raw_agent, directory)
+    return VerifiedStack(tuple(verified), checked.signature_agent, checked.directory)
+
+
+def verify_stack(
+    message: Message,
+    body: bytes | None,
+    lookup: KeyLookup,
+    *,
+    now: float,
+    skew_s: int = DEFAULT_SKEW_S,
+    max_validity_s: int | None = DEFAULT_MAX_VALIDITY_S,
+    max_hops: int | None = None,
+    required: Sequence[Component] = SPEC_COMPONENTS,
+) -> VerifiedStack:
+    """Verify every label of the stack per the spec (``check_stack`` then ``verify_checked``)."""
+    checked = check_stack(
+        message,
+        body,
+        now=now,
+        skew_s=skew_s,
+        max_validity_s=max_validity_s,
+        max_hops=max_hops,
+        required=required,
+    )
+    return verify_checked(checked, lookup, now=now)
 
 
 def _bad_signature_hint(message: Message, entry: SignatureEntry) -> str:

@@ -9,6 +9,8 @@ exactly that on the wire. Path and query are kept byte-for-byte: never decoded, 
 from __future__ import annotations
 
 import functools
+import ipaddress
+import re
 from dataclasses import dataclass
 
 from .errors import FieldError
@@ -16,6 +18,8 @@ from .errors import FieldError
 __all__ = ["DEFAULT_PORTS", "Target", "parse_absolute_uri", "parse_authority"]
 
 DEFAULT_PORTS = {"http": 80, "https": 443}
+MAX_HOST_CHARS = 253  # RFC 1035 section 2.3.4 (a name in text form, without its trailing dot)
+_LABEL = re.compile(r"[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?", re.IGNORECASE)
 
 # RFC 3986 characters allowed in a request-target on the wire (percent-encoded form), plus '%'.
 _TARGET_CHARS = frozenset(
@@ -86,7 +90,7 @@ def parse_authority(authority: str, scheme: str) -> tuple[str, int]:
         port_text = rest[1:]
     else:
         host, _, port_text = authority.partition(":")
-    if not host or not host.isascii() or any(c in host for c in " /?#\\"):
+    if not _valid_host(host):
         raise FieldError("malformed-target", "missing or invalid host")
     if port_text:
         if not port_text.isdigit() or not 0 < int(port_text) < 65536:
@@ -98,6 +102,22 @@ def parse_authority(authority: str, scheme: str) -> tuple[str, int]:
             raise FieldError("malformed-target", f"no default port for scheme {scheme!r}")
         port = default
     return host.lower(), port
+
+
+def _valid_host(host: str) -> bool:
+    """An IPv6 literal, or a DNS name / IPv4 address: labels of letters, digits, ``-`` and ``_``, none
+    empty, at most 63 characters each and 253 in all (RFC 1035 section 2.3.4; the IDNA step of a
+    connect refuses anything else, so it is refused here, answered, before any I/O)."""
+    if host.startswith("["):
+        try:
+            ipaddress.IPv6Address(host[1:-1])  # no zone identifier: never meaningful to a remote peer
+        except ValueError:
+            return False
+        return True
+    name = host[:-1] if host.endswith(".") else host
+    if not name or len(name) > MAX_HOST_CHARS:
+        return False
+    return all(_LABEL.fullmatch(label) for label in name.split("."))
 
 
 @functools.lru_cache(maxsize=1024)  # agents call the same few endpoints; Target is immutable

@@ -5,7 +5,8 @@
 a next-hop relay (absolute form), and buffers the answer up to a byte bound within one overall
 deadline. Redirects are not followed. A caller that signs (the proxy) passes its pipeline as
 ``prepare``; without it the request goes unsigned. Manifests, directories, revocation lists and
-``signing-proxy discover`` pages all come through here.
+``signing-proxy discover`` pages all come through here; those named by a remote party pass an
+``EgressPolicy`` (``net.egress``), and then go to the address it vetted, on a connection of their own.
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ from typing import Protocol
 
 from ..config import TimeoutsConfig, UpstreamConfig
 from ..core.errors import FieldError
+from ..core.fields import Fields
 from ..core.uri import Target, parse_absolute_uri
 from ..errors import ProxyError
+from .egress import EgressPolicy
 from .framing import BODY_METHODS, Outgoing, drop_hop_by_hop, outgoing
 from .upstream import ResponseHead, UpstreamConnection, UpstreamPool
 
@@ -147,35 +150,55 @@ class HttpClient:
         truncate: bool = False,
         total_s: float | None = None,
         prepare: Prepare | None = None,
+        egress: EgressPolicy | None = None,
     ) -> FetchedResponse:
         """Send one request (signed by ``prepare`` when given), return its answer; raises ``ProxyError``.
 
         A body above ``max_bytes`` is ``response-too-large``, or with ``truncate`` cut to ``max_bytes``.
         ``total_s`` bounds the whole exchange (default: ``timeouts.connect_s + timeouts.read_s``). A
         reused connection the upstream closed before answering is retried once, freshly prepared.
+        With ``egress`` (a URL named by a remote party) the URL is checked and its address vetted
+        before any connect (``EgressError``), and the request goes on a fresh, unpooled connection to
+        that address; a next hop (``via``, or a ``prepare`` that routes elsewhere) still carries it.
         """
-        try:
-            target = parse_absolute_uri(url)
-        except FieldError as exc:
-            raise ProxyError(400, exc.reason, f"{url!r}: {exc.detail}") from None
-        framed = bool(body) or method in BODY_METHODS
-        head_only = method == "HEAD"
         limit_s = total_s if total_s is not None else self.timeouts.connect_s + self.timeouts.read_s
         loop = asyncio.get_running_loop()
         deadline = loop.time() + limit_s
+        address: str | None = None
+        if egress is not None:
+            target = egress.check_url(url)
+            try:
+                address = await asyncio.wait_for(egress.vet(target), deadline - loop.time())
+            except TimeoutError:
+                raise ProxyError(
+                    504, "upstream-connect-timeout", f"{url}: no address resolved within {limit_s:g} s"
+                ) from None
+        else:
+            try:
+                target = parse_absolute_uri(url)
+            except FieldError as exc:
+                raise ProxyError(400, exc.reason, f"{url!r}: {exc.detail}") from None
+        framed = bool(body) or method in BODY_METHODS
+        head_only = method == "HEAD"
         pool = self.pool
         for attempt in (1, 2):
             if prepare is not None:  # prepared per attempt: a retry carries a fresh signature
                 wire = await prepare(method, target, headers, body, framed=framed)
             else:
-                wire = outgoing(
-                    method, target, drop_hop_by_hop(headers), body, framed=framed, keyid=None, via=self.via
-                )
-            conn = pool.take_idle(wire.connect_to)
+                fields = drop_hop_by_hop(headers)
+                if address is not None:  # one exchange per egress connection: let the server know
+                    fields = Fields([*fields, ("Connection", "close")])
+                wire = outgoing(method, target, fields, body, framed=framed, keyid=None, via=self.via)
+            # egress: straight to the vetted address, unless a next hop (configuration) carries it
+            vetted = address if address is not None and wire.connect_to == target else None
+            conn = pool.take_idle(wire.connect_to) if vetted is None else None
             reused = conn is not None
             if conn is None:
+                opening = (
+                    pool.connect(wire.connect_to) if vetted is None else pool.connect_vetted(target, vetted)
+                )
                 try:
-                    conn = await asyncio.wait_for(pool.connect(wire.connect_to), deadline - loop.time())
+                    conn = await asyncio.wait_for(opening, deadline - loop.time())
                 except TimeoutError:
                     raise ProxyError(
                         504, "upstream-connect-timeout", f"{url}: no connection within {limit_s:g} s"
@@ -186,7 +209,7 @@ class HttpClient:
                         502, "upstream-reset", f"{url}: the upstream closed the connection before answering"
                     )
             sink = _BufferingSink(conn, max_bytes, url, truncate)
-            conn.start(wire.head + wire.body, sink, head_only=head_only)
+            conn.start(wire.head, wire.body, sink, head_only=head_only)
             timer = loop.call_at(deadline, _expire, conn, sink, limit_s)
             try:
                 await sink.done
@@ -201,7 +224,11 @@ class HttpClient:
                 raise
             finally:
                 timer.cancel()
-            pool.release(conn)
+            if vetted is None:
+                pool.release(conn)
+            else:  # never pooled: a stranger could otherwise park idle sockets, one per name it invents
+                conn.reusable = False
+                conn.close()
             head = sink.head
             assert head is not None  # the connection completes only after a final head
             return FetchedResponse(

@@ -2,8 +2,10 @@
 
 The response is written as it arrives (one write per upstream read), with backpressure both ways.
 A caller may *hold* a response at its head (``hold``): the engine then drains the upstream body
-unread and the caller writes its own answer instead. A pooled connection that the server had
-closed is retried once, for idempotent methods only, with a freshly built request.
+unread and the caller writes its own answer instead. A caller may also *tap* a response
+(``BodyTap``): a copy of its body, up to a bound, kept while it streams to the client, for the
+caller to read once the exchange is complete. A pooled connection that the server had closed is
+retried once, for idempotent methods only, with a freshly built request.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from .framing import HOP_BY_HOP, Outgoing
 from .server import AbortConnection, ClientConnection
 from .upstream import ResponseHead, UpstreamConnection, UpstreamPool
 
-__all__ = ["HELD_BODY_MAX_BYTES", "DrainSink", "ResponseStream", "forward"]
+__all__ = ["HELD_BODY_MAX_BYTES", "BodyTap", "DrainSink", "ResponseStream", "forward"]
 
 HELD_BODY_MAX_BYTES = 1024 * 1024  # our choice: a held response's body is drained unread up to this, then cut
 # RFC 9110 section 9.2.2: only these may be retried automatically (a POST may buy something twice)
@@ -25,6 +27,41 @@ IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
 _HOP_BY_HOP_B = frozenset(name.encode() for name in HOP_BY_HOP) | {b"content-length"}
 
 Hold = Callable[[ResponseHead, Target], bool]
+
+
+class BodyTap:
+    """A copy of a forwarded response's head and body while it streams to the client, kept up to
+    ``max_bytes``: past that the copy is dropped (``body()`` is None) and the client still gets all.
+    ``on_complete`` hears of a complete response before its last bytes are written to the client."""
+
+    __slots__ = ("_chunks", "head", "max_bytes", "on_complete", "overflowed", "size")
+
+    def __init__(self, max_bytes: int, on_complete: Callable[[BodyTap], None] | None = None) -> None:
+        self.max_bytes = max_bytes
+        self.on_complete = on_complete
+        self.head: ResponseHead | None = None
+        self.size = 0
+        self.overflowed = False
+        self._chunks: list[bytes] = []
+
+    def reset(self) -> None:
+        """Forget what was seen (a retried request starts a new response)."""
+        self.head, self.size, self.overflowed = None, 0, False
+        self._chunks.clear()
+
+    def feed(self, data: bytes) -> None:
+        if self.overflowed:
+            return
+        self.size += len(data)
+        if self.size > self.max_bytes:
+            self.overflowed = True
+            self._chunks.clear()
+        else:
+            self._chunks.append(data)
+
+    def body(self) -> bytes | None:
+        """The body seen so far, or None when it outgrew ``max_bytes``."""
+        return None if self.overflowed else b"".join(self._chunks)
 
 
 class DrainSink:
@@ -75,6 +112,7 @@ class ResponseStream:
         "pending",
         "started",
         "status",
+        "tap",
         "target",
         "upstream",
     )
@@ -88,6 +126,7 @@ class ResponseStream:
         head_only: bool,
         hold: Hold | None,
         on_latency: Callable[[float], None] | None,
+        tap: BodyTap | None = None,
     ) -> None:
         loop = asyncio.get_running_loop()
         self.client = client
@@ -96,6 +135,7 @@ class ResponseStream:
         self.target = target
         self.hold = hold
         self.on_latency = on_latency
+        self.tap = tap
         self.done: asyncio.Future[None] = loop.create_future()
         self.head_written = False
         self.held: ResponseHead | None = None  # a response the caller answers instead (never written)
@@ -115,6 +155,8 @@ class ResponseStream:
             self.held = head
             self.upstream.sink = DrainSink(self.upstream, self.done)
             return
+        if self.tap is not None:
+            self.tap.head = head
         parts = [f"HTTP/1.1 {head.status} {head.reason}\r\n".encode("latin-1")]
         parts.extend(
             name + b": " + value + b"\r\n"
@@ -140,6 +182,8 @@ class ResponseStream:
         if not data:
             return
         self.bytes_out += len(data)
+        if self.tap is not None:
+            self.tap.feed(data)
         if self.chunked:
             self.pending.append(b"%x\r\n%b\r\n" % (len(data), data))
         else:
@@ -151,6 +195,8 @@ class ResponseStream:
             self.pending.clear()
 
     def on_complete(self) -> None:
+        if self.tap is not None and self.tap.on_complete is not None:
+            self.tap.on_complete(self.tap)  # before the client can see the end and act on it
         if self.chunked:
             self.pending.append(b"0\r\n\r\n")
         self.on_feed_end()
@@ -171,22 +217,24 @@ async def forward(
     *,
     hold: Hold | None = None,
     on_latency: Callable[[float], None] | None = None,
+    tap: BodyTap | None = None,
 ) -> ResponseStream:
     """Send ``outgoing`` and stream the answer to ``client``; ``ProxyError`` before anything was written,
-    ``AbortConnection`` after. A held response is returned with ``held`` set and nothing written."""
+    ``AbortConnection`` after. A held response is returned with ``held`` set and nothing written;
+    ``tap`` keeps a bounded copy of the body (of the last attempt)."""
     head_only = outgoing.method == "HEAD"
     for attempt in (1, 2):
         conn = pool.take_idle(outgoing.connect_to)
         reused = conn is not None
         if conn is None:
             conn = await pool.connect(outgoing.connect_to)
+        if tap is not None:
+            tap.reset()
         stream = ResponseStream(
-            client, conn, outgoing.target, head_only=head_only, hold=hold, on_latency=on_latency
+            client, conn, outgoing.target, head_only=head_only, hold=hold, on_latency=on_latency, tap=tap
         )
         client.upstream = conn
-        conn.start(
-            outgoing.head + outgoing.body if outgoing.body else outgoing.head, stream, head_only=head_only
-        )
+        conn.start(outgoing.head, outgoing.body, stream, head_only=head_only)
         try:
             await stream.done
         except ProxyError as error:

@@ -16,15 +16,14 @@ import socket
 import typing
 from collections import deque
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import httptools
 
-from ..core.errors import FieldError
-from ..core.uri import Target, parse_authority
+from ..core.uri import Target
 from ..errors import ProxyError
 from .framing import problem_response, response_head
+from .request import RETRY_AFTER_S, AbortConnection, Limits, Request, busy, parse_connect_target
 
 __all__ = [
     "AbortConnection",
@@ -38,59 +37,8 @@ __all__ = [
 
 log = logging.getLogger("signing_proxy.proxy")
 
-MAX_PIPELINED = 8  # requests parsed ahead of the one being served before we stop reading
-
-
-@dataclass(frozen=True, slots=True)
-class Limits:
-    """The bounds a connection enforces while it reads (``limits.*`` and ``timeouts.*``)."""
-
-    max_header_bytes: int
-    max_body_bytes: int
-    client_idle_s: float
-    read_s: float
-
-
-class Request:
-    """A request as parsed so far."""
-
-    __slots__ = (
-        "body",
-        "body_size",
-        "complete",
-        "content_length",
-        "framed",
-        "headers",
-        "keep_alive",
-        "method",
-        "too_large",
-        "url",
-        "version",
-    )
-
-    def __init__(self) -> None:
-        self.url = b""
-        self.method = ""
-        self.version = "1.1"
-        self.headers: list[tuple[str, str]] = []
-        self.body: list[bytes] = []
-        self.body_size = 0
-        self.too_large = False
-        self.complete = False
-        self.keep_alive = True
-        self.content_length: int | None = None
-        self.framed = False  # the client sent Content-Length or Transfer-Encoding
-
-    def header(self, name: str) -> str | None:
-        lname = name.lower()
-        for n, v in self.headers:
-            if n.lower() == lname:
-                return v
-        return None
-
-
-class AbortConnection(Exception):
-    """The response already started; the only honest signal left is closing the connection."""
+LINGER_S = 2.0  # our choice (RFC 9112 section 9.6 gives none): how long a closing connection drains
+LINGER_MAX_BYTES = 1024 * 1024  # and how much it discards before closing anyway
 
 
 class Handler(Protocol):
@@ -116,6 +64,13 @@ class Engine:
         self.limits = limits  # replaced whole on a configuration reload
         self.spawn = spawn
         self.connections: set[ClientConnection] = set()
+        self.buffered = 0  # request body bytes held by all connections (limits.max_buffered_bytes)
+        self.refused = 0  # connections turned away at limits.max_connections
+
+    def release(self, req: Request) -> None:
+        """Give back what ``req``'s body held of the buffered budget (once)."""
+        self.buffered -= req.held
+        req.held = 0
 
     def protocol(self, tunnel: Target | None = None) -> ClientConnection:
         """A new connection protocol; ``tunnel`` is the scheme, host and port of an intercepted CONNECT."""
@@ -142,12 +97,18 @@ class ClientConnection(asyncio.Protocol):
         self.request_version = "1.1"
         self.upstream: Any = None  # the upstream connection of the exchange in flight (flow control)
         self.busy = False  # an exchange is in flight (graceful shutdown waits for it)
+        self.written = 0  # bytes written to the client, all exchanges
         self._parser = httptools.HttpRequestParser(self)
         self._current: Request | None = None
         self._ready: deque[Request] = deque()
         self._waiter: asyncio.Future[None] | None = None
         self._closed = False
         self._header_bytes = 0
+        self._in_head = True  # between requests, or inside a head: what arrives is bounded by head limits
+        self._head_fed = 0
+        self._upgraded = False  # CONNECT: the bytes after the head belong to the tunnel
+        self._linger: asyncio.TimerHandle | None = None
+        self._discarded = 0
         self._write_paused = False
         self._drain_waiter: asyncio.Future[None] | None = None
         self._task: asyncio.Task[None] | None = None
@@ -166,25 +127,71 @@ class ClientConnection(asyncio.Protocol):
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.engine.handler.connection_made(self)
-        self.engine.connections.add(self)
-        self._task = self.engine.spawn(self._serve())
+        engine = self.engine
+        if len(engine.connections) >= engine.limits.max_connections:
+            engine.refused += 1
+            self._closed = True
+            self.write_problem(
+                ProxyError(
+                    503,
+                    "too-many-connections",
+                    "the proxy holds limits.max_connections connections; try again shortly",
+                    headers=(("Retry-After", str(RETRY_AFTER_S)),),
+                ),
+                close=True,
+            )
+            self.close()
+            return
+        engine.handler.connection_made(self)
+        engine.connections.add(self)
+        self._task = engine.spawn(self._serve())
 
     def data_received(self, data: bytes) -> None:
+        if self._closed:
+            if self._linger is not None:
+                self._discarded += len(data)
+                if self._discarded > LINGER_MAX_BYTES:
+                    self._end_linger()
+            return
+        limit = self.engine.limits.max_header_bytes
+        chunk = b""
         try:
-            self._parser.feed_data(data)
+            while data:
+                # A head is bounded while it arrives: never more than the limit is handed to the parser
+                # (which would buffer a field whole before calling us back).
+                chunk = data
+                if self._in_head:
+                    room = limit - self._head_fed
+                    if room <= 0:
+                        raise ProxyError(
+                            431, "header-too-large", "request head exceeds limits.max_header_bytes"
+                        )
+                    chunk = data[:room]
+                    self._head_fed += len(chunk)
+                data = data[len(chunk) :]
+                self._parser.feed_data(chunk)
         except httptools.HttpParserUpgrade as exc:
-            self._on_upgrade(data[exc.args[0] :] if exc.args else b"")
+            offset = exc.args[0] if exc.args else len(chunk)
+            self._on_upgrade(chunk[offset:] + data)
         except httptools.HttpParserError as exc:
+            self._protocol_error(exc)
+        except ProxyError as exc:
             self._protocol_error(exc)
 
     def eof_received(self) -> bool | None:
+        if self._linger is not None:
+            self._end_linger()  # the client has read our answer and finished: close now
         self._wake()
         return None
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
+        if self._linger is not None:
+            self._linger.cancel()
+            self._linger = None
         self.engine.connections.discard(self)
+        for req in (*self._ready, *((self._current,) if self._current is not None else ())):
+            self.engine.release(req)
         if self.upstream is not None:  # the client went away: stop fetching for it
             self.upstream.reusable = False
             self.upstream.close()
@@ -208,24 +215,39 @@ class ClientConnection(asyncio.Protocol):
     def on_message_begin(self) -> None:
         self._current = Request()
         self._header_bytes = 0
+        self._in_head = True
+        self._head_fed = 0
 
     def on_url(self, url: bytes) -> None:
         assert self._current is not None
         self._current.url += url
         self._header_bytes += len(url)
+        if len(self._current.url) > self.engine.limits.max_request_line_bytes:
+            raise ProxyError(414, "uri-too-long", "request target exceeds limits.max_request_line_bytes")
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        assert self._current is not None
+        req = self._current
+        assert req is not None
+        limits = self.engine.limits
+        req.fields += 1
         self._header_bytes += len(name) + len(value) + 4
-        if self._header_bytes > self.engine.limits.max_header_bytes:
+        if req.fields > limits.max_header_fields:
+            raise ProxyError(
+                431, "too-many-header-fields", "the request has more than limits.max_header_fields"
+            )
+        if self._header_bytes > limits.max_header_bytes:
             raise ProxyError(
                 431, "header-too-large", "request header section exceeds limits.max_header_bytes"
             )
-        self._current.headers.append((name.decode("latin-1"), value.decode("latin-1")))
+        if req.head_done:
+            return  # a chunked trailer: never merged into the (signed) header section; dropped
+        req.headers.append((name.decode("latin-1"), value.decode("latin-1")))
 
     def on_headers_complete(self) -> None:
         req = self._current
         assert req is not None
+        req.head_done = True
+        self._in_head = False
         parser = self._parser
         req.method = parser.get_method().decode("ascii", "replace")
         req.version = parser.get_http_version()
@@ -238,22 +260,35 @@ class ClientConnection(asyncio.Protocol):
                     req.content_length = int(value)
             elif lname == "transfer-encoding":
                 req.framed = True
+        engine = self.engine
+        budget = engine.limits.max_buffered_bytes
+        if req.content_length is not None and engine.buffered + req.content_length > budget:
+            req.over_budget = True  # known at once: answered 503 without waiting for the body
         self._ready.append(req)
-        if len(self._ready) > MAX_PIPELINED and self.transport is not None:
-            self.transport.pause_reading()
+        if (self.busy or len(self._ready) > 1) and self.transport is not None and not self._reading_paused:
+            self.transport.pause_reading()  # at most one request read ahead of the one in flight
             self._reading_paused = True
         self._wake()
 
     def on_body(self, body: bytes) -> None:
         req = self._current
         assert req is not None
+        engine = self.engine
         req.body_size += len(body)
-        if req.body_size > self.engine.limits.max_body_bytes:
+        if req.too_large or req.over_budget:
+            return
+        if req.body_size > engine.limits.max_body_bytes:
             req.too_large = True
-            req.body.clear()  # stop buffering; the handler answers 413 and closes
-            self._wake()
-        elif not req.too_large:
+        elif engine.buffered + len(body) > engine.limits.max_buffered_bytes:
+            req.over_budget = True
+        else:
             req.body.append(body)
+            req.held += len(body)
+            engine.buffered += len(body)
+            return
+        req.body.clear()  # stop buffering; the handler answers 413 or 503 and closes
+        engine.release(req)
+        self._wake()
 
     def on_message_complete(self) -> None:
         if self._current is not None:
@@ -287,6 +322,7 @@ class ClientConnection(asyncio.Protocol):
 
     def write(self, data: bytes) -> None:
         if self.transport is not None and not self.transport.is_closing():
+            self.written += len(data)
             self.transport.write(data)
 
     async def drain(self) -> None:
@@ -295,8 +331,31 @@ class ClientConnection(asyncio.Protocol):
             await self._drain_waiter
 
     def close(self) -> None:
+        if self._linger is not None:
+            return  # a lingering close ends by its own timer or the client's EOF
         if self.transport is not None and not self.transport.is_closing():
             self.transport.close()
+
+    def linger(self) -> None:
+        """Close after an answer the client may still be sending into (RFC 9112 section 9.6): half-close,
+        discard what still arrives for up to ``LINGER_S``, then close; a plain close now would reset the
+        connection and could destroy the answer in the client's receive buffer."""
+        transport = self.transport
+        if transport is None or transport.is_closing() or self._linger is not None:
+            return
+        self._closed = True  # nothing more is parsed or served
+        if not transport.can_write_eof():
+            transport.close()
+            return
+        transport.write_eof()
+        if self._reading_paused:
+            self._reading_paused = False
+            transport.resume_reading()
+        self._linger = asyncio.get_running_loop().call_later(LINGER_S, self._end_linger)
+
+    def _end_linger(self) -> None:
+        self._linger = None
+        self.close()
 
     def abort(self) -> None:
         if self.transport is not None:
@@ -315,19 +374,22 @@ class ClientConnection(asyncio.Protocol):
         if not isinstance(cause, ProxyError):
             cause = ProxyError(400, "malformed-request", f"cannot parse the request ({exc})")
         self.write_problem(cause, close=True)  # the stream cannot be trusted past this point
+        self.linger()
         self._closed = True
-        self.close()
         self._wake()
 
     def _on_upgrade(self, rest: bytes) -> None:
         req = self._current
-        if req is None or req.method != "CONNECT":
+        if req is not None and req.method == "GET" and _upgrades_to_websocket(req):
+            req.upgrade = "websocket"  # RFC 6455 section 4.1: answered by the handler, then piped
+        elif req is None or req.method != "CONNECT":
             self._protocol_error(
-                ProxyError(400, "upgrade-not-supported", "protocol upgrades are not proxied")
+                ProxyError(400, "upgrade-not-supported", "only WebSocket upgrades (and CONNECT) are proxied")
             )
             return
         req.complete = True
         req.body = [rest]  # bytes that followed the CONNECT head belong to the tunnel
+        self._upgraded = True
         if self.transport is not None:
             self.transport.pause_reading()
         self._wake()
@@ -353,6 +415,8 @@ class ClientConnection(asyncio.Protocol):
     async def read_body(self, req: Request) -> bytes:
         """The whole body, up to ``limits.max_body_bytes`` (413 above it, 408 when it does not arrive)."""
         limit = self.engine.limits.max_body_bytes
+        if req.over_budget:
+            raise busy()
         if req.too_large or (req.content_length is not None and req.content_length > limit):
             req.too_large = True
             raise ProxyError(
@@ -362,7 +426,10 @@ class ClientConnection(asyncio.Protocol):
             expect = req.header("expect")
             if expect is not None and expect.strip().lower() == "100-continue":
                 self.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-            ok = await self._wait(lambda: req.complete or req.too_large, self.engine.limits.read_s)
+            done = lambda: req.complete or req.too_large or req.over_budget  # noqa: E731
+            ok = await self._wait(done, self.engine.limits.read_s)
+            if req.over_budget:
+                raise busy()
             if req.too_large:
                 raise ProxyError(
                     413, "body-too-large", f"request body exceeds limits.max_body_bytes ({limit} bytes)"
@@ -371,7 +438,9 @@ class ClientConnection(asyncio.Protocol):
                 if self._closed:
                     raise AbortConnection
                 raise ProxyError(408, "request-timeout", "the request body did not arrive in time")
-        return b"".join(req.body)
+        body = b"".join(req.body)
+        req.body = [body]  # the chunks are freed: one copy of the body is held, not two
+        return body
 
     # --- serving ---
     async def _serve(self) -> None:
@@ -384,7 +453,8 @@ class ClientConnection(asyncio.Protocol):
                 req = self._ready.popleft()
                 if (
                     self._reading_paused
-                    and len(self._ready) <= MAX_PIPELINED // 2
+                    and not self._ready
+                    and not self._upgraded
                     and self.transport is not None
                 ):
                     self._reading_paused = False
@@ -396,24 +466,26 @@ class ClientConnection(asyncio.Protocol):
                     keep = await handler.serve(self, req)
                 finally:
                     self.busy = False
+                    self.engine.release(req)
                 if not keep:
                     break
         except Exception:  # a bug: log it, never leave the client hanging
             log.exception("unexpected error serving %s", self.client_ip)
         finally:
-            self.close()
+            current = self._current
+            if current is not None and not current.complete and not self._upgraded:
+                self.linger()  # the client may still be sending a body we refused
+            else:
+                self.close()
+
+
+def _upgrades_to_websocket(req: Request) -> bool:
+    """``Upgrade: websocket`` (the only upgrade we proxy) with no body of its own."""
+    value = req.header("upgrade")
+    tokens = [t.strip().lower() for t in value.split(",")] if value else []
+    return tokens == ["websocket"] and not req.framed
 
 
 def _resolve_future(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
-
-
-def parse_connect_target(raw: str) -> tuple[str, int]:
-    """CONNECT's authority-form target -> (host, port); a port is required."""
-    if ":" not in raw.rsplit("]", 1)[-1]:
-        raise ProxyError(400, "malformed-target", "CONNECT needs host:port")
-    try:
-        return parse_authority(raw, "https")
-    except FieldError as exc:
-        raise ProxyError.of(exc) from None

@@ -3,8 +3,9 @@
 After ``200 Connection Established`` a :class:`TunnelStart` owns the client transport until the
 first byte tells a TLS ClientHello (0x16) from plain HTTP; it then hands the transport to a TLS
 session or straight to a new inner connection protocol. A :class:`BlindTunnel` joins client and
-upstream byte for byte with backpressure and half-close. What to intercept, and what a failure
-means to the operator, is the policy's (``proxy.connect``); it is told through callbacks.
+upstream byte for byte with backpressure and half-close, and closes it after ``idle_s`` with no
+byte moving either way. What to intercept, and what a failure means to the operator, is the
+policy's (``proxy.connect``); it is told through callbacks.
 """
 
 from __future__ import annotations
@@ -139,14 +140,20 @@ class _PipeEnd(asyncio.Protocol):
         self.peer: _PipeEnd | None = None
         self.bytes_in = 0
         self.eof = False
+        self.lost = False
+        self.held: list[bytes] = []  # arrived before the other side joined (a server that speaks first)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = typing.cast(asyncio.Transport, transport)  # uvloop's are not subclasses
 
     def data_received(self, data: bytes) -> None:
         self.bytes_in += len(data)
+        self.tunnel.active()
         out = self.peer.transport if self.peer is not None else None
-        if out is not None and not out.is_closing():
+        if out is None and self.transport is not None:
+            self.held.append(data)  # the client joins after the 200: keep it, read no more until then
+            self.transport.pause_reading()
+        elif out is not None and not out.is_closing():
             out.write(data)
 
     def eof_received(self) -> bool | None:
@@ -160,6 +167,7 @@ class _PipeEnd(asyncio.Protocol):
         return True
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
         self.tunnel.end_lost(self)
 
     def pause_writing(self) -> None:  # our side cannot take more: stop reading the other side
@@ -168,6 +176,7 @@ class _PipeEnd(asyncio.Protocol):
             out.pause_reading()
 
     def resume_writing(self) -> None:
+        self.tunnel.active()  # our side drained: bytes are moving, even if none arrived
         out = self.peer.transport if self.peer is not None else None
         if out is not None and not out.is_closing():
             out.resume_reading()
@@ -178,9 +187,20 @@ class _PipeEnd(asyncio.Protocol):
 
 
 class BlindTunnel:
-    """Client and upstream joined byte for byte: not intercepted, not signed."""
+    """Client and upstream joined byte for byte: not intercepted, not signed.
 
-    def __init__(self, client_ip: str, authority: str, on_finished: Callable[[BlindTunnel], None]) -> None:
+    ``ended`` says how it ended: ``closed`` (a side closed) or ``idle`` (nothing moved either way
+    for ``idle_s``, counted from the last byte read or the last drained write on either side).
+    """
+
+    def __init__(
+        self,
+        client_ip: str,
+        authority: str,
+        on_finished: Callable[[BlindTunnel], None],
+        *,
+        idle_s: float,
+    ) -> None:
         self.client_ip = client_ip
         self.authority = authority
         self.client = _PipeEnd(self)
@@ -188,9 +208,14 @@ class BlindTunnel:
         self.client.peer, self.upstream.peer = self.upstream, self.client
         self.started = time.perf_counter()
         self.attached = False  # the client side joined (after 200); before that only upstream exists
+        self.ended = "closed"
         self._on_finished = on_finished
         self._lost = 0
         self._finished_already = False
+        self._idle_s = idle_s
+        self._loop = asyncio.get_running_loop()
+        self._last_active = self._loop.time()
+        self._idle_timer: asyncio.TimerHandle | None = None
 
     @property
     def duration_s(self) -> float:
@@ -198,19 +223,46 @@ class BlindTunnel:
 
     def attach_client(self, raw: asyncio.Transport, early: bytes) -> None:
         self.attached = True
+        self.active()
+        self._idle_timer = self._loop.call_later(self._idle_s, self._check_idle)
         raw.set_protocol(self.client)
         self.client.connection_made(raw)
+        held, self.upstream.held = self.upstream.held, []
+        for data in held:
+            raw.write(data)
+        if held and self.upstream.transport is not None and not self.upstream.transport.is_closing():
+            self.upstream.transport.resume_reading()
         if early:
             self.client.data_received(early)
         raw.resume_reading()
+
+    def active(self) -> None:
+        """Bytes moved: the idle clock starts again (a timestamp; the timer re-arms when it fires)."""
+        self._last_active = self._loop.time()
+
+    def _check_idle(self) -> None:
+        self._idle_timer = None
+        silent = self._loop.time() - self._last_active
+        if silent < self._idle_s:
+            self._idle_timer = self._loop.call_later(self._idle_s - silent, self._check_idle)
+            return
+        self.ended = "idle"
+        # abort, not close: what is still buffered has not moved for idle_s and would hold the socket
+        for end in (self.client, self.upstream):
+            if end.transport is not None and not end.lost:
+                end.transport.abort()
 
     def end_lost(self, end: _PipeEnd) -> None:
         self._lost += 1
         self.close()  # one side gone: the other is closed once its buffered bytes are written
         if self._lost >= (2 if self.attached else 1) and not self._finished_already:
             self._finished_already = True
+            if self._idle_timer is not None:
+                self._idle_timer.cancel()
+                self._idle_timer = None
             self._on_finished(self)
 
     def close(self) -> None:
+        """Close both sides once their buffered bytes are written (the idle timer still bounds that)."""
         self.client.close()
         self.upstream.close()

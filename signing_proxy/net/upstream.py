@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import socket
 import ssl
 import time
@@ -35,6 +36,8 @@ __all__ = [
 ]
 
 POOL_IDLE_S = 30.0  # close pooled connections idle this long (below common server keep-alive of 60-75 s)
+COALESCE_MAX_BYTES = 64 * 1024  # our choice: bodies up to this go in one write with their head
+MAX_RESPONSE_HEAD_BYTES = 64 * 1024  # limits.max_response_header_bytes default: above it, 502
 
 
 def client_tls_context(ca_file: str | None = None, *, only: str | None = None) -> ssl.SSLContext:
@@ -82,12 +85,20 @@ class ResponseSink(Protocol):
     def on_fail(self, error: ProxyError) -> None: ...
 
 
+class _HeadTooLarge(Exception):
+    """The upstream's response head passed ``max_head_bytes`` before it ended."""
+
+
 class UpstreamConnection(asyncio.Protocol):
     """One keep-alive connection to one upstream origin, serving one exchange at a time."""
 
-    def __init__(self, key: tuple[str, str, int], read_timeout_s: float) -> None:
+    def __init__(
+        self, key: tuple[str, str, int], read_timeout_s: float, max_head_bytes: int = MAX_RESPONSE_HEAD_BYTES
+    ) -> None:
         self.key = key
         self.read_timeout_s = read_timeout_s
+        self.max_head_bytes = max_head_bytes  # limits.max_response_header_bytes: counted while it arrives
+        self._head_fed = 0
         self.transport: asyncio.Transport | None = None
         self.sink: ResponseSink | None = None
         self.reusable = False
@@ -120,8 +131,23 @@ class UpstreamConnection(asyncio.Protocol):
             self.reusable = False
             self.close()
             return
+        rest = b""
+        if not self._head_sent:  # a response head is bounded while it arrives, like a request head
+            room = self.max_head_bytes - self._head_fed
+            data, rest = data[:room], data[room:]
+            self._head_fed += len(data)
         try:
-            self._parser.feed_data(data)
+            self._parser.feed_data(data)  # the head, or (once it is complete) body and what follows
+            if rest:
+                if not self._head_sent:  # the limit was reached and the head has not ended
+                    raise _HeadTooLarge
+                if self._parser is not None:  # a HEAD answer completes at its head: nothing more is parsed
+                    self._parser.feed_data(rest)
+        except _HeadTooLarge:
+            self._fail(
+                ProxyError(502, "upstream-header-too-large", "upstream response head exceeds the limit")
+            )
+            return
         except httptools.HttpParserError as exc:
             self._fail(ProxyError(502, "upstream-bad-response", f"malformed response from upstream ({exc})"))
             return
@@ -153,7 +179,8 @@ class UpstreamConnection(asyncio.Protocol):
         self._status_reason += status
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._headers.append((name, value))
+        if not self._head_sent:  # after the head: chunked trailers, never forwarded (we re-frame)
+            self._headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         parser = self._parser
@@ -199,8 +226,8 @@ class UpstreamConnection(asyncio.Protocol):
             self._complete()
 
     # --- driving one exchange ---
-    def start(self, request: bytes, sink: ResponseSink, *, head_only: bool) -> None:
-        """Send one request; the response goes to ``sink``."""
+    def start(self, head: bytes, body: bytes, sink: ResponseSink, *, head_only: bool) -> None:
+        """Send one request (head, then body); the response goes to ``sink``."""
         assert self.transport is not None
         self._cancel_timers()
         self.sink = sink
@@ -209,11 +236,16 @@ class UpstreamConnection(asyncio.Protocol):
         self._status_reason = b""
         self._headers = []
         self._head_sent = False
+        self._head_fed = 0
         self._got_bytes = False
         self._close_delimited = False
         self._last_activity = time.monotonic()
         self._timer = asyncio.get_running_loop().call_later(self.read_timeout_s, self._check_timeout)
-        self.transport.write(request)
+        if len(body) <= COALESCE_MAX_BYTES:
+            self.transport.write(head + body if body else head)  # one segment for small requests
+        else:
+            self.transport.write(head)  # a large body is not copied once more to join it to its head
+            self.transport.write(body)
 
     def _check_timeout(self) -> None:
         idle = time.monotonic() - self._last_activity
@@ -273,15 +305,32 @@ _P = typing.TypeVar("_P", bound=asyncio.Protocol)
 
 
 async def open_upstream(
-    factory: Callable[[], _P], host: str, port: int, *, tls: ssl.SSLContext | None, timeout_s: float
+    factory: Callable[[], _P],
+    host: str,
+    port: int,
+    *,
+    tls: ssl.SSLContext | None,
+    timeout_s: float,
+    address: str | None = None,
 ) -> _P:
-    """Connect (and handshake) within ``timeout_s``; every failure is a ProxyError naming its cause."""
+    """Connect (and handshake) within ``timeout_s``; every failure is a ProxyError naming its cause.
+
+    With ``address`` (vetted by ``net.egress``) the socket goes to that address, never resolving
+    ``host`` again, while TLS SNI and certificate checks stay with ``host``.
+    """
     authority = f"{host}:{port}"
     bare = host.strip("[]")
     loop = asyncio.get_running_loop()
     try:
         _transport, protocol = await asyncio.wait_for(
-            loop.create_connection(factory, bare, port, ssl=tls, server_hostname=bare if tls else None),
+            loop.create_connection(
+                factory,
+                bare if address is None else address,
+                port,
+                ssl=tls,
+                server_hostname=bare if tls else None,
+                flags=0 if address is None else socket.AI_NUMERICHOST,  # a vetted address: no DNS at all
+            ),
             timeout_s,
         )
     except TimeoutError:
@@ -298,6 +347,9 @@ async def open_upstream(
     except socket.gaierror:
         raise ProxyError(502, "upstream-dns-failed", f"cannot resolve {bare}") from None
     except OSError as exc:
+        if address is not None:  # asyncio's text names the address: callers may show details to strangers
+            cause = os.strerror(exc.errno) if exc.errno else "connection failed"
+            raise ProxyError(502, "upstream-connect-failed", f"{authority}: {cause}") from None
         raise ProxyError(502, "upstream-connect-failed", f"{authority}: {exc.strerror or exc}") from None
     return protocol
 
@@ -305,7 +357,15 @@ async def open_upstream(
 class UpstreamPool:
     """Idle keep-alive connections per (scheme, host, port); opens new ones with bounded waits."""
 
-    def __init__(self, config: UpstreamConfig, *, connect_timeout_s: float, read_timeout_s: float) -> None:
+    def __init__(
+        self,
+        config: UpstreamConfig,
+        *,
+        connect_timeout_s: float,
+        read_timeout_s: float,
+        max_head_bytes: int = MAX_RESPONSE_HEAD_BYTES,
+    ) -> None:
+        self.max_head_bytes = max_head_bytes
         self.config = config
         self.connect_timeout_s = connect_timeout_s
         self.read_timeout_s = read_timeout_s
@@ -332,11 +392,39 @@ class UpstreamPool:
         key = (target.scheme, target.host, target.port)
         tls = self._tls_for(target.host) if target.scheme == "https" else None
         conn = await open_upstream(
-            lambda: UpstreamConnection(key, self.read_timeout_s),
+            lambda: UpstreamConnection(key, self.read_timeout_s, self.max_head_bytes),
             target.host,
             target.port,
             tls=tls,
             timeout_s=self.connect_timeout_s,
+        )
+        self.connections_opened += 1
+        return conn
+
+    async def open(self, target: Target, factory: Callable[[], _P]) -> _P:
+        """A fresh connection with this pool's TLS settings and connect timeout, never pooled (a
+        protocol switch such as a WebSocket takes the connection over)."""
+        tls = self._tls_for(target.host) if target.scheme == "https" else None
+        protocol = await open_upstream(
+            factory, target.host, target.port, tls=tls, timeout_s=self.connect_timeout_s
+        )
+        self.connections_opened += 1
+        return protocol
+
+    async def connect_vetted(self, target: Target, address: str) -> UpstreamConnection:
+        """A fresh connection to ``address`` (vetted by ``net.egress``) speaking for ``target``'s host.
+
+        SNI, certificate verification (``pin_ca_files`` by host) and ``Host`` are for the name. Never
+        taken from nor given to the pool: the caller closes it after one exchange.
+        """
+        key = (target.scheme, target.host, target.port)
+        conn = await open_upstream(
+            lambda: UpstreamConnection(key, self.read_timeout_s, self.max_head_bytes),
+            target.host,
+            target.port,
+            tls=self._tls_for(target.host) if target.scheme == "https" else None,
+            timeout_s=self.connect_timeout_s,
+            address=address,
         )
         self.connections_opened += 1
         return conn

@@ -9,7 +9,7 @@ import ipaddress
 from pathlib import Path
 
 from ..config import AccessConfig
-from ..errors import ProxyError
+from ..errors import ConfigError, ProxyError
 
 __all__ = ["AccessControl"]
 
@@ -38,14 +38,15 @@ class AccessControl:
                     continue
                 user, sep, password = line.partition(":")
                 if not sep or not user or not password:
-                    raise ProxyError(
-                        500,
-                        "proxy-auth-malformed",
+                    raise ConfigError(
                         f"access.proxy_auth_file line {number}: expected user:password",
+                        reason="proxy-auth-malformed",
                     )
                 self._credentials[user.encode()] = password.encode()
             if not self._credentials:
-                raise ProxyError(500, "proxy-auth-malformed", "access.proxy_auth_file holds no credentials")
+                raise ConfigError(
+                    "access.proxy_auth_file holds no credentials", reason="proxy-auth-malformed"
+                )
 
     @property
     def requires_auth(self) -> bool:

@@ -4,7 +4,8 @@
 problem responses before any ``200``: client allow-list, proxy credentials, the authority-form
 target, and ``intercept.allowed_ports``. A host matching ``intercept.tunnel`` becomes a blind TCP
 tunnel (upstream connected first, so a failure is still a 502; then bytes flow both ways with
-backpressure and half-close; never signed, counted and logged as ``tunnelled``). Every other
+backpressure and half-close until ``timeouts.client_idle_s`` of silence both ways; never signed,
+counted and logged as ``tunnelled``, the line saying whether it ended ``idle``). Every other
 host is intercepted: after ``200 Connection Established`` the first byte tells a TLS ClientHello
 (0x16) from plain HTTP. TLS is terminated with a leaf minted by our CA for the CONNECT host
 (a ClientHello naming another host in SNI is refused with ``unrecognized_name``); either way a
@@ -92,12 +93,8 @@ class ConnectHandler:
             try:
                 self.ca = load_interception_ca(config)
                 self.leaves = LeafContextCache(self.ca, self.config.leaf_cache_size)
-            except CAError as exc:
-                raise ProxyError(500, exc.reason, f"interception CA: {exc.detail or exc.reason}") from None
             except OSError as exc:
-                raise ProxyError(
-                    500, "ca-unavailable", f"interception CA: cannot prepare leaf contexts ({exc})"
-                ) from None
+                raise CAError("ca-unavailable", f"cannot prepare leaf contexts ({exc})") from None
         self._sni_callback = self._check_sni
         self._handshakes: weakref.WeakKeyDictionary[ssl.SSLObject, TunnelStart] = weakref.WeakKeyDictionary()
         self._starting: set[TunnelStart] = set()
@@ -136,7 +133,7 @@ class ConnectHandler:
             )
         early = b"".join(req.body)
         if any(host_matches(pattern, host) for pattern in self.config.tunnel):
-            return await self._blind(conn, host, port, early, policy.connect_timeout_s)
+            return await self._blind(conn, host, port, early, policy)
         if self.leaves is None:
             raise ProxyError(
                 403,
@@ -235,10 +232,10 @@ class ConnectHandler:
 
     # --- blind tunnels ---
     async def _blind(
-        self, conn: ClientConnection, host: str, port: int, early: bytes, connect_timeout_s: float
+        self, conn: ClientConnection, host: str, port: int, early: bytes, policy: Policy
     ) -> tuple[int, str]:
-        tunnel = BlindTunnel(conn.client_ip, f"{host}:{port}", self._tunnel_finished)
-        await open_upstream(lambda: tunnel.upstream, host, port, tls=None, timeout_s=connect_timeout_s)
+        tunnel = BlindTunnel(conn.client_ip, f"{host}:{port}", self._tunnel_finished, idle_s=policy.idle_s)
+        await open_upstream(lambda: tunnel.upstream, host, port, tls=None, timeout_s=policy.connect_timeout_s)
         raw = conn.take_over()
         if raw is None:
             tunnel.close()
@@ -261,6 +258,7 @@ class ConnectHandler:
             bytes_up=tunnel.client.bytes_in,
             bytes_down=tunnel.upstream.bytes_in,
             outcome="tunnelled",
+            ended=tunnel.ended,  # "idle": closed after timeouts.client_idle_s with no byte either way
         )
 
     # --- lifecycle ---

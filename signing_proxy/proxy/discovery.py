@@ -4,13 +4,18 @@ Spec "What the service does" 5-6: an agent that crawls a publisher directly is r
 with 403 and ``X-Content-Rules``, and continues through the publisher's manifest
 (``/.well-known/svc.json``) to an authorized exchange. In ``follow`` mode the proxy holds such a
 refusal before any byte of it reaches the agent (``net.forward``'s ``hold``), resolves the manifest
-address (the header value when it is an http(s) URL, else ``{origin}/.well-known/svc.json``; on the
-refusing origin's site unless ``allow_cross_site``; never plain HTTP for an HTTPS origin), fetches
-it signed through the pipeline (the ``fetch`` it is given), validates it (``core.manifest``),
-caches it for its ``Cache-Control`` lifetime clamped to ``[cache_min_s, cache_max_s]``, optionally calls
-DiscoverResources at the first DIRECT exchange, and answers the agent: status 403 and the edge's
-fields kept, ``Link: <manifest>; rel="describedby"`` added, and an ``application/problem+json`` body
-with reason ``content-rules`` listing the authorized exchanges (or why the manifest was refused).
+address (the header value when it is an http(s) URL, else ``{origin}/.well-known/svc.json``; never
+plain HTTP for an HTTPS origin) and fetches it signed through the pipeline (the ``fetch`` it is
+given): on the refusing origin itself (same scheme, host and port) as the agent's own request would
+go; on any other origin only with ``allow_cross_site``, and then through the egress policy
+(``net.egress``: https, public addresses unless allow-listed, no userinfo or fragment, no redirects,
+bounded size and time). It validates the manifest (``core.manifest``), caches it for its
+``Cache-Control`` lifetime clamped to ``[cache_min_s, cache_max_s]``, optionally calls
+DiscoverResources at the first DIRECT exchange (always through the egress policy; the answer is
+shown only when it is a 200 JSON object), and answers the agent: status 403 and the edge's fields
+kept, ``Link: <manifest>; rel="describedby"`` added, and an ``application/problem+json`` body with
+reason ``content-rules`` listing the authorized exchanges (or why the manifest was refused). A
+refused or failed fetch shows a stable reason and a generic detail; the full cause goes to the log.
 ``passthrough`` only adds the ``Link`` to the edge's own answer; ``off`` (and relay mode, where the
 agent's own proxy discovers) leaves the 403 alone.
 """
@@ -26,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..config import DiscoveryConfig
-from ..core.errors import FieldError, ManifestError, ProtocolError
+from ..core.errors import Error, FieldError, ManifestError, ProtocolError
 from ..core.manifest import (
     MANIFEST_MEDIA_TYPE,
     AuthorizedExchange,
@@ -35,10 +40,9 @@ from ..core.manifest import (
     WellKnownManifest,
     manifest_address,
     parse_manifest,
-    same_site,
 )
 from ..core.uri import Target, parse_absolute_uri
-from ..errors import ProxyError, problem_body
+from ..errors import EgressError, ProxyError, problem_body
 from ..net.client import FetchedResponse
 from ..net.framing import HOP_BY_HOP
 from ..net.upstream import ResponseHead
@@ -56,6 +60,7 @@ __all__ = [
     "content_rules",
     "exchange_json",
     "link_value",
+    "same_origin_as",
 ]
 
 log = logging.getLogger("signing_proxy.discovery")
@@ -69,32 +74,38 @@ DISCOVER_MAX_BYTES = 1024 * 1024  # our choice: the spec gives no body-size limi
 NEGATIVE_TTL_S = 30.0  # our choice: a refused or unreachable manifest is retried after this (or cache_min_s)
 MAX_CACHED_MANIFESTS = 1024  # our choice: bound on the manifest cache (oldest entry dropped)
 
+# What the agent is told when a fetch fails: a stable reason and one of these generic details. The
+# cause (an address class, a socket error, a certificate name) goes to the log only (DESIGN.md 7).
+_EGRESS_DETAIL = {
+    "egress-scheme": "only https:// is fetched here (plain http:// only from egress.allow_private)",
+    "egress-userinfo": "a URL with userinfo (user:password@) is not fetched",
+    "egress-fragment": "a URL with a fragment ('#') is not fetched",
+    "egress-query": "an exchange endpoint is a base URL: it may not carry a query ('?')",
+    "egress-host": "the host is not a valid DNS name or IP address",
+    "egress-url": "the URL is too long or has characters not allowed in a URL",
+    "egress-address": "the host is not a public address and not in egress.allow_private",
+    "egress-unresolvable": "the host name does not resolve",
+}
+_FETCH_FAILED = "the fetch failed; the cause is in the proxy's log"
+
 # Fields describing the edge's body, which discovery replaces; framing and hop-by-hop go as always.
 _REPLACED = frozenset(
     name.encode()
     for name in (
         *HOP_BY_HOP,
-        "content-length",
-        "content-type",
-        "content-encoding",
-        "content-language",
-        "content-location",
-        "content-range",
-        "content-digest",
-        "repr-digest",
-        "digest",
-        "content-md5",
-        "etag",
-        "last-modified",
-        "accept-ranges",
-        "cache-control",
-        "expires",
+        *(f"content-{n}" for n in ("length", "type", "encoding", "language", "location", "range")),
+        *("content-digest", "repr-digest", "digest", "content-md5", "etag", "last-modified"),
+        *("accept-ranges", "cache-control", "expires"),
     )
 )
 
 
 class Fetch(Protocol):
-    """A signed fetch through the proxy's pipeline and its one client; ``ProxyError`` with a reason."""
+    """A signed fetch through the proxy's pipeline and its one client; ``ProxyError`` with a reason.
+
+    ``egress=True``: a URL named by a remote party, so the egress policy (``EgressError``) and its
+    time bound apply; otherwise the request goes as the agent's own would.
+    """
 
     async def __call__(
         self,
@@ -104,6 +115,7 @@ class Fetch(Protocol):
         body: bytes = b"",
         headers: tuple[tuple[str, str], ...] = (),
         max_bytes: int,
+        egress: bool = False,
     ) -> FetchedResponse: ...
 
 
@@ -173,8 +185,9 @@ class Discovery:
         self._requester = requester
         self._counter = count
         self.clock = clock
-        self._cache: dict[str, _Entry] = {}
-        self._inflight: dict[str, asyncio.Future[WellKnownManifest]] = {}
+        # keyed by (egress, url): what the agent's origin served is not an answer for a stranger's naming
+        self._cache: dict[tuple[bool, str], _Entry] = {}
+        self._inflight: dict[tuple[bool, str], asyncio.Future[WellKnownManifest]] = {}
         self.fetches = 0  # manifest fetches sent (cache misses)
 
     @property
@@ -193,41 +206,56 @@ class Discovery:
             return True
         try:
             url = self.address(rules, target)
-        except ManifestError as exc:
-            log.info("not linking the manifest of %s: %s", target.host, exc.reason)
+        except (ManifestError, EgressError, ValueError) as exc:
+            log.info("not linking the manifest of %s: %s", target.host, getattr(exc, "reason", exc))
             return False
         head.headers.append((b"Link", link_value(url).encode("latin-1")))
         return False
 
     # --- the steps ---
     def address(self, x_content_rules: str, target: Target) -> str:
-        """The manifest URL for a refusal of ``target``; ManifestError when the site rules refuse it."""
+        """The manifest URL for a refusal of ``target``; ManifestError (or EgressError) when refused."""
         url = manifest_address(x_content_rules, target.uri)
-        if not self.config.allow_cross_site and not same_site(url, target.uri):
-            raise ManifestError(
-                "manifest-cross-site",
-                f"{url} is not on the site of {target.host} (discovery.allow_cross_site is false)",
-            )
         if target.scheme == "https" and not url.startswith("https://"):
             raise ManifestError("manifest-insecure", f"{url}: the manifest of an https origin needs https")
+        if same_origin_as(url, target):
+            return url
+        if not self.config.allow_cross_site:
+            raise ManifestError(
+                "manifest-cross-site",
+                f"{url} is not on the refusing origin {target.scheme}://{target.authority} "
+                "(discovery.allow_cross_site is false)",
+            )
+        # manifest_address drops these; a stranger's URL that carries them is refused, not repaired
+        named = _unquoted(x_content_rules)
+        authority = named.partition("://")[2].split("/", 1)[0].split("?", 1)[0]
+        if "@" in authority:
+            raise EgressError("egress-userinfo", _EGRESS_DETAIL["egress-userinfo"])
+        if "#" in named:
+            raise EgressError("egress-fragment", _EGRESS_DETAIL["egress-fragment"])
         return url
 
-    async def manifest(self, url: str) -> WellKnownManifest:
-        """The validated publisher manifest at ``url``, cached; raises ManifestError with its reason."""
-        entry = self._cache.get(url)
+    async def manifest(self, url: str, *, same_origin: bool = False) -> WellKnownManifest:
+        """The validated publisher manifest at ``url``, cached; raises ManifestError with its reason.
+
+        ``same_origin``: ``url`` is on the refusing origin, fetched as the agent's request would be;
+        otherwise (the default) it is a stranger's URL and goes through the egress policy.
+        """
+        key = (not same_origin, url)
+        entry = self._cache.get(key)
         if entry is not None and self.clock() < entry.expires_at:
             self._count("manifest_hits")
             if entry.manifest is not None:
                 return entry.manifest
             assert entry.error is not None
             raise ManifestError(entry.error.reason, entry.error.detail)
-        inflight = self._inflight.get(url)
+        inflight = self._inflight.get(key)
         if inflight is not None:  # one fetch per URL at a time; concurrent refusals share it
             return await asyncio.shield(inflight)
         future: asyncio.Future[WellKnownManifest] = asyncio.get_running_loop().create_future()
-        self._inflight[url] = future
+        self._inflight[key] = future
         try:
-            manifest = await self._fetch(url)
+            manifest = await self._fetch(url, egress=not same_origin)
         except ManifestError as exc:
             future.set_exception(exc)
             future.exception()  # retrieved: waiters get it too, no "never retrieved" warning
@@ -240,39 +268,36 @@ class Discovery:
             future.set_result(manifest)
             return manifest
         finally:
-            del self._inflight[url]
+            del self._inflight[key]
 
     def _count(self, counter: str) -> None:
         if self._counter is not None:
             self._counter(counter)
 
-    async def _fetch(self, url: str) -> WellKnownManifest:
+    async def _fetch(self, url: str, *, egress: bool) -> WellKnownManifest:
         self.fetches += 1
         self._count("manifest_fetches")
+        limit = self.config.max_manifest_bytes
         try:
             answer = await self._fetch_signed(
-                "GET",
-                url,
-                headers=(("Accept", MANIFEST_MEDIA_TYPE),),
-                max_bytes=self.config.max_manifest_bytes,
+                "GET", url, headers=(("Accept", MANIFEST_MEDIA_TYPE),), max_bytes=limit, egress=egress
             )
-        except ProxyError as exc:
-            too_large = exc.reason == "response-too-large"
-            error = ManifestError(
-                "manifest-too-large" if too_large else "manifest-fetch-failed",
-                f"{url}: larger than {self.config.max_manifest_bytes} bytes"
-                if too_large
-                else f"{url}: {exc.reason} ({exc.detail})",
-            )
+        except (ProxyError, EgressError) as exc:
+            log.info("manifest %s not fetched: %s (%s)", url, exc.reason, exc.detail)
+            if exc.reason == "response-too-large":
+                error = ManifestError("manifest-too-large", f"{url}: larger than {limit} bytes")
+            elif isinstance(exc, EgressError):  # its own stable reason: egress-address, egress-scheme, ...
+                error = ManifestError(*_failure(exc))
+            else:
+                reason, detail = _failure(exc)
+                error = ManifestError("manifest-fetch-failed", f"{url}: {reason} ({detail})")
         else:
             if answer.status != 200:
-                error = ManifestError("manifest-fetch-failed", f"{url} answered {answer.status}")
+                error = ManifestError("manifest-fetch-failed", f"{url} answered {_status(answer.status)}")
             else:
                 try:
                     manifest = parse_manifest(
-                        answer.body,
-                        served_host=parse_absolute_uri(url).host,
-                        max_bytes=self.config.max_manifest_bytes,
+                        answer.body, served_host=parse_absolute_uri(url).host, max_bytes=limit
                     )
                     if manifest.role is not Role.ROLE_PUBLISHER:
                         raise ManifestError(
@@ -284,24 +309,28 @@ class Discovery:
                     ttl = ttl_from_cache_control(
                         answer.header("cache-control"), self.config.cache_min_s, self.config.cache_max_s
                     )
-                    self._store(url, _Entry(manifest, None, self.clock() + ttl))
+                    self._store((egress, url), _Entry(manifest, None, self.clock() + ttl))
                     log.info(
                         "manifest %s: %d authorized exchanges, cached %gs", url, len(manifest.exchanges), ttl
                     )
                     return manifest
         log.info("manifest %s refused: %s", url, error.reason)
         negative_ttl = min(NEGATIVE_TTL_S, float(self.config.cache_min_s))
-        self._store(url, _Entry(None, error, self.clock() + negative_ttl))
+        self._store((egress, url), _Entry(None, error, self.clock() + negative_ttl))
         raise error
 
-    def _store(self, url: str, entry: _Entry) -> None:
-        self._cache.pop(url, None)
+    def _store(self, key: tuple[bool, str], entry: _Entry) -> None:
+        self._cache.pop(key, None)
         while len(self._cache) >= MAX_CACHED_MANIFESTS:
             del self._cache[next(iter(self._cache))]  # the oldest insertion
-        self._cache[url] = entry
+        self._cache[key] = entry
 
     async def discover_resources(self, manifest: WellKnownManifest, uri: str) -> dict[str, object]:
-        """POST DiscoverResources for ``uri`` at the first DIRECT exchange; its answer or why not."""
+        """POST DiscoverResources for ``uri`` at the first DIRECT exchange; its answer or why not.
+
+        The endpoint is a stranger's URL: it goes through the egress policy, and the answer is shown
+        only when it is a DiscoverResources response (status 200, a JSON object, within the bound).
+        """
         direct = ProviderRelationship.PROVIDER_RELATIONSHIP_DIRECT
         exchange = next((x for x in manifest.exchanges if x.relationship is direct), None)
         if exchange is None:
@@ -310,6 +339,10 @@ class Discovery:
             }
         url = exchange.endpoint.rstrip("/") + DISCOVER_RESOURCES_PATH
         out: dict[str, object] = {"exchange": exchange.domain, "url": url}
+        if "?" in exchange.endpoint:  # the path would land in the query: ``/admin?x=`` + the method path
+            log.info("DiscoverResources at %s not sent: egress-query (the endpoint has a query)", url)
+            out["error"] = {"reason": "egress-query", "detail": _EGRESS_DETAIL["egress-query"]}
+            return out
         body: dict[str, object] = {"ver": ENVELOPE_VERSION, "exchange": exchange.domain}
         source = self._requester()
         if source is None:
@@ -340,21 +373,31 @@ class Discovery:
                 body=json.dumps(body, separators=(",", ":")).encode(),
                 headers=(("Content-Type", "application/json"), ("Accept", "application/json")),
                 max_bytes=DISCOVER_MAX_BYTES,
+                egress=True,
             )
-        except ProxyError as exc:
-            out["error"] = {"reason": exc.reason, "detail": exc.detail}
+        except (ProxyError, EgressError) as exc:
+            log.info("DiscoverResources at %s failed: %s (%s)", url, exc.reason, exc.detail)
+            reason, detail = _failure(exc)
+            out["error"] = {"reason": reason, "detail": detail}
             return out
         out["status"] = answer.status
         try:
-            out["response"] = json.loads(answer.body)
+            response = json.loads(answer.body)
         except (UnicodeDecodeError, ValueError, RecursionError):
-            out["error"] = {"reason": "discover-resources-malformed", "detail": "the answer is not JSON"}
+            response = None
+        if not isinstance(response, dict):  # whatever else it is, it is not shown (an internal page, ...)
+            out["error"] = {
+                "reason": "discover-resources-malformed",
+                "detail": "the answer is not a JSON object",
+            }
             return out
-        if answer.status != 200:
+        if answer.status != 200:  # an error document is not a DiscoverResources response: not shown
             out["error"] = {
                 "reason": "discover-resources-refused",
-                "detail": f"{exchange.domain} answered {answer.status}",
+                "detail": f"{exchange.domain} answered {_status(answer.status)}",
             }
+            return out
+        out["response"] = response
         return out
 
     async def find(self, x_content_rules: str, target: Target) -> Finding:
@@ -362,12 +405,12 @@ class Discovery:
         doc: dict[str, object] = {"uri": target.uri, "x_content_rules": x_content_rules}
         try:
             url = self.address(x_content_rules, target)
-        except (ManifestError, ValueError, FieldError) as exc:
+        except (ManifestError, EgressError, ValueError, FieldError) as exc:
             doc["manifest_error"] = _error_json(exc)
             return Finding(None, None, doc)
         doc["manifest_url"] = url
         try:
-            manifest = await self.manifest(url)
+            manifest = await self.manifest(url, same_origin=same_origin_as(url, target))
         except ManifestError as exc:
             doc["manifest_error"] = _error_json(exc)
             return Finding(url, None, doc)
@@ -412,7 +455,37 @@ class Discovery:
         return b"\r\n".join(lines) + b"\r\n\r\n", body
 
 
+def same_origin_as(url: str, target: Target) -> bool:
+    """Whether ``url`` is on ``target``'s origin: the same scheme, host and port (RFC 6454)."""
+    try:
+        other = parse_absolute_uri(url)
+    except FieldError:
+        return False
+    return (other.scheme, other.host, other.port) == (target.scheme, target.host, target.port)
+
+
+def _unquoted(x_content_rules: str) -> str:
+    """The ``X-Content-Rules`` value without the quotes or angle brackets ``manifest_address`` drops."""
+    value = x_content_rules.strip()
+    if len(value) >= 2 and (value[0], value[-1]) in (('"', '"'), ("<", ">")):
+        value = value[1:-1].strip()
+    return value
+
+
+def _status(status: int) -> str:
+    return f"{status} (redirects are not followed)" if 300 <= status < 400 else str(status)
+
+
+def _failure(exc: ProxyError | EgressError) -> tuple[str, str]:
+    """The stable reason of a failed fetch and a generic detail (never addresses or error texts)."""
+    if isinstance(exc, EgressError):
+        return exc.reason, _EGRESS_DETAIL.get(exc.reason, "the egress policy refuses this URL")
+    if exc.reason == "response-too-large":
+        return exc.reason, "the answer is larger than the size bound"
+    return exc.reason, _FETCH_FAILED
+
+
 def _error_json(exc: Exception) -> dict[str, str]:
-    if isinstance(exc, ProtocolError):
+    if isinstance(exc, Error):
         return {"reason": exc.reason, "detail": exc.detail}
     return {"reason": "manifest-address-invalid", "detail": str(exc)}

@@ -3,8 +3,10 @@
 ``ProxyHandler`` is the ``net.server.Handler`` of the proxy port. Per request: access control, where
 the request goes (absolute-form target, a sidecar route, the port's own ``/healthz``, ``/readyz``,
 ``/metrics``, or CONNECT), the body up to the limit, the mode's pipeline (sign, or verify and stack a
-relay label), forward (``net.forward``), and discovery's answer to a held 403. Nothing the pipeline
-refuses is forwarded; every refusal is a problem+json response with a stable reason.
+relay label), forward (``net.forward``), and discovery's answer to a held 403. An ExecuteTransaction
+call we signed is tapped on its way back (a bounded copy of the body) so that ``transactions`` learns
+the retrieval URLs it binds before the agent sees the answer end. Nothing the pipeline refuses is
+forwarded; every refusal is a problem+json response with a stable reason.
 
 The handler is given what it uses, never the app: a :class:`Policy` (replaced whole on a
 configuration reload, so a request sees the old or the new, never a mix) and the stable parts.
@@ -12,6 +14,7 @@ configuration reload, so a request sees the old or the new, never a mix) and the
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -24,12 +27,17 @@ from ..metrics import Metrics
 from ..net.forward import ResponseStream, forward
 from ..net.framing import Outgoing
 from ..net.server import AbortConnection, ClientConnection, Request
+from ..net.tunnel import BlindTunnel
 from ..net.upstream import UpstreamPool
+from ..net.websocket import switch
 from .access import AccessControl
 from .accesslog import AccessLog
 from .discovery import Discovery
+from .transactions import TransactionKeys
 
 __all__ = ["LocalEndpoint", "Policy", "Prepare", "ProxyHandler", "Routes"]
+
+log = logging.getLogger("signing_proxy.proxy")
 
 LocalEndpoint = Callable[[ClientConnection, Request], int]
 _CLOSING_STATUSES = frozenset({400, 403, 413, 431})  # the rest of the connection cannot be trusted
@@ -71,6 +79,7 @@ class Policy:
     mode: str
     access: AccessControl
     connect_timeout_s: float
+    idle_s: float  # timeouts.client_idle_s: a piped WebSocket (and a blind tunnel) closes after this silence
     routes: Routes
     prepare: Prepare
     access_log: AccessLog
@@ -92,6 +101,7 @@ class ProxyHandler:
         local: Callable[[str], LocalEndpoint | None],
         discovery: Discovery | None,
         draining: Callable[[], bool],
+        transactions: TransactionKeys | None = None,
     ) -> None:
         self.policy = policy
         self.pool = pool
@@ -99,13 +109,14 @@ class ProxyHandler:
         self.local = local
         self.discovery = discovery
         self.draining = draining
+        self.transactions = transactions  # retrieval URLs bound by forwarded ExecuteTransaction answers
         self.connect: ConnectPolicy | None = None  # set once the CONNECT policy exists (it needs the engine)
         self._observe_latency = metrics.upstream_latency.observe
 
     def count(self, outcome: str) -> None:
         """Count one request's outcome (and tunnels by kind)."""
         self.metrics.request(self.policy.mode, outcome)
-        if outcome in ("intercepted", "tunnelled"):
+        if outcome in ("intercepted", "tunnelled", "websocket"):
             self.metrics.tunnel(outcome)
 
     # --- net.server.Handler ---
@@ -115,10 +126,11 @@ class ProxyHandler:
     async def serve(self, conn: ClientConnection, req: Request) -> bool:
         policy = self.policy
         started = time.perf_counter()
+        written_before = conn.written
         outcome, status, keyid, host, sent_out = "error", 0, None, "-", 0
         try:
             if req.method == "CONNECT":  # refused (ProxyError) or the tunnel takes the transport over
-                host = req.url.decode("latin-1")
+                host = req.url.decode("latin-1").rpartition("@")[2]  # userinfo is never logged
                 if self.connect is None:
                     raise ProxyError(405, "connect-not-supported", "CONNECT is not served here")
                 status, outcome = await self.connect.handle(conn, req)
@@ -130,6 +142,9 @@ class ProxyHandler:
                 outcome = "local"
                 return conn.keep_alive
             assert target is not None
+            if req.upgrade is not None:
+                status, outcome, keyid, sent_out = await self._websocket(conn, req, target, policy)
+                return False
             body = await conn.read_body(req)
 
             def build() -> Awaitable[Outgoing]:
@@ -137,6 +152,8 @@ class ProxyHandler:
 
             outgoing = await build()
             keyid = outgoing.keyid
+            transactions = self.transactions
+            tap = transactions.tap_for(req.method, target, keyid) if transactions is not None else None
             stream = await forward(
                 conn,
                 self.pool,
@@ -144,6 +161,7 @@ class ProxyHandler:
                 build,
                 hold=self.discovery.holds if self.discovery is not None else None,
                 on_latency=self._observe_latency,
+                tap=tap,
             )
             if stream.held is not None:
                 await self._answer_refusal(conn, stream)
@@ -166,6 +184,15 @@ class ProxyHandler:
         except AbortConnection:
             outcome = "aborted"
             conn.abort()
+            return False
+        except Exception:  # a bug: the request still gets an answer, the log gets the traceback
+            log.exception("unexpected error serving %s %s", req.method, host)
+            status, outcome = 500, "internal-error"
+            self.count(outcome)
+            if conn.written > written_before:  # an answer had begun: only closing is honest now
+                conn.abort()
+            else:
+                conn.write_problem(ProxyError(500, outcome, "the proxy failed on this request"), close=True)
             return False
         finally:
             self.metrics.transferred(req.body_size, sent_out)
@@ -207,7 +234,40 @@ class ProxyHandler:
                 raise ProxyError(404, "no-route", f"{path} is not a proxied URL or a configured route")
             return route, None
         policy.access.check_proxy_auth(req.header("proxy-authorization"))
+        if req.upgrade == "websocket":
+            raw = _websocket_as_http(raw)
         return _target(lambda: parse_absolute_uri(raw)), None
+
+    async def _websocket(
+        self, conn: ClientConnection, req: Request, target: Target, policy: Policy
+    ) -> tuple[int, str, str | None, int]:
+        """Sign the handshake like any request, then let the engine switch protocols (RFC 6455)."""
+        conn.keep_alive = False  # after a handshake the connection is a pipe, or it closes
+        early = b"".join(req.body)  # frames the client sent before our 101: the upstream's, not a body
+        outgoing = await policy.prepare(req.method, target, req.headers, b"", framed=False)
+        switched = await switch(
+            conn,
+            self.pool,
+            outgoing,
+            early=early,
+            idle_s=policy.idle_s,
+            on_finished=self._websocket_finished,
+            max_head_bytes=self.pool.max_head_bytes,
+        )
+        outcome = "websocket" if switched.piped else ("signed" if outgoing.keyid else "unsigned")
+        self.count(outcome)
+        return switched.status, outcome, outgoing.keyid, switched.bytes_out
+
+    def _websocket_finished(self, pipe: BlindTunnel) -> None:
+        self.policy.access_log.event(
+            "websocket",
+            client=pipe.client_ip,
+            host=pipe.authority,
+            duration_ms=round(pipe.duration_s * 1000, 2),
+            bytes_up=pipe.client.bytes_in,
+            bytes_down=pipe.upstream.bytes_in,
+            outcome=f"websocket-{pipe.ended}",
+        )
 
     async def _answer_refusal(self, conn: ClientConnection, stream: ResponseStream) -> None:
         """Write discovery's answer to a held 403 (status kept, Link, problem+json body)."""
@@ -218,6 +278,13 @@ class ProxyHandler:
         stream.head_written = True
         stream.bytes_out = 0 if stream.head_only else len(body)
         await conn.drain()
+
+
+def _websocket_as_http(uri: str) -> str:
+    """``ws://`` and ``wss://`` name the ``http(s)`` URI the handshake is sent to (RFC 6455 section 3)."""
+    scheme, sep, rest = uri.partition("://")
+    mapped = {"ws": "http", "wss": "https"}.get(scheme.lower())
+    return f"{mapped}{sep}{rest}" if mapped is not None and sep else uri
 
 
 def _target(build: Callable[[], Target]) -> Target:

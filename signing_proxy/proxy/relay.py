@@ -20,10 +20,11 @@ from ..core.errors import KeyFormatError, VerificationError
 from ..core.jwk import PublicKey, public_key_from_jwk
 from ..core.signatures import Message, hop_components, parse_signature_stack
 from ..core.uri import Target
-from ..errors import ProxyError
+from ..errors import ConfigError, ProxyError
 from ..net.client import HttpClient
+from ..net.egress import EgressPolicy
 from ..net.framing import Outgoing, drop_hop_by_hop, outgoing
-from ..verify.directory import DirectoryResolver, http_fetcher
+from ..verify.build import build_verifier
 from ..verify.revocation import RevocationPoller
 from ..verify.verifier import RequestVerifier, VerifierPolicy
 from .pipeline import Signer, next_hop_target
@@ -46,7 +47,7 @@ def _pinned(paths: Sequence[str], where: str) -> tuple[PublicKey, ...]:
     try:
         return tuple(load_public_key_file(Path(p).expanduser()) for p in paths)
     except (OSError, KeyFormatError, ValueError) as exc:
-        raise ProxyError(500, "pinned-key-unusable", f"{where}: {exc}") from None
+        raise ConfigError(f"{where}: {exc}", reason="pinned-key-unusable") from None
 
 
 def unique_label(wanted: str, taken: Sequence[str]) -> str:
@@ -69,11 +70,15 @@ class RelayPipeline:
         *,
         spawn: Callable[[Coroutine[Any, Any, None]], object] | None = None,
     ) -> None:
-        self.config = config
+        self.config = config  # its restart-only sections (relay, upstream, egress, verify)
+        # the live parts, replaced together by a configuration reload (SIGHUP)
         self.signer = signer
+        self.label = config.signing.label
         relay = config.relay
         self.policy = VerifierPolicy(
-            skew_s=relay.skew_s,
+            # two keys name the tolerance (relay.skew_s, verify.skew_s): the stricter one applies
+            skew_s=min(relay.skew_s, config.verify.skew_s),
+            max_validity_s=config.verify.max_validity_s,
             broker_directories=relay.broker_directories,
             pinned_agent_keys=_pinned(relay.pinned_agent_keys, "relay.pinned_agent_keys"),
             pinned_broker_keys=_pinned(relay.pinned_broker_keys, "relay.pinned_broker_keys"),
@@ -81,21 +86,21 @@ class RelayPipeline:
         self._client: HttpClient | None = None
         self.verifier: RequestVerifier | None = None
         self.poller: RevocationPoller | None = None
-        self._spawn = spawn
+        self._spawn = spawn  # unused: the verifier owns its pollers (they stop with their directory)
 
     def _get_verifier(self) -> RequestVerifier:
         if self.verifier is None:  # created lazily: relays that never verify open no pool
             # not via upstream.next_hop: the next relay forwards only signed requests
             self._client = HttpClient.standalone(self.config.upstream, self.config.timeouts)
-            fetch = http_fetcher(self._client)
-            self.poller = RevocationPoller(fetch)
-            spawn, poller = self._spawn, self.poller
-            self.verifier = RequestVerifier(
-                DirectoryResolver(fetch),
+            egress = self.config.egress
+            self.verifier = build_verifier(
                 self.policy,
-                revocations=poller,
-                start_polling=(lambda url: spawn(poller.run(url))) if spawn is not None else None,
+                client=self._client,
+                egress=EgressPolicy.from_config(egress),
+                limits=self.config.verify,
+                fetch_timeout_s=egress.fetch_timeout_s,
             )
+            self.poller = self.verifier.revocations
         return self.verifier
 
     async def prepare(
@@ -124,7 +129,7 @@ class RelayPipeline:
                     401, exc.reason, f"incoming signature refused{where}: {exc.detail}"
                 ) from None
         labels = [e.label for e in entries]
-        label = unique_label(self.config.signing.label, labels)
+        label = unique_label(self.label, labels)
         keyid = self.signer.sign(
             Message(method, target, fields), label=label, components=hop_components(labels[-1])
         )
@@ -133,5 +138,7 @@ class RelayPipeline:
         )
 
     async def close(self) -> None:
+        if self.verifier is not None:
+            await self.verifier.close()  # pollers and fetches in flight
         if self._client is not None:
             await self._client.close()

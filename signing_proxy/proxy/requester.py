@@ -6,12 +6,17 @@ a JSON object without ``requester``, the proxy inserts the configured Requester 
 cover the final body. Any other request, a body that is not a JSON object, or one that already
 names a requester, passes untouched. The delegation chain is read from a file and checked at
 start-up as far as its holder can without the owner's key (``core.delegation.check_chain``): a
-chain whose final ``cnf.jkt`` is not the current signing key, an expired chain, or mirror fields
-wider than the chain refuse start-up (``ProxyError`` 500, exit 2 from the CLI). Per request the
-holder binding and expiry are re-checked cheaply: after a key rotation an injected request fails
-closed with 503 ``delegation-holder-mismatch`` instead of carrying a delegation the exchange would
-deny. A changed token file is picked up (checked at most once a second) when it passes the same
-checks; otherwise the chain loaded before stays and the refusal is logged once.
+chain whose final ``cnf.jkt`` is not a key of ours that may sign now, an expired chain, or mirror
+fields wider than the chain refuse start-up (``ProxyError`` 500, exit 2 from the CLI).
+
+An exchange call carrying the chain is signed with the key it is bound to (``holder_for``), even
+after a rotation made another key the signing key, for as long as that key's window lasts (spec
+"Delegation verification" 3: the holder must be the request-signing key). Ahead of that key's end
+the proxy warns (log, ``signing_proxy_delegation_key_remaining_seconds``, ``/readyz``); once it may
+no longer sign, a delegated call fails closed with 503 ``delegation-key-expired`` (or
+``delegation-holder-mismatch`` for a key of unknown window) instead of being signed with a key the
+chain does not name. A changed token file is picked up (checked at most once a second) when it passes
+the same checks; otherwise the chain loaded before stays and the refusal is logged once.
 """
 
 from __future__ import annotations
@@ -23,29 +28,32 @@ import math
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from ..config import Config, DelegationConfig, RequesterConfig
-from ..core.delegation import VerifiedLink, check_chain
-from ..core.errors import DelegationError, KeyFormatError
+from ..config import Config, RequesterConfig
 from ..core.fields import Fields
-from ..core.keys import KeyProvider, format_rfc3339, parse_rfc3339
+from ..core.keys import KeyProvider, format_rfc3339
 from ..core.requester import (
     EXCHANGE_SERVICE,
     REQUESTER_MEMBER,
-    DelegationDoc,
     RequesterDoc,
     insert_member,
-    parse_duration_s,
     requester_type_name,
 )
-from ..core.scopes import narrows
 from ..core.uri import Target, parse_absolute_uri
-from ..errors import ProxyError
+from ..errors import ConfigError, ProxyError
+from .delegation_file import (
+    WHERE,
+    LoadedDelegation,
+    file_fingerprint,
+    holder_mismatch_detail,
+    load_delegation,
+    reissue_hint,
+)
 
 __all__ = [
+    "DELEGATION_KEY_WARN_S",
     "RELOAD_CHECK_INTERVAL_S",
     "LoadedDelegation",
     "RequesterInjector",
@@ -57,164 +65,9 @@ __all__ = [
 log = logging.getLogger("signing_proxy.requester")
 
 RELOAD_CHECK_INTERVAL_S: Final = 1.0  # our choice, like the key store: how often the token file is looked at
-MAX_TOKEN_FILE_BYTES: Final = 256 * 1024  # our choice: 8 links of at most 16 KiB each fit easily
-_WHERE: Final = "requester.delegation"
-
-
-def holder_mismatch_detail(bound_to: str, signing: str, token_file: str) -> str:
-    """The refusal shown when the chain's final ``cnf.jkt`` is not our signing key (no secrets)."""
-    return (
-        f"{_WHERE}: the chain is bound to key {bound_to} (its final cnf.jkt) but this proxy signs with "
-        f"{signing}; the holder must be the request-signing key (spec: Delegation verification 3). "
-        "Re-issue it bound to the current signing key (needed after every key rotation): "
-        "signing-proxy delegate extend @<the chain up to the principal> --principal-key <principal key> "
-        f"--holder-config <this config> > {token_file}"
-    )
-
-
-@dataclass(frozen=True)
-class LoadedDelegation:
-    """A token file that passed the start-up checks, and what the Delegation message mirrors of it."""
-
-    holder_jkt: str
-    expires_at: float
-    doc: DelegationDoc
-    fingerprint: tuple[int, int, int]
-
-
-def _fingerprint(path: Path) -> tuple[int, int, int]:
-    st = path.stat()
-    return (st.st_mtime_ns, st.st_size, st.st_ino)
-
-
-def _min_or_none(values: list[int | None]) -> int | None:
-    present = [v for v in values if v is not None]
-    return min(present) if present else None
-
-
-def _refuse(reason: str, detail: str) -> ProxyError:
-    return ProxyError(500, reason, detail)
-
-
-def load_delegation(
-    config: DelegationConfig, scopes: tuple[str, ...], signing_jkt: str | None, now: float
-) -> LoadedDelegation:
-    """Read and check the token file; ProxyError 500 with a precise detail on any refusal."""
-    path = Path(os.path.expanduser(config.token_file))
-    try:
-        fingerprint = _fingerprint(path)
-        with path.open("rb") as fh:
-            data = fh.read(MAX_TOKEN_FILE_BYTES + 1)
-    except OSError as exc:
-        raise _refuse(
-            "delegation-unreadable", f"{_WHERE}.token_file: cannot read {path}: {exc.strerror}"
-        ) from None
-    if len(data) > MAX_TOKEN_FILE_BYTES:
-        raise _refuse(
-            "delegation-invalid", f"{_WHERE}.token_file: {path} is larger than {MAX_TOKEN_FILE_BYTES} bytes"
-        )
-    try:
-        chain = data.decode("ascii").strip()
-    except UnicodeDecodeError:
-        raise _refuse(
-            "delegation-invalid", f"{_WHERE}.token_file: {path} is not an ASCII JWS chain"
-        ) from None
-    try:
-        links = check_chain(chain, now=now)
-    except DelegationError as exc:
-        reason = "delegation-expired" if exc.reason == "expired" else "delegation-invalid"
-        raise _refuse(
-            reason, f"{_WHERE}.token_file {path}: {exc.denial_reason}: {exc.reason}: {exc.detail}"
-        ) from None
-    final = links[-1]
-    if signing_jkt is None:
-        raise _refuse(
-            "no-valid-signing-key",
-            f"{_WHERE}: no signing key is valid now, so the holder binding cannot be checked; "
-            "see `signing-proxy keys list`",
-        )
-    if final.cnf_jkt != signing_jkt:
-        raise _refuse(
-            "delegation-holder-mismatch", holder_mismatch_detail(final.cnf_jkt, signing_jkt, str(path))
-        )
-    expires_at = _expiry(config, links, now)
-    spend, accesses, period = _caps(config, links)
-    if final.scope is not None:
-        wider = narrows(scopes, final.scope)
-        if wider:
-            raise _refuse(
-                "delegation-scope-mismatch",
-                f"requester.scopes: {wider[:8]} not covered by the delegation's scope "
-                f"{list(final.scope)[:8]}",
-            )
-    doc = DelegationDoc(
-        principal_domain=config.principal_domain,
-        principal_id=config.principal_id,
-        expires_at=expires_at,
-        token=chain,
-        scopes=final.scope or (),
-        max_spend_cents=spend,
-        token_format=config.token_format,
-        revocation_uri=config.revocation_uri,
-        max_accesses=accesses,
-        quota_period_s=period,
-        issuer=config.issuer,
-        ext=dict(config.ext),
-        ext_critical=config.ext_critical,
-    )
-    return LoadedDelegation(final.cnf_jkt, expires_at, doc, fingerprint)
-
-
-def _expiry(config: DelegationConfig, links: list[VerifiedLink], now: float) -> float:
-    exps = [link.exp for link in links if link.exp is not None]
-    chain_exp = min(exps) if exps else None
-    if config.expires_at is None:
-        if chain_exp is None:
-            raise _refuse(
-                "delegation-invalid",
-                f"{_WHERE}.expires_at: the chain carries no exp, so set expires_at (Delegation.expires_at "
-                "is required)",
-            )
-        return math.floor(chain_exp)
-    try:
-        configured = parse_rfc3339(config.expires_at)
-    except KeyFormatError as exc:  # config validation makes this unreachable
-        raise _refuse("delegation-invalid", f"{_WHERE}.expires_at: {exc.detail}") from None
-    if chain_exp is not None and configured > chain_exp:
-        raise _refuse(
-            "delegation-invalid",
-            f"{_WHERE}.expires_at: {config.expires_at} is later than the chain's earliest exp "
-            f"{format_rfc3339(chain_exp)}",
-        )
-    if configured <= now:
-        raise _refuse("delegation-expired", f"{_WHERE}.expires_at: {config.expires_at} has passed")
-    return configured
-
-
-def _caps(config: DelegationConfig, links: list[VerifiedLink]) -> tuple[int | None, int | None, int | None]:
-    """The mirrored caps: the configured ones (never above the chain's) or the chain's own."""
-    out: list[int | None] = []
-    for name in ("max_spend_cents", "max_accesses"):
-        chain_cap = _min_or_none([getattr(link.caps, name) for link in links])
-        configured = getattr(config, name)
-        if configured is not None and chain_cap is not None and configured > chain_cap:
-            raise _refuse(
-                "delegation-invalid",
-                f"{_WHERE}.{name}: {configured} is above the chain's svc_{name} {chain_cap}",
-            )
-        out.append(configured if configured is not None else chain_cap)
-    final = links[-1].caps
-    chain_period = final.quota_period_s
-    period = parse_duration_s(config.quota_period) if config.quota_period is not None else None
-    capped = any(link.caps.capped for link in links)
-    if period is not None and capped and period != chain_period:
-        shown = f"{chain_period}s" if chain_period is not None else "absent (lifetime)"
-        raise _refuse(
-            "delegation-invalid",
-            f"{_WHERE}.quota_period: {period}s differs from the chain's svc_quota_period, {shown}",
-        )
-    out.append(period if period is not None else chain_period)
-    return out[0], out[1], out[2]
+# our choice: warn this long before the bound key stops signing; the spec's grace is "typically 24 to
+# 48 hours", so a rotation with the default grace warns at once
+DELEGATION_KEY_WARN_S: Final = 48 * 3600
 
 
 class RequesterInjector:
@@ -233,21 +86,19 @@ class RequesterInjector:
         try:
             self._type = requester_type_name(config.type)
         except ValueError as exc:  # config validation makes this unreachable
-            raise ProxyError(500, "requester-invalid", f"requester.type: {exc}") from None
+            raise ConfigError(f"requester.type: {exc}", reason="requester-invalid") from None
         self._prefixes: list[tuple[str, str, int, str]] = []
         for base in config.exchanges:
             target = parse_absolute_uri(base)
             prefix = f"{target.path.rstrip('/')}/{EXCHANGE_SERVICE}/"
             self._prefixes.append((target.scheme, target.host, target.port, prefix))
         self._loaded: LoadedDelegation | None = None
+        self._previous: LoadedDelegation | None = None  # replaced by a reload: a body built before it
         self._failed: tuple[int, int, int] | None = None  # a token file refused on reload (logged once)
         self._warned: tuple[str, str] | None = None
+        self._warned_ahead: str | None = None  # the bound key already warned about (logged once)
         if config.delegation is not None:
-            now = clock()
-            key = keys.current(now)
-            self._loaded = load_delegation(
-                config.delegation, config.scopes, None if key is None else key.thumbprint, now
-            )
+            self._loaded = load_delegation(config.delegation, config.scopes, keys, clock())
         self._member_json = self._render()
 
     # --- what is sent ---
@@ -317,18 +168,101 @@ class RequesterInjector:
             raise ProxyError(
                 503,
                 "delegation-expired",
-                f"{_WHERE}: the delegation expired at {format_rfc3339(loaded.expires_at)}; issue a new one",
+                f"{WHERE}: the delegation expired at {format_rfc3339(loaded.expires_at)}; issue a new one",
             )
-        key = self.keys.current(now)
-        if key is not None and key.thumbprint != loaded.holder_jkt:
-            if self._warned != (loaded.holder_jkt, key.thumbprint):
-                self._warned = (loaded.holder_jkt, key.thumbprint)
-                log.error("exchange calls refused: %s", self._mismatch(loaded, key.thumbprint))
-            raise ProxyError(503, "delegation-holder-mismatch", self._mismatch(loaded, key.thumbprint))
+        if self.keys.key_for(loaded.holder_jkt, now) is None:
+            raise self._key_refusal(loaded, now)
 
-    def _mismatch(self, loaded: LoadedDelegation, signing: str) -> str:
+    def key_refusal(self) -> ProxyError:
+        """Why a delegated call cannot be signed now (503): the bound key's window ended
+        (``delegation-key-expired``), or it is no key of ours that may sign (``-holder-mismatch``)."""
+        loaded = self._loaded
+        assert loaded is not None
+        return self._key_refusal(loaded, self.clock())
+
+    def _key_refusal(self, loaded: LoadedDelegation, now: float) -> ProxyError:
         assert self.config.delegation is not None
-        return holder_mismatch_detail(loaded.holder_jkt, signing, self.config.delegation.token_file)
+        token_file = self.config.delegation.token_file
+        current = self.keys.current(now)
+        signing = "no key" if current is None else current.thumbprint
+        ends = self.keys.not_after_of(loaded.holder_jkt)
+        if ends is not None and now >= ends:
+            error = ProxyError(
+                503,
+                "delegation-key-expired",
+                f"{WHERE}: the chain is bound to key {loaded.holder_jkt} (its final cnf.jkt), whose window "
+                f"ended at {format_rfc3339(ends)}; a delegated call is never signed with another key (this "
+                f"proxy now signs with {signing}). " + reissue_hint(token_file),
+            )
+        else:
+            error = ProxyError(
+                503,
+                "delegation-holder-mismatch",
+                holder_mismatch_detail(loaded.holder_jkt, signing, token_file),
+            )
+        if self._warned != (loaded.holder_jkt, error.reason):
+            self._warned = (loaded.holder_jkt, error.reason)
+            log.error("delegated exchange calls refused: %s", error.detail)
+        return error
+
+    def holder_for(self, method: str, target: Target, body: bytes) -> str | None:
+        """The key an exchange call carrying our delegation must be signed with (the chain's holder),
+        or None when ``body`` carries none of ours (it is signed like any other request)."""
+        current, previous = self._loaded, self._previous
+        if current is None or not self.is_exchange_call(method, target):
+            return None
+        for loaded in (current, previous):
+            if loaded is not None and loaded.token_b64 in body:
+                return loaded.holder_jkt
+        return None
+
+    # --- ahead of the bound key's end (memory only) ---
+    def bound_key_remaining(self, now: float) -> float | None:
+        """Seconds until the bound key stops signing (None: no delegation, or a key without window)."""
+        loaded = self._loaded
+        if loaded is None:
+            return None
+        ends = self.keys.not_after_of(loaded.holder_jkt)
+        return None if ends is None else ends - now
+
+    def key_status(self) -> dict[str, object] | None:
+        """The bound key for ``/readyz``: keyid, state (``ok``, ``expiring``: within
+        ``DELEGATION_KEY_WARN_S`` or no longer the signing key, ``unusable``), not_after, remaining_s."""
+        loaded = self._loaded
+        if loaded is None:
+            return None
+        now = self.clock()
+        remaining = self.bound_key_remaining(now)
+        current = self.keys.current(now)
+        if self.keys.key_for(loaded.holder_jkt, now) is None:
+            state = "unusable"
+        elif (remaining is not None and remaining <= DELEGATION_KEY_WARN_S) or (
+            current is not None and current.thumbprint != loaded.holder_jkt
+        ):
+            state = "expiring"
+        else:
+            state = "ok"
+        return {
+            "keyid": loaded.holder_jkt,
+            "state": state,
+            "not_after": None if remaining is None else format_rfc3339(now + remaining),
+            "remaining_s": None if remaining is None else max(0, math.floor(remaining)),
+        }
+
+    def _warn_ahead(self) -> None:
+        status = self.key_status()
+        if status is None or status["state"] != "expiring" or self._warned_ahead == status["keyid"]:
+            return
+        self._warned_ahead = str(status["keyid"])
+        assert self.config.delegation is not None
+        log.warning(
+            "%s: the chain is bound to key %s, which stops signing at %s (another key signs other requests "
+            "already, or soon); delegated exchange calls will be refused then. %s",
+            WHERE,
+            status["keyid"],
+            status["not_after"] or "an unknown time",
+            reissue_hint(self.config.delegation.token_file),
+        )
 
     def reload(self, now: float | None = None) -> bool:
         """Adopt a changed token file if it passes the start-up checks; True when one was adopted.
@@ -339,25 +273,24 @@ class RequesterInjector:
         delegation = self.config.delegation
         if delegation is None or self._loaded is None:
             return False
+        self._warn_ahead()
         now = self.clock() if now is None else now
         try:
-            fingerprint = _fingerprint(Path(os.path.expanduser(delegation.token_file)))
+            fingerprint = file_fingerprint(Path(os.path.expanduser(delegation.token_file)))
         except OSError:
             fingerprint = None
         if fingerprint is not None and fingerprint == self._loaded.fingerprint:
             return False
-        key = self.keys.current(now)
         try:
-            loaded = load_delegation(
-                delegation, self.config.scopes, None if key is None else key.thumbprint, now
-            )
-        except ProxyError as exc:
+            loaded = load_delegation(delegation, self.config.scopes, self.keys, now)
+        except ConfigError as exc:
             if fingerprint != self._failed:
                 self._failed = fingerprint
                 log.error("delegation not reloaded, keeping the one loaded before: %s", exc.detail)
             return False
         member_json = self._render_with(loaded)
-        self._failed, self._warned = None, None
+        self._failed, self._warned, self._warned_ahead = None, None, None
+        self._previous = self._loaded  # first: a request may hold a body built with the old chain
         self._loaded, self._member_json = loaded, member_json  # a request reads both together
         log.info(
             "reloaded the delegation from %s: holder %s, expires %s",

@@ -2,18 +2,22 @@
 
 The proxy port answers ``/healthz``, ``/readyz`` and ``/metrics`` itself; a separate admin port
 lets a sidecar keep its proxy port on pod-loopback while the kubelet probes and Prometheus scrapes
-from outside the pod. Both serve the same documents, nothing else, and nothing secret.
+from outside the pod. Both serve the same documents, nothing else, and nothing secret; the admin
+port answers only ``admin.allow_clients`` (loopback when empty) and refuses others with ``403``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 from aiohttp import web
 
 from .. import __version__
+from ..config import AccessConfig
+from ..errors import problem_body
 from ..metrics import CONTENT_TYPE
 from ..net.server import ClientConnection, Request
+from ..proxy.access import AccessControl
 from ..proxy.exchange import LocalEndpoint
 
 __all__ = ["HEALTH", "Readiness", "build_admin_app", "local_endpoints"]
@@ -40,8 +44,24 @@ def local_endpoints(
     return table.get
 
 
-def build_admin_app(readiness: Readiness, metrics: Callable[[], bytes]) -> web.Application:
-    """The admin listener's aiohttp application."""
+def build_admin_app(
+    readiness: Readiness, metrics: Callable[[], bytes], *, allow_clients: Sequence[str] = ()
+) -> web.Application:
+    """The admin listener's aiohttp application; clients outside ``allow_clients`` (CIDRs; loopback
+    when empty, as for the proxy port) get ``403 client-not-allowed``."""
+    allowed = AccessControl(AccessConfig(allow_clients=tuple(allow_clients))).client_allowed
+    refusal = problem_body(
+        403, "client-not-allowed", "this address may not use the admin port (admin.allow_clients)"
+    )
+
+    @web.middleware
+    async def only_allowed(
+        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        peer = request.transport.get_extra_info("peername") if request.transport is not None else None
+        if not peer or not allowed(str(peer[0])):  # the socket's peer, never a forwarded-for header
+            return web.Response(status=403, body=refusal, content_type="application/problem+json")
+        return await handler(request)
 
     async def healthz(_r: web.Request) -> web.Response:
         return web.json_response(HEALTH, headers={"Cache-Control": "no-store"})
@@ -53,7 +73,7 @@ def build_admin_app(readiness: Readiness, metrics: Callable[[], bytes]) -> web.A
     async def render(_r: web.Request) -> web.Response:
         return web.Response(body=metrics(), headers={"Content-Type": CONTENT_TYPE})
 
-    admin = web.Application()
+    admin = web.Application(middlewares=[only_allowed])
     admin.router.add_get("/healthz", healthz)
     admin.router.add_get("/readyz", readyz)
     admin.router.add_get("/metrics", render)

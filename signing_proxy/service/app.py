@@ -23,6 +23,7 @@ from ..core.keys import KeyProvider
 from ..core.uri import Target
 from ..metrics import Metrics
 from ..net.client import FetchedResponse, HttpClient
+from ..net.egress import EgressPolicy
 from ..net.framing import Outgoing
 from ..net.server import ClientConnection, Engine, Limits
 from ..net.upstream import UpstreamPool
@@ -34,6 +35,7 @@ from ..proxy.exchange import Policy, ProxyHandler, Routes
 from ..proxy.pipeline import BearerStore, Signer, next_hop_target, prepare_request
 from ..proxy.relay import RelayPipeline
 from ..proxy.requester import RELOAD_CHECK_INTERVAL_S, RequesterInjector, injector_for
+from ..proxy.transactions import TransactionKeys
 from .admin import build_admin_app, local_endpoints
 
 __all__ = ["ProxyApp"]
@@ -42,18 +44,23 @@ log = logging.getLogger("signing_proxy")
 
 
 def _limits(config: Config) -> Limits:
+    limits = config.limits
     return Limits(
-        max_header_bytes=config.limits.max_header_bytes,
-        max_body_bytes=config.limits.max_body_bytes,
+        max_header_bytes=limits.max_header_bytes,
+        max_body_bytes=limits.max_body_bytes,
         client_idle_s=config.timeouts.client_idle_s,
         read_s=config.timeouts.read_s,
+        max_request_line_bytes=limits.max_request_line_bytes,
+        max_header_fields=limits.max_header_fields,
+        max_connections=limits.max_connections,
+        max_buffered_bytes=limits.max_buffered_bytes,
     )
 
 
 class ProxyApp:
     """The running proxy: configuration, signer, upstream pool, listeners and background tasks."""
 
-    RESTART_ONLY = ("mode", "listen", "data_dir", "publish", "intercept", "upstream", "relay")
+    RESTART_ONLY = ("mode", "listen", "data_dir", "publish", "intercept", "upstream", "relay", "admin")
 
     def __init__(self, config: Config, keys: KeyProvider, *, clock: Callable[[], float] = time.time) -> None:
         self.config = config
@@ -70,14 +77,17 @@ class ProxyApp:
             config.upstream,
             connect_timeout_s=config.timeouts.connect_s,
             read_timeout_s=config.timeouts.read_s,
+            max_head_bytes=config.limits.max_response_header_bytes,
         )
         self.client = HttpClient(self.pool, config.timeouts, via=next_hop_target(config))
         # the live parts, rebuilt whole by ``reload``
         self.signer = self._signer(config)
         self.bearers = BearerStore(config.credentials)
-        # requester injection; ProxyError 500 (exit 2) for a delegation bound to another key or expired
+        # requester injection; ConfigError (exit 2) for a delegation bound to another key or expired
         self.requester: RequesterInjector | None = injector_for(config, keys, clock=clock)
         self.relay = RelayPipeline(config, self.signer, spawn=self.spawn) if config.mode == "relay" else None
+        # one key per transaction: retrieval URLs bound by the ExecuteTransaction answers we forward
+        self.transactions = TransactionKeys(keys, clock=clock) if config.mode == "agent" else None
         self.discovery = (  # 403 + X-Content-Rules; the agent's own proxy discovers, never a relay
             Discovery(
                 lambda: self.config.discovery,
@@ -95,9 +105,10 @@ class ProxyApp:
             local=local_endpoints(self.readiness, self.metrics.render),
             discovery=self.discovery,
             draining=lambda: self.draining,
+            transactions=self.transactions,
         )
         self.engine = Engine(self.handler, _limits(config), self.spawn)
-        self.interception = ConnectHandler(  # loads or creates the CA; ProxyError if unusable
+        self.interception = ConnectHandler(  # loads or creates the CA; CAError if unusable
             config,
             policy=lambda: self.handler.policy,
             inner=self.engine.protocol,
@@ -121,6 +132,7 @@ class ProxyApp:
             mode=config.mode,
             access=AccessControl(config.access),
             connect_timeout_s=config.timeouts.connect_s,
+            idle_s=config.timeouts.client_idle_s,
             routes=Routes([(r.prefix, r.upstream) for r in config.routes]),
             prepare=self.prepare,
             access_log=AccessLog(enabled=config.log.access_log, fmt=config.log.format),
@@ -138,6 +150,11 @@ class ProxyApp:
             return None if not_after is None else not_after - now
 
         callbacks.key_remaining = key_remaining
+        callbacks.delegation_key_remaining = lambda: (
+            self.requester.bound_key_remaining(self.clock()) if self.requester is not None else None
+        )
+        engine = self.engine
+        callbacks.engine = lambda: (len(engine.connections), engine.refused, engine.buffered)
         cache = self.interception.leaves
         if cache is not None:
             callbacks.leaf_cache = lambda: (cache.hits, cache.misses, len(cache))
@@ -163,7 +180,7 @@ class ProxyApp:
         """Apply a new configuration's live parts atomically; return the sections that need a restart.
 
         Everything new is built first (a bearer file that cannot be read refuses the whole reload
-        with ProxyError), then swapped in one step: a request sees the old or the new, never a mix.
+        with a ConfigError), then swapped in one step: a request sees the old or the new, never a mix.
         """
         bearers = BearerStore(config.credentials)
         requester = injector_for(config, self.keys, clock=self.clock)  # refused like at start-up
@@ -177,8 +194,8 @@ class ProxyApp:
         self.handler.policy = policy
         self.engine.limits = _limits(config)
         self.client.timeouts = config.timeouts
-        if self.relay is not None:
-            self.relay.signer = signer
+        if self.relay is not None:  # the relay signs with these, not with its start-up config
+            self.relay.signer, self.relay.label = signer, config.signing.label
         logging.getLogger("signing_proxy").setLevel(config.log.level.upper())
         return pending
 
@@ -206,6 +223,7 @@ class ProxyApp:
             signer=self.signer,
             bearers=self.bearers,
             requester=self.requester,
+            transactions=self.transactions,
         )
 
     async def signed_fetch(
@@ -217,8 +235,14 @@ class ProxyApp:
         headers: tuple[tuple[str, str], ...] = (),
         max_bytes: int,
         truncate: bool = False,
+        egress: bool = False,
     ) -> FetchedResponse:
-        """One request of the proxy's own (a manifest, DiscoverResources), signed like the agent's."""
+        """One request of the proxy's own (a manifest, DiscoverResources), signed like the agent's.
+
+        ``egress``: a URL named by a remote party (``discovery``): the live ``egress`` section's policy
+        applies (``EgressError``) and ``egress.fetch_timeout_s`` bounds the whole fetch.
+        """
+        section = self.config.egress
         return await self.client.fetch(
             method,
             url,
@@ -226,7 +250,9 @@ class ProxyApp:
             headers=headers,
             max_bytes=max_bytes,
             truncate=truncate,
+            total_s=section.fetch_timeout_s if egress else None,
             prepare=self.prepare,
+            egress=EgressPolicy.from_config(section) if egress else None,
         )
 
     def readiness(self) -> tuple[int, dict[str, object]]:
@@ -236,10 +262,13 @@ class ProxyApp:
         ca_check = self.interception.ca_check()
         if ca_check is not None:
             checks["interception_ca"] = ca_check
+        details: dict[str, object] = {}
         if self.requester is not None and self.requester.config.delegation is not None:
             checks["delegation"] = self.requester.check()
+            details["delegation_key"] = self.requester.key_status()  # a warning ahead, never unready
         ready = all(v == "ok" for v in checks.values())
-        return (200 if ready else 503), {"status": "ready" if ready else "not-ready", "checks": checks}
+        doc = {"status": "ready" if ready else "not-ready", "checks": checks, **details}
+        return (200 if ready else 503), doc
 
     # --- lifecycle ---
     async def start(self) -> list[tuple[str, int]]:
@@ -273,7 +302,9 @@ class ProxyApp:
 
     async def _start_admin(self, listen: str) -> tuple[str, int]:
         host, port = parse_host_port(listen, "admin.listen")
-        app = build_admin_app(self.readiness, self.metrics.render)
+        app = build_admin_app(
+            self.readiness, self.metrics.render, allow_clients=self.config.admin.allow_clients
+        )
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await runner.setup()
         site = web.TCPSite(runner, host, port, reuse_port=self.reuse_port or None)

@@ -4,11 +4,14 @@ and ``StoreState``, the view of a store loaded from it.
 The index lists each key's thumbprint, public ``x`` and window, and the revocation list::
 
     {"format": "signing-proxy-keystore/1", "agent": "default",
-     "keys": [{"thumbprint", "x", "not_before", "not_after", "created_at"}, ...],
+     "keys": [{"thumbprint", "x", "not_before", "not_after", "created_at"[, "activates_at"]}, ...],
      "revocations": {"as_of": RFC 3339, "revoked": [thumbprint, ...]}}
 
-Parsing refuses duplicate members, unknown or missing members, a thumbprint that ``x`` does not
-hash to and an empty window, with a ValueError (or KeyFormatError) naming the member.
+``activates_at`` is written only for a key that signs later than its window opens (``keys rotate``
+publishes first, signs later), so an index without a pending rotation reads as before. Parsing
+refuses duplicate members, unknown or missing members, a thumbprint that ``x`` does not hash to,
+an empty window and an activation outside the window, with a ValueError (or KeyFormatError)
+naming the member.
 """
 
 from __future__ import annotations
@@ -28,13 +31,11 @@ from ..core.keys import (
     DirectoryKey,
     KeyRecord,
     RevocationList,
-    choose_signing_key,
     format_rfc3339,
     is_thumbprint,
-    key_state,
     parse_rfc3339,
-    publishable,
 )
+from ..core.rotation import KeyState, choose_signing_key, key_state, next_change, publishable
 
 __all__ = [
     "INDEX_FORMAT",
@@ -51,18 +52,26 @@ MAX_INDEX_BYTES: Final = 4 * 1024 * 1024  # our choice: 10 000 revoked thumbprin
 MAX_STORE_KEYS: Final = 1024  # our choice: keys the index may hold (expired ones included)
 
 _ENTRY_MEMBERS = frozenset({"thumbprint", "x", "not_before", "not_after", "created_at"})
+_OPTIONAL_ENTRY_MEMBERS = frozenset({"activates_at"})
 _INDEX_MEMBERS = frozenset({"format", "agent", "keys", "revocations"})
 
 
 @dataclass(frozen=True)
 class IndexEntry:
-    """One key of the index: thumbprint, public ``x`` (base64url) and times in unix seconds."""
+    """One key of the index: thumbprint, public ``x`` (base64url) and times in unix seconds
+    (``activates_at``: when it may start signing; None: when its window opens)."""
 
     thumbprint: str
     x: str
     not_before: int
     not_after: int
     created_at: int
+    activates_at: int | None = None
+
+    def record(self, *, revoked: bool = False) -> KeyRecord:
+        return KeyRecord(
+            self.thumbprint, self.not_before, self.not_after, self.created_at, revoked, self.activates_at
+        )
 
 
 @dataclass(frozen=True)
@@ -81,16 +90,20 @@ class StoreState:
         return next((r for r in self.records if r.thumbprint == thumbprint), None)
 
     def signing_record(self, now: float) -> KeyRecord | None:
-        """The newest key valid at ``now`` and not revoked (DESIGN 4), or None."""
+        """The key that signs at ``now`` (``rotation.choose_signing_key``), or None."""
         return choose_signing_key(self.records, now)
 
     def signing_key(self, now: float) -> SigningKey | None:
         chosen = self.signing_record(now)
         return None if chosen is None else self.private.get(chosen.thumbprint)
 
-    def state_of(self, record: KeyRecord, now: float) -> str:
-        """``active``, ``next``, ``retiring``, ``revoked`` or ``expired``."""
+    def state_of(self, record: KeyRecord, now: float) -> KeyState:
+        """``published``, ``signing``, ``retiring``, ``expired`` or ``revoked``."""
         return key_state(record, self.records, now)
+
+    def next_change(self, record: KeyRecord, now: float) -> tuple[int, KeyState] | None:
+        """When ``record``'s state next changes, and to what (None: it never does by itself)."""
+        return next_change(record, self.records, now)
 
     def directory(self, now: float, revocation_url: str | None) -> Directory:
         """The keys to publish at ``now``: unrevoked, unexpired (current and next ones)."""
@@ -107,22 +120,26 @@ def render_index(agent: str, entries: Sequence[IndexEntry], revocations: Revocat
     doc = {
         "format": INDEX_FORMAT,
         "agent": agent,
-        "keys": [
-            {
-                "thumbprint": e.thumbprint,
-                "x": e.x,
-                "not_before": format_rfc3339(e.not_before),
-                "not_after": format_rfc3339(e.not_after),
-                "created_at": format_rfc3339(e.created_at),
-            }
-            for e in ordered
-        ],
+        "keys": [_render_entry(e) for e in ordered],
         "revocations": {
             "as_of": format_rfc3339(revocations.as_of),
             "revoked": sorted(revocations.revoked),
         },
     }
     return (json.dumps(doc, indent=2) + "\n").encode("ascii")
+
+
+def _render_entry(entry: IndexEntry) -> dict[str, str]:
+    doc = {
+        "thumbprint": entry.thumbprint,
+        "x": entry.x,
+        "not_before": format_rfc3339(entry.not_before),
+        "not_after": format_rfc3339(entry.not_after),
+        "created_at": format_rfc3339(entry.created_at),
+    }
+    if entry.activates_at is not None and entry.activates_at > entry.not_before:
+        doc["activates_at"] = format_rfc3339(entry.activates_at)
+    return doc
 
 
 def _strict_json(data: bytes) -> Any:
@@ -145,10 +162,12 @@ def _strict_json(data: bytes) -> Any:
         raise ValueError(f"not JSON ({exc.msg} at line {exc.lineno})") from None
 
 
-def _members(obj: object, required: frozenset[str], where: str) -> Mapping[str, Any]:
+def _members(
+    obj: object, required: frozenset[str], where: str, optional: frozenset[str] = frozenset()
+) -> Mapping[str, Any]:
     if not isinstance(obj, dict):
         raise ValueError(f"{where} must be an object")
-    missing, unknown = sorted(required - obj.keys()), sorted(obj.keys() - required)
+    missing, unknown = sorted(required - obj.keys()), sorted(obj.keys() - required - optional)
     if missing:
         raise ValueError(f"{where} lacks member {missing[0]!r}")
     if unknown:
@@ -169,7 +188,7 @@ def parse_index(data: bytes, agent: str) -> tuple[list[IndexEntry], RevocationLi
     entries: list[IndexEntry] = []
     seen: set[str] = set()
     for i, raw in enumerate(raw_keys):
-        item = _members(raw, _ENTRY_MEMBERS, f"keys[{i}]")
+        item = _members(raw, _ENTRY_MEMBERS, f"keys[{i}]", _OPTIONAL_ENTRY_MEMBERS)
         thumbprint, x = item["thumbprint"], item["x"]
         if not is_thumbprint(thumbprint):
             raise ValueError(f"keys[{i}].thumbprint is not an RFC 7638 thumbprint")
@@ -189,7 +208,10 @@ def parse_index(data: bytes, agent: str) -> tuple[list[IndexEntry], RevocationLi
         created_at = parse_rfc3339(item["created_at"])
         if not not_before < not_after:
             raise ValueError(f"keys[{i}]: not_before must be earlier than not_after")
-        entries.append(IndexEntry(thumbprint, x, not_before, not_after, created_at))
+        activates_at = parse_rfc3339(item["activates_at"]) if "activates_at" in item else None
+        if activates_at is not None and not not_before <= activates_at < not_after:
+            raise ValueError(f"keys[{i}]: activates_at must lie in [not_before, not_after)")
+        entries.append(IndexEntry(thumbprint, x, not_before, not_after, created_at, activates_at))
     rev = _members(doc["revocations"], frozenset({"as_of", "revoked"}), "revocations")
     revoked = rev["revoked"]
     if not isinstance(revoked, list) or not all(isinstance(t, str) for t in revoked):

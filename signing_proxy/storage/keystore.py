@@ -9,11 +9,11 @@ every change holds an exclusive lock, so a reader sees either the old store or t
 refuses a malformed index, a key file whose key does not match its name, and anything that group
 or others can access, with a message naming the path.
 
-``StoreKeyProvider`` signs with ``choose_signing_key`` evaluated at each call, so a key stops
-signing the moment its window closes. It answers from memory only (no file I/O: safe on the event
-loop); ``reload()`` (blocking, any thread) re-reads the store when its index changed, and the service
-calls it off the loop every ``RELOAD_CHECK_INTERVAL_S`` and on SIGHUP. The index format is
-``keyindex.py``'s, the owner-only file handling ``files.py``'s.
+``StoreKeyProvider`` signs with ``choose_signing_key`` evaluated at each call, so a key starts
+signing at its activation and stops the moment its window closes. It answers from memory only (no
+file I/O: safe on the event loop); ``reload()`` (blocking, any thread) re-reads the store when its
+index changed, and the service calls it off the loop every ``RELOAD_CHECK_INTERVAL_S`` and on
+SIGHUP. The index format is ``keyindex.py``'s, the owner-only file handling ``files.py``'s.
 """
 
 from __future__ import annotations
@@ -134,10 +134,7 @@ class KeyStore:
     def _load(self, *, private: bool) -> tuple[StoreState, list[IndexEntry]]:
         entries, revocations = self._read_index()
         revoked = revocations.revoked
-        records = tuple(
-            KeyRecord(e.thumbprint, e.not_before, e.not_after, e.created_at, e.thumbprint in revoked)
-            for e in entries
-        )
+        records = tuple(e.record(revoked=e.thumbprint in revoked) for e in entries)
         publics = {e.thumbprint: PublicKey.from_raw(b64url_decode(e.x)) for e in entries}
         keys: dict[str, SigningKey] = {}
         if private:
@@ -238,7 +235,7 @@ class KeyStore:
             )
             self._write_key(key)
             self._write_index([entry], RevocationList(start))
-            return KeyRecord(entry.thumbprint, entry.not_before, entry.not_after, entry.created_at)
+            return entry.record()
 
     def rotate(
         self,
@@ -249,10 +246,13 @@ class KeyStore:
         activate_in_s: int = 0,
         force: bool = False,
     ) -> tuple[KeyRecord, tuple[KeyRecord, ...]]:
-        """Add a new key valid from now (or ``activate_in_s`` later) for ``lifetime_s``; every key valid
-        now ends at the new key's start + ``grace_s`` (never later than it already did).
+        """Publish a new key at once (window from ``now``) that signs from ``activate_in_s`` later
+        for ``lifetime_s``; every key usable now ends at that activation + ``grace_s`` (never later
+        than it already did), so it keeps signing until then and stays published for the grace.
 
-        Returns the new record and the records whose ``not_after`` moved.
+        Refused (``rotation-pending``) while an earlier new key waits for its activation, and unless
+        ``force`` when no key signing now stays valid until the activation. Returns the new record
+        and the records whose ``not_after`` moved.
         """
         _check_positive(grace_s, "grace")
         _check_positive(lifetime_s, "lifetime")
@@ -260,45 +260,53 @@ class KeyStore:
             raise ValueError("activate-in must be zero or a positive number of seconds")
         with self._lock(exclusive=True):
             state, entries = self._load(private=True)
-            pending = [r for r in state.records if not r.revoked and r.not_before > now]
+            pending = [r for r in state.records if not r.revoked and now < r.not_after and now < r.activation]
             if pending:
                 raise KeyStoreError(
                     "rotation-pending",
                     self.path,
-                    f"key {pending[0].thumbprint} is already waiting to become active at "
-                    f"{format_rfc3339(pending[0].not_before)}; revoke it first or wait",
+                    f"key {pending[0].thumbprint} is already waiting to sign from "
+                    f"{format_rfc3339(pending[0].activation)}; revoke it first or wait",
                 )
             live = [r for r in state.records if not r.revoked and now < r.not_after]
             if len(live) >= MAX_DIRECTORY_KEYS:
                 raise KeyStoreError(
                     "too-many-keys", self.path, f"{len(live)} keys are published; run `keys prune` first"
                 )
-            start = math.floor(now) if activate_in_s == 0 else math.ceil(now) + activate_in_s
-            cutoff = math.ceil(now) + activate_in_s + grace_s
-            created = max([math.floor(now), *(e.created_at + 1 for e in entries)])  # strictly newest
+            start = math.floor(now)
+            activation = start if activate_in_s == 0 else math.ceil(now) + activate_in_s
+            cutoff = math.ceil(now) + activate_in_s + grace_s  # the activation's second + grace
+            if not force and activation > start:
+                signing = [r for r in state.records if r.usable_at(now) and r.activation <= now]
+                if not any(r.not_after >= activation for r in signing):
+                    raise KeyStoreError(
+                        "no-valid-key",
+                        self.path,
+                        f"no key signing now stays valid until the new key activates at "
+                        f"{format_rfc3339(activation)} (use a shorter --activate-in, or --force)",
+                    )
+            created = max([start, *(e.created_at + 1 for e in entries)])  # strictly newest
             key = SigningKey.generate()
-            new = IndexEntry(key.thumbprint, key.public.jwk()["x"], start, start + lifetime_s, created)
+            new = IndexEntry(
+                key.thumbprint,
+                key.public.jwk()["x"],
+                start,
+                activation + lifetime_s,
+                created,
+                activation if activation > start else None,
+            )
             moved: list[KeyRecord] = []
             out: list[IndexEntry] = []
             for entry, record in zip(entries, state.records, strict=True):
-                if record.valid_at(now) and not record.revoked and entry.not_after > cutoff:
+                if record.usable_at(now) and entry.not_after > cutoff:
                     out.append(replace(entry, not_after=cutoff))
                     moved.append(replace(record, not_after=cutoff))
                 else:
                     out.append(entry)
             out.append(new)
-            if not force and activate_in_s:
-                bridging = [r for r in state.records if r.valid_at(now) and not r.revoked]
-                if not any(r.not_after >= start for r in bridging):
-                    raise KeyStoreError(
-                        "no-valid-key",
-                        self.path,
-                        f"no key stays valid until the new key starts at {format_rfc3339(start)} "
-                        "(use a shorter --activate-in, or --force)",
-                    )
             self._write_key(key)
             self._write_index(out, state.revocations)
-            return KeyRecord(new.thumbprint, new.not_before, new.not_after, new.created_at), tuple(moved)
+            return new.record(), tuple(moved)
 
     def revoke(self, thumbprint: str, now: float, *, force: bool = False) -> bool:
         """Add ``thumbprint`` to the revocation list (new ``as_of``) and delete its private key.
@@ -461,8 +469,8 @@ class StoreWatcher:
 
 
 class StoreKeyProvider(StoreWatcher, KeyProvider):
-    """Signs with the store's newest key valid at the moment of each call, never outside its window;
-    answers from memory (see ``StoreWatcher``)."""
+    """Signs with the key ``choose_signing_key`` picks at the moment of each call (activated, in its
+    window, not revoked); answers from memory (see ``StoreWatcher``)."""
 
     def __init__(self, store: KeyStore) -> None:
         super().__init__(store, private=True)
@@ -473,3 +481,12 @@ class StoreKeyProvider(StoreWatcher, KeyProvider):
     def not_after(self, now: float) -> float | None:
         chosen = self.state().signing_record(now)
         return None if chosen is None else float(chosen.not_after)
+
+    def key_for(self, thumbprint: str, now: float) -> SigningKey | None:
+        state = self.state()  # one state: record and private key from the same load
+        record = state.record(thumbprint)
+        return state.private.get(thumbprint) if record is not None and record.usable_at(now) else None
+
+    def not_after_of(self, thumbprint: str) -> float | None:
+        record = self.state().record(thumbprint)
+        return None if record is None else float(record.not_after)

@@ -1,15 +1,26 @@
 """The public verifier: what an exchange, a publisher edge or a relay imports to check signed requests.
 
-Resolve, then verify: ``core`` parses the stack, ``directory`` and ``revocation`` fetch what it names
-through ``net.client``, and ``core`` verifies with ``now`` given; the frozen result is the only thing
-a caller should trust. ``__all__`` below is the API, pinned by a test.
+Check, resolve, then verify: ``core`` checks the stack without I/O, ``directory`` and ``revocation``
+fetch what it names through ``net.client`` under an ``EgressPolicy`` (bounded caches, one revoked
+set per directory, pollers that fail closed), and ``core`` verifies with ``now`` given; the frozen
+result is the only thing a caller should trust. ``build_verifier`` assembles all of it the one way
+every verifier of the package uses. ``__all__`` below is the API, pinned by a test.
 """
 
-from ..config import TimeoutsConfig, UpstreamConfig
+from ..config import TimeoutsConfig, UpstreamConfig, VerifyConfig
 from ..core.errors import VerificationError
 from ..core.signatures import VerifiedSignature, VerifiedStack
 from ..errors import DirectoryError
 from ..net.client import FetchedResponse, HttpClient
+from ..net.egress import EgressPolicy
+from .build import build_verifier
+from .delivery import (
+    DeliveryPolicy,
+    DeliveryVerifier,
+    VerifiedRetrieval,
+    build_delivery_verifier,
+    verify_delivery_request,
+)
 from .directory import DirectoryResolver, Fetcher, FetchResult, directory_url, http_fetcher
 from .middleware import SIGNATURE, refusal, signature_middleware, verify_aiohttp_request
 from .origin import build_verify_origin
@@ -18,8 +29,11 @@ from .verifier import RequestVerifier, VerifierPolicy, stack_summary
 
 __all__ = [
     "SIGNATURE",
+    "DeliveryPolicy",
+    "DeliveryVerifier",
     "DirectoryError",
     "DirectoryResolver",
+    "EgressPolicy",
     "FetchResult",
     "FetchedResponse",
     "Fetcher",
@@ -29,9 +43,13 @@ __all__ = [
     "TimeoutsConfig",
     "UpstreamConfig",
     "VerificationError",
+    "VerifiedRetrieval",
     "VerifiedSignature",
     "VerifiedStack",
     "VerifierPolicy",
+    "VerifyConfig",
+    "build_delivery_verifier",
+    "build_verifier",
     "build_verify_origin",
     "directory_url",
     "http_fetcher",
@@ -39,4 +57,5 @@ __all__ = [
     "signature_middleware",
     "stack_summary",
     "verify_aiohttp_request",
+    "verify_delivery_request",
 ]

@@ -2,11 +2,14 @@
 
 A verifier finds a signer's key at ``{Signature-Agent}/.well-known/http-message-signatures-directory``
 (spec "Key lookup"). ``DirectoryResolver`` fetches it once per URL at a time (concurrent callers
-share the fetch), caches it for the response's ``Cache-Control`` max-age clamped between a floor
-and a ceiling, refuses oversized or slow answers, remembers failures briefly (negative cache), and
-keeps serving the last good copy when a refresh fails — a failed fetch is no evidence that a key
-was withdrawn. Fetches go through a ``Fetcher``: ``http_fetcher`` builds one on ``net.client.HttpClient``
-(no redirects, bounded size and time); tests pass a fake. Revocation lists: ``verify.revocation``.
+share one fetch task, which settles whatever happens, within ``fetch_timeout_s``), caches it for the
+response's ``Cache-Control`` max-age clamped between a floor and a ceiling in an LRU bounded by
+entries and bytes, remembers failures briefly by their reason only (a bounded negative cache), keeps
+serving the last good copy when a refresh fails — a failed fetch is no evidence that a key was
+withdrawn — and re-fetches a cached directory for an unknown ``keyid`` at most once per
+``keyid_refetch_s`` (rotation). Fetches go through a ``Fetcher``: ``http_fetcher`` builds one on
+``net.client.HttpClient`` under an ``EgressPolicy`` (no redirects, bounded size and time); tests pass
+a fake. Revocation lists: ``verify.revocation``.
 """
 
 from __future__ import annotations
@@ -21,8 +24,10 @@ from typing import TypeVar
 
 from ..core.errors import KeyFormatError
 from ..core.keys import DIRECTORY_PATH, MAX_DIRECTORY_BYTES, Directory, parse_directory
-from ..errors import DirectoryError, ProxyError
+from ..errors import DirectoryError, EgressError, Error, ProxyError
 from ..net.client import HttpClient
+from ..net.egress import EgressPolicy
+from .cache import LruCache
 
 __all__ = [
     "DirectoryError",
@@ -32,6 +37,7 @@ __all__ = [
     "directory_url",
     "fetch_parsed",
     "http_fetcher",
+    "settle",
     "ttl_from_cache_control",
 ]
 
@@ -41,7 +47,11 @@ DEFAULT_TTL_S = 300.0  # no Cache-Control: "minutes to hours" (spec: Limits) -> 
 MIN_TTL_S = 60.0  # floor: never re-fetch a directory more often than once a minute
 MAX_TTL_S = 6 * 3600.0  # ceiling: re-fetch at least every six hours, whatever the server says
 NEGATIVE_TTL_S = 30.0  # a failed fetch is retried after this long, not on every request
-FETCH_TIMEOUT_S = 5.0  # our choice: a whole directory or revocation-list exchange, connect included
+FETCH_TIMEOUT_S = 5.0  # our choice (config egress.fetch_timeout_s): one document, connect included
+CACHE_ENTRIES = 1024  # config verify.directory_cache_entries
+CACHE_BYTES = 16 * 1024 * 1024  # config verify.directory_cache_bytes
+NEGATIVE_ENTRIES = 4096  # config verify.negative_cache_entries
+KEYID_REFETCH_S = 30.0  # config verify.keyid_refetch_s (issue 15: "at most once per 30 s")
 _MAX_AGE = re.compile(r"(?:^|[,\s])max-age\s*=\s*\"?(\d+)", re.IGNORECASE)
 
 
@@ -75,17 +85,25 @@ def ttl_from_cache_control(value: str | None, floor_s: float, ceiling_s: float) 
 
 
 def http_fetcher(
-    client: HttpClient, *, max_bytes: int = MAX_DIRECTORY_BYTES, timeout_s: float = FETCH_TIMEOUT_S
+    client: HttpClient,
+    *,
+    egress: EgressPolicy | None = None,
+    max_bytes: int = MAX_DIRECTORY_BYTES,
+    timeout_s: float = FETCH_TIMEOUT_S,
 ) -> Fetcher:
-    """A fetcher on ``client``: unsigned GET, no redirects (drafts: MUST NOT follow), bounded size and time.
+    """A fetcher on ``client``: unsigned GET under ``egress`` (default: public https only), connected
+    to the vetted address, no redirects (drafts: MUST NOT follow), bounded size and time.
 
-    Failures become DirectoryError: ``directory-too-large``, ``directory-fetch-timeout`` or
-    ``directory-fetch-failed`` (the client's reason in the detail).
+    Failures become DirectoryError: ``directory-too-large``, ``directory-fetch-timeout``,
+    ``directory-egress-refused`` or ``directory-fetch-failed`` (the cause in the detail, for the log).
     """
+    policy = egress if egress is not None else EgressPolicy()
 
     async def fetch(url: str) -> FetchResult:
         try:
-            answer = await client.fetch("GET", url, max_bytes=max_bytes, total_s=timeout_s)
+            answer = await client.fetch("GET", url, max_bytes=max_bytes, total_s=timeout_s, egress=policy)
+        except EgressError as exc:
+            raise DirectoryError("directory-egress-refused", f"{url}: {exc.reason}: {exc.detail}") from None
         except ProxyError as exc:
             if exc.reason == "response-too-large":
                 raise DirectoryError(
@@ -95,6 +113,8 @@ def http_fetcher(
                 raise DirectoryError(
                     "directory-fetch-timeout", f"{url} did not answer in {timeout_s:g} s"
                 ) from None
+            raise DirectoryError("directory-fetch-failed", f"{url}: {exc.reason}: {exc.detail}") from None
+        except Error as exc:
             raise DirectoryError("directory-fetch-failed", f"{url}: {exc.reason}: {exc.detail}") from None
         return FetchResult(answer.status, answer.body, answer.header("Cache-Control"))
 
@@ -123,16 +143,43 @@ async def fetch_parsed(
         raise DirectoryError(reason, f"{url}: {exc.detail}") from None
 
 
-@dataclass
+async def settle(work: Awaitable[_T], timeout_s: float, kind: str, url: str) -> _T:
+    """Await ``work`` and turn every failure into DirectoryError: a stranger's document never hangs
+    nor crashes a verifier. The cause of an unexpected failure goes to the log, not to the caller."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await work
+    except DirectoryError:
+        raise
+    except TimeoutError:
+        raise DirectoryError(f"{kind}-fetch-timeout", f"{url} did not answer in {timeout_s:g} s") from None
+    except Exception as exc:  # a parser or fetcher bug on hostile input must still settle the fetch
+        log.warning("%s %s unusable: %s", kind, url, type(exc).__name__, exc_info=True)
+        raise DirectoryError(f"{kind}-unusable", f"{url}: {type(exc).__name__}") from None
+
+
+@dataclass(slots=True)
 class _Entry:
-    directory: Directory | None
+    directory: Directory
     expires_at: float
-    error: DirectoryError | None = None
+    fetched_at: float
+    size: int  # bytes of the served document
+    extra: int = 0  # bytes charged by what hangs on the directory (its revocation set)
+    keyid_refetch_at: float = float("-inf")
+
+
+@dataclass(frozen=True, slots=True)
+class _Failure:
+    reason: str  # the reason only: no exception object, no traceback (bounded, issue 15)
+    expires_at: float
 
 
 @dataclass
 class DirectoryResolver:
-    """Fetch-and-cache of key directories, with pinned directories that are never fetched."""
+    """Fetch-and-cache of key directories, with pinned directories that are never fetched.
+
+    ``listeners`` hear the URL of every directory leaving the cache (revocation pollers stop then).
+    """
 
     fetch: Fetcher
     clock: Callable[[], float] = time.time
@@ -140,10 +187,48 @@ class DirectoryResolver:
     ceiling_s: float = MAX_TTL_S
     negative_ttl_s: float = NEGATIVE_TTL_S
     pinned: Mapping[str, Directory] = field(default_factory=dict)
-    _cache: dict[str, _Entry] = field(default_factory=dict)
-    _inflight: dict[str, asyncio.Future[Directory]] = field(default_factory=dict)
+    max_entries: int = CACHE_ENTRIES
+    max_bytes: int = CACHE_BYTES
+    negative_entries: int = NEGATIVE_ENTRIES
+    keyid_refetch_s: float = KEYID_REFETCH_S
+    fetch_timeout_s: float = FETCH_TIMEOUT_S
+    listeners: list[Callable[[str], None]] = field(default_factory=list)
     fetches: int = 0
     hits: int = 0
+    _cache: LruCache[str, _Entry] = field(init=False, repr=False)
+    _negative: LruCache[str, _Failure] = field(init=False, repr=False)
+    _inflight: dict[str, asyncio.Task[Directory]] = field(init=False, repr=False, default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.pinned = {base.rstrip("/"): d for base, d in self.pinned.items()}
+        self._cache = LruCache(self.max_entries, self.max_bytes, on_evict=self._evicted)
+        self._negative = LruCache(self.negative_entries)
+
+    def __len__(self) -> int:
+        """Directories cached (pinned ones not counted)."""
+        return len(self._cache)
+
+    @property
+    def cached_bytes(self) -> int:
+        return self._cache.bytes
+
+    @property
+    def failures_cached(self) -> int:
+        return len(self._negative)
+
+    def is_pinned(self, base: str) -> bool:
+        return base.rstrip("/") in self.pinned
+
+    def holds(self, url: str) -> bool:
+        """True while the directory at ``url`` is cached or pinned (its pollers may run)."""
+        return url in self._cache or any(directory_url(b) == url for b in self.pinned)
+
+    def charge(self, url: str, extra_bytes: int) -> None:
+        """Count ``extra_bytes`` of dependent state against the directory at ``url`` (may evict)."""
+        entry = self._cache.peek(url)
+        if entry is not None:
+            entry.extra = extra_bytes
+            self._cache.resize(url, entry.size + extra_bytes)
 
     async def get(self, base: str) -> Directory:
         """The directory at ``base`` (a Signature-Agent value); raises DirectoryError."""
@@ -151,47 +236,96 @@ class DirectoryResolver:
         if pinned is not None:
             return pinned
         url = directory_url(base)
-        entry = self._cache.get(url)
         now = self.clock()
+        entry = self._cache.get(url)
         if entry is not None and now < entry.expires_at:
             self.hits += 1
-            if entry.directory is not None:
-                return entry.directory
-            assert entry.error is not None
-            raise entry.error
-        inflight = self._inflight.get(url)
-        if inflight is not None:
-            return await asyncio.shield(inflight)
-        future: asyncio.Future[Directory] = asyncio.get_running_loop().create_future()
-        self._inflight[url] = future
-        try:
-            directory = await self._refresh(url, entry)
-            future.set_result(directory)
-            return directory
-        except DirectoryError as exc:
-            future.set_exception(exc)
-            future.exception()  # retrieved here: concurrent waiters get it too; no "never retrieved" warning
-            raise
-        finally:
-            del self._inflight[url]
+            return entry.directory
+        if entry is None and url not in self._inflight:
+            failure = self._negative.get(url)
+            if failure is not None and now < failure.expires_at:
+                self.hits += 1
+                raise DirectoryError(failure.reason, f"{url} failed recently")
+        return await self._shared(url)
 
-    async def _refresh(self, url: str, stale: _Entry | None) -> Directory:
-        self.fetches += 1
+    async def refetch_for_keyid(self, base: str) -> Directory | None:
+        """Re-fetch a cached directory that lacks a signature's ``keyid`` (a key rotated in), at most
+        once per ``keyid_refetch_s``; None when not cached, pinned or refetched too recently."""
+        if self.is_pinned(base):
+            return None
+        url = directory_url(base)
+        entry = self._cache.peek(url)
+        if entry is None:
+            return None
+        if url not in self._inflight:
+            last = max(entry.fetched_at, entry.keyid_refetch_at)
+            if self.clock() - last < self.keyid_refetch_s:
+                return None
+            entry.keyid_refetch_at = self.clock()
+        return await self._shared(url)
+
+    async def close(self) -> None:
+        """Cancel fetches in flight (their waiters get a DirectoryError)."""
+        tasks = list(self._inflight.values())
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
+
+    async def _shared(self, url: str) -> Directory:
+        task = self._inflight.get(url)
+        if task is None:
+            # a task of its own: a waiter that goes away (client disconnect) never cancels the others
+            task = asyncio.get_running_loop().create_task(self._refresh(url))
+            self._inflight[url] = task
+            task.add_done_callback(lambda done: self._done(url, done))
         try:
-            directory, result = await fetch_parsed(self.fetch, url, parse_directory, "directory")
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if task.cancelled() and not _current_cancelling():
+                raise DirectoryError("directory-fetch-failed", f"{url}: the verifier is closing") from None
+            raise
+
+    def _done(self, url: str, task: asyncio.Task[Directory]) -> None:
+        if self._inflight.get(url) is task:
+            del self._inflight[url]
+        if not task.cancelled():
+            task.exception()  # retrieved here: no "never retrieved" warning when every waiter left
+
+    async def _refresh(self, url: str) -> Directory:
+        self.fetches += 1
+        stale = self._cache.peek(url)
+        try:
+            directory, result = await settle(
+                fetch_parsed(self.fetch, url, parse_directory, "directory"),
+                self.fetch_timeout_s,
+                "directory",
+                url,
+            )
         except DirectoryError as exc:
             now = self.clock()
-            if stale is not None and stale.directory is not None:
+            if stale is not None:
                 log.warning("keeping the cached directory %s: refresh failed (%s)", url, exc.reason)
                 stale.expires_at = now + self.negative_ttl_s
                 return stale.directory
-            self._cache[url] = _Entry(None, now + self.negative_ttl_s, exc)
-            raise
+            log.info("directory %s unavailable: %s: %s", url, exc.reason, exc.detail)
+            self._negative.put(url, _Failure(exc.reason, now + self.negative_ttl_s))
+            raise DirectoryError(exc.reason, f"{url} is unavailable") from None
+        now = self.clock()
         ttl = ttl_from_cache_control(result.cache_control, self.floor_s, self.ceiling_s)
-        self._cache[url] = _Entry(directory, self.clock() + ttl)
+        current = self._cache.peek(url)  # the entry may have been evicted while we fetched
+        extra = current.extra if current is not None else 0
+        self._negative.pop(url)
+        self._cache.put(
+            url, _Entry(directory, now + ttl, now, len(result.body), extra), len(result.body) + extra
+        )
         return directory
 
-    def known_revocation_urls(self) -> set[str]:
-        urls = {e.directory.revocation_url for e in self._cache.values() if e.directory is not None}
-        urls.update(d.revocation_url for d in self.pinned.values())
-        return {u for u in urls if u}
+    def _evicted(self, url: str, _entry: _Entry) -> None:
+        for listener in self.listeners:
+            listener(url)
+
+
+def _current_cancelling() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0

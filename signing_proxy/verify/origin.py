@@ -8,19 +8,24 @@ found, the exact signature bases — or the refusal reason and the label it conc
 
 from __future__ import annotations
 
+import asyncio
+import random
+import time
+from collections.abc import Awaitable, Callable
+
 from aiohttp import web
 
+from ..config import VerifyConfig
 from ..core.errors import VerificationError
 from ..errors import problem_body
 from ..net.client import HttpClient
-from .directory import DirectoryResolver, http_fetcher
+from ..net.egress import EgressPolicy
+from .build import build_verifier
 from .middleware import verify_aiohttp_request
-from .revocation import RevocationPoller
 from .verifier import RequestVerifier, VerifierPolicy, stack_summary
 
 __all__ = ["build_verify_origin"]
 
-_CLIENT = web.AppKey("client", HttpClient)
 _VERIFIER = web.AppKey("verifier", RequestVerifier)
 
 
@@ -29,26 +34,27 @@ def build_verify_origin(
     *,
     external_origin: str | None = None,
     client: HttpClient | None = None,
-    egress: object | None = None,
+    egress: EgressPolicy | None = None,
+    limits: VerifyConfig | None = None,
+    clock: Callable[[], float] = time.time,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    rand: Callable[[], float] = random.random,
 ) -> web.Application:
     """An aiohttp app answering every path with the verification verdict of the request.
 
     Directories and revocation lists are fetched through ``client`` (default: a standalone one,
-    closed with the app).
+    closed with the app) under ``egress`` (default: public https only); revocation lists are polled
+    every 300 s +/-10 % and fail closed until first fetched (``clock``/``sleep``/``rand``: for tests).
     """
     app = web.Application(client_max_size=64 * 1024 * 1024)
 
     async def on_startup(app: web.Application) -> None:
-        own = client if client is not None else HttpClient.standalone()
-        app[_CLIENT] = own
-        fetch = http_fetcher(own)
-        app[_VERIFIER] = RequestVerifier(
-            DirectoryResolver(fetch), policy, revocations=RevocationPoller(fetch)
+        app[_VERIFIER] = build_verifier(
+            policy, client=client, egress=egress, limits=limits, clock=clock, sleep=sleep, rand=rand
         )
 
     async def on_cleanup(app: web.Application) -> None:
-        if client is None:
-            await app[_CLIENT].close()
+        await app[_VERIFIER].close()  # stops the pollers; closes the client only if it is ours
 
     async def verdict(request: web.Request) -> web.Response:
         try:

@@ -1,9 +1,15 @@
-"""Revocation lists of other participants' directories, polled on a jittered schedule.
+"""Revocation lists of other participants' directories: one revoked set per directory, polled while
+the directory is cached.
 
-``RevocationPoller`` polls every directory's ``revocation_url`` every 300 s +/-10 % (spec "Key
-publication, rotation and revocation" 3) with an injected clock, sleep and random source, through
-the same ``Fetcher`` as the directories. A failed poll keeps the last set: a list that cannot be
-fetched withdraws nothing it did not withdraw before.
+A list applies only to the keys of the directory that names it (DESIGN section 7): a stranger's
+directory can name anyone's thumbprints and change nothing for anyone else. ``RevocationPoller``
+keeps, per directory URL, the set its ``revocation_url`` served: each successful poll replaces it
+(spec "Key publication, rotation and revocation" 3), except that a thumbprint this directory's list
+once named stays refused for this directory while it is cached (spec "States and transitions": "a
+revoked thumbprint stays revoked"). A directory whose list was never fetched fails closed
+(``revocation-unavailable``), retried at most every ``retry_s``; a failed later poll keeps the last
+set. Each tracked directory is polled every 300 s +/-10 % with an injected clock, sleep and random
+source, and forgotten (poller cancelled) when the resolver drops the directory.
 """
 
 from __future__ import annotations
@@ -12,73 +18,189 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 
 from ..core.keys import RevocationList, merge_revocation_lists, next_poll_delay, parse_revocation_list
 from ..errors import DirectoryError
-from .directory import Fetcher, fetch_parsed
+from .directory import FETCH_TIMEOUT_S, NEGATIVE_TTL_S, DirectoryResolver, Fetcher, fetch_parsed, settle
 
-__all__ = ["RevocationPoller"]
+__all__ = ["MAX_REVOCATION_LIST_BYTES", "MAX_REVOKED_PER_DIRECTORY", "RevocationPoller"]
 
 log = logging.getLogger("signing_proxy.directory")
 
+MAX_REVOCATION_LIST_BYTES = 4 * 1024 * 1024  # issue 15: "revocation lists up to 4 MiB"
+_THUMBPRINT_BYTES = 46  # the fewest bytes one entry takes on the wire: 43 characters, quotes, comma
+MAX_REVOKED_PER_DIRECTORY = MAX_REVOCATION_LIST_BYTES // _THUMBPRINT_BYTES  # what a 4 MiB list can name
 
-@dataclass
-class _RevocationState:
-    current: RevocationList | None = None
+
+def parse_bounded_list(body: bytes) -> RevocationList:
+    """A revocation list of up to 4 MiB (``parse_revocation_list`` with this module's bounds)."""
+    return parse_revocation_list(
+        body, max_entries=MAX_REVOKED_PER_DIRECTORY, max_bytes=MAX_REVOCATION_LIST_BYTES
+    )
+
+
+@dataclass(slots=True)
+class _State:
+    url: str  # the revocation_url the directory names
+    current: RevocationList | None = None  # the latest list, plus what earlier lists of it named
     last_success: float | None = None
+    last_attempt: float | None = None
     failures: int = 0
+    loop: asyncio.Task[None] | None = None  # the periodic poller
+    inflight: asyncio.Task[bool] | None = None  # the poll in progress, shared by its waiters
+
+    @property
+    def revoked(self) -> frozenset[str]:
+        return self.current.revoked if self.current is not None else frozenset()
 
 
 @dataclass
 class RevocationPoller:
-    """Polls revocation lists and keeps the latest revoked set per URL (a failed poll keeps the last)."""
+    """Per-directory revoked sets and their pollers; ``attach`` binds it to a resolver's cache."""
 
     fetch: Fetcher
     clock: Callable[[], float] = time.time
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
     rand: Callable[[], float] = random.random
-    _state: dict[str, _RevocationState] = field(default_factory=dict)
+    retry_s: float = NEGATIVE_TTL_S  # a list never fetched is tried again on demand after this long
+    fetch_timeout_s: float = FETCH_TIMEOUT_S
+    holds: Callable[[str], bool] = lambda _url: True  # is this directory still cached?
+    charge: Callable[[str, int], None] = lambda _url, _bytes: None  # count a set's bytes against it
+    polls: int = 0
+    _states: dict[str, _State] = field(default_factory=dict)
 
-    def revoked(self) -> frozenset[str]:
-        """Every thumbprint revoked by any list we hold."""
-        out: set[str] = set()
-        for state in self._state.values():
-            if state.current is not None:
-                out |= state.current.revoked
-        return frozenset(out)
+    def attach(self, resolver: DirectoryResolver) -> None:
+        """Track only directories ``resolver`` holds, charge their sets to it, forget what it drops."""
+        self.holds = resolver.holds
+        self.charge = resolver.charge
+        resolver.listeners.append(self.forget)
 
-    def age_s(self, url: str) -> float | None:
-        """Seconds since the last successful poll of ``url`` (None: never succeeded)."""
-        state = self._state.get(url)
+    def __len__(self) -> int:
+        """Directories tracked (each with at most one poller)."""
+        return len(self._states)
+
+    def pollers(self) -> int:
+        """Periodic pollers still running."""
+        return sum(1 for s in self._states.values() if s.loop is not None and not s.loop.done())
+
+    def revoked(self, directory_url: str) -> frozenset[str]:
+        """The revoked set held for the directory at ``directory_url`` (empty when none)."""
+        state = self._states.get(directory_url)
+        return state.revoked if state is not None else frozenset()
+
+    def age_s(self, directory_url: str) -> float | None:
+        """Seconds since the directory's list was last fetched successfully (None: never)."""
+        state = self._states.get(directory_url)
         if state is None or state.last_success is None:
             return None
         return self.clock() - state.last_success
 
-    def ages(self) -> dict[str, float | None]:
-        return {url: self.age_s(url) for url in self._state}
+    def ages(self) -> Iterator[float | None]:
+        """The age of every tracked list (None: never fetched); bounded by the directory cache."""
+        return (self.age_s(url) for url in list(self._states))
 
-    async def poll_once(self, url: str) -> bool:
-        """Fetch ``url`` once; replace the set on success, keep it on failure. True on success."""
-        state = self._state.setdefault(url, _RevocationState())
+    async def ensure(self, directory_url: str, revocation_url: str) -> frozenset[str]:
+        """The revoked set of the directory at ``directory_url``, whose list is at ``revocation_url``.
+
+        A directory seen for the first time is polled now and then periodically while cached; a
+        list never fetched successfully raises DirectoryError ``revocation-unavailable``.
+        """
+        state = self._state_for(directory_url, revocation_url)
+        if state.last_success is None:
+            now = self.clock()
+            if state.last_attempt is None or now - state.last_attempt >= self.retry_s or state.inflight:
+                await self._poll_shared(directory_url, state)
+        if self._states.get(directory_url) is state and state.loop is None:
+            state.loop = asyncio.get_running_loop().create_task(self._run(directory_url, state))
+        if state.last_success is None:
+            raise DirectoryError("revocation-unavailable", f"{revocation_url} was never fetched successfully")
+        return state.revoked
+
+    async def poll_once(self, directory_url: str, revocation_url: str) -> bool:
+        """Poll the list of the directory at ``directory_url`` now; True on success."""
+        return await self._poll_shared(directory_url, self._state_for(directory_url, revocation_url))
+
+    def _state_for(self, directory_url: str, revocation_url: str) -> _State:
+        state = self._states.get(directory_url)
+        if state is None:
+            state = _State(revocation_url)
+            if self.holds(directory_url):  # else: used for the request in hand, then dropped
+                self._states[directory_url] = state
+        elif state.url != revocation_url:
+            # the directory moved its list: earlier entries stay refused, the new list must arrive
+            state.url, state.last_success, state.last_attempt = revocation_url, None, None
+        return state
+
+    def forget(self, directory_url: str) -> None:
+        """The directory left the cache: stop its poller and drop its set."""
+        state = self._states.pop(directory_url, None)
+        if state is not None and state.loop is not None:
+            state.loop.cancel()
+
+    async def close(self) -> None:
+        """Stop every poller and every poll in flight."""
+        tasks = [t for s in self._states.values() for t in (s.loop, s.inflight) if t is not None]
+        self._states.clear()
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
+
+    async def _run(self, directory_url: str, state: _State) -> None:
+        while self._states.get(directory_url) is state:
+            await self.sleep(next_poll_delay(self.rand()))
+            if self._states.get(directory_url) is not state:
+                return
+            await self._poll_shared(directory_url, state)
+
+    async def _poll_shared(self, directory_url: str, state: _State) -> bool:
+        task = state.inflight
+        if task is None:
+            task = asyncio.get_running_loop().create_task(self._poll(directory_url, state))
+            state.inflight = task
+            task.add_done_callback(lambda _t: setattr(state, "inflight", None))
         try:
-            fresh, _result = await fetch_parsed(self.fetch, url, parse_revocation_list, "revocation")
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if task.cancelled() and (current is None or current.cancelling() == 0):
+                return False  # the poller is closing: the waiter gets a refusal, not a hang
+            raise
+
+    async def _poll(self, directory_url: str, state: _State) -> bool:
+        url = state.url
+        self.polls += 1
+        state.last_attempt = self.clock()
+        try:
+            fresh, _result = await settle(
+                fetch_parsed(self.fetch, url, parse_bounded_list, "revocation"),
+                self.fetch_timeout_s,
+                "revocation",
+                url,
+            )
         except DirectoryError as exc:
             state.failures += 1
-            log.warning("revocation poll of %s failed (%s); keeping the last set", url, exc.reason)
+            log.warning(
+                "revocation poll of %s failed (%s: %s); keeping the last set", url, exc.reason, exc.detail
+            )
             return False
-        state.current = merge_revocation_lists(state.current, fresh)
+        if state.url != url:
+            return False  # the directory named another list meanwhile: this one is not its word
+        state.current = _sticky(state.current, fresh)
         state.last_success = self.clock()
         state.failures = 0
+        if self._states.get(directory_url) is state:
+            self.charge(directory_url, len(state.current.revoked) * _THUMBPRINT_BYTES)
         return True
 
-    async def run(self, url: str, *, rounds: int | None = None) -> None:
-        """Poll ``url`` now and then every 300 s +/-10 % (``rounds`` bounds the loop, for tests)."""
-        done = 0
-        while rounds is None or done < rounds:
-            await self.poll_once(url)
-            done += 1
-            if rounds is not None and done >= rounds:
-                return
-            await self.sleep(next_poll_delay(self.rand()))
+
+def _sticky(current: RevocationList | None, fresh: RevocationList) -> RevocationList:
+    """``fresh`` replaces ``current``, but what ``current`` named stays (bounded: ``fresh`` first)."""
+    merged = merge_revocation_lists(current, fresh)
+    if len(merged.revoked) <= MAX_REVOKED_PER_DIRECTORY:
+        return merged
+    room = MAX_REVOKED_PER_DIRECTORY - len(fresh.revoked)
+    kept = sorted(merged.revoked - fresh.revoked)[: max(room, 0)]
+    return RevocationList(merged.as_of, fresh.revoked | frozenset(kept))

@@ -1,36 +1,40 @@
-"""Layer-1 verification for exchanges, publishers and relays: resolve keys, then verify purely.
+"""Layer-1 verification for exchanges, publishers and relays: cheap checks, resolve keys, verify purely.
 
-``RequestVerifier.verify`` parses the signature stack, resolves each label's key — the first
-label's in the directory named by ``Signature-Agent`` (or pinned keys when it is empty), later
-labels' in the directories of known brokers — folds in the revocation lists, and hands everything
-to ``core.signatures.verify_stack`` with the current time. The result is a frozen
-``VerifiedStack``; a refusal is a ``VerificationError`` with a stable reason. No aiohttp here:
-``verify.middleware`` mounts it on an aiohttp application in one line.
+``RequestVerifier.verify`` first applies every rule that needs no I/O (``core.signature_verify.
+check_stack``: parse, hop cap, components, ``alg``, ``keyid`` shape, window, lifetime, digest) and
+vets the ``Signature-Agent`` URL against the egress policy, so a request that fails them causes no
+network traffic. Then it resolves each label's key — the first label's in the directory named by
+``Signature-Agent`` (or pinned keys when it is empty), later labels' in the directories of known
+brokers — re-fetching a cached directory once for an unknown ``keyid`` (rotation), checks the key
+against the revoked set of the directory that published it (and only that one), and hands
+everything to ``verify_checked`` with the current time. The result is a frozen ``VerifiedStack``; a
+refusal is a ``VerificationError`` with a stable reason and a generic detail (causes go to the log).
+No aiohttp here: ``verify.middleware`` mounts it on an aiohttp application in one line.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from ..core.errors import FieldError, VerificationError
 from ..core.fields import Fields
 from ..core.jwk import PublicKey
 from ..core.keys import Directory, DirectoryKey
+from ..core.signature_verify import DEFAULT_MAX_VALIDITY_S, check_stack, verify_checked
 from ..core.signatures import (
     DEFAULT_SKEW_S,
     Message,
     SignatureEntry,
     VerificationKey,
     VerifiedStack,
-    parse_signature_agent,
-    parse_signature_stack,
-    verify_stack,
 )
 from ..core.uri import parse_absolute_uri
-from .directory import DirectoryError, DirectoryResolver
+from ..errors import EgressError
+from ..net.egress import EgressPolicy
+from .directory import DirectoryError, DirectoryResolver, directory_url
 from .revocation import RevocationPoller
 
 __all__ = ["PINNED", "RequestVerifier", "VerifierPolicy", "stack_summary"]
@@ -45,90 +49,152 @@ _FOREVER = (0, 2**62)
 class VerifierPolicy:
     """What a verifier accepts beyond the spec's fixed rules."""
 
-    skew_s: int = DEFAULT_SKEW_S
+    skew_s: int = DEFAULT_SKEW_S  # for a created in the future only, never past expires
+    max_validity_s: int = DEFAULT_MAX_VALIDITY_S  # expires - created above this is refused
     max_hops: int | None = None  # RequestConstraints.max_hops / max_intermediary_hops, counted as labels
     broker_directories: tuple[str, ...] = ()  # directory bases where later labels' keys are looked up
     pinned_agent_keys: tuple[PublicKey, ...] = ()  # for agents that send an empty Signature-Agent
     pinned_broker_keys: tuple[PublicKey, ...] = ()  # brokers known by key, no directory fetch
 
 
+@dataclass(frozen=True, slots=True)
+class _Source:
+    base: str  # the key source reported: a directory base, or PINNED
+    url: str | None  # the directory URL (None: pinned keys, no revocation list)
+    directory: Directory
+
+
 @dataclass
 class RequestVerifier:
-    """Verifies requests against published directories, revocation lists and pinned keys."""
+    """Verifies requests against published directories, their revocation lists and pinned keys.
+
+    Without ``revocations``, one is made on the resolver's fetcher: no verifier skips revocation.
+    ``egress`` vets ``Signature-Agent`` before any fetch (default: public https only).
+    """
 
     resolver: DirectoryResolver
     policy: VerifierPolicy = field(default_factory=VerifierPolicy)
     revocations: RevocationPoller | None = None
     clock: Callable[[], float] = time.time
-    start_polling: Callable[[str], object] | None = None  # called once per newly seen revocation_url
-    _polled: set[str] = field(default_factory=set)
+    egress: EgressPolicy = field(default_factory=EgressPolicy)
+    closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)  # run by ``close``
+    _poller: RevocationPoller = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.revocations is None:
+            self.revocations = RevocationPoller(self.resolver.fetch, clock=self.clock)
+        self._poller = self.revocations
+        self._poller.attach(self.resolver)
 
     async def verify(self, method: str, target_uri: str, fields: Fields, body: bytes) -> VerifiedStack:
         """Verify every label of the request; raise VerificationError with the reason of a refusal."""
         try:
+            return await self._verify(method, target_uri, fields, body)
+        except VerificationError:
+            raise
+        except Exception:  # every request gets an answer; the cause goes to the log only
+            log.exception("verifying %s %.200r failed unexpectedly", method, target_uri)
+            raise VerificationError("verification-failed", "the request could not be verified") from None
+
+    async def close(self) -> None:
+        """Stop the revocation pollers and fetches in flight; run ``closers`` (an owned client)."""
+        await self._poller.close()
+        await self.resolver.close()
+        for closer in self.closers:
+            await closer()
+
+    async def _verify(self, method: str, target_uri: str, fields: Fields, body: bytes) -> VerifiedStack:
+        now = self.clock()
+        try:
             message = Message(method, parse_absolute_uri(target_uri), fields)
         except FieldError as exc:
             raise VerificationError(exc.reason, exc.detail) from None
-        entries = parse_signature_stack(fields)
-        raw_agent = fields.combined("signature-agent")
-        if raw_agent is None:
-            raise VerificationError("missing-covered-header", "covered field 'signature-agent' is absent")
-        try:
-            agent_base = parse_signature_agent(raw_agent)
-        except FieldError as exc:
-            raise VerificationError(exc.reason, exc.detail) from None
-        agent_dirs = await self._agent_directories(agent_base)
-        broker_dirs = await self._broker_directories() if len(entries) > 1 else []
-        for _base, directory in (*agent_dirs, *broker_dirs):
-            await self._ensure_revocations(directory)
-        revoked = self.revocations.revoked() if self.revocations is not None else frozenset()
-
-        def lookup(entry: SignatureEntry, index: int) -> VerificationKey | None:
-            for base, directory in agent_dirs if index == 0 else broker_dirs:
-                key = directory.lookup(entry.keyid or "")
-                if key is not None:
-                    return _verification_key(key, base, revoked)
-            return None
-
-        return verify_stack(
-            message, body, lookup, now=self.clock(), skew_s=self.policy.skew_s, max_hops=self.policy.max_hops
+        policy = self.policy
+        checked = check_stack(
+            message,
+            body,
+            now=now,
+            skew_s=policy.skew_s,
+            max_validity_s=policy.max_validity_s,
+            max_hops=policy.max_hops,
         )
+        agent = await self._agent_sources(checked.directory)
+        brokers = await self._broker_sources() if len(checked.entries) > 1 else []
+        keys = [
+            await self._key_for(entry, keyid, agent if index == 0 else brokers)
+            for index, (entry, keyid, *_rest) in enumerate(checked.entries)
+        ]
+        return verify_checked(checked, lambda _entry, index: keys[index], now=now)
 
-    async def _agent_directories(self, base: str | None) -> list[tuple[str, Directory]]:
+    async def _agent_sources(self, base: str | None) -> list[_Source]:
         if base is None:
             keys = tuple(DirectoryKey(k, *_FOREVER) for k in self.policy.pinned_agent_keys)
-            return [(PINNED, Directory(keys))] if keys else []
+            return [_Source(PINNED, None, Directory(keys))] if keys else []
+        if not self.resolver.is_pinned(base):
+            try:
+                self.egress.check_url(base, allow_query=False)
+            except (EgressError, ValueError) as exc:
+                why = exc.reason if isinstance(exc, EgressError) else "egress-host"
+                raise VerificationError(
+                    "signature-agent-refused",
+                    f"Signature-Agent names a URL this verifier does not fetch ({why})",
+                ) from None
         try:
-            return [(base, await self.resolver.get(base))]
+            directory = await self.resolver.get(base)
         except DirectoryError as exc:
+            log.debug("key directory of %.200r unavailable: %s", base, exc.reason)
             raise VerificationError(
-                "directory-unavailable", f"key directory of {base}: {exc.detail}"
+                "directory-unavailable", "the key directory named by Signature-Agent is unavailable"
             ) from None
+        return [_Source(base, directory_url(base), directory)]
 
-    async def _broker_directories(self) -> list[tuple[str, Directory]]:
+    async def _broker_sources(self) -> list[_Source]:
         found = []
         if self.policy.pinned_broker_keys:
             pinned = tuple(DirectoryKey(k, *_FOREVER) for k in self.policy.pinned_broker_keys)
-            found.append((PINNED, Directory(pinned)))
+            found.append(_Source(PINNED, None, Directory(pinned)))
         for base in self.policy.broker_directories:
             try:
-                found.append((base, await self.resolver.get(base)))
+                found.append(_Source(base, directory_url(base), await self.resolver.get(base)))
             except DirectoryError as exc:
                 log.warning("broker directory %s unavailable: %s", base, exc.reason)
         return found
 
-    async def _ensure_revocations(self, directory: Directory) -> None:
-        url = directory.revocation_url
-        if url is None or self.revocations is None or url in self._polled:
-            return
-        self._polled.add(url)
-        await self.revocations.poll_once(url)  # trust nothing from a new directory before its list
-        if self.start_polling is not None:
-            self.start_polling(url)
+    async def _key_for(
+        self, entry: SignatureEntry, keyid: str, sources: list[_Source]
+    ) -> VerificationKey | None:
+        for source in sources:
+            key = source.directory.lookup(keyid)
+            if key is not None:
+                return await self._verification_key(entry, key, source)
+        for source in sources:  # a key rotated in since we cached the directory: re-fetch, rate-limited
+            if source.url is None:
+                continue
+            try:
+                fresh = await self.resolver.refetch_for_keyid(source.base)
+            except DirectoryError:
+                continue
+            key = fresh.lookup(keyid) if fresh is not None else None
+            if fresh is not None and key is not None:
+                return await self._verification_key(entry, key, _Source(source.base, source.url, fresh))
+        return None
 
-
-def _verification_key(key: DirectoryKey, source: str, revoked: frozenset[str]) -> VerificationKey:
-    return VerificationKey(key.public, key.not_before, key.not_after, key.thumbprint in revoked, source)
+    async def _verification_key(
+        self, entry: SignatureEntry, key: DirectoryKey, source: _Source
+    ) -> VerificationKey:
+        revoked = False
+        revocation_url = source.directory.revocation_url
+        if revocation_url is not None and source.url is not None:
+            try:
+                revoked_set = await self._poller.ensure(source.url, revocation_url)
+            except DirectoryError:
+                raise VerificationError(
+                    "revocation-unavailable",
+                    "the revocation list of the key's directory has not been fetched",
+                    entry.label,
+                ) from None
+            revoked = key.thumbprint in revoked_set  # a set lookup in this directory's set only
+        return VerificationKey(key.public, key.not_before, key.not_after, revoked, source.base)
 
 
 def stack_summary(stack: VerifiedStack) -> dict[str, object]:

@@ -17,7 +17,7 @@ import yaml
 
 from signing_proxy.core.jwk import SigningKey
 from tests.harness import WAIT_S
-from tests.proxy.publisher import EXCHANGE_DOMAIN, RESALE_DOMAIN, Publisher
+from tests.proxy.publisher import EXCHANGE_DOMAIN, INTERNAL_SECRET, RESALE_DOMAIN, Publisher
 
 pytestmark = pytest.mark.integration
 
@@ -72,9 +72,8 @@ def test_a_refused_url_prints_the_manifest_and_its_exchanges(tmp_path: Path, pub
     assert lines[header].split() == ["DOMAIN", "RELATIONSHIP", "ENDPOINT"]
     assert lines[header + 1].split() == [EXCHANGE_DOMAIN, "DIRECT", publisher.exchange_endpoint]
     assert lines[header + 2].split() == [RESALE_DOMAIN, "RESELLER", "https://resale.example/v1"]
-    # the command's requests left signed, like the proxy's
-    [refused] = publisher.edge.arrivals
-    [fetched] = publisher.manifests.arrivals
+    # the command's requests left signed, like the proxy's (the manifest is on the edge's origin)
+    refused, fetched = publisher.edge.arrivals
     for arrival in (refused, fetched):
         assert arrival.verified, arrival.reason
         assert arrival.keyids == [KEY.thumbprint]
@@ -101,7 +100,9 @@ def test_only_the_head_of_a_large_answer_matters(tmp_path: Path, publisher: Publ
 
 def test_discover_resources_from_the_config_adds_the_offers(tmp_path: Path, publisher: Publisher) -> None:
     url = publisher.refused("v1.0")
-    config = write_config(tmp_path, discovery={"discover_resources": True})
+    config = write_config(
+        tmp_path, discovery={"discover_resources": True}, egress={"allow_private": ["127.0.0.1/32"]}
+    )
     done = discover(url, "--config", str(config))
     assert done.returncode == 0, done.stderr
     assert f"DiscoverResources at {EXCHANGE_DOMAIN}: 200" in done.stdout
@@ -123,6 +124,21 @@ def test_a_refused_manifest_exits_1_with_its_reason(name: str, tmp_path: Path, p
     doc = json.loads(done.stdout)
     assert doc["usable"] is False
     assert doc["manifest_error"]["reason"].startswith("manifest-")
+
+
+def test_discovery_request_forgery_discover_applies_the_proxys_rules(
+    tmp_path: Path, publisher: Publisher
+) -> None:
+    config = str(write_config(tmp_path, discovery={"discover_resources": True}))
+    done = discover(publisher.refused("v1.0", remote=True), "--config", config, "--json")
+    assert done.returncode == 1  # another port of the same host: not fetched
+    assert json.loads(done.stdout)["manifest_error"]["reason"] == "manifest-cross-site"
+    assert publisher.manifests.arrivals == []
+    done = discover(publisher.refused("internal-plain"), "--config", config, "--json")
+    assert done.returncode == 0, done.stderr  # the manifest is usable; its exchange is not asked
+    assert json.loads(done.stdout)["discover_resources"]["error"]["reason"] == "egress-address"
+    assert INTERNAL_SECRET not in done.stdout
+    assert publisher.internal.arrivals == []
 
 
 def test_nothing_to_discover_exits_1(tmp_path: Path, publisher: Publisher) -> None:

@@ -50,28 +50,42 @@ def test_the_key_lifecycle_through_the_cli(tmp_path: Path) -> None:
     assert "created the key store" in first.stdout
     doc = listing(tmp_path)
     (a,) = doc["keys"]
-    assert a["state"] == "active"
+    assert a["state"] == "signing"
     assert parse_rfc3339(a["not_after"]) - parse_rfc3339(a["not_before"]) == 30 * 86_400
     assert doc["signing"] == a["thumbprint"]
 
+    # Publish first, sign later: the default waits out the directory's max-age (3600 s) + 30 s.
     started = time.time()
     second = run_cli("keys", "rotate", "--data-dir", data, "--grace", "48h")
     assert second.returncode == 0, second.stderr
+    assert "warning" not in second.stderr
     doc = listing(tmp_path)
     states = {k["thumbprint"]: k for k in doc["keys"]}
     b = next(k for t, k in states.items() if t != a["thumbprint"])
-    assert b["state"] == "active"
-    assert doc["signing"] == b["thumbprint"]
-    assert states[a["thumbprint"]]["state"] == "retiring"
-    grace_end = parse_rfc3339(states[a["thumbprint"]]["not_after"])
-    assert started + 48 * 3600 <= grace_end <= time.time() + 48 * 3600 + 1
-    assert parse_rfc3339(b["not_after"]) - parse_rfc3339(b["not_before"]) == 90 * 86_400  # the default
+    assert b["state"] == "published"
+    assert doc["signing"] == a["thumbprint"]
+    assert states[a["thumbprint"]]["state"] == "signing"
+    activation = parse_rfc3339(b["activates_at"])
+    assert started + 3630 <= activation <= time.time() + 3631
+    assert parse_rfc3339(b["not_before"]) <= time.time()  # valid, hence published, at once
+    assert b["next_change"] == {"state": "signing", "at": b["activates_at"]}
+    assert states[a["thumbprint"]]["next_change"] == {"state": "retiring", "at": b["activates_at"]}
+    assert parse_rfc3339(states[a["thumbprint"]]["not_after"]) == activation + 48 * 3600
+    assert parse_rfc3339(b["not_after"]) - activation == 90 * 86_400  # the default, from activation
+    assert f"new key {b['thumbprint']}: published now, signs from {b['activates_at']}" in second.stdout
+    assert f"key {a['thumbprint']}: signs until {b['activates_at']}, then retiring" in second.stdout
 
     text = run_cli("keys", "list", "--data-dir", data)
     assert text.returncode == 0
     assert "THUMBPRINT" in text.stdout
-    assert f"{a['thumbprint']}  retiring" in text.stdout
-    assert f"{b['thumbprint']}  active" in text.stdout
+    assert "NEXT" in text.stdout
+    assert f"{a['thumbprint']}  signing" in text.stdout
+    assert f"{b['thumbprint']}  published" in text.stdout
+    assert f"signing at {b['activates_at']}" in text.stdout
+
+    pending = run_cli("keys", "rotate", "--data-dir", data)
+    assert pending.returncode == 2
+    assert "already waiting" in pending.stderr
 
     revoked = run_cli("keys", "revoke", "--data-dir", data, "--", b["thumbprint"])
     assert revoked.returncode == 0, revoked.stderr
@@ -82,6 +96,18 @@ def test_the_key_lifecycle_through_the_cli(tmp_path: Path) -> None:
     again = run_cli("keys", "revoke", "--data-dir", data, "--", b["thumbprint"])
     assert again.returncode == 0
     assert "already revoked" in again.stdout
+
+    # The emergency: --now signs at once and says what it costs.
+    now = run_cli("keys", "rotate", "--data-dir", data, "--now")
+    assert now.returncode == 0, now.stderr
+    assert "signs now" in now.stdout
+    assert "verifiers that cached it refuse our requests until they re-fetch it" in now.stderr
+    doc = listing(tmp_path)
+    c = doc["signing"]
+    assert c not in (a["thumbprint"], b["thumbprint"])
+    assert {k["thumbprint"]: k["state"] for k in doc["keys"]}[a["thumbprint"]] == "retiring"
+    assert run_cli("keys", "revoke", "--data-dir", data, "--", c).returncode == 0
+    assert listing(tmp_path)["signing"] == a["thumbprint"]  # back to the old key, still in grace
 
     last = run_cli("keys", "revoke", "--data-dir", data, "--", a["thumbprint"])
     assert last.returncode == 2
@@ -95,11 +121,63 @@ def test_the_key_lifecycle_through_the_cli(tmp_path: Path) -> None:
     assert run_cli("keys", "prune", "--data-dir", data).returncode == 2  # would leave no valid key
     pruned = run_cli("keys", "prune", "--data-dir", data, "--force")
     assert pruned.returncode == 0, pruned.stderr
-    assert pruned.stdout.count("stays in the revocation list") == 2
+    assert pruned.stdout.count("stays in the revocation list") == 3
     doc = listing(tmp_path)
     assert doc["keys"] == []
-    assert sorted(doc["revocations"]["revoked"]) == sorted([a["thumbprint"], b["thumbprint"]])
+    assert sorted(doc["revocations"]["revoked"]) == sorted([a["thumbprint"], b["thumbprint"], c])
     assert "(pruned)" in run_cli("keys", "list", "--data-dir", data).stdout
+
+
+def write_config(tmp_path: Path, max_age_s: int) -> str:
+    path = tmp_path / "config.yaml"
+    path.write_text(f"data_dir: {tmp_path / 'data'}\npublish:\n  directory_max_age_s: {max_age_s}\n")
+    return str(path)
+
+
+def test_the_default_activation_follows_the_configured_max_age(tmp_path: Path) -> None:
+    KeyStore(tmp_path / "data").create(time.time(), lifetime_s=86_400)
+    started = time.time()
+    done = run_cli("keys", "rotate", "--config", write_config(tmp_path, 60))
+    assert done.returncode == 0, done.stderr
+    assert "warning" not in done.stderr
+    new = next(k for k in listing(tmp_path / "data")["keys"] if k["state"] == "published")
+    assert started + 90 <= parse_rfc3339(new["activates_at"]) <= time.time() + 91  # 60 s + 30 s
+
+
+def test_an_activation_sooner_than_the_max_age_warns(tmp_path: Path) -> None:
+    KeyStore(tmp_path / "data").create(time.time(), lifetime_s=86_400)
+    done = run_cli("keys", "rotate", "--config", write_config(tmp_path, 600), "--activate-in", "5m")
+    assert done.returncode == 0, done.stderr
+    assert "publish.directory_max_age_s is 600 s" in done.stderr
+
+
+def test_the_default_activation_never_outlives_the_current_key(tmp_path: Path) -> None:
+    """A key ending sooner than max-age + 30 s hands over at its end: no gap, no refusal."""
+    old = KeyStore(tmp_path).create(time.time() - 3600, lifetime_s=3600 + 600)  # ends in ~10 minutes
+    done = run_cli("keys", "rotate", "--data-dir", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert "warning" in done.stderr  # sooner than the max-age: caches may still lack it
+    new = next(k for k in listing(tmp_path)["keys"] if k["thumbprint"] != old.thumbprint)
+    assert parse_rfc3339(new["activates_at"]) == old.not_after
+
+
+def test_now_and_activate_in_are_exclusive(tmp_path: Path) -> None:
+    KeyStore(tmp_path).create(time.time(), lifetime_s=3600)
+    done = run_cli("keys", "rotate", "--data-dir", str(tmp_path), "--now", "--activate-in", "1h")
+    assert done.returncode == 2
+    assert "not allowed with" in done.stderr
+
+
+def test_revoking_the_signing_key_during_a_rotation_signs_with_the_published_one(tmp_path: Path) -> None:
+    old = KeyStore(tmp_path).create(time.time(), lifetime_s=86_400)
+    assert run_cli("keys", "rotate", "--data-dir", str(tmp_path)).returncode == 0
+    done = run_cli("keys", "revoke", "--data-dir", str(tmp_path), "--", old.thumbprint)  # no --force
+    assert done.returncode == 0, done.stderr
+    assert "before its activation" in done.stdout
+    doc = listing(tmp_path)
+    new = next(k for k in doc["keys"] if k["thumbprint"] != old.thumbprint)
+    assert doc["signing"] == new["thumbprint"]
+    assert new["state"] == "signing"
 
 
 def test_prune_drops_expired_keys_only(tmp_path: Path) -> None:

@@ -68,9 +68,12 @@ def test_mistakes_are_refused_with_their_key_path(raw: Any, message: str) -> Non
     assert str(err.value).startswith(message) or message in str(err.value), str(err.value)
 
 
-def test_public_listen_is_allowed_with_an_allow_list_or_auth(tmp_path: Path) -> None:
+def test_public_listen_is_allowed_with_an_allow_list_with_or_without_auth(tmp_path: Path) -> None:
     parse_config({"listen": "0.0.0.0:8080", "access": {"allow_clients": ["10.0.0.0/8"]}})
-    parse_config({"listen": "0.0.0.0:8080", "access": {"proxy_auth_file": str(tmp_path / "users")}})
+    users = str(tmp_path / "users")
+    parse_config(
+        {"listen": "0.0.0.0:8080", "access": {"allow_clients": ["0.0.0.0/0"], "proxy_auth_file": users}}
+    )
 
 
 def test_config_is_frozen_and_overrides_are_validated() -> None:

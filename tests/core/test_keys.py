@@ -542,14 +542,14 @@ def test_choose_signing_key_none_when_no_key_usable() -> None:
 
 @pytest.mark.parametrize(
     ("record", "state"),
-    [(NEW, "active"), (OLD, "retiring"), (NEXT, "next"), (GONE, "expired"), (BAD, "revoked")],
+    [(NEW, "signing"), (OLD, "retiring"), (NEXT, "published"), (GONE, "expired"), (BAD, "revoked")],
 )
 def test_key_state(record: KeyRecord, state: str) -> None:
     assert key_state(record, ALL, T0) == state
 
 
 def test_key_state_follows_rotation_over_time() -> None:
-    assert key_state(NEXT, ALL, NEXT.not_before) == "active"
+    assert key_state(NEXT, ALL, NEXT.not_before) == "signing"
     assert key_state(NEW, ALL, NEXT.not_before) == "retiring"
     assert key_state(OLD, ALL, OLD.not_after) == "expired"
 

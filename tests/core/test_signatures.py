@@ -212,10 +212,45 @@ def test_rule2_created_in_the_future_beyond_skew_is_refused() -> None:
     assert verify(signed(), now=NOW - 5).hops == 1  # within the default 5 s skew
 
 
-def test_rule2_expired_signature_is_refused_at_the_boundary() -> None:
-    refused(signed(), "signature-expired", now=NOW + 300 + 5)
-    assert verify(signed(), now=NOW + 300 + 4).hops == 1
-    refused(signed(), "signature-expired", now=NOW + 300, skew_s=0)
+def test_rule2_expired_signature_is_refused_at_the_boundary_skew_never_extends_expires() -> None:
+    assert verify(signed(), now=NOW + 299.999).hops == 1
+    refused(signed(), "signature-expired", now=NOW + 300)  # [created, expires) is half-open
+    refused(signed(), "signature-expired", now=NOW + 301, skew_s=300)  # skew is for created only
+    refused(signed(), "signature-expired", now=NOW + 300 + 4)  # the 5 s skew accepted this before
+
+
+def test_lifetime_above_max_validity_is_refused_at_the_boundary() -> None:
+    def lifetime(seconds: int) -> Message:
+        params = [
+            ("keyid", AGENT.thumbprint),
+            ("alg", "ed25519"),
+            ("created", NOW),
+            ("expires", NOW + seconds),
+        ]
+        return forge(unsigned(), AGENT, params=params)
+
+    assert verify(lifetime(3600)).hops == 1  # default verify.max_validity_s
+    refused(lifetime(3601), "validity-too-long")
+    assert verify(lifetime(60), max_validity_s=60).hops == 1
+    refused(lifetime(61), "validity-too-long", max_validity_s=60)
+
+
+def test_replay_for_years_is_refused() -> None:
+    """Issue 15 attack 5: ``created=1``, ``expires=now+10y`` was accepted."""
+    ten_years = 10 * 365 * 86400
+    params = [("keyid", AGENT.thumbprint), ("alg", "ed25519"), ("created", 1), ("expires", NOW + ten_years)]
+    refused(forge(unsigned(), AGENT, params=params), "validity-too-long")
+
+
+def test_keyid_that_is_not_a_thumbprint_is_refused_without_a_lookup() -> None:
+    params = [("keyid", "key-1"), ("alg", "ed25519"), ("created", NOW), ("expires", NOW + 300)]
+
+    def lookup(_entry: object, _index: int) -> VerificationKey:
+        raise AssertionError("looked up a keyid of the wrong shape")
+
+    with pytest.raises(VerificationError) as err:
+        verify_stack(forge(unsigned(), AGENT, params=params), BODY, lookup, now=NOW + 10)
+    assert err.value.reason == "unknown-keyid"
 
 
 # --- rules 3-5: covered headers ------------------------------------------------------------------

@@ -9,6 +9,7 @@ TLS verified against ``upstream.ca_file`` or a pinned CA.
 from __future__ import annotations
 
 import asyncio
+import socket
 import ssl
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -19,8 +20,9 @@ import pytest
 from signing_proxy.config import TimeoutsConfig, UpstreamConfig
 from signing_proxy.core.fields import Fields
 from signing_proxy.core.uri import Target, parse_absolute_uri
-from signing_proxy.errors import ProxyError
+from signing_proxy.errors import EgressError, ProxyError
 from signing_proxy.net.client import HttpClient
+from signing_proxy.net.egress import EgressPolicy
 from signing_proxy.net.framing import Outgoing, outgoing
 from signing_proxy.net.leaves import LeafContextCache
 from signing_proxy.storage.ca import CertificateAuthority
@@ -234,3 +236,189 @@ async def test_https_is_verified_against_the_configured_cas(
             assert err.value.reason == "upstream-certificate-invalid"
         else:
             assert (await client.fetch("GET", url, max_bytes=10)).status == 200
+
+
+# --- egress: a URL named by a remote party (net.egress) ---------------------------------------------
+
+
+LOOPBACK_OK = EgressPolicy(["127.0.0.1/32"])
+
+
+def resolve_as(monkeypatch: pytest.MonkeyPatch, *answers: list[str]) -> list[str]:
+    """Make this loop's ``getaddrinfo`` answer ``answers[n]`` to the n-th call; returns the hosts asked."""
+    calls: list[str] = []
+
+    async def fake(host: str, port: int, **_kw: object) -> list[tuple[object, ...]]:
+        calls.append(host)
+        answer = answers[min(len(calls), len(answers)) - 1]
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (a, port)) for a in answer]
+
+    monkeypatch.setattr(asyncio.get_running_loop(), "getaddrinfo", fake)
+    return calls
+
+
+async def test_a_refused_fetch_sends_no_packet(
+    scripted: Scripted, client: HttpClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    resolve_as(monkeypatch, ["127.0.0.1"])
+    port = scripted.port
+    shapes = {
+        f"https://127.0.0.1:{port}/": "egress-address",
+        f"http://127.0.0.1:{port}/": "egress-address",
+        f"https://[::ffff:127.0.0.1]:{port}/": "egress-address",
+        f"https://internal.test:{port}/": "egress-address",  # a name resolving to loopback
+        f"http://internal.test:{port}/": "egress-scheme",
+        f"https://u:p@127.0.0.1:{port}/": "egress-userinfo",
+        f"https://127.0.0.1:{port}/latest/meta-data/iam/security-credentials/role#": "egress-fragment",
+    }
+    for url, reason in shapes.items():
+        with pytest.raises(EgressError) as err:
+            await client.fetch("GET", url, max_bytes=10, egress=EgressPolicy())
+        assert err.value.reason == reason, url
+    # accepted connections are served in order: once this one is answered, any earlier one was counted
+    assert (await client.fetch("GET", f"{scripted.url}/", max_bytes=10, egress=LOOPBACK_OK)).status == 200
+    assert scripted.connections == 1
+
+
+async def test_allow_private_admits_loopback_over_http_on_a_connection_of_its_own(
+    scripted: Scripted, client: HttpClient
+) -> None:
+    for _ in range(2):
+        answer = await client.fetch("GET", f"{scripted.url}/d?x=1", max_bytes=10, egress=LOOPBACK_OK)
+        assert (answer.status, answer.body) == (200, b"ok")
+    head = scripted.heads[0].decode()
+    assert head.startswith(f"GET /d?x=1 HTTP/1.1\r\nHost: 127.0.0.1:{scripted.port}\r\n")
+    assert "\r\nConnection: close\r\n" in head
+    assert scripted.connections == 2  # egress connections are never pooled
+    assert client.pool.take_idle(parse_absolute_uri(scripted.url + "/")) is None
+
+
+async def test_a_rebinding_name_is_connected_to_the_vetted_address_only(
+    scripted: Scripted, client: HttpClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # first answer: the allow-listed server; any later lookup would answer another loopback address
+    calls = resolve_as(monkeypatch, ["127.0.0.1"], ["127.0.0.2"])
+    answer = await client.fetch(
+        "GET", f"http://rebind.test:{scripted.port}/x", max_bytes=10, egress=LOOPBACK_OK
+    )
+    assert answer.status == 200
+    assert calls == ["rebind.test"]  # resolved once, by vet; the connect used the vetted address
+    assert scripted.heads[0].startswith(f"GET /x HTTP/1.1\r\nHost: rebind.test:{scripted.port}\r\n".encode())
+
+
+async def test_a_name_resolving_to_a_private_address_is_refused(
+    client: HttpClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    resolve_as(monkeypatch, ["10.20.30.40"])
+    with pytest.raises(EgressError) as err:
+        await client.fetch("GET", "https://corp.test/.well-known/x", max_bytes=10, egress=EgressPolicy())
+    assert err.value.reason == "egress-address"
+    assert "10.20.30.40" not in err.value.detail
+    assert client.pool.connections_opened == 0
+
+
+async def test_a_redirect_is_returned_not_followed(scripted: Scripted, client: HttpClient) -> None:
+    scripted.answers = [
+        b"HTTP/1.1 302 Found\r\nLocation: http://169.254.169.254/latest/\r\nContent-Length: 0\r\n\r\n"
+    ]
+    answer = await client.fetch("GET", f"{scripted.url}/d", max_bytes=10, egress=LOOPBACK_OK)
+    assert (answer.status, answer.header("location")) == (302, "http://169.254.169.254/latest/")
+    assert len(scripted.heads) == 1
+
+
+async def test_an_egress_body_is_bounded(scripted: Scripted, client: HttpClient) -> None:
+    scripted.answers = [
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + b"40\r\n" + b"x" * 64 + b"\r\n"
+    ]
+    with pytest.raises(ProxyError) as err:
+        await client.fetch("GET", f"{scripted.url}/big", max_bytes=10, egress=LOOPBACK_OK)
+    assert (err.value.status, err.value.reason) == (502, "response-too-large")
+
+
+async def test_an_egress_fetch_is_bounded_in_time_resolution_included(
+    scripted: Scripted, client: HttpClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    scripted.answers = [b"hang"]
+    with pytest.raises(ProxyError) as err:
+        await client.fetch("GET", f"{scripted.url}/slow", max_bytes=10, total_s=0.2, egress=LOOPBACK_OK)
+    assert (err.value.status, err.value.reason) == (504, "upstream-timeout")
+
+    never = asyncio.Event()
+
+    async def stuck(*_args: object, **_kw: object) -> list[tuple[object, ...]]:
+        await never.wait()
+        return []
+
+    monkeypatch.setattr(asyncio.get_running_loop(), "getaddrinfo", stuck)
+    with pytest.raises(ProxyError) as err:
+        await client.fetch("GET", "https://slow-dns.test/", max_bytes=10, total_s=0.2, egress=EgressPolicy())
+    assert (err.value.status, err.value.reason) == (504, "upstream-connect-timeout")
+
+
+async def test_a_connect_failure_does_not_name_the_address(
+    client: HttpClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with socket.socket() as closed:  # bound, not listening: connecting is refused while the port stays ours
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+        resolve_as(monkeypatch, ["127.0.0.1"])
+        with pytest.raises(ProxyError) as err:
+            await client.fetch("GET", f"http://closed.test:{port}/", max_bytes=10, egress=LOOPBACK_OK)
+    assert err.value.reason == "upstream-connect-failed"
+    assert "127.0.0.1" not in err.value.detail
+    assert err.value.detail.startswith(f"closed.test:{port}: ")
+
+
+async def test_a_next_hop_carries_a_vetted_egress_fetch(
+    scripted: Scripted, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = resolve_as(monkeypatch, ["93.184.216.34"])
+    relay = parse_absolute_uri(scripted.url + "/")
+    async with HttpClient.standalone(via=relay) as client:
+        answer = await client.fetch("GET", "https://origin.test/d", max_bytes=10, egress=EgressPolicy())
+        assert answer.status == 200
+        with pytest.raises(EgressError):
+            await client.fetch("GET", "https://10.0.0.1/d", max_bytes=10, egress=EgressPolicy())
+    assert calls == ["origin.test"]
+    assert scripted.heads[0].startswith(b"GET https://origin.test/d HTTP/1.1\r\nHost: origin.test\r\n")
+    assert len(scripted.heads) == 1
+
+
+@pytest.fixture
+async def named_tls(
+    tmp_path: Path,
+) -> AsyncIterator[tuple[Scripted, Path, list[str | None]]]:
+    """A TLS server whose only certificate is for ``dir.test``; records the SNI each client sends."""
+    names: list[str | None] = []
+    ca = CertificateAuthority.generate()
+    (tmp_path / "ca.pem").write_bytes(ca.cert_pem())
+    with LeafContextCache(ca, 4) as leaves:
+        ctx = leaves.get("dir.test")
+        ctx.sni_callback = lambda _obj, name, _ctx: names.append(name)  # record; keep the dir.test leaf
+        server = Scripted()
+        listener = await asyncio.start_server(server.handle, "127.0.0.1", 0, ssl=ctx)
+        server.port = listener.sockets[0].getsockname()[1]
+        try:
+            yield server, tmp_path / "ca.pem", names
+        finally:
+            listener.close()
+            await listener.wait_closed()
+
+
+async def test_tls_sni_certificate_and_host_are_for_the_name_not_the_vetted_address(
+    named_tls: tuple[Scripted, Path, list[str | None]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server, ca_file, names = named_tls
+    calls = resolve_as(monkeypatch, ["127.0.0.1"])
+    upstream = UpstreamConfig(pin_ca_files={"dir.test": str(ca_file), "other.test": str(ca_file)})
+    async with HttpClient.standalone(upstream, TimeoutsConfig(connect_s=5, read_s=5)) as client:
+        answer = await client.fetch(
+            "GET", f"https://dir.test:{server.port}/d", max_bytes=10, egress=LOOPBACK_OK
+        )
+        assert answer.status == 200
+        with pytest.raises(ProxyError) as err:  # same address, another name: the certificate must not pass
+            await client.fetch("GET", f"https://other.test:{server.port}/d", max_bytes=10, egress=LOOPBACK_OK)
+    assert err.value.reason == "upstream-certificate-invalid"
+    assert names == ["dir.test", "other.test"]
+    assert calls == ["dir.test", "other.test"]
+    assert server.heads[0].startswith(f"GET /d HTTP/1.1\r\nHost: dir.test:{server.port}\r\n".encode())

@@ -38,6 +38,7 @@ from signing_proxy.storage.keystore import KeyStore
 from signing_proxy.verify import (
     SIGNATURE,
     DirectoryResolver,
+    EgressPolicy,
     HttpClient,
     RequestVerifier,
     RevocationPoller,
@@ -149,10 +150,13 @@ class Exchange:
         async def start() -> None:
             nonlocal client, runner
             client = HttpClient.standalone()  # no upstream.next_hop: directory fetches go direct
-            fetch = http_fetcher(client)
+            loopback = EgressPolicy(allow_private=("127.0.0.1/32",))  # the directory hosts of this test
+            fetch = http_fetcher(client, egress=loopback)
             # Directories re-fetched every second: a rotation shows up at once (real ones cache longer).
             resolver = DirectoryResolver(fetch, floor_s=0.5, ceiling_s=1.0)
-            verifier = RequestVerifier(resolver, VerifierPolicy(), revocations=RevocationPoller(fetch))
+            verifier = RequestVerifier(
+                resolver, VerifierPolicy(), revocations=RevocationPoller(fetch), egress=loopback
+            )
             app = web.Application(middlewares=[signature_middleware(verifier)])
             app.router.add_post(DISCOVER, self.discover)
             runner = web.AppRunner(app, access_log=None, handle_signals=False)

@@ -1,7 +1,8 @@
 """Discovery through real sockets: a publisher edge refuses with 403 + X-Content-Rules, and the
 proxy (a real ``signing-proxy run`` process) answers the unmodified client with the publisher's
-authorized exchanges, fetched signed from its manifest server (spec "What the service does" 5-6,
-"Manifest", "Versioning"). HTTP targets arrive in absolute form; HTTPS ones inside an intercepted
+authorized exchanges, fetched signed from its manifest (on the edge's own origin; another origin only
+with ``allow_cross_site`` and the egress policy) (spec "What the service does" 5-6, "Manifest",
+"Versioning"). HTTP targets arrive in absolute form; HTTPS ones inside an intercepted
 CONNECT tunnel, trusted through the proxy's CA bundle only.
 """
 
@@ -29,6 +30,7 @@ pytestmark = pytest.mark.integration
 
 KEY = SigningKey.generate()
 RESTRICTIONS = [{"axis": "RESTRICTION_KIND_FUNCTION", "values": ["SUMMARIZE", "RETRIEVE"]}]
+LOOPBACK = {"allow_private": ["127.0.0.1/32"]}  # the test exchange and the other-origin manifest server
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +55,10 @@ def tls_publisher(pki: dict[str, Any]) -> Iterator[Publisher]:
         yield pub
 
 
-def start_proxy(tmp: Path, pki: dict[str, Any] | None = None, **discovery: Any) -> ProxyProcess:
-    config: dict[str, Any] = {"log": {"format": "json"}, "discovery": discovery}
+def start_proxy(
+    tmp: Path, pki: dict[str, Any] | None = None, egress: dict[str, Any] | None = None, **discovery: Any
+) -> ProxyProcess:
+    config: dict[str, Any] = {"log": {"format": "json"}, "discovery": discovery, "egress": egress or {}}
     if pki is not None:
         config["upstream"] = {"pin_ca_files": {"127.0.0.1": str(pki["ca_file"])}}
         config["intercept"] = {"allowed_ports": [443, pki["port"]]}
@@ -127,10 +131,9 @@ def test_refusal_over_http_is_answered_with_the_publishers_exchanges(publisher: 
     assert_exchanges(doc, publisher)
     assert "manifest_error" not in doc
     assert "discover_resources" not in doc  # off by default
-    # the refused request and the manifest fetch both left the proxy signed
-    [refused] = publisher.edge.arrivals
+    # the refused request and the manifest fetch (on the edge's origin) both left the proxy signed
+    refused, fetched = publisher.edge.arrivals
     assert_signed(refused)
-    [fetched] = publisher.manifests.arrivals
     assert_signed(fetched)
     assert fetched.method == "GET"
     assert fetched.target_uri == manifest_url
@@ -158,7 +161,7 @@ def test_refusal_over_https_inside_a_tunnel_follows_the_default_manifest_address
 
 
 def test_an_https_origin_never_gets_its_manifest_over_plain_http(tls_publisher: Publisher) -> None:
-    r = get(tls_publisher.edge.url("/refuse/v1.0"))  # names an http:// manifest
+    r = get(tls_publisher.refused("v1.0", remote=True))  # names an http:// manifest
     assert r.status_code == 403
     doc = r.json()
     assert doc["manifest_error"]["reason"] == "manifest-insecure"
@@ -190,6 +193,7 @@ def test_other_responses_stream_through_unchanged(publisher: Publisher) -> None:
     assert "Link" not in r.headers
     ok = get(publisher.edge.url("/ok"))
     assert (ok.status_code, ok.text) == (200, "hello")
+    assert len(publisher.edge.arrivals) == 2  # the two requests, no manifest fetch
     assert publisher.manifests.arrivals == []
 
 
@@ -236,34 +240,35 @@ def test_a_second_refusal_within_max_age_fetches_nothing(publisher: Publisher) -
         r = get(publisher.refused("cached"))  # served with max-age=600
         assert_exchanges(r.json(), publisher)
     assert publisher.fetches("cached") == 1
-    assert len(publisher.edge.arrivals) == 3  # every refused request still went to the edge
+    refused = [a for a in publisher.edge.arrivals if "/refuse/" in a.target_uri]
+    assert len(refused) == 3  # every refused request still went to the edge
 
 
-def test_cross_site_manifest_is_refused_by_default(publisher: Publisher) -> None:
-    r = get(publisher.edge.url("/cross"))  # 127.0.0.1 names a manifest on localhost
+def test_another_origin_is_refused_by_default(publisher: Publisher) -> None:
+    r = get(publisher.refused("v1.0", remote=True))  # 127.0.0.1:edge names 127.0.0.1:another-port
     assert r.status_code == 403
     doc = r.json()
     assert doc["manifest_error"]["reason"] == "manifest-cross-site"
     assert "manifest_url" not in doc
     assert "Link" not in r.headers
-    assert publisher.fetches("localhost") == 0
+    assert publisher.fetches("v1.0") == 0
 
 
 def test_cross_site_allowed_and_no_store_honoured_down_to_cache_min_s(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, publisher: Publisher
 ) -> None:
     with (
-        start_proxy(tmp_path, allow_cross_site=True, cache_min_s=0) as lenient,
+        start_proxy(tmp_path, egress=LOOPBACK, allow_cross_site=True, cache_min_s=0) as lenient,
         proxy_env(monkeypatch, lenient.url),
     ):
-        r = get(publisher.edge.url("/cross"))
+        r = get(publisher.refused("cross", remote=True))
         doc = r.json()
-        assert doc["manifest_url"] == publisher.manifest_url("localhost", host="localhost")
-        assert doc["manifest"]["domain"] == "localhost"
+        assert doc["manifest_url"] == publisher.manifest_url("cross", remote=True)
         assert_exchanges(doc, publisher)
         for _ in range(2):
             assert_exchanges(get(publisher.refused("nostore")).json(), publisher)
-    assert publisher.fetches("localhost") == 1
+    [fetched] = publisher.manifests.arrivals  # another origin: through the egress policy, still signed
+    assert_signed(fetched)
     assert publisher.fetches("nostore") == 2  # no-store with cache_min_s 0: fetched every time
 
 
@@ -284,7 +289,7 @@ def test_off_and_passthrough_keep_the_edge_body(
     assert load_config(tmp_path / "c.yaml").discovery.mode == mode
     with start_proxy(tmp_path, mode=mode) as process, proxy_env(monkeypatch, process.url):
         r = get(publisher.refused("v1.0"))
-        cross = get(publisher.edge.url("/cross"))
+        cross = get(publisher.refused("v1.0", remote=True))
     assert r.status_code == 403
     assert r.content == EDGE_BODY
     assert r.headers["Content-Type"].startswith("text/html")
@@ -296,9 +301,9 @@ def test_off_and_passthrough_keep_the_edge_body(
             r.headers["Link"]
             == f'<{publisher.manifest_url("v1.0")}>; rel="describedby"; type="application/json"'
         )
-    assert "Link" not in cross.headers  # passthrough links only what the site rule allows
+    assert "Link" not in cross.headers  # passthrough links only what the origin rule allows
     assert cross.content == EDGE_BODY
-    assert publisher.manifests.arrivals == []  # neither mode fetches anything
+    assert publisher.fetches("v1.0") == 0  # neither mode fetches anything
 
 
 # --- end to end: refused, then offers from the authorized exchange ---------------------------------
@@ -309,7 +314,9 @@ def test_end_to_end_the_refused_uri_comes_back_with_the_exchanges_offers(
 ) -> None:
     url = publisher.refused("v1.0") + "?page=2"
     with (
-        start_proxy(tmp_path, discover_resources=True, acceptable_restrictions=RESTRICTIONS) as process,
+        start_proxy(
+            tmp_path, egress=LOOPBACK, discover_resources=True, acceptable_restrictions=RESTRICTIONS
+        ) as process,
         proxy_env(monkeypatch, process.url),
     ):
         r = requests.get(url, timeout=WAIT_S)  # nothing but HTTP_PROXY tells it about the proxy
@@ -344,6 +351,7 @@ def test_discover_resources_carries_the_configured_requester(
     for exchanges, sent in (([publisher.exchange_endpoint], True), (["https://other.example/v1"], False)):
         publisher.clear()
         config = {
+            "egress": LOOPBACK,
             "discovery": {"discover_resources": True},
             "requester": {**requester, "exchanges": exchanges},
         }
@@ -386,7 +394,8 @@ def test_concurrent_refusals_share_one_manifest_fetch(tmp_path: Path, publisher:
             discovery = app.discovery
             assert isinstance(discovery, Discovery)
             url = publisher.manifest_url("shared")
-            results = await asyncio.gather(*(discovery.manifest(url) for _ in range(5)))
+            fetching = (discovery.manifest(url, same_origin=True) for _ in range(5))
+            results = await asyncio.gather(*fetching)
             assert discovery.fetches == 1
             return results
         finally:

@@ -4,15 +4,18 @@ no app, no CA, no sockets. The loopback behaviour with a real edge is in test_di
 from __future__ import annotations
 
 import json
+from typing import Any
+
+import pytest
 
 from signing_proxy.config import parse_config
 from signing_proxy.core.uri import parse_absolute_uri
-from signing_proxy.errors import ProxyError
+from signing_proxy.errors import EgressError, ProxyError
 from signing_proxy.net.client import FetchedResponse
-from signing_proxy.proxy.discovery import Discovery
+from signing_proxy.proxy.discovery import Discovery, Finding
 
 EDGE = parse_absolute_uri("https://pub.example/articles/1")
-MANIFEST = {
+MANIFEST: dict[str, Any] = {
     "ver": "1.0",
     "role": "ROLE_PUBLISHER",
     "domain": "pub.example",
@@ -20,12 +23,16 @@ MANIFEST = {
 }
 
 
-class Fetches:
-    """Records each fetch and answers from a table of URL -> (status, body)."""
+EXCHANGE = "https://x.example/v1/svc.v1.ExchangeService/DiscoverResources"
 
-    def __init__(self, answers: dict[str, tuple[int, bytes]]) -> None:
+
+class Fetches:
+    """Records each fetch and answers from a table of URL -> (status, body) or an exception to raise."""
+
+    def __init__(self, answers: dict[str, tuple[int, bytes] | Exception]) -> None:
         self.answers = answers
         self.calls: list[tuple[str, str, bytes]] = []
+        self.egress: dict[str, bool] = {}  # URL -> whether the egress policy was asked for
 
     async def __call__(
         self,
@@ -35,11 +42,16 @@ class Fetches:
         body: bytes = b"",
         headers: tuple[tuple[str, str], ...] = (),
         max_bytes: int,
+        egress: bool = False,
     ) -> FetchedResponse:
         self.calls.append((method, url, body))
-        if url not in self.answers:
-            raise ProxyError(502, "upstream-connect-failed", f"{url}: refused")
-        status, payload = self.answers[url]
+        self.egress[url] = egress
+        answer = self.answers.get(url)
+        if answer is None:  # the client's detail carries internal text: it must stay in the log
+            raise ProxyError(502, "upstream-connect-failed", f"{url}: [Errno 111] Connect call failed")
+        if isinstance(answer, Exception):
+            raise answer
+        status, payload = answer
         return FetchedResponse(status, "", (("Cache-Control", "max-age=600"),), payload)
 
 
@@ -53,6 +65,12 @@ class Requester:
 
     def is_exchange_call(self, method: str, target: object) -> bool:
         return True
+
+
+def member(finding: Finding, name: str) -> dict[str, Any]:
+    value = finding.doc[name]
+    assert isinstance(value, dict)
+    return value
 
 
 def discovery(fetch: Fetches, requester: Requester | None = None, **section: object) -> Discovery:
@@ -76,7 +94,7 @@ async def test_an_unreachable_manifest_is_a_finding_with_its_reason_not_an_excep
     assert finding.doc["manifest_error"] == {
         "reason": "manifest-fetch-failed",
         "detail": "https://pub.example/.well-known/svc.json: upstream-connect-failed "
-        "(https://pub.example/.well-known/svc.json: refused)",
+        "(the fetch failed; the cause is in the proxy's log)",
     }
 
 
@@ -85,13 +103,111 @@ async def test_discover_resources_sends_the_requester_it_is_given() -> None:
     fetch = Fetches(
         {
             "https://pub.example/.well-known/svc.json": (200, json.dumps(MANIFEST).encode()),
-            "https://x.example/v1/svc.v1.ExchangeService/DiscoverResources": (200, offers),
+            EXCHANGE: (200, offers),
         }
     )
     requester = Requester()
     finding = await discovery(fetch, requester, discover_resources=True).find("x", EDGE)
     method, url, body = fetch.calls[-1]
-    assert (method, url) == ("POST", "https://x.example/v1/svc.v1.ExchangeService/DiscoverResources")
+    assert (method, url) == ("POST", EXCHANGE)
     assert json.loads(body)["requester"] == {"id": "agent-1"}
     assert requester.asked == 1
-    assert finding.doc["discover_resources"]["requester"] == "sent"  # type: ignore[index]
+    assert member(finding, "discover_resources")["requester"] == "sent"
+
+
+# --- issue 16 item 5: discovery is a request-forgery channel ---------------------------------------
+
+OWN = "https://pub.example/.well-known/svc.json"
+MANIFEST_BODY = json.dumps(MANIFEST).encode()
+
+
+async def test_discovery_request_forgery_the_refusing_origin_is_fetched_as_the_agents_request() -> None:
+    fetch = Fetches({OWN: (200, MANIFEST_BODY), EXCHANGE: (200, b"{}")})
+    finding = await discovery(fetch, discover_resources=True).find(f"<{OWN}>", EDGE)
+    assert finding.usable
+    assert fetch.egress == {OWN: False, EXCHANGE: True}  # every exchange endpoint passes the policy
+
+
+@pytest.mark.parametrize(
+    "named",
+    [
+        "https://pub.example:8443/.well-known/svc.json",  # another port of the same host
+        "http://pub.example/.well-known/svc.json",  # another scheme (and insecure for https)
+        "https://cdn.pub.example/.well-known/svc.json",  # the same site, another origin
+    ],
+)
+async def test_discovery_request_forgery_another_origin_is_not_fetched_by_default(named: str) -> None:
+    fetch = Fetches({named: (200, MANIFEST_BODY)})
+    finding = await discovery(fetch).find(named, EDGE)
+    assert finding.manifest_url is None
+    assert member(finding, "manifest_error")["reason"] in {"manifest-cross-site", "manifest-insecure"}
+    assert fetch.calls == []
+
+
+async def test_discovery_request_forgery_another_origin_goes_through_the_egress_policy() -> None:
+    other = "https://cdn.pub.example/m.json"
+    refused = EgressError(
+        "egress-address", "cdn.pub.example resolves to a loopback address not in allow_private"
+    )
+    fetch = Fetches({other: refused})
+    finding = await discovery(fetch, allow_cross_site=True).find(other, EDGE)
+    assert fetch.egress == {other: True}
+    assert finding.doc["manifest_error"] == {
+        "reason": "egress-address",
+        "detail": "the host is not a public address and not in egress.allow_private",
+    }
+
+
+@pytest.mark.parametrize(
+    ("named", "reason"),
+    [
+        ("https://user:pw@cdn.pub.example/m.json", "egress-userinfo"),
+        ("https://cdn.pub.example/m#x", "egress-fragment"),
+    ],
+)
+async def test_discovery_request_forgery_a_stranger_url_is_refused_not_repaired(
+    named: str, reason: str
+) -> None:
+    fetch = Fetches({})
+    finding = await discovery(fetch, allow_cross_site=True).find(named, EDGE)
+    assert member(finding, "manifest_error")["reason"] == reason
+    assert fetch.calls == []
+
+
+@pytest.mark.parametrize(
+    ("answer", "reason"),
+    [
+        ((200, b'["internal"]'), "discover-resources-malformed"),
+        ((200, b'"internal"'), "discover-resources-malformed"),
+        ((200, b"<h1>internal</h1>"), "discover-resources-malformed"),
+        ((500, b'{"admin": "internal"}'), "discover-resources-refused"),
+        (
+            ProxyError(502, "upstream-connect-failed", "10.0.0.7:443: [Errno 111] internal"),
+            "upstream-connect-failed",
+        ),
+        (EgressError("egress-address", "x.example resolves to a private address"), "egress-address"),
+    ],
+)
+async def test_discovery_request_forgery_only_a_discover_resources_response_is_shown(
+    answer: tuple[int, bytes] | Exception, reason: str
+) -> None:
+    fetch = Fetches({OWN: (200, MANIFEST_BODY), EXCHANGE: answer})
+    finding = await discovery(fetch, discover_resources=True).find("x", EDGE)
+    found = member(finding, "discover_resources")
+    assert found["error"]["reason"] == reason
+    assert "response" not in found
+    shown = json.dumps(finding.doc)
+    assert "internal" not in shown
+    assert "10.0.0.7" not in shown
+    assert "Errno" not in shown
+
+
+async def test_discovery_request_forgery_an_exchange_endpoint_with_a_query_is_never_called() -> None:
+    manifest = {
+        **MANIFEST,
+        "exchanges": [{**MANIFEST["exchanges"][0], "endpoint": "https://x.example/admin?x="}],
+    }
+    fetch = Fetches({OWN: (200, json.dumps(manifest).encode())})
+    finding = await discovery(fetch, discover_resources=True).find("x", EDGE)
+    assert member(finding, "discover_resources")["error"]["reason"] == "egress-query"
+    assert [c[1] for c in fetch.calls] == [OWN]

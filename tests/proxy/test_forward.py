@@ -461,9 +461,10 @@ def test_configured_bearer_is_injected_for_matching_hosts_only(
 ) -> None:
     token_file = tmp_path / "token"
     token_file.write_text("file-token\n")
+    token_file.chmod(0o600)
     config = {
         "credentials": [
-            {"hosts": ["127.0.0.1"], "bearer_file": str(token_file)},
+            {"hosts": ["127.0.0.1"], "bearer_file": str(token_file), "allow_plaintext": True},
             {"hosts": ["*.example.net"], "bearer_env": "EXAMPLE_TOKEN", "override": True},
         ],
         "log": {"format": "json"},

@@ -95,6 +95,7 @@ async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
                 "data_dir": str(tmp_path),
                 "signing": {"label": "broker"},
                 "relay": {"max_hops": 3},
+                "egress": {"allow_private": ["127.0.0.1/32"]},  # the directory host is on loopback
                 "log": {"access_log": False},
             }
         )

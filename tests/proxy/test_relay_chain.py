@@ -33,6 +33,7 @@ def hop_config(
         "log": {"format": "json"},
         "signing": {"key": None, "label": label, **({"signature_agent": base} if mode == "agent" else {})},
         "publish": {"listen": f"127.0.0.1:{publish_port}", "domain": "127.0.0.1", "public_url": base},
+        "egress": {"allow_private": ["127.0.0.1/32"]},  # every directory here is on loopback
         **extra,
     }
     if next_hop is not None:
@@ -120,6 +121,8 @@ def test_verify_origin_reports_the_verdict_for_a_relayed_request(tmp_path: Path)
             f"127.0.0.1:{port}",
             "--broker-directory",
             f"http://127.0.0.1:{pub1}",
+            "--allow-private",
+            "127.0.0.1/32",
         ],
         stderr=subprocess.PIPE,
         text=True,

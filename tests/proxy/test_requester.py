@@ -19,7 +19,7 @@ from signing_proxy.core.jwk import SigningKey
 from signing_proxy.core.keys import KeyProvider
 from signing_proxy.core.signatures import Message, VerificationKey, verify_stack
 from signing_proxy.core.uri import parse_absolute_uri
-from signing_proxy.errors import ProxyError
+from signing_proxy.errors import ConfigError, ProxyError
 from signing_proxy.proxy.pipeline import BearerStore, Signer, prepare_request
 from signing_proxy.proxy.requester import RequesterInjector, injector_for
 from signing_proxy.service.app import ProxyApp
@@ -288,10 +288,10 @@ def test_every_method_of_a_configured_exchange_is_touched(tmp_path: Path, url: s
 # --- refusals at start-up (and on reload: the same load) -----------------------------------------
 
 
-def refusal(tmp_path: Path, **kw: Any) -> ProxyError:
-    with pytest.raises(ProxyError) as info:
+def refusal(tmp_path: Path, **kw: Any) -> ConfigError:
+    with pytest.raises(ConfigError) as info:  # no exchange to answer: the operator reads it (exit 2)
         injector(tmp_path, **kw)
-    assert info.value.status == 500
+    assert info.value.detail.startswith("requester.")  # the key path, as every configuration error
     token = (tmp_path / "delegation.jwt").read_text().strip()
     assert token not in info.value.detail
     for part in token.replace("~", ".").split("."):
@@ -323,7 +323,7 @@ def test_startup_refuses_a_malformed_chain(tmp_path: Path) -> None:
 
 def test_startup_refuses_a_missing_token_file(tmp_path: Path) -> None:
     cfg = config(tmp_path, delegation={})
-    with pytest.raises(ProxyError) as info:
+    with pytest.raises(ConfigError) as info:
         injector_for(cfg, Keys(PROXY), clock=Clock())
     assert info.value.reason == "delegation-unreadable"
     assert "requester.delegation.token_file" in info.value.detail
@@ -363,7 +363,7 @@ def test_startup_refuses_when_no_key_signs(tmp_path: Path) -> None:
 def test_startup_refuses_mirror_fields_wider_than_the_chain(
     tmp_path: Path, delegation: dict[str, Any], over: dict[str, Any], message: str
 ) -> None:
-    with pytest.raises(ProxyError, match=message):
+    with pytest.raises(ConfigError, match=message):
         injector(tmp_path, delegation=delegation, **over)
 
 
@@ -481,7 +481,7 @@ def test_the_app_exposes_the_requester_and_refuses_to_start_with_a_mismatch(tmp_
     status, doc = app.readiness()
     assert doc["checks"]["delegation"] == "ok"  # type: ignore[index]
     assert status == 200
-    with pytest.raises(ProxyError) as info:
+    with pytest.raises(ConfigError) as info:
         ProxyApp(cfg, Keys(ROTATED), clock=Clock())
     assert info.value.reason == "delegation-holder-mismatch"
     plain = ProxyApp(parse_config({"data_dir": str(tmp_path / "data"), **raw}), Keys(PROXY), clock=Clock())
@@ -499,7 +499,7 @@ def test_a_configuration_reload_refuses_a_mismatched_delegation_and_keeps_the_ru
     other = tmp_path / "other.jwt"
     write_chain(other, make_chain(holder=ROTATED))
     bad = cfg.with_overrides(**{"requester.delegation.token_file": str(other)})
-    with pytest.raises(ProxyError) as info:
+    with pytest.raises(ConfigError) as info:
         app.reload(bad)
     assert info.value.reason == "delegation-holder-mismatch"
     assert app.requester is running  # nothing swapped

@@ -69,6 +69,7 @@ def reload_with(proxy: ProxyProcess, text: str, marker: str) -> None:
 def test_sighup_applies_a_good_config_and_refuses_a_bad_one(tmp_path: Path) -> None:
     token = tmp_path / "token"
     token.write_text("reloaded-secret\n")
+    token.chmod(0o600)
     with VerifyingOrigin() as origin, ProxyProcess(tmp_path, {}, key=KEY) as proxy:
         origin.trust(KEY)
         assert via(proxy, origin.url("/a")).json()["verified"] is True
@@ -77,7 +78,7 @@ def test_sighup_applies_a_good_config_and_refuses_a_bad_one(tmp_path: Path) -> N
         # a good new config: a bearer credential for the origin, and a listen change that needs a restart
         good = {
             **config,
-            "credentials": [{"hosts": ["127.0.0.1"], "bearer_file": str(token)}],
+            "credentials": [{"hosts": ["127.0.0.1"], "bearer_file": str(token), "allow_plaintext": True}],
             "listen": "127.0.0.1:1",
         }
         reload_with(proxy, yaml.safe_dump(good), "configuration reloaded")
@@ -95,7 +96,9 @@ def test_sighup_applies_a_good_config_and_refuses_a_bad_one(tmp_path: Path) -> N
         # a config whose bearer file is missing is refused as a whole (nothing half-applied)
         broken = {
             **good,
-            "credentials": [{"hosts": ["127.0.0.1"], "bearer_file": str(tmp_path / "gone")}],
+            "credentials": [
+                {"hosts": ["127.0.0.1"], "bearer_file": str(tmp_path / "gone"), "allow_plaintext": True}
+            ],
             "hosts": {"unsigned": ["127.0.0.1"]},
         }
         reload_with(proxy, yaml.safe_dump(broken), "new configuration refused")

@@ -38,11 +38,12 @@ def metric(text: str, name: str, **labels: str) -> float:
 def test_metrics_move_after_a_signed_request_and_hold_no_secret(tmp_path: Path) -> None:
     token = tmp_path / "token"
     token.write_text(SECRET)
+    token.chmod(0o600)
     users = tmp_path / "users"
     users.write_text(f"agent:{PROXY_PASSWORD}\n")
     admin = free_port()
     config = {
-        "credentials": [{"hosts": ["127.0.0.1"], "bearer_file": str(token)}],
+        "credentials": [{"hosts": ["127.0.0.1"], "bearer_file": str(token), "allow_plaintext": True}],
         "access": {"proxy_auth_file": str(users)},
         "admin": {"listen": f"127.0.0.1:{admin}"},
         "log": {"format": "json", "level": "debug"},

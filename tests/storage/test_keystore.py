@@ -217,7 +217,7 @@ def test_rotate_publishes_the_new_key_beside_the_old_and_moves_signing(store: Ke
     state = store.load()
     assert {r.thumbprint for r in state.records} == {old.thumbprint, new.thumbprint}
     assert state.signing_record(T + 100.4) == new
-    assert state.state_of(new, T + 101) == "active"
+    assert state.state_of(new, T + 101) == "signing"
     assert state.state_of(state.record(old.thumbprint), T + 101) == "retiring"  # type: ignore[arg-type]
     directory = parse_directory(render_directory(state.directory(T + 101, None), now=T + 101))
     assert {k.thumbprint for k in directory.keys} == {old.thumbprint, new.thumbprint}
@@ -240,26 +240,57 @@ def test_rotate_twice_in_one_second_still_signs_with_the_newest(store: KeyStore)
 
 
 def test_rotate_with_activate_in_publishes_first_and_signs_later(store: KeyStore) -> None:
+    """Spec rotation 1 ("publish the new key beside the old (both valid); begin signing with the new
+    key"): valid and published at once, signing only from the activation; the old key signs until then."""
     (old,) = store.load().records
-    new, moved = store.rotate(T + 100, grace_s=50, lifetime_s=1000, activate_in_s=300)
-    assert new.not_before == T + 400
-    assert [r.not_after for r in moved] == [T + 450]
+    new, moved = store.rotate(T + 100.2, grace_s=50, lifetime_s=1000, activate_in_s=300)
+    assert (new.not_before, new.activation, new.not_after) == (T + 100, T + 401, T + 1401)
+    assert [r.not_after for r in moved] == [T + 451]  # activation + grace
+    assert index(store)["keys"][1]["activates_at"] == format_rfc3339(T + 401)
+    assert "activates_at" not in index(store)["keys"][0]  # only a key that signs late carries it
     state = store.load()
-    assert state.state_of(new, T + 200) == "next"
-    assert state.signing_record(T + 399) == state.record(old.thumbprint)
-    assert state.signing_record(T + 400) == new
-    assert new.thumbprint in {k.thumbprint for k in state.directory(T + 200, None).keys}
-    with pytest.raises(KeyStoreError, match="already waiting"):
+    assert state.record(new.thumbprint) == new
+    assert state.state_of(new, T + 200) == "published"
+    assert state.next_change(new, T + 200) == (T + 401, "signing")
+    assert state.signing_record(T + 400.999) == state.record(old.thumbprint)
+    assert state.signing_record(T + 401) == new
+    directory = state.directory(T + 101, None)
+    assert {k.thumbprint for k in directory.keys_valid_at(T + 101)} == {old.thumbprint, new.thumbprint}
+    with pytest.raises(KeyStoreError, match="already waiting") as err:
         store.rotate(T + 200, grace_s=50, lifetime_s=1000)
+    assert err.value.reason == "rotation-pending"
+    later, _ = store.rotate(T + 401, grace_s=50, lifetime_s=1000)  # activated: rotating again is fine
+    assert store.load().signing_record(T + 401) == later
+
+
+def test_revoking_the_old_key_during_a_pending_rotation_signs_with_the_new_one(store: KeyStore) -> None:
+    """The emergency path: no --force, no gap; the published key signs before its activation."""
+    (old,) = store.load().records
+    new, _ = store.rotate(T + 100, grace_s=50, lifetime_s=1000, activate_in_s=300)
+    assert store.revoke(old.thumbprint, T + 150)
+    state = store.load()
+    assert state.signing_record(T + 150) == new
+    assert state.state_of(new, T + 150) == "signing"
 
 
 def test_rotate_refuses_a_gap_before_the_new_key_starts(store: KeyStore) -> None:
     with pytest.raises(KeyStoreError) as err:
         store.rotate(T + 100, grace_s=50, lifetime_s=1000, activate_in_s=5000)
     assert err.value.reason == "no-valid-key"
+    assert "activates at" in str(err.value)
     new, _ = store.rotate(T + 100, grace_s=50, lifetime_s=1000, activate_in_s=5000, force=True)
-    assert store.load().signing_record(T + 2000) is None
-    assert store.load().signing_record(T + 5100) == new
+    state = store.load()
+    assert state.signing_record(T + 999) == state.records[0]  # the old key to its end
+    assert state.signing_record(T + 1000) == new  # then the new one, early rather than none
+
+
+def test_an_index_with_an_activation_outside_the_window_is_refused(store: KeyStore) -> None:
+    store.rotate(T + 100, grace_s=50, lifetime_s=1000, activate_in_s=300)
+    doc = index(store)
+    doc["keys"][1]["activates_at"] = format_rfc3339(T + 99)
+    store.index_path.write_text(json.dumps(doc))
+    with pytest.raises(KeyStoreError, match="activates_at must lie in"):
+        store.load()
 
 
 def test_rotate_on_an_expired_store_starts_signing_again(store: KeyStore) -> None:
@@ -349,6 +380,16 @@ def test_provider_never_signs_outside_a_window_second_by_second(store: KeyStore)
     assert keyid(T + 100) == b.thumbprint  # signing moves the moment b is valid
     assert keyid(T + 1099.999) == b.thumbprint
     assert keyid(T + 1100) is None  # at not_after the key is refused
+
+
+def test_provider_moves_to_a_published_key_at_its_activation_second(store: KeyStore) -> None:
+    (a,) = store.load().records
+    b, _ = store.rotate(T + 100, grace_s=50, lifetime_s=1000, activate_in_s=300)  # a ends at T+450
+    provider = StoreKeyProvider(store)
+    assert provider.current(T + 399.999).thumbprint == a.thumbprint  # type: ignore[union-attr]
+    assert provider.not_after(T + 399.999) == T + 450
+    assert provider.current(T + 400).thumbprint == b.thumbprint  # type: ignore[union-attr]
+    assert provider.not_after(T + 400) == b.not_after
 
 
 def test_provider_answers_from_memory_and_picks_up_changes_on_reload(store: KeyStore) -> None:

@@ -1,4 +1,5 @@
-"""Fakes for the resolver and the poller: a settable clock and a fetcher answering from a dict."""
+"""Fakes for the resolver and the poller: a settable clock, a fetcher answering from a dict, and a
+sleep that returns only when the test says so."""
 
 from __future__ import annotations
 
@@ -33,3 +34,31 @@ class FakeFetch:
         if isinstance(answer, Exception):
             raise answer
         return answer
+
+
+class Ticks:
+    """An injected sleep for revocation pollers: records each delay and returns only on ``tick``."""
+
+    def __init__(self, clock: Clock | None = None) -> None:
+        self.clock = clock
+        self.delays: list[float] = []
+        self.sleeping: list[asyncio.Future[None]] = []
+        self.asleep = asyncio.Event()
+
+    async def sleep(self, seconds: float) -> None:
+        self.delays.append(seconds)
+        wake: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.sleeping.append(wake)
+        self.asleep.set()
+        await wake
+
+    async def tick(self, limit_s: float = 5.0) -> None:
+        """Wake the sleeping poller (its delay passes on the clock); return once it sleeps again."""
+        await asyncio.wait_for(self.asleep.wait(), limit_s)
+        self.asleep.clear()
+        if self.clock is not None:
+            self.clock.now += self.delays[-1]
+        for wake in self.sleeping:
+            wake.set_result(None)
+        self.sleeping.clear()
+        await asyncio.wait_for(self.asleep.wait(), limit_s)

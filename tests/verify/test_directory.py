@@ -15,6 +15,7 @@ from signing_proxy.core.keys import Directory, DirectoryKey, render_directory
 from signing_proxy.verify import (
     DirectoryError,
     DirectoryResolver,
+    EgressPolicy,
     FetchResult,
     HttpClient,
     directory_url,
@@ -24,6 +25,7 @@ from signing_proxy.verify.directory import ttl_from_cache_control
 from tests.verify.fakes import NOW, Clock, FakeFetch
 
 KEY = SigningKey.from_seed(bytes(32))
+LOOPBACK = EgressPolicy(allow_private=("127.0.0.1/32",))  # the test servers: allow-listed, http allowed
 
 
 def directory_body(revocation_url: str | None = None) -> bytes:
@@ -166,7 +168,9 @@ async def server() -> AsyncIterator[TestServer]:
 async def test_http_fetcher_bounds_size_and_time_and_refuses_redirects(server: TestServer) -> None:
     base = f"http://127.0.0.1:{server.port}"
     async with HttpClient.standalone() as client:
-        resolver = DirectoryResolver(http_fetcher(client, max_bytes=4096, timeout_s=0.5), clock=Clock())
+        resolver = DirectoryResolver(
+            http_fetcher(client, egress=LOOPBACK, max_bytes=4096, timeout_s=0.5), clock=Clock()
+        )
         directory = await resolver.get(f"{base}/a")
         assert directory.lookup(KEY.thumbprint) is not None
         for path, reason in (
@@ -181,12 +185,14 @@ async def test_http_fetcher_bounds_size_and_time_and_refuses_redirects(server: T
 
 async def test_http_fetcher_reads_cache_control_and_sends_a_plain_get(server: TestServer) -> None:
     async with HttpClient.standalone() as client:
-        result = await http_fetcher(client)(directory_url(f"http://127.0.0.1:{server.port}/a"))
+        result = await http_fetcher(client, egress=LOOPBACK)(
+            directory_url(f"http://127.0.0.1:{server.port}/a")
+        )
     assert (result.status, result.cache_control) == (200, "max-age=120")
     assert result.body == directory_body()
 
 
-async def test_http_fetcher_names_a_reset_or_an_unusable_url_fetch_failed() -> None:
+async def test_http_fetcher_names_a_reset_fetch_failed_and_a_refused_url_egress_refused() -> None:
     def hang_up(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         writer.close()
 
@@ -194,11 +200,15 @@ async def test_http_fetcher_names_a_reset_or_an_unusable_url_fetch_failed() -> N
     port = listener.sockets[0].getsockname()[1]
     try:
         async with HttpClient.standalone() as client:
-            fetch = http_fetcher(client)
-            for url in (f"http://127.0.0.1:{port}/x", "ftp://agent.example/x"):
+            fetch = http_fetcher(client, egress=LOOPBACK)
+            with pytest.raises(DirectoryError) as err:
+                await fetch(f"http://127.0.0.1:{port}/x")
+            assert err.value.reason == "directory-fetch-failed"
+            for url in ("ftp://agent.example/x", f"http://127.0.0.1:{port}/x"):
+                refusing = fetch if url.startswith("ftp") else http_fetcher(client)  # default: public only
                 with pytest.raises(DirectoryError) as err:
-                    await fetch(url)
-                assert err.value.reason == "directory-fetch-failed"
+                    await refusing(url)
+                assert err.value.reason == "directory-egress-refused"
     finally:
         listener.close()
         await listener.wait_closed()

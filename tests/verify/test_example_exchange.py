@@ -41,7 +41,8 @@ def listening_port(proc: subprocess.Popen[str]) -> int:
 def test_readme_exchange_verifies_what_the_proxy_signs(tmp_path: Path) -> None:
     assert "examples/exchange.py" in (ROOT / "README.md").read_text()
     exchange = subprocess.Popen(
-        [sys.executable, "-u", str(ROOT / "examples/exchange.py"), "0"],
+        # the directory host is on loopback: allow-listed, as a private deployment would list its own
+        [sys.executable, "-u", str(ROOT / "examples/exchange.py"), "0", "127.0.0.1/32"],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,

@@ -23,6 +23,8 @@ from signing_proxy.net.leaves import LeafContextCache
 from signing_proxy.storage.ca import CertificateAuthority
 from signing_proxy.verify import (
     DirectoryResolver,
+    EgressPolicy,
+    Fetcher,
     FetchResult,
     HttpClient,
     RequestVerifier,
@@ -129,10 +131,20 @@ def test_https_through_an_intercepted_tunnel(tmp_path: Path, pki: dict[str, Any]
         assert origin.arrivals[-1].target_uri.startswith("https://")
 
 
-async def loopback_fetch(url: str) -> FetchResult:
-    """A real fetch (a client per call, so it works on whichever loop the origin runs)."""
-    async with HttpClient.standalone() as client:
-        return await http_fetcher(client)(url)
+LOOPBACK = EgressPolicy(allow_private=("127.0.0.1/32",))  # our test servers: allow-listed
+
+
+def loopback_fetch(publish_base: str) -> Fetcher:
+    """A real fetch (a client per call, so it works on whichever loop the origin runs); the relay's
+    revocation list, named at the port-less ``public_url``, is fetched from its listener."""
+
+    async def fetch(url: str) -> FetchResult:
+        if url.startswith("http://127.0.0.1/"):
+            url = publish_base + url.removeprefix("http://127.0.0.1")
+        async with HttpClient.standalone() as client:
+            return await http_fetcher(client, egress=LOOPBACK)(url)
+
+    return fetch
 
 
 def test_relayed_through_a_broker_hop(tmp_path: Path) -> None:
@@ -143,6 +155,7 @@ def test_relayed_through_a_broker_hop(tmp_path: Path) -> None:
         "signing": {"key": None, "label": "broker"},
         # the relay's own key is read from this listener; its public_url only names the revocation list
         "publish": {"listen": "127.0.0.1:0", "domain": "127.0.0.1", "public_url": "http://127.0.0.1"},
+        "egress": {"allow_private": ["127.0.0.1/32"]},  # the agent's directory is on loopback
     }
     with (
         served_directory(AGENT) as agent_base,
@@ -150,7 +163,9 @@ def test_relayed_through_a_broker_hop(tmp_path: Path) -> None:
     ):
         relay_base = f"http://127.0.0.1:{relay.publish_port}"
         verifier = RequestVerifier(
-            DirectoryResolver(loopback_fetch), VerifierPolicy(broker_directories=(relay_base,))
+            DirectoryResolver(loopback_fetch(relay_base)),
+            VerifierPolicy(broker_directories=(relay_base,)),
+            egress=LOOPBACK,
         )
         agent_cfg = {
             "signing": {"signature_agent": agent_base},

@@ -18,9 +18,10 @@ from signing_proxy.core.jwk import SigningKey
 from signing_proxy.core.keys import DIRECTORY_PATH, Directory, DirectoryKey, render_directory
 from signing_proxy.core.signatures import Message, attach_signature, sign_message
 from signing_proxy.core.uri import parse_absolute_uri
-from signing_proxy.verify import HttpClient, VerifierPolicy, build_verify_origin
+from signing_proxy.verify import EgressPolicy, HttpClient, VerifierPolicy, build_verify_origin
 
 AGENT = SigningKey.from_seed(bytes(range(3, 35)))
+LOOPBACK = EgressPolicy(allow_private=("127.0.0.1/32",))  # the directory host: allow-listed
 
 
 @pytest.fixture
@@ -42,7 +43,7 @@ async def origin(request: pytest.FixtureRequest) -> AsyncIterator[str]:
     async with HttpClient.standalone() as client:
         given = client if request.param == "given client" else None
         async with TestServer(
-            build_verify_origin(VerifierPolicy(), client=given), host="127.0.0.1"
+            build_verify_origin(VerifierPolicy(), client=given, egress=LOOPBACK), host="127.0.0.1"
         ) as server:
             yield f"http://127.0.0.1:{server.port}"
 

@@ -10,8 +10,11 @@ from signing_proxy import verify
 
 PUBLIC = [
     "SIGNATURE",
+    "DeliveryPolicy",
+    "DeliveryVerifier",
     "DirectoryError",
     "DirectoryResolver",
+    "EgressPolicy",
     "FetchResult",
     "FetchedResponse",
     "Fetcher",
@@ -21,9 +24,13 @@ PUBLIC = [
     "TimeoutsConfig",
     "UpstreamConfig",
     "VerificationError",
+    "VerifiedRetrieval",
     "VerifiedSignature",
     "VerifiedStack",
     "VerifierPolicy",
+    "VerifyConfig",
+    "build_delivery_verifier",
+    "build_verifier",
     "build_verify_origin",
     "directory_url",
     "http_fetcher",
@@ -31,6 +38,7 @@ PUBLIC = [
     "signature_middleware",
     "stack_summary",
     "verify_aiohttp_request",
+    "verify_delivery_request",
 ]
 
 PACKAGE = Path(verify.__file__).resolve().parents[1]

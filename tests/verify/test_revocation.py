@@ -1,55 +1,152 @@
-"""Revocation polling with a fake fetcher, clock, sleep and random source (spec "Key publication,
-rotation and revocation" 3: every 300 s +/-10 %; a failed poll keeps the last set)."""
+"""Revocation per directory with a fake fetcher, clock, sleep and random source (spec "Key
+publication, rotation and revocation" 3: every 300 s +/-10 %, replace the set; "a revoked thumbprint
+stays revoked" within the directory; a list never fetched fails closed; a failed poll keeps the set)."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
+import time
 
 import pytest
 
 from signing_proxy.core.jwk import SigningKey
-from signing_proxy.core.keys import RevocationList, render_revocation_list
-from signing_proxy.verify import FetchResult, RevocationPoller
-from tests.verify.fakes import NOW, Clock, FakeFetch
+from signing_proxy.core.keys import (
+    Directory,
+    DirectoryKey,
+    RevocationList,
+    render_directory,
+    render_revocation_list,
+)
+from signing_proxy.verify import (
+    DirectoryError,
+    DirectoryResolver,
+    FetchResult,
+    HttpClient,
+    RevocationPoller,
+    VerificationError,
+    build_verifier,
+    directory_url,
+)
+from signing_proxy.verify.revocation import MAX_REVOCATION_LIST_BYTES
+from tests.verify.fakes import NOW, Clock, FakeFetch, Ticks
+from tests.verify.strangers import BODY, LOOPBACK, TARGET, directory_doc, host, signed
 
 KEY = SigningKey.from_seed(bytes(32))
+OTHER = SigningKey.from_seed(bytes(range(32)))
+DIR_URL = "https://agent.example/.well-known/http-message-signatures-directory"
 REV_URL = "https://agent.example/revocations.json"
 
 
-async def test_poller_polls_every_300s_with_10_percent_jitter_and_no_real_sleep() -> None:
-    clock, fetch, delays = Clock(), FakeFetch(), []
-    fetch.answers[REV_URL] = FetchResult(200, render_revocation_list(RevocationList(NOW, frozenset())), None)
-    randoms = iter([0.0, 0.5, 0.999999, 0.25])
-
-    async def fake_sleep(seconds: float) -> None:
-        delays.append(seconds)
-        clock.now += seconds
-
-    poller = RevocationPoller(fetch, clock=clock, sleep=fake_sleep, rand=lambda: next(randoms))
-    await asyncio.wait_for(poller.run(REV_URL, rounds=5), 5)
-    assert len(fetch.calls) == 5
-    assert delays[0] == pytest.approx(270)
-    assert delays[1] == pytest.approx(300)
-    assert delays[2] == pytest.approx(330, abs=0.01)
-    assert delays[3] == pytest.approx(285)
-    assert all(270 <= d <= 330 for d in delays)
+def listing(*thumbprints: str, as_of: int = NOW) -> FetchResult:
+    return FetchResult(200, render_revocation_list(RevocationList(as_of, frozenset(thumbprints))), None)
 
 
-async def test_poller_replaces_the_set_and_keeps_it_when_a_poll_fails() -> None:
+async def test_polls_every_300s_with_10_percent_jitter_while_tracked_and_stops_when_forgotten() -> None:
     clock, fetch = Clock(), FakeFetch()
-    revoked = KEY.thumbprint
-    fetch.answers[REV_URL] = FetchResult(
-        200, render_revocation_list(RevocationList(NOW, frozenset({revoked}))), None
-    )
-    poller = RevocationPoller(fetch, clock=clock, sleep=lambda _s: asyncio.sleep(0), rand=lambda: 0.5)
-    assert await poller.poll_once(REV_URL)
-    assert poller.revoked() == {revoked}
-    assert poller.age_s(REV_URL) == 0
+    fetch.answers[REV_URL] = listing()
+    ticks = Ticks(clock)
+    randoms = iter([0.0, 0.5, 0.999999, 0.25])
+    poller = RevocationPoller(fetch, clock=clock, sleep=ticks.sleep, rand=lambda: next(randoms))
+    assert await poller.ensure(DIR_URL, REV_URL) == frozenset()  # polled at once, then on a schedule
+    for _ in range(3):
+        await ticks.tick()
+    assert len(fetch.calls) == 4
+    assert ticks.delays[:3] == [pytest.approx(270), pytest.approx(300), pytest.approx(330, abs=0.01)]
+    assert all(270 <= d <= 330 for d in ticks.delays)
+    assert poller.pollers() == 1
+    poller.forget(DIR_URL)  # the directory left the cache
+    await asyncio.sleep(0)
+    assert (poller.pollers(), len(poller)) == (0, 0)
+    await poller.close()
+
+
+async def test_each_poll_replaces_the_set_but_a_listed_thumbprint_stays_revoked_for_its_directory() -> None:
+    clock, fetch = Clock(), FakeFetch()
+    poller = RevocationPoller(fetch, clock=clock, sleep=lambda _s: asyncio.Event().wait())
+    fetch.answers[REV_URL] = listing(KEY.thumbprint)
+    assert await poller.poll_once(DIR_URL, REV_URL)
+    assert poller.revoked(DIR_URL) == {KEY.thumbprint}
+    fetch.answers[REV_URL] = listing(OTHER.thumbprint, as_of=NOW + 300)  # KEY dropped, OTHER added
+    assert await poller.poll_once(DIR_URL, REV_URL)
+    assert poller.revoked(DIR_URL) == {KEY.thumbprint, OTHER.thumbprint}  # our choice: sticky
+    assert poller.revoked("https://elsewhere.example/d") == frozenset()  # nobody else's business
+    await poller.close()
+
+
+async def test_a_failed_poll_keeps_the_last_set_and_its_age_shows_it() -> None:
+    clock, fetch = Clock(), FakeFetch()
+    fetch.answers[REV_URL] = listing(KEY.thumbprint)
+    poller = RevocationPoller(fetch, clock=clock)
+    assert await poller.poll_once(DIR_URL, REV_URL)
+    assert poller.age_s(DIR_URL) == 0
     clock.now += 300
+    for broken in (FetchResult(503, b"", None), FetchResult(200, b"not json", None), TypeError("bug")):
+        fetch.answers[REV_URL] = broken
+        assert not await poller.poll_once(DIR_URL, REV_URL)
+        assert poller.revoked(DIR_URL) == {KEY.thumbprint}
+    assert poller.age_s(DIR_URL) == 300
+    assert list(poller.ages()) == [300]
+    await poller.close()
+
+
+async def test_a_list_never_fetched_fails_closed_and_is_retried_after_retry_s() -> None:
+    clock, fetch = Clock(), FakeFetch()
     fetch.answers[REV_URL] = FetchResult(503, b"", None)
-    assert not await poller.poll_once(REV_URL)
-    assert poller.revoked() == {revoked}  # the last set is kept
-    assert poller.age_s(REV_URL) == 300  # and its age shows the failure
-    fetch.answers[REV_URL] = FetchResult(200, b"not json", None)
-    assert not await poller.poll_once(REV_URL)
-    assert poller.revoked() == {revoked}
+    poller = RevocationPoller(fetch, clock=clock, sleep=lambda _s: asyncio.Event().wait(), retry_s=30)
+    for _ in range(3):
+        with pytest.raises(DirectoryError) as err:
+            await poller.ensure(DIR_URL, REV_URL)
+        assert err.value.reason == "revocation-unavailable"
+    assert len(fetch.calls) == 1  # not a fetch per request
+    assert list(poller.ages()) == [None]
+    clock.now += 30
+    fetch.answers[REV_URL] = listing()
+    assert await poller.ensure(DIR_URL, REV_URL) == frozenset()
+    assert len(fetch.calls) == 2
+    await poller.close()
+
+
+async def test_a_set_is_charged_to_its_directory_and_leaves_with_it() -> None:
+    clock, fetch = Clock(), FakeFetch()
+    body = render_directory(Directory((DirectoryKey(KEY.public, NOW - 10, NOW + 3600),), REV_URL))
+    fetch.answers[DIR_URL] = FetchResult(200, body, None)
+    fetch.answers[REV_URL] = listing(OTHER.thumbprint)
+    resolver = DirectoryResolver(fetch, clock=clock, max_entries=1)
+    poller = RevocationPoller(fetch, clock=clock, sleep=lambda _s: asyncio.Event().wait())
+    poller.attach(resolver)
+    await resolver.get("https://agent.example")
+    await poller.ensure(DIR_URL, REV_URL)
+    assert resolver.cached_bytes == len(body) + 46  # one thumbprint, counted as its wire size
+    fetch.answers[directory_url("https://b.example")] = FetchResult(
+        200, render_directory(Directory(())), None
+    )
+    await resolver.get("https://b.example")  # evicts the first directory (one entry at most)
+    await asyncio.sleep(0)
+    assert (len(poller), poller.pollers()) == (0, 0)
+    await poller.close()
+
+
+async def test_lists_up_to_4_mib_are_read_and_larger_ones_fail_closed() -> None:
+    now = int(time.time())
+    many = [
+        base64.urlsafe_b64encode(hashlib.sha256(b"%d" % i).digest()).rstrip(b"=").decode()
+        for i in range(40_000)
+    ]
+    big = render_revocation_list(RevocationList(now, frozenset(many)))  # about 1.8 MiB
+    assert 1024 * 1024 < len(big) < MAX_REVOCATION_LIST_BYTES
+    key = SigningKey.from_seed(bytes(range(32)))
+    async with host() as found, HttpClient.standalone() as client:
+        found.directory(directory_doc(key, now=now, revocation_url=f"{found.base}/r.json"))
+        found.serve("/r.json", big)
+        verifier = build_verifier(client=client, egress=LOOPBACK)
+        fields = signed(f'"{found.base}"', key, now=now)
+        assert (await verifier.verify("POST", TARGET, fields, BODY)).agent.keyid == key.thumbprint
+        await verifier.close()
+        found.serve("/r.json", big[:-1] + b" " * (MAX_REVOCATION_LIST_BYTES - len(big) + 1) + b"}")
+        verifier = build_verifier(client=client, egress=LOOPBACK)
+        with pytest.raises(VerificationError) as err:
+            await verifier.verify("POST", TARGET, fields, BODY)
+        assert err.value.reason == "revocation-unavailable"
+        await verifier.close()

@@ -1,0 +1,98 @@
+"""What the engine hands a handler: a parsed request, the limits it was read under, and their refusals."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..core.errors import FieldError
+from ..core.uri import parse_authority
+from ..errors import ProxyError
+
+__all__ = ["RETRY_AFTER_S", "AbortConnection", "Limits", "Request", "busy", "parse_connect_target"]
+
+RETRY_AFTER_S = 1  # our choice: when the proxy is full, a client may try again this soon
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """The bounds a connection enforces while it reads (``limits.*`` and ``timeouts.*``)."""
+
+    max_header_bytes: int
+    max_body_bytes: int
+    client_idle_s: float
+    read_s: float
+    max_request_line_bytes: int = 8 * 1024
+    max_header_fields: int = 256
+    max_connections: int = 2048
+    max_buffered_bytes: int = 128 * 1024 * 1024
+
+
+class Request:
+    """A request as parsed so far."""
+
+    __slots__ = (
+        "body",
+        "body_size",
+        "complete",
+        "content_length",
+        "fields",
+        "framed",
+        "head_done",
+        "headers",
+        "held",
+        "keep_alive",
+        "method",
+        "over_budget",
+        "too_large",
+        "upgrade",
+        "url",
+        "version",
+    )
+
+    def __init__(self) -> None:
+        self.url = b""
+        self.method = ""
+        self.version = "1.1"
+        self.headers: list[tuple[str, str]] = []
+        self.body: list[bytes] = []
+        self.body_size = 0
+        self.too_large = False
+        self.complete = False
+        self.keep_alive = True
+        self.content_length: int | None = None
+        self.framed = False  # the client sent Content-Length or Transfer-Encoding
+        self.head_done = False  # field lines after this are chunked trailers: never headers
+        self.fields = 0  # field lines seen, trailers included
+        self.held = 0  # body bytes counted against the engine's buffered budget
+        self.over_budget = False  # the engine's budget for buffered bodies ran out for this one
+        self.upgrade: str | None = None  # "websocket": the bytes after this request belong to a pipe
+
+    def header(self, name: str) -> str | None:
+        lname = name.lower()
+        for n, v in self.headers:
+            if n.lower() == lname:
+                return v
+        return None
+
+
+class AbortConnection(Exception):
+    """The response already started; the only honest signal left is closing the connection."""
+
+
+def busy() -> ProxyError:
+    return ProxyError(
+        503,
+        "server-busy",
+        "the proxy holds limits.max_buffered_bytes of request bodies; try again shortly",
+        headers=(("Retry-After", str(RETRY_AFTER_S)),),
+    )
+
+
+def parse_connect_target(raw: str) -> tuple[str, int]:
+    """CONNECT's authority-form target -> (host, port); a port is required."""
+    if ":" not in raw.rsplit("]", 1)[-1]:
+        raise ProxyError(400, "malformed-target", "CONNECT needs host:port")
+    try:
+        return parse_authority(raw, "https")
+    except FieldError as exc:
+        raise ProxyError.of(exc) from None

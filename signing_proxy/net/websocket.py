@@ -1,0 +1,169 @@
+"""WebSocket (RFC 6455) through the engine: send the handshake, then join the two connections.
+
+The handshake is an ordinary GET that the policy has prepared (signed: ``@target-uri`` is the
+``http(s)`` URI it is sent to); the engine adds the hop-by-hop ``Connection: Upgrade`` and
+``Upgrade: websocket`` it needs on this hop (never covered by a signature), sends it on a fresh
+connection, and reads the answer with the same bounds as any response head. A ``101`` switches
+both sides to a byte pipe (``tunnel.BlindTunnel``: backpressure, half-close, idle timeout); any
+other answer is relayed as a small response and the client connection closes. Frames are never
+read or changed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import httptools
+
+from ..errors import ProxyError
+from .framing import HOP_BY_HOP, Outgoing, response_head
+from .server import ClientConnection
+from .tunnel import BlindTunnel
+from .upstream import MAX_RESPONSE_HEAD_BYTES, UpstreamPool
+
+__all__ = ["UPGRADE_FIELDS", "Switched", "switch"]
+
+UPGRADE_FIELDS = b"Connection: Upgrade\r\nUpgrade: websocket\r\n"  # RFC 6455 section 4.1, this hop only
+REFUSAL_BODY_MAX_BYTES = 64 * 1024  # our choice: a refused handshake's body is relayed up to this, then cut
+_DROPPED = frozenset(name.encode() for name in HOP_BY_HOP - {"connection", "upgrade"}) | {b"content-length"}
+
+
+@dataclass(frozen=True, slots=True)
+class Switched:
+    """The handshake's outcome: the status relayed to the client and whether the pipe now runs."""
+
+    status: int
+    piped: bool
+    bytes_out: int
+
+
+class _Handshake(asyncio.Protocol):
+    """Reads the answer to a WebSocket handshake: its head (bounded), and the frames or body after it."""
+
+    def __init__(self, max_head_bytes: int) -> None:
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.transport: asyncio.Transport | None = None
+        self.status = 0
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.body: list[bytes] = []
+        self.rest = b""  # frames that came with the 101, for the client
+        self._parser = httptools.HttpResponseParser(self)
+        self._fed = 0
+        self._size = 0
+        self._max_head = max_head_bytes
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = typing.cast(asyncio.Transport, transport)  # uvloop's are not subclasses
+
+    def data_received(self, data: bytes) -> None:
+        if self.done.done():  # frames read before the pipe took over: kept for the client, in order
+            self.rest += data
+            return
+        if self.status == 0:
+            self._fed += len(data)
+            if self._fed > self._max_head:
+                self._fail(
+                    ProxyError(502, "upstream-header-too-large", "upstream response head exceeds the limit")
+                )
+                return
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade as exc:
+            self.rest = data[exc.args[0] :] if exc.args else b""
+            if not self.done.done():
+                self.done.set_result(None)
+            if self.transport is not None:
+                self.transport.pause_reading()  # until the pipe takes the connection over
+        except httptools.HttpParserError as exc:
+            self._fail(ProxyError(502, "upstream-bad-response", f"malformed handshake answer ({exc})"))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.done.done():
+            if self.status and self.status != 101:
+                self.done.set_result(None)  # a close-delimited refusal: what arrived is its body
+            else:
+                self._fail(ProxyError(502, "upstream-reset", "the upstream closed during the handshake"))
+
+    def on_status(self, status: bytes) -> None:
+        pass
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        self.status = self._parser.get_status_code()
+        if 100 < self.status < 200 and self.status != 101:  # an interim answer: the final one follows
+            self.status, self.headers = 0, []
+
+    def on_body(self, body: bytes) -> None:
+        self._size += len(body)
+        if self._size <= REFUSAL_BODY_MAX_BYTES:
+            self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        if self.status and not self.done.done():
+            self.done.set_result(None)
+
+    def _fail(self, error: ProxyError) -> None:
+        if not self.done.done():
+            self.done.set_exception(error)
+            self.done.exception()  # retrieved here: the waiter re-raises it
+        if self.transport is not None:
+            self.transport.abort()
+
+
+async def switch(
+    client: ClientConnection,
+    pool: UpstreamPool,
+    outgoing: Outgoing,
+    *,
+    early: bytes,
+    idle_s: float,
+    on_finished: Callable[[BlindTunnel], None],
+    max_head_bytes: int = MAX_RESPONSE_HEAD_BYTES,
+) -> Switched:
+    """Send the prepared handshake; on ``101`` join client and upstream, else relay the refusal.
+
+    ``ProxyError`` when the upstream cannot be reached or answers garbage (nothing written yet).
+    """
+    handshake = await pool.open(outgoing.connect_to, lambda: _Handshake(max_head_bytes))
+    assert handshake.transport is not None
+    upstream = handshake.transport
+    upstream.write(outgoing.head[:-2] + UPGRADE_FIELDS + b"\r\n")
+    try:
+        await asyncio.wait_for(asyncio.shield(handshake.done), pool.read_timeout_s)
+    except TimeoutError:
+        upstream.abort()
+        raise ProxyError(504, "upstream-timeout", "no answer to the WebSocket handshake in time") from None
+    except ProxyError:
+        upstream.abort()
+        raise
+    fields = [
+        (n.decode("latin-1"), v.decode("latin-1")) for n, v in handshake.headers if n.lower() not in _DROPPED
+    ]
+    if handshake.status != 101:
+        upstream.close()
+        body = b"".join(handshake.body)[:REFUSAL_BODY_MAX_BYTES]
+        fields.append(("Content-Length", str(len(body))))
+        kept = [(n, v) for n, v in fields if n.lower() not in ("connection", "upgrade")]
+        client.keep_alive = False
+        client.write(response_head(handshake.status, kept, close=True) + body)
+        return Switched(handshake.status, piped=False, bytes_out=len(body))
+    client.write(response_head(101, fields))
+    if handshake.rest:
+        client.write(handshake.rest)
+    raw = client.take_over()
+    if raw is None:
+        upstream.close()
+        return Switched(101, piped=False, bytes_out=0)
+    tunnel = BlindTunnel(client.client_ip, outgoing.target.authority, on_finished, idle_s=idle_s)
+    upstream.set_protocol(tunnel.upstream)
+    tunnel.upstream.connection_made(upstream)
+    with contextlib.suppress(AttributeError, RuntimeError):
+        upstream.resume_reading()
+    tunnel.attach_client(raw, early)
+    return Switched(101, piped=True, bytes_out=len(handshake.rest))

@@ -1,0 +1,73 @@
+"""One way to assemble a verifier that faces strangers, for the relay, verify-origin and exchanges.
+
+``build_verifier`` wires a ``RequestVerifier`` the same way everywhere: directories (64 KiB) and
+revocation lists (4 MiB) fetched through the package's one client under an ``EgressPolicy`` (default:
+public https only), each bounded by ``egress.fetch_timeout_s``; caches and pollers bounded by
+``verify.*``; revocation lists polled every 300 s +/-10 % while their directory is cached, and
+failing closed until first fetched. Close it with ``await verifier.close()``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Awaitable, Callable
+
+from ..config import VerifyConfig
+from ..core.keys import MAX_DIRECTORY_BYTES
+from ..net.client import HttpClient
+from ..net.egress import EgressPolicy
+from .directory import FETCH_TIMEOUT_S, DirectoryResolver, http_fetcher
+from .revocation import MAX_REVOCATION_LIST_BYTES, RevocationPoller
+from .verifier import RequestVerifier, VerifierPolicy
+
+__all__ = ["build_verifier", "policy_from_config"]
+
+
+def policy_from_config(limits: VerifyConfig) -> VerifierPolicy:
+    """A policy with ``verify.skew_s`` and ``verify.max_validity_s`` (no pinned keys, no brokers)."""
+    return VerifierPolicy(skew_s=limits.skew_s, max_validity_s=limits.max_validity_s)
+
+
+def build_verifier(
+    policy: VerifierPolicy | None = None,
+    *,
+    client: HttpClient | None = None,
+    egress: EgressPolicy | None = None,
+    limits: VerifyConfig | None = None,
+    fetch_timeout_s: float = FETCH_TIMEOUT_S,
+    clock: Callable[[], float] = time.time,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    rand: Callable[[], float] = random.random,
+) -> RequestVerifier:
+    """A verifier fetching through ``client`` (default: a standalone one, closed with the verifier).
+
+    ``policy`` defaults to ``limits``' skew and lifetime; ``clock``, ``sleep`` and ``rand`` drive the
+    signature window and the revocation schedule (tests inject them).
+    """
+    limits = limits if limits is not None else VerifyConfig()
+    policy = policy if policy is not None else policy_from_config(limits)
+    egress = egress if egress is not None else EgressPolicy()
+    own = client is None
+    http = client if client is not None else HttpClient.standalone()
+    resolver = DirectoryResolver(
+        http_fetcher(http, egress=egress, max_bytes=MAX_DIRECTORY_BYTES, timeout_s=fetch_timeout_s),
+        clock=clock,
+        max_entries=limits.directory_cache_entries,
+        max_bytes=limits.directory_cache_bytes,
+        negative_entries=limits.negative_cache_entries,
+        keyid_refetch_s=limits.keyid_refetch_s,
+        fetch_timeout_s=fetch_timeout_s,
+    )
+    poller = RevocationPoller(
+        http_fetcher(http, egress=egress, max_bytes=MAX_REVOCATION_LIST_BYTES, timeout_s=fetch_timeout_s),
+        clock=clock,
+        sleep=sleep,
+        rand=rand,
+        fetch_timeout_s=fetch_timeout_s,
+    )
+    verifier = RequestVerifier(resolver, policy, revocations=poller, clock=clock, egress=egress)
+    if own:
+        verifier.closers.append(http.close)
+    return verifier

@@ -1,0 +1,231 @@
+"""The delivery side of a bound retrieval URL (spec "Bound retrieval URLs" 3): is this fetch its holder's?
+
+``DeliveryVerifier.verify`` checks a retrieval request, cheap checks first and I/O last:
+
+1. the URL is a bound retrieval URL (``core.retrieval``: ``agent_id``, ``expires``, the exchange's
+   ``keyid`` and ``sig``) and has not expired;
+2. the fetcher presents its key (``Signature-Key``, ``core.signature_key``) for the first label of
+   the signature stack (the fetcher signs first; a relay's later label is not checked here), and
+   thumbprint(presented key) == ``agent_id``;
+3. that label's RFC 9421 signature verifies with the presented key, covering the spec's five
+   components and ``signature-key``, inside its window, with the body's ``Content-Digest``;
+4. the URL's signature verifies with the exchange key ``keyid``: a pinned key, or one found in a
+   configured exchange directory (cached, re-fetched for an unknown ``keyid``, its window and the
+   directory's revocation list checked).
+
+The fetcher's directory is never fetched. A refusal is a ``VerificationError`` with a stable reason
+(``verify.middleware.refusal`` answers it with 401); the result, ``VerifiedRetrieval``, is the only
+thing a handler should trust.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from ..config import VerifyConfig
+from ..core.b64 import b64_encode
+from ..core.errors import FieldError, VerificationError
+from ..core.fields import Fields
+from ..core.jwk import PublicKey
+from ..core.retrieval import RetrievalUrl, parse_retrieval_url
+from ..core.signature_key import RETRIEVAL_COMPONENTS, SIGNATURE_KEY, parse_presented_key
+from ..core.signature_verify import DEFAULT_MAX_VALIDITY_S, check_stack, verify_checked
+from ..core.signatures import (
+    DEFAULT_SKEW_S,
+    Message,
+    VerificationKey,
+    VerifiedSignature,
+    parse_signature_stack,
+)
+from ..core.uri import parse_absolute_uri
+from ..net.client import HttpClient
+from ..net.egress import EgressPolicy
+from .build import build_verifier
+from .directory import DirectoryError, directory_url
+from .verifier import PINNED, RequestVerifier, VerifierPolicy
+
+__all__ = [
+    "PRESENTED",
+    "DeliveryPolicy",
+    "DeliveryVerifier",
+    "VerifiedRetrieval",
+    "build_delivery_verifier",
+    "verify_delivery_request",
+]
+
+log = logging.getLogger("signing_proxy.delivery")
+
+PRESENTED = "presented"  # the key source of the fetcher's key: the request itself
+
+
+@dataclass(frozen=True)
+class DeliveryPolicy:
+    """Whose retrieval URLs this delivery endpoint serves, and the fetcher signature's limits."""
+
+    exchange_directories: tuple[str, ...] = ()  # directory bases of the exchanges that sign our URLs
+    pinned_exchange_keys: tuple[PublicKey, ...] = ()  # exchange keys known without a directory
+    skew_s: int = DEFAULT_SKEW_S  # for the fetcher signature's created only
+    max_validity_s: int = DEFAULT_MAX_VALIDITY_S
+
+
+@dataclass(frozen=True, slots=True)
+class VerifiedRetrieval:
+    """A verified bound fetch: which URL, bound to which key, signed by which exchange key."""
+
+    url: str  # canonical form, as the exchange signed it
+    agent_id: str  # the transaction's key: the presented key's thumbprint
+    url_expires: int
+    exchange_keyid: str
+    exchange_source: str  # the exchange directory base that published the key, or "pinned"
+    signature: VerifiedSignature  # the fetcher's RFC 9421 signature
+
+
+def _first_label_only(fields: Fields) -> tuple[Fields, str]:
+    """The fields with only the first label of the stack in ``Signature-Input``/``Signature``."""
+    first = parse_signature_stack(fields)[0]
+    kept = Fields((n, v) for n, v in fields if n.lower() not in ("signature", "signature-input"))
+    kept.add("Signature-Input", f"{first.label}={first.params_value}")
+    kept.add("Signature", f"{first.label}=:{b64_encode(first.signature)}:")
+    return kept, first.label
+
+
+class DeliveryVerifier:
+    """Checks retrieval fetches against ``policy``; exchange directories through ``verifier``'s
+    resolver and revocation poller (``build_delivery_verifier`` makes both)."""
+
+    def __init__(self, verifier: RequestVerifier, policy: DeliveryPolicy) -> None:
+        self.verifier = verifier
+        self.policy = policy
+        self.clock: Callable[[], float] = verifier.clock
+
+    async def close(self) -> None:
+        await self.verifier.close()
+
+    async def verify(self, method: str, url: str, fields: Fields, body: bytes) -> VerifiedRetrieval:
+        """Verify one fetch of ``url`` (absolute, as the client addressed it); VerificationError if not."""
+        try:
+            return await self._verify(method, url, fields, body)
+        except VerificationError:
+            raise
+        except Exception:  # every request gets an answer; the cause goes to the log only
+            log.exception("verifying a retrieval of %.200r failed unexpectedly", url)
+            raise VerificationError("verification-failed", "the request could not be verified") from None
+
+    async def _verify(self, method: str, url: str, fields: Fields, body: bytes) -> VerifiedRetrieval:
+        now = self.clock()
+        try:
+            target = parse_absolute_uri(url)
+        except FieldError as exc:
+            raise VerificationError(exc.reason, exc.detail) from None
+        bound = parse_retrieval_url(target.uri)
+        if now >= bound.expires:
+            raise VerificationError("retrieval-url-expired", "the retrieval URL has expired")
+        reduced, label = _first_label_only(fields)
+        presented = parse_presented_key(fields.combined(SIGNATURE_KEY), label)
+        if presented.thumbprint != bound.agent_id:
+            raise VerificationError(
+                "presented-key-mismatch", "the presented key is not the one the URL is bound to", label
+            )
+        checked = check_stack(
+            Message(method, target, reduced),
+            body,
+            now=now,
+            skew_s=self.policy.skew_s,
+            max_validity_s=self.policy.max_validity_s,
+            max_hops=1,
+            required=RETRIEVAL_COMPONENTS,
+        )
+        key = VerificationKey(presented, source=PRESENTED)
+        stack = verify_checked(
+            checked, lambda entry, _i: key if entry.keyid == presented.thumbprint else None, now=now
+        )
+        source = await self._check_url_signature(bound, now)
+        return VerifiedRetrieval(
+            target.uri, bound.agent_id, bound.expires, bound.keyid, source, stack.signatures[0]
+        )
+
+    async def _check_url_signature(self, bound: RetrievalUrl, now: float) -> str:
+        """Verify the URL with the exchange key it names; return where that key came from."""
+        for pinned in self.policy.pinned_exchange_keys:
+            if pinned.thumbprint == bound.keyid:
+                return self._verified(bound, pinned, PINNED)
+        resolver = self.verifier.resolver
+        unavailable = 0
+        for base in self.policy.exchange_directories:
+            try:
+                directory = await resolver.get(base)
+                key = directory.lookup(bound.keyid)
+                if key is None:  # a key the exchange rotated in since we cached its directory
+                    fresh = await resolver.refetch_for_keyid(base)
+                    directory = fresh if fresh is not None else directory
+                    key = directory.lookup(bound.keyid)
+            except DirectoryError as exc:
+                log.debug("exchange directory %.200r unavailable: %s", base, exc.reason)
+                unavailable += 1
+                continue
+            if key is None:
+                continue
+            if not key.valid_at(now):
+                raise VerificationError(
+                    "retrieval-url-key-outside-window", f"key {bound.keyid} is outside its window"
+                )
+            if directory.revocation_url is not None:
+                poller = self.verifier.revocations
+                assert poller is not None  # RequestVerifier always has one
+                try:
+                    revoked = await poller.ensure(directory_url(base), directory.revocation_url)
+                except DirectoryError:
+                    raise VerificationError(
+                        "revocation-unavailable", "the exchange's revocation list has not been fetched"
+                    ) from None
+                if key.thumbprint in revoked:
+                    raise VerificationError("retrieval-url-key-revoked", f"key {bound.keyid} is revoked")
+            return self._verified(bound, key.public, base)
+        if unavailable and unavailable == len(self.policy.exchange_directories):
+            raise VerificationError("directory-unavailable", "no exchange directory could be fetched")
+        raise VerificationError("retrieval-url-unknown-key", "no trusted exchange publishes the URL's keyid")
+
+    @staticmethod
+    def _verified(bound: RetrievalUrl, key: PublicKey, source: str) -> str:
+        if not bound.verify(key):
+            raise VerificationError("retrieval-url-bad-signature", "the URL's signature does not verify")
+        return source
+
+
+def build_delivery_verifier(
+    policy: DeliveryPolicy,
+    *,
+    client: HttpClient | None = None,
+    egress: EgressPolicy | None = None,
+    limits: VerifyConfig | None = None,
+    clock: Callable[[], float] = time.time,
+) -> DeliveryVerifier:
+    """A delivery verifier whose exchange directories are fetched like every verifier's
+    (``build_verifier``: one client, egress policy, bounded caches, revocation polling)."""
+    inner = build_verifier(
+        VerifierPolicy(skew_s=policy.skew_s, max_validity_s=policy.max_validity_s),
+        client=client,
+        egress=egress,
+        limits=limits,
+        clock=clock,
+    )
+    return DeliveryVerifier(inner, policy)
+
+
+async def verify_delivery_request(
+    verifier: DeliveryVerifier, request: web.Request, *, external_origin: str | None = None
+) -> VerifiedRetrieval:
+    """Verify an aiohttp request as received (raw header lines, raw path, exact body).
+
+    ``external_origin`` (``https://cdn.example``): the origin clients used when a TLS-terminating
+    load balancer sits in front; otherwise scheme and Host of the request.
+    """
+    body = await request.read()
+    lines = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.raw_headers]
+    origin = external_origin.rstrip("/") if external_origin else f"{request.scheme}://{request.host}"
+    return await verifier.verify(request.method, origin + request.raw_path, Fields(lines), body)

@@ -1,0 +1,298 @@
+"""Issue "the proxy under hostile clients": the engine's bounds, one test per reproduced item.
+
+Engine-level tests drive ``net.server`` with a handler that can hold a request in flight; the
+proxy-level ones send raw bytes through a real ``signing-proxy run`` to a verifying origin.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from signing_proxy.config import TimeoutsConfig, UpstreamConfig
+from signing_proxy.core.jwk import SigningKey
+from signing_proxy.errors import ProxyError
+from signing_proxy.net.client import HttpClient
+from signing_proxy.net.server import ClientConnection, Engine, Limits, Request
+from signing_proxy.net.upstream import UpstreamPool
+from tests.harness import WAIT_S, ProxyProcess, VerifyingOrigin
+
+KEY = SigningKey.generate()
+BIG = 200_000  # far above every limit below; never sent whole by a well-behaved test
+
+
+class Holding:
+    """Answers each request with its body; holds the first one until ``release`` is set."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.headers: list[list[tuple[str, str]]] = []
+        self.first_in_flight = asyncio.Event()
+
+    def connection_made(self, conn: ClientConnection) -> None:
+        pass
+
+    async def serve(self, conn: ClientConnection, req: Request) -> bool:
+        try:
+            body = await conn.read_body(req)
+        except ProxyError as error:
+            conn.keep_alive = False
+            conn.write_problem(error)
+            return False
+        self.headers.append(list(req.headers))
+        if len(self.headers) == 1:
+            self.first_in_flight.set()
+            await self.release.wait()
+        conn.local_response(200, "text/plain", body)
+        return conn.keep_alive
+
+
+async def serving(limits: Limits) -> tuple[Engine, Holding, asyncio.Server]:
+    tasks: set[asyncio.Task[object]] = set()
+
+    def spawn(coro: object) -> asyncio.Task[object]:
+        task = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+        return task
+
+    handler = Holding()
+    engine = Engine(handler, limits, spawn)
+    server = await asyncio.get_running_loop().create_server(engine.protocol, "127.0.0.1", 0)
+    return engine, handler, server
+
+
+@pytest.fixture
+async def rig(request: pytest.FixtureRequest) -> AsyncIterator[tuple[Engine, Holding, int]]:
+    limits = getattr(request, "param", None) or Limits(
+        max_header_bytes=4096, max_body_bytes=64, client_idle_s=5, read_s=5, max_request_line_bytes=1024
+    )
+    engine, handler, server = await serving(limits)
+    try:
+        yield engine, handler, server.sockets[0].getsockname()[1]
+    finally:
+        handler.release.set()
+        server.close()
+        engine.close_all()
+        await asyncio.wait_for(server.wait_closed(), WAIT_S)
+
+
+async def opened(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    return await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), WAIT_S)
+
+
+# --- 1. header limits are checked only after a header is complete ---------------------------------
+
+
+async def test_header_limits_are_checked_while_a_long_url_is_still_arriving(
+    rig: tuple[Engine, Holding, int],
+) -> None:
+    _, handler, port = rig
+    reader, writer = await opened(port)
+    writer.write(b"GET /" + b"a" * BIG)  # never finished: the answer must not wait for the end of it
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), WAIT_S)
+    assert head.startswith((b"HTTP/1.1 414 ", b"HTTP/1.1 431 "))
+    assert handler.headers == []
+    writer.close()
+
+
+async def test_header_limits_are_checked_while_a_long_field_is_still_arriving(
+    rig: tuple[Engine, Holding, int],
+) -> None:
+    _, handler, port = rig
+    reader, writer = await opened(port)
+    writer.write(b"GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * BIG)  # no end of line, ever
+    answer = await asyncio.wait_for(reader.read(-1), WAIT_S)
+    assert answer.startswith(b"HTTP/1.1 431 ")
+    assert b'"reason":"header-too-large"' in answer
+    assert handler.headers == []
+    writer.close()
+
+
+async def test_header_limits_count_fields(rig: tuple[Engine, Holding, int]) -> None:
+    _, _, port = rig
+    reader, writer = await opened(port)
+    writer.write(b"GET / HTTP/1.1\r\n" + b"A: b\r\n" * 300 + b"\r\n")
+    answer = await asyncio.wait_for(reader.read(-1), WAIT_S)
+    assert answer.startswith(b"HTTP/1.1 431 ")
+    assert b'"reason":"too-many-header-fields"' in answer
+    writer.close()
+
+
+# --- 2. memory per connection and in total is unbounded in practice ---------------------------------
+
+
+async def test_memory_per_connection_is_bounded_to_one_request_read_ahead(
+    rig: tuple[Engine, Holding, int],
+) -> None:
+    engine, handler, port = rig
+    reader, writer = await opened(port)
+    one = b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 50\r\n\r\n" + b"b" * 50
+    writer.write(one)
+    await asyncio.wait_for(handler.first_in_flight.wait(), WAIT_S)
+    (conn,) = engine.connections
+    writer.write(one)  # the read-ahead
+    async with asyncio.timeout(WAIT_S):
+        while not conn._reading_paused:  # noqa: ASYNC110 - a state with no event of its own
+            await asyncio.sleep(0.01)
+    assert conn.transport is not None
+    assert not conn.transport.is_reading()  # nothing more is read while two requests are held
+    writer.write(one * 4)  # stays in the kernel's buffers, not ours
+    await writer.drain()
+    assert len(conn._ready) == 1
+    assert engine.buffered == 2 * 50  # the one in flight and the one read ahead
+    handler.release.set()
+    answers = b""
+    while answers.count(b"HTTP/1.1 200 ") < 6:
+        answers += await asyncio.wait_for(reader.read(65536), WAIT_S)
+    writer.close()
+
+
+@pytest.mark.parametrize(
+    "rig",
+    [Limits(max_header_bytes=4096, max_body_bytes=64, client_idle_s=5, read_s=5, max_connections=2)],
+    indirect=True,
+)
+async def test_memory_in_total_is_bounded_by_max_connections(rig: tuple[Engine, Holding, int]) -> None:
+    engine, _, port = rig
+    kept = [await opened(port) for _ in range(2)]
+    for _, writer in kept:
+        writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    reader, writer = await opened(port)
+    answer = await asyncio.wait_for(reader.read(-1), WAIT_S)
+    assert answer.startswith(b"HTTP/1.1 503 ")
+    assert b"Retry-After: 1\r\n" in answer
+    assert b'"reason":"too-many-connections"' in answer
+    assert engine.refused == 1
+    for _, w in [*kept, (reader, writer)]:
+        w.close()
+
+
+@pytest.mark.parametrize(
+    "rig",
+    [Limits(max_header_bytes=4096, max_body_bytes=64, client_idle_s=5, read_s=5, max_buffered_bytes=100)],
+    indirect=True,
+)
+async def test_memory_in_total_is_bounded_by_max_buffered_bytes(rig: tuple[Engine, Holding, int]) -> None:
+    engine, handler, port = rig
+    first_r, first_w = await opened(port)
+    first_w.write(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 60\r\n\r\n" + b"a" * 60)
+    await asyncio.wait_for(handler.first_in_flight.wait(), WAIT_S)  # 60 bytes held while it is served
+    reader, writer = await opened(port)
+    writer.write(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 60\r\n\r\n" + b"a" * 60)
+    answer = await asyncio.wait_for(reader.read(-1), WAIT_S)  # answered at once, never a wait
+    assert answer.startswith(b"HTTP/1.1 503 ")
+    assert b"Retry-After: 1\r\n" in answer
+    assert b'"reason":"server-busy"' in answer
+    handler.release.set()
+    assert (await asyncio.wait_for(first_r.readuntil(b"\r\n\r\n"), WAIT_S)).startswith(b"HTTP/1.1 200 ")
+    for w in (first_w, writer):
+        w.close()
+    assert engine.buffered <= 60
+
+
+# --- 3. chunked trailers are merged into the headers -------------------------------------------------
+
+
+async def test_chunked_trailers_are_not_merged_into_the_headers(rig: tuple[Engine, Holding, int]) -> None:
+    _, handler, port = rig
+    handler.release.set()
+    reader, writer = await opened(port)
+    writer.write(
+        b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+        b"3\r\nabc\r\n0\r\nAuthorization: Bearer from-trailer\r\n\r\n"
+    )
+    answer = await asyncio.wait_for(reader.read(-1), WAIT_S)
+    assert answer.startswith(b"HTTP/1.1 200 ")
+    assert answer.endswith(b"abc")
+    names = [name.lower() for name, _ in handler.headers[0]]
+    assert "authorization" not in names
+    writer.close()
+
+
+# --- through a real proxy ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def origin() -> Iterator[VerifyingOrigin]:
+    with VerifyingOrigin() as server:
+        server.trust(KEY)
+        yield server
+
+
+@pytest.fixture(scope="module")
+def proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyProcess]:
+    with ProxyProcess(tmp_path_factory.mktemp("hostile"), {"log": {"format": "json"}}, key=KEY) as process:
+        yield process
+
+
+def raw(proxy: ProxyProcess, data: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=WAIT_S) as sock:
+        sock.sendall(data)
+        chunks = []
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def test_chunked_trailers_never_reach_the_origin_as_signed_headers(
+    proxy: ProxyProcess, origin: VerifyingOrigin
+) -> None:
+    answer = raw(
+        proxy,
+        f"POST {origin.url('/trailer')} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+        "Connection: close\r\n\r\n3\r\nabc\r\n0\r\nAuthorization: Bearer from-trailer\r\n\r\n".encode(),
+    )
+    assert answer.startswith(b"HTTP/1.1 200 ")
+    arrival = origin.arrivals[-1]
+    assert arrival.verified
+    assert arrival.body == b"abc"
+    assert arrival.header("authorization") == ""  # the agent sent none: empty, covered, signed
+    assert "from-trailer" not in json.dumps(arrival.lines)
+
+
+@pytest.mark.parametrize("target", ["http://a..b/", "http://[zz]/", "http://-bad.example/", "http://xn--/"])
+def test_some_inputs_get_no_response_now_get_a_400_problem(proxy: ProxyProcess, target: str) -> None:
+    before = len(proxy.stderr_lines)
+    answer = raw(proxy, f"GET {target} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 ")
+    assert json.loads(body)["reason"] == "malformed-target"
+    assert not any("Traceback" in line for line in proxy.stderr_lines[before:])
+
+
+def test_a_long_url_through_the_proxy_is_414_before_it_ends(tmp_path: Path) -> None:
+    config = {"limits": {"max_request_line_bytes": 2048}}
+    with (
+        ProxyProcess(tmp_path, config, key=KEY) as proxy,
+        socket.create_connection(("127.0.0.1", proxy.port), timeout=WAIT_S) as sock,
+    ):
+        sock.sendall(b"GET http://127.0.0.1/" + b"a" * 8192)  # and nothing more
+        assert sock.recv(65536).startswith(b"HTTP/1.1 414 ")
+
+
+async def test_header_limits_apply_to_upstream_response_heads_while_they_arrive() -> None:
+    async def endless_head(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nX-Big: " + b"a" * BIG)  # the head never ends
+        await writer.drain()
+        await asyncio.sleep(WAIT_S)  # hold the connection open, sending nothing more
+
+    server = await asyncio.start_server(endless_head, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    pool = UpstreamPool(
+        UpstreamConfig(), connect_timeout_s=WAIT_S, read_timeout_s=WAIT_S, max_head_bytes=4096
+    )
+    client = HttpClient(pool, TimeoutsConfig())
+    try:
+        with pytest.raises(ProxyError) as info:
+            await asyncio.wait_for(client.fetch("GET", f"http://127.0.0.1:{port}/", max_bytes=1024), WAIT_S)
+        assert (info.value.status, info.value.reason) == (502, "upstream-header-too-large")
+    finally:
+        pool.close()
+        server.close()

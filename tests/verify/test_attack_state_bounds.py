@@ -1,0 +1,98 @@
+"""Issue 15 attack 3, "grow its memory without bound": 10,000 requests naming unique directories
+(each with its own revocation list) leave the directory cache, the negative cache and the pollers at
+their caps, and no metric series per URL. Driven in-process with a fake, instant fetcher."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from signing_proxy.core.jwk import SigningKey
+from signing_proxy.core.keys import DIRECTORY_PATH
+from signing_proxy.verify import (
+    DirectoryResolver,
+    FetchResult,
+    RequestVerifier,
+    RevocationPoller,
+    VerificationError,
+)
+from tests.verify.strangers import BODY, TARGET, directory_doc, forged, revocation_doc
+
+ATTACKER = SigningKey.from_seed(bytes(range(7, 39)))
+UNIQUE = 10_000
+CACHE_ENTRIES = 1024  # verify.directory_cache_entries default
+NEGATIVE_ENTRIES = 4096  # verify.negative_cache_entries default
+
+
+class AttackerWorld:
+    """Every ``https://dN.attacker.example`` serves a directory with the attacker's key and its own
+    revocation list; ``failing`` makes every directory answer 404 instead."""
+
+    def __init__(self, now: int, *, failing: bool = False) -> None:
+        self.now = now
+        self.failing = failing
+        self.revocations = FetchResult(200, revocation_doc(as_of=now), None)
+        self.calls = 0
+
+    async def __call__(self, url: str) -> FetchResult:
+        self.calls += 1
+        if url.endswith(DIRECTORY_PATH):
+            if self.failing:
+                return FetchResult(404, b"", None)
+            base = url.removesuffix(DIRECTORY_PATH)
+            return FetchResult(
+                200, directory_doc(ATTACKER, now=self.now, revocation_url=f"{base}/r.json"), None
+            )
+        return self.revocations
+
+
+async def flood(verifier: RequestVerifier, now: int, count: int) -> set[str]:
+    reasons = set()
+    for n in range(count):
+        fields = forged(f'"https://d{n}.attacker.example"', ATTACKER.thumbprint, now=now)
+        try:
+            await verifier.verify("POST", TARGET, fields, BODY)
+        except VerificationError as exc:
+            reasons.add(exc.reason)
+    return reasons
+
+
+async def test_state_bounds_10000_unique_directories_keep_cache_and_pollers_at_their_caps() -> None:
+    now = int(time.time())
+    world = AttackerWorld(now)
+    poller = RevocationPoller(world)
+    resolver = DirectoryResolver(world)
+    verifier = RequestVerifier(resolver, revocations=poller)
+    reasons = await flood(verifier, now, UNIQUE)
+    assert reasons == {"bad-signature"}  # every directory and list was fetched, then the forgery refused
+    assert world.calls == 2 * UNIQUE
+    await asyncio.sleep(0)  # let cancelled pollers finish
+    assert len(resolver) == CACHE_ENTRIES
+    assert len(poller) <= CACHE_ENTRIES
+    assert poller.pollers() <= CACHE_ENTRIES
+    running = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    assert len(running) <= CACHE_ENTRIES
+    assert len(list(poller.ages())) <= CACHE_ENTRIES  # the revocation-age metric aggregates these
+    await verifier.close()
+
+
+async def test_state_bounds_10000_failing_directories_keep_the_negative_cache_at_its_cap() -> None:
+    now = int(time.time())
+    world = AttackerWorld(now, failing=True)
+    resolver = DirectoryResolver(world)
+    verifier = RequestVerifier(resolver)
+    assert await flood(verifier, now, UNIQUE) == {"directory-unavailable"}
+    assert resolver.failures_cached == NEGATIVE_ENTRIES
+    assert len(resolver) == 0
+    await verifier.close()
+
+
+async def test_state_bounds_the_byte_budget_holds_before_the_entry_cap() -> None:
+    now = int(time.time())
+    world = AttackerWorld(now)
+    budget = 256 * 1024
+    resolver = DirectoryResolver(world, max_bytes=budget)
+    verifier = RequestVerifier(resolver)
+    await flood(verifier, now, 2_000)
+    assert 0 < resolver.cached_bytes <= budget
+    await verifier.close()

@@ -1,0 +1,219 @@
+"""The delivery-side check of a bound retrieval fetch (``verify.delivery``, spec "Bound retrieval
+URLs" 3): the URL's signature by the exchange (pinned or from its directory), the presented key,
+thumbprint(presented key) == agent_id, and the fetcher's RFC 9421 signature; never the fetcher's
+directory. Each refusal names its stable reason."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from signing_proxy.core.digest import content_digest
+from signing_proxy.core.errors import VerificationError
+from signing_proxy.core.fields import Fields
+from signing_proxy.core.jwk import PublicKey, SigningKey
+from signing_proxy.core.keys import (
+    Directory,
+    DirectoryKey,
+    RevocationList,
+    render_directory,
+    render_revocation_list,
+)
+from signing_proxy.core.retrieval import sign_retrieval_url
+from signing_proxy.core.signature_key import RETRIEVAL_COMPONENTS, signature_key_member
+from signing_proxy.core.signatures import (
+    SPEC_COMPONENTS,
+    Component,
+    Message,
+    attach_signature,
+    hop_components,
+    sign_message,
+)
+from signing_proxy.core.uri import parse_absolute_uri
+from signing_proxy.verify import (
+    DeliveryPolicy,
+    DeliveryVerifier,
+    DirectoryResolver,
+    FetchResult,
+    RequestVerifier,
+)
+from signing_proxy.verify.directory import directory_url
+from tests.oracle import oracle_verify
+from tests.verify.fakes import NOW, Clock, FakeFetch
+
+EXCHANGE = SigningKey.from_seed(b"\x41" * 32)
+AGENT = SigningKey.from_seed(b"\x42" * 32)
+OTHER = SigningKey.from_seed(b"\x43" * 32)
+EXCHANGE_BASE = "https://exchange.example"
+REVOCATIONS = "https://exchange.example/revoked.json"
+
+
+def bound_url(agent: SigningKey = AGENT, *, expires: int = NOW + 600, key: SigningKey = EXCHANGE) -> str:
+    return sign_retrieval_url(
+        "https://cdn.example/objects/42", key, agent_id=agent.thumbprint, expires=expires
+    )
+
+
+def fetch(
+    url: str,
+    signer: SigningKey = AGENT,
+    *,
+    presented: PublicKey | None = None,
+    components: Sequence[Component] = RETRIEVAL_COMPONENTS,
+    relay: SigningKey | None = None,
+) -> Fields:
+    """A GET of ``url`` as the proxy sends it: signed by ``signer``, presenting ``presented``."""
+    fields = Fields([("Content-Digest", content_digest(b"")), ("Authorization", ""), ("Signature-Agent", "")])
+    fields.add("Signature-Key", signature_key_member("agent", presented or signer.public))
+    message = Message("GET", parse_absolute_uri(url), fields)
+    attach_signature(
+        fields, sign_message(message, signer, created=NOW, expires=NOW + 300, components=components)
+    )
+    if relay is not None:  # a relay hop after the fetcher: provenance only at the delivery endpoint
+        member = sign_message(
+            message, relay, created=NOW, expires=NOW + 300, label="relay", components=hop_components("agent")
+        )
+        attach_signature(fields, member)
+    return fields
+
+
+def delivery(
+    *,
+    pinned: tuple[PublicKey, ...] = (EXCHANGE.public,),
+    directories: tuple[str, ...] = (),
+    fake: FakeFetch | None = None,
+    clock: Clock | None = None,
+) -> DeliveryVerifier:
+    clock = clock or Clock()
+    resolver = DirectoryResolver(fake or FakeFetch(), clock=clock)
+    policy = DeliveryPolicy(exchange_directories=directories, pinned_exchange_keys=pinned)
+    return DeliveryVerifier(RequestVerifier(resolver, clock=clock), policy)
+
+
+def serve_directory(fake: FakeFetch, *keys: SigningKey, revoked: frozenset[str] = frozenset()) -> None:
+    directory = Directory(tuple(DirectoryKey(k.public, NOW - 60, NOW + 3600) for k in keys), REVOCATIONS)
+    fake.answers[directory_url(EXCHANGE_BASE)] = FetchResult(200, render_directory(directory), "max-age=300")
+    fake.answers[REVOCATIONS] = FetchResult(200, render_revocation_list(RevocationList(NOW, revoked)), None)
+
+
+async def refused(verifier: DeliveryVerifier, url: str, fields: Fields) -> str:
+    with pytest.raises(VerificationError) as info:
+        await verifier.verify("GET", url, fields, b"")
+    return info.value.reason
+
+
+# --- accepted -----------------------------------------------------------------------------------
+
+
+async def test_the_transactions_key_presenting_itself_is_accepted_with_a_pinned_exchange_key() -> None:
+    url = bound_url()
+    fields = fetch(url)
+    verified = await delivery().verify("GET", url, fields, b"")
+    assert (verified.agent_id, verified.exchange_keyid, verified.exchange_source) == (
+        AGENT.thumbprint,
+        EXCHANGE.thumbprint,
+        "pinned",
+    )
+    assert verified.signature.keyid == AGENT.thumbprint
+    assert '"signature-key"' in verified.signature.components
+    # an independent RFC 9421 implementation agrees (six components, the fifth and sixth headers included)
+    assert oracle_verify(
+        "GET", url, list(fields), b"", {AGENT.thumbprint: AGENT.public.key}, check_time=False
+    ) == ["agent"]
+
+
+async def test_the_exchange_key_comes_from_its_directory_and_the_fetchers_is_never_fetched() -> None:
+    fake = FakeFetch()
+    serve_directory(fake, EXCHANGE)
+    verifier = delivery(pinned=(), directories=(EXCHANGE_BASE,), fake=fake)
+    url = bound_url()
+    verified = await verifier.verify("GET", url, fetch(url), b"")
+    assert verified.exchange_source == EXCHANGE_BASE
+    assert fake.calls == [directory_url(EXCHANGE_BASE), REVOCATIONS]  # the exchange's only
+    await verifier.close()
+
+
+async def test_a_relay_label_after_the_fetchers_is_not_what_is_checked() -> None:
+    url = bound_url()
+    verified = await delivery().verify("GET", url, fetch(url, relay=OTHER), b"")
+    assert verified.signature.label == "agent"
+
+
+# --- refused ------------------------------------------------------------------------------------
+
+
+async def test_a_fetch_presenting_another_key_is_refused_before_any_io() -> None:
+    fake = FakeFetch()
+    verifier = delivery(pinned=(), directories=(EXCHANGE_BASE,), fake=fake)
+    url = bound_url()
+    assert await refused(verifier, url, fetch(url, OTHER)) == "presented-key-mismatch"
+    assert fake.calls == []
+
+
+async def test_presenting_the_bound_key_while_signing_with_another_is_refused() -> None:
+    url = bound_url()
+    assert await refused(delivery(), url, fetch(url, OTHER, presented=AGENT.public)) == "unknown-keyid"
+
+
+async def test_a_presented_key_the_signature_does_not_cover_is_refused() -> None:
+    url = bound_url()
+    assert (
+        await refused(delivery(), url, fetch(url, components=SPEC_COMPONENTS)) == "missing-covered-component"
+    )
+
+
+async def test_a_presented_key_swapped_after_signing_is_refused() -> None:
+    url = bound_url(OTHER)
+    fields = fetch(url, AGENT)  # AGENT signs, presenting itself ...
+    fields.set("Signature-Key", signature_key_member("agent", OTHER.public))  # ... then OTHER is swapped in
+    forged = fields.combined("Signature-Input") or ""
+    fields.set("Signature-Input", forged.replace(AGENT.thumbprint, OTHER.thumbprint))
+    assert await refused(delivery(), url, fields) == "bad-signature"
+
+
+async def test_a_fetch_without_signature_key_is_refused() -> None:
+    url = bound_url()
+    fields = fetch(url)
+    fields.remove("signature-key")
+    assert await refused(delivery(), url, fields) == "signature-key-missing"
+
+
+async def test_an_expired_url_is_refused() -> None:
+    clock = Clock()
+    url = bound_url(expires=NOW + 10)
+    clock.now = NOW + 10
+    assert await refused(delivery(clock=clock), url, fetch(url)) == "retrieval-url-expired"
+
+
+async def test_a_url_rebound_to_another_key_is_refused() -> None:
+    url = bound_url().replace(AGENT.thumbprint, OTHER.thumbprint)
+    assert await refused(delivery(), url, fetch(url, OTHER)) == "retrieval-url-bad-signature"
+
+
+async def test_an_unbound_url_is_refused() -> None:
+    url = "https://cdn.example/objects/42?sig=" + "A" * 86
+    assert await refused(delivery(), url, fetch(url)) == "malformed-retrieval-url"
+
+
+async def test_a_url_signed_by_an_unknown_exchange_is_refused() -> None:
+    url = bound_url(key=OTHER)
+    assert await refused(delivery(), url, fetch(url)) == "retrieval-url-unknown-key"
+
+
+async def test_an_unreachable_exchange_directory_is_reported_as_such() -> None:
+    fake = FakeFetch()
+    fake.answers[directory_url(EXCHANGE_BASE)] = FetchResult(503, b"", None)
+    verifier = delivery(pinned=(), directories=(EXCHANGE_BASE,), fake=fake)
+    url = bound_url()
+    assert await refused(verifier, url, fetch(url)) == "directory-unavailable"
+    await verifier.close()
+
+
+async def test_a_url_signed_by_a_revoked_exchange_key_is_refused() -> None:
+    fake = FakeFetch()
+    serve_directory(fake, EXCHANGE, revoked=frozenset({EXCHANGE.thumbprint}))
+    verifier = delivery(pinned=(), directories=(EXCHANGE_BASE,), fake=fake)
+    url = bound_url()
+    assert await refused(verifier, url, fetch(url)) == "retrieval-url-key-revoked"
+    await verifier.close()
