@@ -40,7 +40,6 @@ from procs import (
     CORES,
     PY,
     child,
-    metric,
     pin,
     pin_self,
     settle,
@@ -447,12 +446,6 @@ def run(args: argparse.Namespace) -> int:
         alive = proxy.poll() is None
         figures["settle_s"] = settle(port, args.settle_s) if alive else float("nan")
         figures["rss_end_kib"] = status_kib(proxy.pid)
-        if args.watch_s:  # diagnosis: does RSS come down later?
-            for _ in range(int(args.watch_s)):
-                time.sleep(1)
-                print(
-                    f"RSS {status_kib(proxy.pid) / 1024:.1f} MiB, open {metric(port, 'signing_proxy_connections_open')}"
-                )
         figures["rss_peak_kib"] = status_kib(proxy.pid, "VmHWM")
         alive = alive and proxy.poll() is None
         found = tracebacks(log)
@@ -491,7 +484,7 @@ def report(  # noqa: PLR0917
     print(
         "connections with no answer at all: "
         + (", ".join(f"{end} {n}" for end, n in sorted(tally.unanswered.items())) or "none")
-        + " (incomplete input is not answered; the proxy closes at EOF or after its idle timeout)"
+        + " (incomplete input, or a complete request whose sender half-closed before the answer)"
     )
     print(
         f"\nproxy RSS: start {start:.1f} MiB, peak {peak:.1f} MiB, end {end:.1f} MiB "
@@ -532,7 +525,6 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=400, help="generated requests before RSS is read")
     parser.add_argument("--settle-s", type=float, default=30.0, help="wait for connections to close (max)")
     parser.add_argument("--time-limit-s", type=float, default=900, help="no new request after this long")
-    parser.add_argument("--watch-s", type=float, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--quick", action="store_true", help="500 requests, 16 connections at a time")
     parser.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     args = parser.parse_args()

@@ -80,8 +80,8 @@ def wait_port(port: int, timeout_s: float = 15.0) -> None:
 
 
 @contextlib.contextmanager
-def process(args: list[str], **kwargs: object) -> Iterator[subprocess.Popen[bytes]]:
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **kwargs)  # type: ignore[call-overload]
+def process(args: list[str], stderr: object = subprocess.DEVNULL) -> Iterator[subprocess.Popen[bytes]]:
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=stderr)  # type: ignore[call-overload]
     try:
         yield proc
     finally:
@@ -226,6 +226,19 @@ def https_rows(  # noqa: PLR0917
     return rows
 
 
+DEFAULT_ROW = "default"  # the headline: what a user runs
+TUNED_ROW = "tuned"
+
+
+def access_log_figures(port: int, log_path: Path) -> dict[str, int]:
+    """Lines the default-configuration proxy wrote to its stderr file, and lines it dropped."""
+    metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    found = re.search(r"^signing_proxy_access_log_dropped_total ([\d.e+]+)$", metrics, re.M)
+    with log_path.open("rb") as fh:
+        lines = sum(b" signing_proxy.access: " in line for line in fh)
+    return {"lines": lines, "dropped": int(float(found.group(1))) if found else -1}
+
+
 def stream_rss(proxy_pid: int, proxy_port: int, origin_port: int) -> tuple[float, float]:
     opener = urllib.request.build_opener(
         urllib.request.ProxyHandler({"http": f"http://127.0.0.1:{proxy_port}"})
@@ -271,13 +284,18 @@ def main() -> int:
             )
         )
         origin_port, proxy_port, tls_port = free_port(), free_port(), free_port()
+        default_port = free_port()
         origin_ca = tmp / "origin-ca.pem"
-        config = tmp / "config.yaml"
-        config.write_text(
-            f"data_dir: {tmp / 'data'}\nlog:\n  access_log: false\n  level: warning\n"
+        # what the benchmark needs (where keys live, the origin's CA, the TLS port); the rest default
+        needed = (
+            f"data_dir: {tmp / 'data'}\n"
             f"upstream:\n  pin_ca_files:\n    127.0.0.1: {origin_ca}\n"
             f"intercept:\n  allowed_ports: [{tls_port}]\n"
         )
+        config = tmp / "config.yaml"  # tuned: no access log, warnings only
+        config.write_text(needed + "log:\n  access_log: false\n  level: warning\n")
+        default_config = tmp / "default.yaml"  # the default configuration: access log on, text, info
+        default_config.write_text(needed)
         origin_cmd = [*pin(0), PY, str(ROOT / "bench/origin.py"), "--public-key-pem", str(pub_path)]
         with contextlib.ExitStack() as stack:
             stack.enter_context(process([*origin_cmd, "--port", str(origin_port)]))
@@ -285,37 +303,33 @@ def main() -> int:
                 process([*origin_cmd, "--port", str(tls_port), "--tls-ca-out", str(origin_ca)])
             )
             wait_port(tls_port)  # its CA file exists before the proxy pins it
-            proxy = stack.enter_context(
-                process(
-                    [
-                        *pin(1),
-                        PY,
-                        "-m",
-                        "signing_proxy",
-                        "run",
-                        "--config",
-                        str(config),
-                        "--key",
-                        str(key_path),
-                        "--listen",
-                        f"127.0.0.1:{proxy_port}",
-                    ]
-                )
-            )
+
+            def start_proxy(config_path: Path, port: int, log_name: str) -> subprocess.Popen[bytes]:
+                # stderr (where the access log goes) to a real file: /dev/null would flatter it
+                log_file = stack.enter_context((tmp / log_name).open("wb"))
+                command = [*pin(1), PY, "-m", "signing_proxy", "run", "--config", str(config_path)]
+                command += ["--key", str(key_path), "--listen", f"127.0.0.1:{port}"]
+                return stack.enter_context(process(command, stderr=log_file))
+
+            proxy = start_proxy(config, proxy_port, "tuned.log")
+            default_proxy = start_proxy(default_config, default_port, "default.log")
             wait_port(origin_port)
             wait_port(proxy_port)
+            wait_port(default_port)
             time.sleep(0.3)
             results["proxy idle RSS (MiB)"] = rss_kib(proxy.pid) / 1024
             rows = []
+            proxies = ((DEFAULT_ROW, default_proxy.pid, default_port), (TUNED_ROW, proxy.pid, proxy_port))
             for method in ("GET", "POST"):
                 for conns in conn_counts:
                     direct = run_wrk(wrk, origin_port, "/bench", method, conns, duration, tmp)
-                    cpu0 = cpu_seconds(proxy.pid)
-                    via = run_wrk(
-                        wrk, proxy_port, f"http://127.0.0.1:{origin_port}/bench", method, conns, duration, tmp
-                    )
-                    cpu_us = (cpu_seconds(proxy.pid) - cpu0) / via[3] * 1e6
-                    rows.append((method, conns, direct, via, cpu_us))
+                    for name, pid, port in proxies:
+                        cpu0 = cpu_seconds(pid)
+                        url = f"http://127.0.0.1:{origin_port}/bench"
+                        via = run_wrk(wrk, port, url, method, conns, duration, tmp)
+                        cpu_us = (cpu_seconds(pid) - cpu0) / via[3] * 1e6
+                        rows.append((name, method, conns, direct, via, cpu_us))
+            results["access log"] = access_log_figures(default_port, tmp / "default.log")
             idle_mib, growth_mib = stream_rss(proxy.pid, proxy_port, origin_port)
             results["https"] = https_rows(proxy.pid, proxy_port, tls_port, tmp, duration, conn_counts)
             stats = json.loads(
@@ -324,22 +338,25 @@ def main() -> int:
         results["streaming 100 MiB: RSS growth (MiB)"] = growth_mib
     print(
         f"\nsigning-proxy benchmark — {results['machine']}, wrk -t1, {duration} s per run, "
-        f"origin+wrk on core 0, proxy on core 1\n"
+        f"origin+wrk on core 0, proxy on core 1; proxy stderr to a file\n"
+        f"  {DEFAULT_ROW}: the default configuration (log.access_log: true, log.format: text, level info)\n"
+        f"  {TUNED_ROW}: log.access_log: false, log.level: warning\n"
     )
     print(
-        f"{'method':6} {'conns':>5} | {'direct rps':>10} {'p50 ms':>7} {'p99 ms':>7} | {'proxy rps':>9} "
-        f"{'p50 ms':>7} {'p99 ms':>7} {'cpu us/req':>10} | {'rps ratio':>9} {'+p50 ms':>8}"
+        f"{'config':7} {'method':6} {'conns':>5} | {'direct rps':>10} {'p50 ms':>7} {'p99 ms':>7} | "
+        f"{'proxy rps':>9} {'p50 ms':>7} {'p99 ms':>7} {'cpu us/req':>10} | {'rps ratio':>9} {'+p50 ms':>8}"
     )
-    print("-" * 104)
+    print("-" * 112)
     table = []
-    for method, conns, direct, via, cpu_us in rows:
+    for name, method, conns, direct, via, cpu_us in rows:
         ratio, added = via[0] / direct[0], via[1] - direct[1]
         print(
-            f"{method:6} {conns:>5} | {direct[0]:>10.0f} {direct[1]:>7.2f} {direct[2]:>7.2f} | "
+            f"{name:7} {method:6} {conns:>5} | {direct[0]:>10.0f} {direct[1]:>7.2f} {direct[2]:>7.2f} | "
             f"{via[0]:>9.0f} {via[1]:>7.2f} {via[2]:>7.2f} {cpu_us:>10.1f} | {ratio:>9.2f} {added:>8.2f}"
         )
         table.append(
             {
+                "config": name,
                 "method": method,
                 "connections": conns,
                 "direct_rps": direct[0],
@@ -352,6 +369,11 @@ def main() -> int:
             }
         )
     results["table"] = table
+    access: dict[str, int] = results["access log"]  # type: ignore[assignment]
+    print(
+        f"\n{DEFAULT_ROW}: {access['lines']} access-log lines written, {access['dropped']} dropped "
+        "(signing_proxy_access_log_dropped_total)"
+    )
     print(
         "\nHTTPS through intercepted CONNECT (keep-alive tunnels, POST 1 KiB; load from bench/https_load.py)"
     )

@@ -3,7 +3,8 @@
     .venv/bin/python bench/uploads.py [--uploads 64] [--size-mib 10] [--quick] [--json FILE]
 
 Starts ``signing-proxy run`` on 127.0.0.1, pinned to core 1 when there are two cores, with
-``limits.max_buffered_bytes`` at ``--max-buffered-mib`` (default 128, as in config/default.yaml).
+``limits.max_buffered_bytes`` at ``--max-buffered-mib`` (default 128, as in config/default.yaml) and
+``limits.max_body_bytes`` at the upload size (10 MiB, the default).
 This process, on core 0, runs a loopback origin that reads each body slowly (``--origin-mibps``
 per connection) and ``--uploads`` clients. The clients each POST ``--size-mib`` MiB through the
 proxy at once and read the answer while they write (a 503 may come before the body is sent).
@@ -210,11 +211,11 @@ def main() -> int:
     parser.add_argument("--max-buffered-mib", type=int, default=128, help="limits.max_buffered_bytes, MiB")
     parser.add_argument("--origin-mibps", type=float, default=4.0, help="origin read rate per connection")
     parser.add_argument("--timeout-s", type=float, default=120.0, help="bound of one upload (default 120)")
-    parser.add_argument("--quick", action="store_true", help="8 uploads of 10 MiB, max_buffered_bytes 32 MiB")
+    parser.add_argument("--quick", action="store_true", help="8 uploads of 2 MiB, max_buffered_bytes 4 MiB")
     parser.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     args = parser.parse_args()
     if args.quick:
-        args.uploads, args.max_buffered_mib, args.timeout_s = 8, 32, 60.0
+        args.uploads, args.size_mib, args.max_buffered_mib, args.timeout_s = 8, 2, 4, 60.0
     return run(args)
 
 

@@ -33,6 +33,7 @@ class _Callbacks(Collector):
         self.leaf_cache: Callable[[], tuple[int, int, int] | None] = lambda: None
         self.directory_cache: Callable[[], tuple[int, int] | None] = lambda: None
         self.engine: Callable[[], tuple[int, int, int] | None] = lambda: None  # open, refused, buffered
+        self.access_log_dropped: Callable[[], int] = lambda: 0
         self.requests: dict[tuple[str, str], int] = {}
         self.signatures: dict[str, int] = {}
         self.connects: dict[str, int] = {}
@@ -68,6 +69,12 @@ class _Callbacks(Collector):
             held = GaugeMetricFamily("signing_proxy_buffered_body_bytes", "Request body bytes buffered now")
             held.add_metric([], engine[2])
             yield held
+        yield _counter(
+            "signing_proxy_access_log_dropped",
+            "Access-log lines dropped: the disk or pipe behind the log was too slow to take them",
+            [],
+            {(): self.access_log_dropped()},
+        )
         yield _counter(
             "signing_proxy_request_bytes", "Request body bytes received from agents", [], {(): self.bytes[0]}
         )

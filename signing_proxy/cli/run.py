@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import ctypes
 import logging
 import signal
 import sys
@@ -55,6 +56,7 @@ def add_parsers(sub: Any) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     config = config_from(args)
     configure_logging(config.log.level, config.log.format)
+    _return_large_buffers_to_the_os()
     keys = key_provider_for(config)  # signing.key, else the key store (created on first run)
     workers = getattr(args, "workers", 1)
     if workers < 1:
@@ -63,6 +65,19 @@ def cmd_run(args: argparse.Namespace) -> int:
         return _run_workers(config, keys, args, workers)
     _use_uvloop()
     return asyncio.run(_serve(config, keys, args))
+
+
+MMAP_THRESHOLD_BYTES = 128 * 1024  # glibc's initial M_MMAP_THRESHOLD, kept fixed
+_M_MMAP_THRESHOLD = -3  # mallopt parameter number (glibc malloc.h)
+
+
+def _return_large_buffers_to_the_os() -> None:
+    """Request bodies are buffered whole (up to 10 MiB each): glibc raises its mmap threshold after the
+    first such buffer is freed, and later ones then stay in the heap after use. A fixed threshold gives
+    each large buffer back when it is freed (measured: peak RSS of 64 concurrent 10 MiB uploads 217 ->
+    192 MiB, `bench/uploads.py`). Nothing happens on another C library."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
 
 
 def _use_uvloop() -> None:

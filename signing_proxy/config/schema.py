@@ -292,7 +292,7 @@ class DiscoveryConfig:
     """Following ``403`` + ``X-Content-Rules`` into the publisher's manifest; see ``proxy/discovery.py``."""
 
     mode: Literal["follow", "off", "passthrough"] = "follow"  # passthrough: edge body kept, Link added
-    allow_cross_site: bool = False  # accept a manifest address on another site than the refusing origin
+    allow_cross_site: bool = False  # a manifest on another origin (scheme, host, port), via egress policy
     cache_min_s: int = 60  # floor on a manifest's Cache-Control lifetime (no-store included)
     cache_max_s: int = 21_600  # ceiling: six hours
     max_manifest_bytes: int = 65_536

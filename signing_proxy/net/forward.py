@@ -3,9 +3,10 @@
 The response is written as it arrives (one write per upstream read), with backpressure both ways.
 A caller may *hold* a response at its head (``hold``): the engine then drains the upstream body
 unread and the caller writes its own answer instead. A caller may also *tap* a response
-(``BodyTap``): a copy of its body, up to a bound, kept while it streams to the client, for the
-caller to read once the exchange is complete. A pooled connection that the server had closed is
-retried once, for idempotent methods only, with a freshly built request.
+(``BodyTap``): a copy of its body, up to a bound, kept while it streams to the client and handed to
+the caller's callback once complete, before the client can see its end. The engine never looks
+inside. A pooled connection that the server had closed is retried once, for idempotent methods
+only, with a freshly built request.
 """
 
 from __future__ import annotations

@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 
 from ..core.errors import FieldError
 from ..core.uri import parse_authority
 from ..errors import ProxyError
 
-__all__ = ["RETRY_AFTER_S", "AbortConnection", "Limits", "Request", "busy", "parse_connect_target"]
+__all__ = [
+    "RETRY_AFTER_S",
+    "AbortConnection",
+    "Limits",
+    "Request",
+    "busy",
+    "full",
+    "parse_connect_target",
+    "resolve_future",
+]
 
 RETRY_AFTER_S = 1  # our choice: when the proxy is full, a client may try again this soon
 
@@ -67,6 +77,12 @@ class Request:
         self.over_budget = False  # the engine's budget for buffered bodies ran out for this one
         self.upgrade: str | None = None  # "websocket": the bytes after this request belong to a pipe
 
+    def upgrades_to_websocket(self) -> bool:
+        """``Upgrade: websocket`` (the only upgrade we proxy) with no body of its own."""
+        value = self.header("upgrade")
+        tokens = [t.strip().lower() for t in value.split(",")] if value else []
+        return tokens == ["websocket"] and not self.framed
+
     def header(self, name: str) -> str | None:
         lname = name.lower()
         for n, v in self.headers:
@@ -77,6 +93,15 @@ class Request:
 
 class AbortConnection(Exception):
     """The response already started; the only honest signal left is closing the connection."""
+
+
+def full() -> ProxyError:
+    return ProxyError(
+        503,
+        "too-many-connections",
+        "the proxy holds limits.max_connections connections; try again shortly",
+        headers=(("Retry-After", str(RETRY_AFTER_S)),),
+    )
 
 
 def busy() -> ProxyError:
@@ -96,3 +121,9 @@ def parse_connect_target(raw: str) -> tuple[str, int]:
         return parse_authority(raw, "https")
     except FieldError as exc:
         raise ProxyError.of(exc) from None
+
+
+def resolve_future(future: asyncio.Future[None]) -> None:
+    """Wake a waiter (a timer's callback: cheaper than ``wait_for``'s task per request)."""
+    if not future.done():
+        future.set_result(None)

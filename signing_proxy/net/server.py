@@ -23,7 +23,15 @@ import httptools
 from ..core.uri import Target
 from ..errors import ProxyError
 from .framing import problem_response, response_head
-from .request import RETRY_AFTER_S, AbortConnection, Limits, Request, busy, parse_connect_target
+from .request import (
+    AbortConnection,
+    Limits,
+    Request,
+    busy,
+    full,
+    parse_connect_target,
+    resolve_future,
+)
 
 __all__ = [
     "AbortConnection",
@@ -98,7 +106,8 @@ class ClientConnection(asyncio.Protocol):
         self.upstream: Any = None  # the upstream connection of the exchange in flight (flow control)
         self.busy = False  # an exchange is in flight (graceful shutdown waits for it)
         self.written = 0  # bytes written to the client, all exchanges
-        self._parser = httptools.HttpRequestParser(self)
+        self._parser: httptools.HttpRequestParser | None = httptools.HttpRequestParser(self)
+        self._eof = False  # the client half-closed: answer what it sent, then close
         self._current: Request | None = None
         self._ready: deque[Request] = deque()
         self._waiter: asyncio.Future[None] | None = None
@@ -131,15 +140,7 @@ class ClientConnection(asyncio.Protocol):
         if len(engine.connections) >= engine.limits.max_connections:
             engine.refused += 1
             self._closed = True
-            self.write_problem(
-                ProxyError(
-                    503,
-                    "too-many-connections",
-                    "the proxy holds limits.max_connections connections; try again shortly",
-                    headers=(("Retry-After", str(RETRY_AFTER_S)),),
-                ),
-                close=True,
-            )
+            self.write_problem(full(), close=True)
             self.close()
             return
         engine.handler.connection_made(self)
@@ -169,7 +170,10 @@ class ClientConnection(asyncio.Protocol):
                     chunk = data[:room]
                     self._head_fed += len(chunk)
                 data = data[len(chunk) :]
-                self._parser.feed_data(chunk)
+                parser = self._parser
+                if parser is None:
+                    return
+                parser.feed_data(chunk)
         except httptools.HttpParserUpgrade as exc:
             offset = exc.args[0] if exc.args else len(chunk)
             self._on_upgrade(chunk[offset:] + data)
@@ -181,17 +185,23 @@ class ClientConnection(asyncio.Protocol):
     def eof_received(self) -> bool | None:
         if self._linger is not None:
             self._end_linger()  # the client has read our answer and finished: close now
+            return None
+        self._eof = True
         self._wake()
-        return None
+        # A half-close after a complete request still deserves its answer (RFC 9112 section 9.6):
+        # keep writing until the requests already read are answered, then close.
+        return True if (self._ready or self.busy) and not self._upgraded else None
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
+        self._parser = None  # the parser holds this protocol: break the cycle so both are freed at once
         if self._linger is not None:
             self._linger.cancel()
             self._linger = None
         self.engine.connections.discard(self)
         for req in (*self._ready, *((self._current,) if self._current is not None else ())):
             self.engine.release(req)
+        self._ready.clear()
         if self.upstream is not None:  # the client went away: stop fetching for it
             self.upstream.reusable = False
             self.upstream.close()
@@ -249,6 +259,7 @@ class ClientConnection(asyncio.Protocol):
         req.head_done = True
         self._in_head = False
         parser = self._parser
+        assert parser is not None
         req.method = parser.get_method().decode("ascii", "replace")
         req.version = parser.get_http_version()
         req.keep_alive = parser.should_keep_alive()
@@ -262,8 +273,13 @@ class ClientConnection(asyncio.Protocol):
                 req.framed = True
         engine = self.engine
         budget = engine.limits.max_buffered_bytes
-        if req.content_length is not None and engine.buffered + req.content_length > budget:
-            req.over_budget = True  # known at once: answered 503 without waiting for the body
+        declared = req.content_length
+        if declared is not None and 0 < declared <= engine.limits.max_body_bytes:
+            if engine.buffered + declared > budget:
+                req.over_budget = True  # known at once: answered 503 without waiting for the body
+            else:
+                req.held = declared  # reserved now, so concurrent uploads cannot overrun the budget together
+                engine.buffered += declared
         self._ready.append(req)
         if (self.busy or len(self._ready) > 1) and self.transport is not None and not self._reading_paused:
             self.transport.pause_reading()  # at most one request read ahead of the one in flight
@@ -277,14 +293,15 @@ class ClientConnection(asyncio.Protocol):
         req.body_size += len(body)
         if req.too_large or req.over_budget:
             return
+        extra = max(req.body_size - req.held, 0)  # beyond what the declared length reserved
         if req.body_size > engine.limits.max_body_bytes:
             req.too_large = True
-        elif engine.buffered + len(body) > engine.limits.max_buffered_bytes:
+        elif extra and engine.buffered + extra > engine.limits.max_buffered_bytes:
             req.over_budget = True
         else:
             req.body.append(body)
-            req.held += len(body)
-            engine.buffered += len(body)
+            req.held += extra
+            engine.buffered += extra
             return
         req.body.clear()  # stop buffering; the handler answers 413 or 503 and closes
         engine.release(req)
@@ -306,13 +323,13 @@ class ClientConnection(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         deadline = loop.time() + limit_s
         while not condition():
-            if self._closed:
+            if self._closed or self._eof:
                 return False
             remaining = deadline - loop.time()
             if remaining <= 0:
                 return False
             waiter = self._waiter = loop.create_future()
-            timer = loop.call_later(remaining, _resolve_future, waiter)  # cheaper than wait_for's task
+            timer = loop.call_later(remaining, resolve_future, waiter)  # cheaper than wait_for's task
             try:
                 await waiter
             finally:
@@ -354,7 +371,9 @@ class ClientConnection(asyncio.Protocol):
         self._linger = asyncio.get_running_loop().call_later(LINGER_S, self._end_linger)
 
     def _end_linger(self) -> None:
-        self._linger = None
+        if self._linger is not None:
+            self._linger.cancel()
+            self._linger = None
         self.close()
 
     def abort(self) -> None:
@@ -380,7 +399,7 @@ class ClientConnection(asyncio.Protocol):
 
     def _on_upgrade(self, rest: bytes) -> None:
         req = self._current
-        if req is not None and req.method == "GET" and _upgrades_to_websocket(req):
+        if req is not None and req.method == "GET" and req.upgrades_to_websocket():
             req.upgrade = "websocket"  # RFC 6455 section 4.1: answered by the handler, then piped
         elif req is None or req.method != "CONNECT":
             self._protocol_error(
@@ -415,16 +434,17 @@ class ClientConnection(asyncio.Protocol):
     async def read_body(self, req: Request) -> bytes:
         """The whole body, up to ``limits.max_body_bytes`` (413 above it, 408 when it does not arrive)."""
         limit = self.engine.limits.max_body_bytes
-        if req.over_budget:
-            raise busy()
         if req.too_large or (req.content_length is not None and req.content_length > limit):
             req.too_large = True
             raise ProxyError(
                 413, "body-too-large", f"request body exceeds limits.max_body_bytes ({limit} bytes)"
             )
+        if req.over_budget:
+            raise busy()
         if not req.complete:
             expect = req.header("expect")
-            if expect is not None and expect.strip().lower() == "100-continue":
+            # RFC 9110 section 10.1.1: never a 100 (Continue) to an HTTP/1.0 client
+            if expect is not None and expect.strip().lower() == "100-continue" and req.version == "1.1":
                 self.write(b"HTTP/1.1 100 Continue\r\n\r\n")
             done = lambda: req.complete or req.too_large or req.over_budget  # noqa: E731
             ok = await self._wait(done, self.engine.limits.read_s)
@@ -435,7 +455,7 @@ class ClientConnection(asyncio.Protocol):
                     413, "body-too-large", f"request body exceeds limits.max_body_bytes ({limit} bytes)"
                 )
             if not ok:
-                if self._closed:
+                if self._closed or self._eof:
                     raise AbortConnection
                 raise ProxyError(408, "request-timeout", "the request body did not arrive in time")
         body = b"".join(req.body)
@@ -477,15 +497,3 @@ class ClientConnection(asyncio.Protocol):
                 self.linger()  # the client may still be sending a body we refused
             else:
                 self.close()
-
-
-def _upgrades_to_websocket(req: Request) -> bool:
-    """``Upgrade: websocket`` (the only upgrade we proxy) with no body of its own."""
-    value = req.header("upgrade")
-    tokens = [t.strip().lower() for t in value.split(",")] if value else []
-    return tokens == ["websocket"] and not req.framed
-
-
-def _resolve_future(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)

@@ -125,6 +125,8 @@ class TunnelStart(asyncio.Protocol):
         self._done = True
         self._timer.cancel()
         self._starting.discard(self)
+        if self.session is not None:  # the SNI check needs it no more; the entry would keep us alive
+            self._handshakes.pop(self.session.sslobj, None)
 
     def abort(self) -> None:
         self._finish()

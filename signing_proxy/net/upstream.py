@@ -148,6 +148,9 @@ class UpstreamConnection(asyncio.Protocol):
                 ProxyError(502, "upstream-header-too-large", "upstream response head exceeds the limit")
             )
             return
+        except httptools.HttpParserUpgrade:  # a 101 we never asked for (WebSockets use their own connection)
+            self._fail(ProxyError(502, "upstream-bad-response", "upstream switched protocols unasked (101)"))
+            return
         except httptools.HttpParserError as exc:
             self._fail(ProxyError(502, "upstream-bad-response", f"malformed response from upstream ({exc})"))
             return

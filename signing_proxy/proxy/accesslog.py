@@ -1,42 +1,87 @@
 """The access log: one line per request (and per tunnel that ended), text or JSON.
 
-Written to the ``signing_proxy.access`` logger; off with ``log.access_log: false``. Lines carry the
-thumbprint of the key that signed, never a key, token or credential.
+Off with ``log.access_log: false``, and below ``info`` like the ``signing_proxy.access`` logger it
+used to be written to. Lines carry the thumbprint of the key that signed, never a key, token or
+credential. A line is formatted here, byte for byte what the configured log formatter made of it
+(``cli/common.configure_logging``), and handed to ``write`` (the service's buffered line writer):
+no ``logging`` record and no system call per request (issue 21).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
+import time
+from collections.abc import Callable, Mapping
+from json.encoder import encode_basestring_ascii
 
 __all__ = ["AccessLog"]
 
-_log = logging.getLogger("signing_proxy.access")
+_log = logging.getLogger("signing_proxy.access")  # its level still decides, as before
+_INFO = logging.INFO
+_encode = json.JSONEncoder(separators=(",", ":")).encode  # json.dumps(..., separators=(",", ":"))
+# the text formatter's "%(asctime)s %(levelname)s %(name)s: " after the seconds: ",mmm INFO name: "
+_MILLIS = tuple(f"{ms:03d} INFO signing_proxy.access: " for ms in range(1000))
 
 
 class AccessLog:
-    """Formats and writes access-log lines (``log.format``: ``text`` or ``json``)."""
+    """Formats access-log lines (``log.format``: ``text`` or ``json``) and hands them to ``write``."""
 
-    __slots__ = ("enabled", "json")
+    __slots__ = ("_second", "_stamp", "_write", "enabled", "json")
 
-    def __init__(self, *, enabled: bool, fmt: str) -> None:
+    def __init__(self, *, enabled: bool, fmt: str, write: Callable[[str], None]) -> None:
         self.enabled = enabled
         self.json = fmt == "json"
+        self._write = write
+        self._second = -1  # the local time text of this second, kept: strftime once a second
+        self._stamp = ""
 
     def request(self, **fields: object) -> None:
         """One request: ``key=value`` pairs (None values left out), or a JSON object."""
-        if not self.enabled or not _log.isEnabledFor(logging.INFO):
+        if not self.enabled or not _log.isEnabledFor(_INFO):
             return
         if self.json:
-            _log.info(json.dumps({"event": "request", **fields}, separators=(",", ":")))
+            self._write(_json_line("request", fields))
         else:
-            _log.info(" ".join(f"{k}={v}" for k, v in fields.items() if v is not None))
+            pairs = " ".join([f"{k}={v}" for k, v in fields.items() if v is not None])
+            self._write(f"{self._prefix()}{pairs}\n")
 
     def event(self, event: str, **fields: object) -> None:
         """Something that is not one request (a tunnel that ended)."""
-        if not self.enabled or not _log.isEnabledFor(logging.INFO):
+        if not self.enabled or not _log.isEnabledFor(_INFO):
             return
         if self.json:
-            _log.info(json.dumps({"event": event, **fields}, separators=(",", ":")))
+            self._write(_json_line(event, fields))
         else:
-            _log.info(" ".join([f"event={event}", *(f"{k}={v}" for k, v in fields.items())]))
+            pairs = " ".join([f"event={event}", *(f"{k}={v}" for k, v in fields.items())])
+            self._write(f"{self._prefix()}{pairs}\n")
+
+    def _prefix(self) -> str:
+        """What ``logging.Formatter`` puts before a message, for a record made now (Python 3.11 rules)."""
+        now = time.time()
+        second = int(now)
+        if second != self._second:
+            self._second = second
+            self._stamp = time.strftime("%Y-%m-%d %H:%M:%S,", time.localtime(now))
+        return self._stamp + _MILLIS[int((now - second) * 1000)]
+
+def _json_line(event: str, fields: Mapping[str, object]) -> str:
+    """``json.dumps({"event": event, **fields}, separators=(",", ":"))`` and a newline, in half the time.
+
+    Strings, ints, finite floats and None are written here; anything else goes through the encoder.
+    Keys are keyword-argument names of our own (ASCII identifiers): nothing in them to escape.
+    """
+    parts = ['{"event":', encode_basestring_ascii(event)]
+    for key, value in fields.items():
+        if isinstance(value, str):  # a subclass too, like json
+            text = encode_basestring_ascii(value)
+        elif value is None:
+            text = "null"
+        elif value.__class__ is int or (value.__class__ is float and math.isfinite(value)):
+            text = repr(value)
+        else:  # bool, NaN, anything unusual: exactly what json.dumps writes
+            text = _encode(value)
+        parts.append(f',"{key}":{text}')
+    parts.append("}\n")
+    return "".join(parts)

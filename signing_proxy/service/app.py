@@ -37,10 +37,13 @@ from ..proxy.relay import RelayPipeline
 from ..proxy.requester import RELOAD_CHECK_INTERVAL_S, RequesterInjector, injector_for
 from ..proxy.transactions import TransactionKeys
 from .admin import build_admin_app, local_endpoints
+from .linewriter import CLOSE_WAIT_S, LineWriter
 
 __all__ = ["ProxyApp"]
 
 log = logging.getLogger("signing_proxy")
+
+STDERR_FD = 2  # where the logging handler writes (cli/common.configure_logging): the access log too
 
 
 def _limits(config: Config) -> Limits:
@@ -80,6 +83,8 @@ class ProxyApp:
             max_head_bytes=config.limits.max_response_header_bytes,
         )
         self.client = HttpClient(self.pool, config.timeouts, via=next_hop_target(config))
+        # access-log lines, written off the request path by one thread; kept across reloads
+        self.access_writer = LineWriter(STDERR_FD)
         # the live parts, rebuilt whole by ``reload``
         self.signer = self._signer(config)
         self.bearers = BearerStore(config.credentials)
@@ -135,7 +140,9 @@ class ProxyApp:
             idle_s=config.timeouts.client_idle_s,
             routes=Routes([(r.prefix, r.upstream) for r in config.routes]),
             prepare=self.prepare,
-            access_log=AccessLog(enabled=config.log.access_log, fmt=config.log.format),
+            access_log=AccessLog(
+                enabled=config.log.access_log, fmt=config.log.format, write=self.access_writer.write
+            ),
         )
 
     def _count_discovery(self, counter: str) -> None:
@@ -150,6 +157,7 @@ class ProxyApp:
             return None if not_after is None else not_after - now
 
         callbacks.key_remaining = key_remaining
+        callbacks.access_log_dropped = lambda: self.access_writer.dropped
         callbacks.delegation_key_remaining = lambda: (
             self.requester.bound_key_remaining(self.clock()) if self.requester is not None else None
         )
@@ -182,6 +190,7 @@ class ProxyApp:
         Everything new is built first (a bearer file that cannot be read refuses the whole reload
         with a ConfigError), then swapped in one step: a request sees the old or the new, never a mix.
         """
+        self.access_writer.wake()  # lines logged before the reload go out now, whatever it decides
         bearers = BearerStore(config.credentials)
         requester = injector_for(config, self.keys, clock=self.clock)  # refused like at start-up
         signer = self._signer(config)
@@ -286,6 +295,7 @@ class ProxyApp:
             reuse_port=self.reuse_port or None,
         )
         self._servers.append(server)
+        self.access_writer.start()
         self.spawn(self._watch_token_file())
         return [sock.getsockname()[:2] for sock in server.sockets]
 
@@ -340,3 +350,5 @@ class ProxyApp:
         self.pool.close()
         if self.relay is not None:
             await self.relay.close()
+        # last: every line of the drained requests and closed tunnels is queued by now
+        await self.access_writer.aclose(CLOSE_WAIT_S)

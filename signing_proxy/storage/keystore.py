@@ -485,7 +485,11 @@ class StoreKeyProvider(StoreWatcher, KeyProvider):
     def key_for(self, thumbprint: str, now: float) -> SigningKey | None:
         state = self.state()  # one state: record and private key from the same load
         record = state.record(thumbprint)
-        return state.private.get(thumbprint) if record is not None and record.usable_at(now) else None
+        if record is None or not record.usable_at(now):
+            return None
+        # published but not yet activated: caching verifiers may lack it (unless it signs anyway)
+        waiting = record.activation > now and state.signing_record(now) != record
+        return None if waiting else state.private.get(thumbprint)
 
     def not_after_of(self, thumbprint: str) -> float | None:
         record = self.state().record(thumbprint)

@@ -31,6 +31,7 @@ log = logging.getLogger("signing_proxy.directory")
 
 MAX_REVOCATION_LIST_BYTES = 4 * 1024 * 1024  # issue 15: "revocation lists up to 4 MiB"
 _THUMBPRINT_BYTES = 46  # the fewest bytes one entry takes on the wire: 43 characters, quotes, comma
+REVOKED_ENTRY_COST = 160  # measured: what one revoked thumbprint costs in memory (str + set slot), charged
 MAX_REVOKED_PER_DIRECTORY = MAX_REVOCATION_LIST_BYTES // _THUMBPRINT_BYTES  # what a 4 MiB list can name
 
 
@@ -192,7 +193,7 @@ class RevocationPoller:
         state.last_success = self.clock()
         state.failures = 0
         if self._states.get(directory_url) is state:
-            self.charge(directory_url, len(state.current.revoked) * _THUMBPRINT_BYTES)
+            self.charge(directory_url, len(state.current.revoked) * REVOKED_ENTRY_COST)
         return True
 
 

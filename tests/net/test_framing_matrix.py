@@ -188,6 +188,7 @@ class Row:
     wants: tuple[Want, ...]
     after: str = "open"  # open: a probe request on the same connection is answered; closed: EOF or reset
     send: str = "sequential"  # sequential | pipelined (all requests, one write) | bytewise (1 byte per send)
+    half_close: bool = False  # shut our write side once every request is sent (and before reading)
 
 
 @dataclass
@@ -502,6 +503,20 @@ ROWS = [
         (Want(200, b"ok", "length", absent=("connection",)),),
     ),
     Row(
+        "client-half-close-after-request",  # e.g. `nc -N`: the request is complete, so it gets its answer
+        (Ex(GET, HELLO, version="1.0"),),
+        (Want(200, b"hello", "length"),),
+        after="closed",
+        half_close=True,
+    ),
+    Row(
+        "client-half-close-after-pipelined-requests",
+        (Ex(GET, ok(b"one")), Ex("POST", ok(b"two"), body=b"2")),
+        (Want(200, b"one", "length"), Want(200, b"two", "length")),
+        after="closed",
+        half_close=True,
+    ),
+    Row(
         "client-connection-close",
         (Ex(GET, HELLO, fields=("Connection: close",)),),
         (Want(200, b"hello", "length", fields=(("connection", "close"),)),),
@@ -708,8 +723,10 @@ def test_framing_matrix(row: Row, proxy: ProxyProcess, origin: RawOrigin) -> Non
     log_before = len(proxy.stderr_lines)
     client = Client(proxy.port)
     try:
-        if row.send == "pipelined":
+        if row.send == "pipelined" or row.half_close:
             client.send(b"".join(raws))
+            if row.half_close:
+                client.sock.shutdown(socket.SHUT_WR)
             answers = [client.answer(ex.method) for ex in row.exchanges]
         else:
             answers = [

@@ -5,6 +5,7 @@ window lasts, even after a rotation; the proxy warns ahead (log, metric, ``/read
 
 from __future__ import annotations
 
+import base64
 import json
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from signing_proxy.core.fields import Fields
 from signing_proxy.core.jwk import SigningKey
 from signing_proxy.core.signatures import Message, VerificationKey, verify_stack
 from signing_proxy.core.uri import parse_absolute_uri
-from signing_proxy.errors import ProxyError
+from signing_proxy.errors import ConfigError, ProxyError
 from signing_proxy.net.framing import Outgoing
 from signing_proxy.proxy.pipeline import BearerStore, Signer, prepare_request
 from signing_proxy.proxy.requester import RequesterInjector, injector_for
@@ -46,7 +47,7 @@ class Rig:
         self.keys = StoreKeyProvider(self.store)
         self.first = self.key(self.keys.current(NOW + 1))
         write_chain(tmp_path / "delegation.jwt", make_chain(self.first))
-        self.config = config(tmp_path, delegation={}).with_overrides(**{"intercept.enabled": False})
+        self.config = config(tmp_path, delegation={}).with_overrides(intercept={"enabled": False})
         made = injector_for(self.config, self.keys, clock=self.clock)
         assert made is not None
         self.injector: RequesterInjector = made
@@ -76,45 +77,51 @@ class Rig:
         )
 
 
-def verified_keyid(out: Outgoing, *keys: SigningKey) -> str:
-    """What the exchange sees: layer 1 (our verifier and the oracle), then the holder binding."""
+def verified_keyid(out: Outgoing, now: float, *keys: SigningKey) -> str:
+    """What the exchange sees at ``now``: layer 1 (our verifier and the oracle), then the holder binding."""
     head = out.head.decode("latin-1").split("\r\n")[1:]
-    fields = Fields(tuple(line.split(": ", 1)) for line in head if ": " in line and not line.startswith("Host:"))
+    fields = Fields(
+        (line.partition(": ")[0], line.partition(": ")[2])
+        for line in head
+        if ": " in line and not line.startswith("Host:")
+    )
     trusted = {k.thumbprint: k for k in keys}
     stack = verify_stack(
         Message("POST", out.target, fields),
         out.body,
         lambda e, _i: VerificationKey(trusted[e.keyid].public) if e.keyid in trusted else None,
-        now=out_now(out),
+        now=now,
     )
     public = {t: k.public.key for t, k in trusted.items()}
-    assert oracle_verify("POST", out.target.uri, list(fields), out.body, public, check_time=False) == ["agent"]
+    assert oracle_verify("POST", out.target.uri, list(fields), out.body, public, check_time=False) == [
+        "agent"
+    ]
     keyid = stack.agent.keyid
     requester = json.loads(out.body).get("requester")
     if requester is not None and "delegation" in requester:
-        token = __import__("base64").b64decode(requester["delegation"]["token"]).decode()
-        verify_chain(token, owner_keys=[OWNER.public], holder_jkt=keyid, now=out_now(out))  # holder binding
+        token = base64.b64decode(requester["delegation"]["token"]).decode()
+        verify_chain(token, owner_keys=[OWNER.public], holder_jkt=keyid, now=now)  # the holder binding
     return keyid
-
-
-def out_now(out: Outgoing) -> float:
-    head = out.head.decode("latin-1")
-    created = head.split(";created=", 1)[1].split(";", 1)[0]
-    return float(created) + 1
 
 
 def test_after_a_rotation_delegated_calls_keep_the_bound_key_until_its_window_ends(tmp_path: Path) -> None:
     rig = Rig(tmp_path)
-    assert verified_keyid(rig.send(), rig.first) == rig.first
+    assert verified_keyid(rig.send(), rig.clock.now, rig.first) == rig.first.thumbprint
     rig.clock.now = NOW + 10
     second = rig.rotate()  # the first key retires: valid until NOW + 10 + GRACE_S
     rig.clock.now = NOW + 20
     plain = rig.send("https://pub.example/v1/svc.v1.ExchangeService/DiscoverResources")
-    assert verified_keyid(plain, second) == second  # everything else moved to the new key
-    assert verified_keyid(rig.send(), rig.first) == rig.first  # the chain's holder, after the rotation
+    assert (
+        verified_keyid(plain, rig.clock.now, second) == second.thumbprint
+    )  # everything else moved to the new key
+    assert (
+        verified_keyid(rig.send(), rig.clock.now, rig.first) == rig.first.thumbprint
+    )  # the holder, after rotation
     # a body that already carries the chain (discovery builds it from document()) is signed the same way
     built = json.dumps({"ver": "1.0", "requester": rig.injector.document()}).encode()
-    assert verified_keyid(rig.send(body=built), rig.first) == rig.first
+    assert verified_keyid(rig.send(body=built), rig.clock.now, rig.first) == rig.first.thumbprint
+    rig.clock.now = NOW + 9 + GRACE_S  # the last second of the bound key's window
+    assert verified_keyid(rig.send(), rig.clock.now, rig.first) == rig.first.thumbprint
 
     rig.clock.now = NOW + 10 + GRACE_S  # the bound key's not_after: refused, never re-keyed
     with pytest.raises(ProxyError) as info:
@@ -128,10 +135,12 @@ def test_after_a_rotation_delegated_calls_keep_the_bound_key_until_its_window_en
     assert rig.injector.check() == "delegation-key-expired"
 
 
-def test_the_proxy_warns_ahead_of_the_bound_keys_end(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_the_proxy_warns_ahead_of_the_bound_keys_end(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     rig = Rig(tmp_path)
     app = ProxyApp(rig.config, rig.keys, clock=rig.clock)
-    app.requester = rig.injector
+    assert app.requester is not None
     status, doc = app.readiness()
     assert (status, doc["delegation_key"]) == (
         200,
@@ -145,8 +154,8 @@ def test_the_proxy_warns_ahead_of_the_bound_keys_end(tmp_path: Path, caplog: pyt
     rig.clock.now = NOW + 10
     rig.rotate()
     rig.clock.now = NOW + 20
-    rig.injector.reload()  # the periodic check: logs the warning once
-    rig.injector.reload()
+    app.requester.reload()  # the periodic check: logs the warning once
+    app.requester.reload()
     assert caplog.text.count("stops signing at") == 1
     status, doc = app.readiness()
     assert status == 200  # a warning, never unready
@@ -173,6 +182,22 @@ def test_a_chain_bound_to_the_retiring_key_still_loads(tmp_path: Path) -> None:
     assert again is not None
     assert again.check() == "ok"
     rig.clock.now = NOW + 10 + GRACE_S
-    with pytest.raises(Exception) as info:  # ConfigError at start-up once the window has ended
+    with pytest.raises(ConfigError) as info:  # refused at start-up once the window has ended
         injector_for(rig.config, rig.keys, clock=rig.clock)
-    assert getattr(info.value, "reason", None) == "delegation-holder-mismatch"
+    assert info.value.reason == "delegation-holder-mismatch"
+
+
+def test_a_chain_reissued_to_a_key_not_yet_signing_waits_for_its_activation(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    rig.clock.now = NOW + 10
+    new, _moved = rig.store.rotate(rig.clock.now, grace_s=GRACE_S, activate_in_s=100)  # publish first
+    assert rig.keys.reload(force=True)
+    second = rig.keys.state().private[new.thumbprint]
+    assert rig.keys.key_for(second.thumbprint, NOW + 20) is None  # caching verifiers may lack it yet
+    write_chain(tmp_path / "delegation.jwt", make_chain(second))
+    rig.clock.now = NOW + 20
+    assert not rig.injector.reload()  # refused for now; the chain in force stays
+    assert verified_keyid(rig.send(), rig.clock.now, rig.first) == rig.first.thumbprint
+    rig.clock.now = NOW + 111  # activated: the re-issued chain is adopted on the next check
+    assert rig.injector.reload()
+    assert verified_keyid(rig.send(), rig.clock.now, second) == second.thumbprint

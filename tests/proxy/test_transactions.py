@@ -97,7 +97,9 @@ def bound(agent: str, *, path: str = OBJECT, expires: int = T + 600) -> str:
 def sent_fields(out: Outgoing) -> Fields:
     head = out.head.decode("latin-1").split("\r\n")[1:]
     return Fields(
-        tuple(line.split(": ", 1)) for line in head if ": " in line and not line.startswith("Host:")
+        (line.partition(": ")[0], line.partition(": ")[2])
+        for line in head
+        if ": " in line and not line.startswith("Host:")
     )
 
 

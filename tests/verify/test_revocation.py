@@ -29,7 +29,8 @@ from signing_proxy.verify import (
     build_verifier,
     directory_url,
 )
-from signing_proxy.verify.revocation import MAX_REVOCATION_LIST_BYTES
+from signing_proxy.verify.directory import PARSED_COST_FACTOR
+from signing_proxy.verify.revocation import MAX_REVOCATION_LIST_BYTES, REVOKED_ENTRY_COST
 from tests.verify.fakes import NOW, Clock, FakeFetch, Ticks
 from tests.verify.strangers import BODY, LOOPBACK, TARGET, directory_doc, host, signed
 
@@ -118,7 +119,7 @@ async def test_a_set_is_charged_to_its_directory_and_leaves_with_it() -> None:
     poller.attach(resolver)
     await resolver.get("https://agent.example")
     await poller.ensure(DIR_URL, REV_URL)
-    assert resolver.cached_bytes == len(body) + 46  # one thumbprint, counted as its wire size
+    assert resolver.cached_bytes == len(body) * PARSED_COST_FACTOR + REVOKED_ENTRY_COST  # in-memory costs
     fetch.answers[directory_url("https://b.example")] = FetchResult(
         200, render_directory(Directory(())), None
     )

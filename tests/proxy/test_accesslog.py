@@ -1,0 +1,257 @@
+"""The access log (issue 21): the same bytes as the ``logging`` path it replaced, written by a buffered
+line writer that keeps order, loses nothing on stop and drops (counted) instead of blocking."""
+
+from __future__ import annotations
+
+import enum
+import fcntl
+import io
+import json
+import logging
+import math
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+
+from signing_proxy.cli.common import configure_logging
+from signing_proxy.core.jwk import SigningKey
+from signing_proxy.metrics import Metrics
+from signing_proxy.proxy.accesslog import AccessLog
+from signing_proxy.service.linewriter import LineWriter
+from tests.harness import WAIT_S, ProxyProcess, VerifyingOrigin, wait_for
+
+KEY = SigningKey.generate()
+
+REQUEST = {
+    "client": "127.0.0.1",
+    "method": "POST",
+    "host": "origin.example",
+    "status": 200,
+    "duration_ms": 1.25,
+    "bytes_in": 1024,
+    "bytes_out": 17,
+    "keyid": None,
+    "outcome": "unsigned",
+}
+TUNNEL = {"client": "::1", "host": "h.example:443", "duration_ms": 3.0, "bytes_up": 5, "outcome": None}
+
+
+# --- the bytes: identical to a logging record formatted by configure_logging -------------------------
+
+
+@pytest.fixture
+def logged() -> Iterator[io.StringIO]:
+    """Where ``configure_logging``'s handler writes (instead of stderr); the loggers restored after."""
+    root = logging.getLogger("signing_proxy")
+    saved = root.handlers[:], root.level, root.propagate
+    yield io.StringIO()
+    root.handlers[:], root.level, root.propagate = saved
+
+
+def configure(level: str, fmt: str, stream: io.StringIO) -> None:
+    configure_logging(level, fmt)
+    handler = logging.getLogger("signing_proxy").handlers[0]
+    assert isinstance(handler, logging.StreamHandler)
+    handler.setStream(stream)
+
+
+def old_line(fmt: str, event: str, fields: dict[str, object]) -> str:
+    """The message the access log used to hand to ``logging`` (before issue 21)."""
+    if fmt == "json":
+        return json.dumps({"event": event, **fields}, separators=(",", ":"))
+    if event == "request":
+        return " ".join(f"{k}={v}" for k, v in fields.items() if v is not None)
+    return " ".join([f"event={event}", *(f"{k}={v}" for k, v in fields.items())])
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+@pytest.mark.parametrize("now", [1_700_000_000.0, 1_700_000_000.0005, 1_700_000_059.999, 1_700_003_600.5])
+def test_lines_are_the_bytes_the_log_formatter_made(
+    fmt: str, now: float, logged: io.StringIO, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    configure("info", fmt, logged)
+    monkeypatch.setattr(time, "time", lambda: now)
+    written: list[str] = []
+    access = AccessLog(enabled=True, fmt=fmt, write=written.append)
+    access.request(**REQUEST)
+    access.event("tunnel", **TUNNEL)
+    access.request(**{**REQUEST, "host": 'quote"back\\slash', "keyid": "kid"})
+    access_logger = logging.getLogger("signing_proxy.access")
+    access_logger.info(old_line(fmt, "request", REQUEST))
+    access_logger.info(old_line(fmt, "tunnel", TUNNEL))
+    access_logger.info(old_line(fmt, "request", {**REQUEST, "host": 'quote"back\\slash', "keyid": "kid"}))
+    assert "".join(written) == logged.getvalue()
+
+
+class Kind(enum.IntEnum):
+    ONE = 1
+
+
+class Name(str):
+    pass
+
+
+NUMBERS = (0, -7, 2**70, 0.1, 1e-7, 1e300, -0.0, math.nan, math.inf, -math.inf, True, False, Kind.ONE)
+OTHERS = (None, "", "é", "日本", "\x00\x1f\x7f", '"\\/', "\U0001f600", Name("sub"), [1, "a"], {"k": None})
+
+
+@pytest.mark.parametrize("value", [*NUMBERS, *OTHERS])
+def test_json_lines_are_what_json_dumps_writes_for_any_value(value: object) -> None:
+    written: list[str] = []
+    access = AccessLog(enabled=True, fmt="json", write=written.append)
+    logging.getLogger("signing_proxy.access").setLevel(logging.INFO)
+    try:
+        access.request(a=value, b="x")
+        access.event("tunnel", c=value)
+    finally:
+        logging.getLogger("signing_proxy.access").setLevel(logging.NOTSET)
+    assert written == [
+        json.dumps({"event": "request", "a": value, "b": "x"}, separators=(",", ":")) + "\n",
+        json.dumps({"event": "tunnel", "c": value}, separators=(",", ":")) + "\n",
+    ]
+
+
+def test_off_and_below_info_nothing_is_formatted(logged: io.StringIO) -> None:
+    written: list[str] = []
+    configure("info", "text", logged)
+    AccessLog(enabled=False, fmt="text", write=written.append).request(**REQUEST)
+    configure("warning", "json", logged)  # log.level: warning silenced the access logger too
+    AccessLog(enabled=True, fmt="json", write=written.append).request(**REQUEST)
+    assert written == []
+
+
+# --- the writer: order, stop, a sink that never reads ----------------------------------------------
+
+
+class PipeReader:
+    """The read end of a real pipe, drained by a thread into ``data``."""
+
+    def __init__(self) -> None:
+        self.fd, self.write_fd = os.pipe()
+        self.data = bytearray()
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        while chunk := os.read(self.fd, 1 << 16):
+            self.data += chunk
+
+    def close_writer_and_join(self) -> bytes:
+        os.close(self.write_fd)
+        self._thread.join(WAIT_S)
+        assert not self._thread.is_alive()
+        os.close(self.fd)
+        return bytes(self.data)
+
+
+@pytest.mark.parametrize("sink", ["pipe", "file"])
+def test_lines_arrive_complete_and_in_order(sink: str, tmp_path: Path) -> None:
+    lines = [f"line={i} {'x' * (i % 700)} é\n" for i in range(20_000)]
+    lines.append("y" * 10_000 + "\n")  # longer than a chunk (PIPE_BUF, 4 KiB on Linux)
+    pipe = PipeReader() if sink == "pipe" else None
+    fd = pipe.write_fd if pipe else os.open(tmp_path / "log", os.O_WRONLY | os.O_CREAT, 0o600)
+    writer = LineWriter(fd, max_bytes=64 << 20)  # room for all: this test is about order
+    writer.start()
+    for line in lines:
+        writer.write(line)
+    writer.close(WAIT_S)
+    if pipe is None:
+        os.close(fd)
+    written = pipe.close_writer_and_join() if pipe else (tmp_path / "log").read_bytes()
+    assert written == "".join(lines).encode()
+    assert writer.dropped == 0
+
+
+def test_a_line_waits_no_longer_than_the_interval_and_wake_cuts_it_short() -> None:
+    pipe = PipeReader()
+    prompt = LineWriter(pipe.write_fd)
+    prompt.start()
+    prompt.write("soon\n")
+    wait_for(lambda: bytes(pipe.data) == b"soon\n", "the line, within the flush interval")
+    lazy = LineWriter(pipe.write_fd, interval_s=3600.0)  # only wake (SIGHUP's reload) gets it out
+    lazy.start()
+    lazy.write("reload\n")
+    lazy.wake()
+    wait_for(lambda: bytes(pipe.data) == b"soon\nreload\n", "the line after wake()")
+    lazy.write("flushed\n")
+    assert lazy.flush(WAIT_S)  # written to the pipe when it returns
+    wait_for(lambda: bytes(pipe.data).endswith(b"flushed\n"), "the reader to read it")
+    prompt.close(WAIT_S)
+    lazy.close(WAIT_S)
+    pipe.close_writer_and_join()
+
+
+def test_nothing_queued_is_lost_on_close() -> None:
+    pipe = PipeReader()
+    writer = LineWriter(pipe.write_fd, interval_s=3600.0)  # nothing would go out before close
+    writer.start()
+    for i in range(1000):
+        writer.write(f"{i}\n")
+    unstarted = LineWriter(pipe.write_fd)  # queued, never started: close still writes it
+    unstarted.write("last\n")
+    writer.close(WAIT_S)
+    unstarted.close(WAIT_S)
+    writer.write("after close\n")  # nothing runs after stop(); a straggler is counted, not queued
+    assert pipe.close_writer_and_join() == "".join(f"{i}\n" for i in range(1000)).encode() + b"last\n"
+    assert (writer.dropped, writer.pending_lines) == (1, 0)
+
+
+def test_a_pipe_nobody_reads_drops_lines_with_a_counter_and_never_blocks() -> None:
+    read_fd, write_fd = os.pipe()  # the reader never reads: the pipe fills (64 KiB on Linux), then stalls
+    capacity = fcntl.fcntl(write_fd, fcntl.F_GETPIPE_SZ)
+    writer = LineWriter(write_fd, max_bytes=256 * 1024)
+    writer.start()
+    metrics = Metrics()
+    metrics.callbacks.access_log_dropped = lambda: writer.dropped
+    line = "x" * 99 + "\n"
+    total = 20_000  # 2 MB: far more than the pipe and the queue hold together
+
+    def produce() -> None:
+        for _ in range(total):
+            writer.write(line)
+
+    producer = threading.Thread(target=produce, daemon=True)
+    producer.start()
+    producer.join(WAIT_S)
+    assert not producer.is_alive(), "write() blocked on a stalled sink"
+    assert writer.dropped > 0
+    assert writer.pending_lines * len(line) <= 256 * 1024
+    assert f"signing_proxy_access_log_dropped_total {float(writer.dropped)}" in metrics.render().decode()
+    writer.close(0.05)  # bounded: the thread is stuck in write(2) and close gives up waiting
+    os.close(read_fd)  # the reader goes away: EPIPE ends the stuck write, the rest is counted lost
+    assert writer._thread is not None
+    writer._thread.join(WAIT_S)
+    assert not writer._thread.is_alive()
+    os.close(write_fd)
+    assert writer.pending_lines == 0
+    assert total - writer.dropped <= capacity // len(line)  # every line: in the pipe, or counted
+
+
+# --- the real process: lines of requests served before SIGTERM are all written --------------------
+
+
+@pytest.mark.integration
+def test_every_request_served_before_sigterm_is_in_the_log(tmp_path: Path) -> None:
+    with (
+        VerifyingOrigin() as origin,
+        ProxyProcess(tmp_path, {"log": {"format": "json"}}, key=KEY) as proxy,
+    ):
+        origin.trust(KEY)
+        session = requests.Session()
+        for i in range(50):
+            resp = session.get(origin.url(f"/{i}"), proxies={"http": proxy.url}, timeout=WAIT_S)
+            assert resp.status_code == 200
+        metrics = requests.get(f"{proxy.url}/metrics", timeout=WAIT_S).text
+        assert "signing_proxy_access_log_dropped_total 0.0" in metrics
+        assert proxy.proc is not None
+        proxy.proc.send_signal(signal.SIGTERM)  # at once: lines still queued are written on stop
+        assert proxy.proc.wait(WAIT_S) == 0
+    served = [doc for doc in proxy.access_lines() if doc["host"] == "127.0.0.1"]
+    assert len(served) == 50
+    assert all(doc["outcome"] == "signed" for doc in served)
