@@ -3,11 +3,11 @@
 Built for the access log (issue 21). A line costs the event loop one list append. Every
 ``interval_s`` (at once past ``flush_bytes``) the loop joins what has gathered into one block and
 hands it to a thread, the only one to make system calls, so no request waits on the disk or the pipe.
-The thread does nothing else and wakes once per block: each wake-up takes the GIL from the event
-loop, which is what a thread that formats or polls would cost every request. When the sink stalls,
-about ``max_bytes`` wait; later lines are dropped and counted (``dropped``), never blocking anyone.
-``aclose``/``close`` write what is queued (bounded in time) and stop the thread; an ``atexit`` hook
-does the same for a process that ends without them. It knows nothing of HTTP: lines go to a fd.
+The thread does nothing but write, and wakes once per block: each wake-up takes the GIL from the
+event loop, so the thread neither gathers nor formats. When the sink stalls, about ``max_bytes``
+wait; later lines are dropped and counted (``dropped``), never blocking anyone. ``aclose``/``close``
+write what is queued (bounded in time) and stop the thread; an ``atexit`` hook does the same for a
+process that ends without them. It knows nothing of HTTP: lines go to a file descriptor.
 """
 
 from __future__ import annotations

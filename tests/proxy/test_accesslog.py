@@ -3,6 +3,7 @@ line writer that keeps order, loses nothing on stop and drops (counted) instead 
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import fcntl
 import io
@@ -13,7 +14,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -150,17 +151,60 @@ class PipeReader:
         return bytes(self.data)
 
 
+class LoopThread:
+    """An event loop on its own thread, so the test thread can wait with ``wait_for``."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._thread.start()
+
+    def call(self, fn: Callable[[], object]) -> None:
+        """Run ``fn`` on the loop and wait for it (a writer's write/wake belong on the loop)."""
+
+        async def run() -> None:
+            fn()
+
+        asyncio.run_coroutine_threadsafe(run(), self.loop).result(WAIT_S)
+
+    def aclose(self, writer: LineWriter) -> None:
+        asyncio.run_coroutine_threadsafe(writer.aclose(WAIT_S), self.loop).result(WAIT_S)
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(WAIT_S)
+        self.loop.close()
+
+
+@pytest.fixture
+def loop() -> Iterator[LoopThread]:
+    running = LoopThread()
+    yield running
+    running.stop()
+
+
 @pytest.mark.parametrize("sink", ["pipe", "file"])
-def test_lines_arrive_complete_and_in_order(sink: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("on_loop", [True, False])
+def test_lines_arrive_complete_and_in_order(
+    sink: str, on_loop: bool, tmp_path: Path, loop: LoopThread
+) -> None:
     lines = [f"line={i} {'x' * (i % 700)} é\n" for i in range(20_000)]
     lines.append("y" * 10_000 + "\n")  # longer than a chunk (PIPE_BUF, 4 KiB on Linux)
     pipe = PipeReader() if sink == "pipe" else None
     fd = pipe.write_fd if pipe else os.open(tmp_path / "log", os.O_WRONLY | os.O_CREAT, 0o600)
     writer = LineWriter(fd, max_bytes=64 << 20)  # room for all: this test is about order
-    writer.start()
-    for line in lines:
-        writer.write(line)
-    writer.close(WAIT_S)
+
+    def write_all() -> None:
+        writer.start()
+        for line in lines:
+            writer.write(line)
+
+    if on_loop:  # gathered into blocks (by size here: the loop never idles to fire the timer)
+        loop.call(write_all)
+        loop.aclose(writer)
+    else:  # no loop: each line handed over at once
+        write_all()
+        writer.close(WAIT_S)
     if pipe is None:
         os.close(fd)
     written = pipe.close_writer_and_join() if pipe else (tmp_path / "log").read_bytes()
@@ -168,38 +212,38 @@ def test_lines_arrive_complete_and_in_order(sink: str, tmp_path: Path) -> None:
     assert writer.dropped == 0
 
 
-def test_a_line_waits_no_longer_than_the_interval_and_wake_cuts_it_short() -> None:
+def test_a_line_goes_out_after_the_interval_and_wake_hands_it_over_at_once(loop: LoopThread) -> None:
     pipe = PipeReader()
     prompt = LineWriter(pipe.write_fd)
-    prompt.start()
-    prompt.write("soon\n")
-    wait_for(lambda: bytes(pipe.data) == b"soon\n", "the line, within the flush interval")
     lazy = LineWriter(pipe.write_fd, interval_s=3600.0)  # only wake (SIGHUP's reload) gets it out
-    lazy.start()
-    lazy.write("reload\n")
-    lazy.wake()
+    loop.call(lambda: (prompt.start(), prompt.write("soon\n")))
+    wait_for(lambda: bytes(pipe.data) == b"soon\n", "the line, after the flush interval")
+    loop.call(lambda: (lazy.start(), lazy.write("reload\n")))
+    assert lazy.backlog_bytes == len("reload\n")
+    loop.call(lazy.wake)
     wait_for(lambda: bytes(pipe.data) == b"soon\nreload\n", "the line after wake()")
-    lazy.write("flushed\n")
-    assert lazy.flush(WAIT_S)  # written to the pipe when it returns
-    wait_for(lambda: bytes(pipe.data).endswith(b"flushed\n"), "the reader to read it")
-    prompt.close(WAIT_S)
-    lazy.close(WAIT_S)
+    loop.aclose(prompt)
+    loop.aclose(lazy)
     pipe.close_writer_and_join()
 
 
-def test_nothing_queued_is_lost_on_close() -> None:
+def test_nothing_queued_is_lost_on_close(loop: LoopThread) -> None:
     pipe = PipeReader()
     writer = LineWriter(pipe.write_fd, interval_s=3600.0)  # nothing would go out before close
-    writer.start()
-    for i in range(1000):
-        writer.write(f"{i}\n")
+
+    def write_lines() -> None:
+        writer.start()
+        for i in range(1000):
+            writer.write(f"{i}\n")
+
+    loop.call(write_lines)
+    loop.aclose(writer)
     unstarted = LineWriter(pipe.write_fd)  # queued, never started: close still writes it
     unstarted.write("last\n")
-    writer.close(WAIT_S)
     unstarted.close(WAIT_S)
-    writer.write("after close\n")  # nothing runs after stop(); a straggler is counted, not queued
+    loop.call(lambda: writer.write("after close\n"))  # nothing runs after stop(): counted, not queued
     assert pipe.close_writer_and_join() == "".join(f"{i}\n" for i in range(1000)).encode() + b"last\n"
-    assert (writer.dropped, writer.pending_lines) == (1, 0)
+    assert (writer.dropped, writer.backlog_bytes) == (1, 0)
 
 
 def test_a_pipe_nobody_reads_drops_lines_with_a_counter_and_never_blocks() -> None:
@@ -221,7 +265,7 @@ def test_a_pipe_nobody_reads_drops_lines_with_a_counter_and_never_blocks() -> No
     producer.join(WAIT_S)
     assert not producer.is_alive(), "write() blocked on a stalled sink"
     assert writer.dropped > 0
-    assert writer.pending_lines * len(line) <= 256 * 1024
+    assert writer.backlog_bytes <= 256 * 1024
     assert f"signing_proxy_access_log_dropped_total {float(writer.dropped)}" in metrics.render().decode()
     writer.close(0.05)  # bounded: the thread is stuck in write(2) and close gives up waiting
     os.close(read_fd)  # the reader goes away: EPIPE ends the stuck write, the rest is counted lost
@@ -229,7 +273,7 @@ def test_a_pipe_nobody_reads_drops_lines_with_a_counter_and_never_blocks() -> No
     writer._thread.join(WAIT_S)
     assert not writer._thread.is_alive()
     os.close(write_fd)
-    assert writer.pending_lines == 0
+    assert writer.backlog_bytes == 0
     assert total - writer.dropped <= capacity // len(line)  # every line: in the pipe, or counted
 
 
@@ -237,21 +281,24 @@ def test_a_pipe_nobody_reads_drops_lines_with_a_counter_and_never_blocks() -> No
 
 
 @pytest.mark.integration
-def test_every_request_served_before_sigterm_is_in_the_log(tmp_path: Path) -> None:
+def test_every_request_served_before_sighup_and_sigterm_is_in_the_log(tmp_path: Path) -> None:
     with (
         VerifyingOrigin() as origin,
         ProxyProcess(tmp_path, {"log": {"format": "json"}}, key=KEY) as proxy,
     ):
         origin.trust(KEY)
-        session = requests.Session()
-        for i in range(50):
-            resp = session.get(origin.url(f"/{i}"), proxies={"http": proxy.url}, timeout=WAIT_S)
-            assert resp.status_code == 200
+        assert proxy.proc is not None
         metrics = requests.get(f"{proxy.url}/metrics", timeout=WAIT_S).text
         assert "signing_proxy_access_log_dropped_total 0.0" in metrics
-        assert proxy.proc is not None
+        session = requests.Session()
+        for i in range(100):
+            if i == 50:  # a reload between requests: nothing queued is lost or reordered
+                proxy.proc.send_signal(signal.SIGHUP)
+            resp = session.get(origin.url(f"/{i}"), proxies={"http": proxy.url}, timeout=WAIT_S)
+            assert resp.status_code == 200
         proxy.proc.send_signal(signal.SIGTERM)  # at once: lines still queued are written on stop
         assert proxy.proc.wait(WAIT_S) == 0
-    served = [doc for doc in proxy.access_lines() if doc["host"] == "127.0.0.1"]
-    assert len(served) == 50
-    assert all(doc["outcome"] == "signed" for doc in served)
+    assert any("configuration reloaded" in line for line in proxy.stderr_lines)
+    paths = [doc for doc in proxy.access_lines() if doc["host"] == "127.0.0.1"]
+    assert len(paths) == 100
+    assert all(doc["outcome"] == "signed" for doc in paths)
