@@ -26,8 +26,9 @@ import tempfile
 import time
 import timeit
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -114,7 +115,14 @@ def parse_latency(text: str, pct: str) -> float:
 
 
 def run_wrk(  # noqa: PLR0917
-    wrk: str, connect_port: int, path: str, method: str, conns: int, duration: int, tmp: Path
+    wrk: str,
+    connect_port: int,
+    path: str,
+    method: str,
+    conns: int,
+    duration: int,
+    tmp: Path,
+    headers: dict[str, str] | None = None,
 ) -> tuple[float, float, float, int]:
     script = tmp / f"{method}.lua"
     body = (
@@ -122,6 +130,8 @@ def run_wrk(  # noqa: PLR0917
         if method == "POST"
         else ""
     )
+    for name, value in (headers or {}).items():
+        body += f"\nwrk.headers[{json.dumps(name)}] = {json.dumps(value)}"
     script.write_text(LUA.format(method=method, path=path, body=body))
     out = subprocess.run(
         [
@@ -228,6 +238,93 @@ def https_rows(  # noqa: PLR0917
 
 DEFAULT_ROW = "default"  # the headline: what a user runs
 TUNED_ROW = "tuned"
+NAIVE_SIGN_ROW = "naive-sign"  # bench/naive.py: aiohttp + pyauth, signing
+NAIVE_PASS_ROW = "naive-pass"  # bench/naive.py: aiohttp, no signing
+Wrk = tuple[float, float, float, int]  # requests/s, p50 ms, p99 ms, requests
+Row = tuple[str, str, int, Wrk, Wrk, float]  # config, method, conns, direct, through it, CPU us/request
+DIRECT: dict[tuple[str, int], Wrk] = {}  # the origin alone, per method and connections
+
+
+def load_rows(  # noqa: PLR0917
+    wrk: str,
+    name: str,
+    pid: int,
+    port: int,
+    origin_port: int,
+    method: str,
+    conn_counts: list[int],
+    duration: int,
+    tmp: Path,
+    headers: dict[str, str] | None = None,
+) -> list[Row]:
+    """wrk through the proxy-like process ``pid`` on ``port``: one row per connection count."""
+    rows = []
+    for conns in conn_counts:
+        cpu0 = cpu_seconds(pid)
+        url = f"http://127.0.0.1:{origin_port}/bench"
+        via = run_wrk(wrk, port, url, method, conns, duration, tmp, headers)
+        cpu_us = (cpu_seconds(pid) - cpu0) / via[3] * 1e6
+        rows.append((name, method, conns, DIRECT[method, conns], via, cpu_us))
+    return rows
+
+
+def agent_signed_headers(key: Any, url: str) -> dict[str, str]:
+    """What an agent hop sends a relay for POST 1 KiB to ``url`` (Signature-Agent empty: key pinned)."""
+    from signing_proxy.core.digest import content_digest
+    from signing_proxy.core.fields import Fields
+    from signing_proxy.core.signatures import Message, attach_signature, sign_message
+    from signing_proxy.core.uri import parse_absolute_uri
+
+    fields = Fields(
+        [
+            ("Content-Digest", content_digest(BODY_1K.encode())),
+            ("Authorization", ""),
+            ("Signature-Agent", ""),
+        ]
+    )
+    created = int(time.time())
+    member = sign_message(
+        Message("POST", parse_absolute_uri(url), fields), key, created=created, expires=created + 600
+    )
+    attach_signature(fields, member)
+    return dict(fields)
+
+
+def relay_rows(  # noqa: PLR0917
+    wrk: str,
+    start_proxy: Callable[[Path, int, str], subprocess.Popen[bytes]],
+    tmp: Path,
+    key: Any,
+    key_path: Path,
+    pub_path: Path,
+    origin_port: int,
+    conn_counts: list[int],
+    duration: int,
+    needed: str,
+) -> list[Row]:
+    """A relay hop (verify the agent's label, add ours) at the default configuration, beside a naive
+    aiohttp relay built on pyauth's verifier and signer, on the same pre-signed requests."""
+    config = tmp / "relay.yaml"
+    config.write_text(
+        needed + f"mode: relay\nsigning:\n  label: broker\nrelay:\n  pinned_agent_keys: [{pub_path}]\n"
+    )
+    headers = agent_signed_headers(key, f"http://127.0.0.1:{origin_port}/bench")
+    rows: list[Row] = []
+    port = free_port()
+    relay = start_proxy(config, port, "relay.log")
+    wait_port(port)
+    rows += load_rows(wrk, "relay", relay.pid, port, origin_port, "POST", conn_counts, duration, tmp, headers)
+    relay.send_signal(signal.SIGTERM)
+    relay.wait(10)
+    port = free_port()
+    naive_cmd = [*pin(1), PY, str(ROOT / "bench/naive.py"), "--port", str(port), "--mode", "relay"]
+    naive_cmd += ["--key", str(key_path), "--agent-public-pem", str(pub_path)]
+    with process(naive_cmd) as naive:
+        wait_port(port)
+        rows += load_rows(
+            wrk, "naive-relay", naive.pid, port, origin_port, "POST", conn_counts, duration, tmp, headers
+        )
+    return rows
 
 
 def access_log_figures(port: int, log_path: Path) -> dict[str, int]:
@@ -318,17 +415,27 @@ def main() -> int:
             wait_port(default_port)
             time.sleep(0.3)
             results["proxy idle RSS (MiB)"] = rss_kib(proxy.pid) / 1024
-            rows = []
+            rows: list[Row] = []
             proxies = ((DEFAULT_ROW, default_proxy.pid, default_port), (TUNED_ROW, proxy.pid, proxy_port))
             for method in ("GET", "POST"):
                 for conns in conn_counts:
                     direct = run_wrk(wrk, origin_port, "/bench", method, conns, duration, tmp)
+                    DIRECT[method, conns] = direct
                     for name, pid, port in proxies:
-                        cpu0 = cpu_seconds(pid)
-                        url = f"http://127.0.0.1:{origin_port}/bench"
-                        via = run_wrk(wrk, port, url, method, conns, duration, tmp)
-                        cpu_us = (cpu_seconds(pid) - cpu0) / via[3] * 1e6
-                        rows.append((name, method, conns, direct, via, cpu_us))
+                        rows += load_rows(wrk, name, pid, port, origin_port, method, [conns], duration, tmp)
+            # in-run references on the proxy's core, one at a time: a naive signer and passthrough
+            for name, mode in ((NAIVE_SIGN_ROW, "sign"), (NAIVE_PASS_ROW, "pass")):
+                port = free_port()
+                naive_cmd = [*pin(1), PY, str(ROOT / "bench/naive.py"), "--port", str(port)]
+                naive_cmd += ["--mode", mode, "--key", str(key_path)]
+                with process(naive_cmd) as naive:
+                    wait_port(port)
+                    rows += load_rows(
+                        wrk, name, naive.pid, port, origin_port, "POST", conn_counts, duration, tmp
+                    )
+            results["relay"] = relay_rows(
+                wrk, start_proxy, tmp, key, key_path, pub_path, origin_port, conn_counts, duration, needed
+            )
             results["access log"] = access_log_figures(default_port, tmp / "default.log")
             idle_mib, growth_mib = stream_rss(proxy.pid, proxy_port, origin_port)
             results["https"] = https_rows(proxy.pid, proxy_port, tls_port, tmp, duration, conn_counts)
@@ -369,6 +476,36 @@ def main() -> int:
             }
         )
     results["table"] = table
+    relay: list[Row] = results["relay"]  # type: ignore[assignment]
+    print("\nRelay hop (verify the agent's label, stack ours), POST 1 KiB, the same pre-signed requests")
+    for name, _method, conns, _direct, via, cpu_us in relay:
+        print(
+            f"  {name:12} {conns:>3} conns: {via[0]:>7.0f} req/s  p50 {via[1]:.2f} ms  p99 {via[2]:.2f} ms  "
+            f"cpu {cpu_us:.1f} us/req"
+        )
+    by_name = {(row[0], row[1], row[2]): row for row in rows + relay}
+    print("\nRatios in this run (requests/s; CPU per request), POST 1 KiB:")
+    for conns in conn_counts:
+        pairs = ((DEFAULT_ROW, NAIVE_SIGN_ROW), (TUNED_ROW, NAIVE_SIGN_ROW), ("relay", "naive-relay"))
+        for ours, theirs in pairs:
+            a, b = by_name.get((ours, "POST", conns)), by_name.get((theirs, "POST", conns))
+            if a and b:
+                print(
+                    f"  {conns:>3} conns: {ours} / {theirs}: {a[4][0] / b[4][0]:.2f}x req/s, "
+                    f"{a[5]:.1f} vs {b[5]:.1f} us/req"
+                )
+    results["relay_table"] = [
+        {
+            "config": r[0],
+            "connections": r[2],
+            "rps": r[4][0],
+            "p50_ms": r[4][1],
+            "p99_ms": r[4][2],
+            "cpu_us_per_request": r[5],
+        }
+        for r in relay
+    ]
+    del results["relay"]
     access: dict[str, int] = results["access log"]  # type: ignore[assignment]
     print(
         f"\n{DEFAULT_ROW}: {access['lines']} access-log lines written, {access['dropped']} dropped "

@@ -13,10 +13,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from . import ed25519
 from .b64 import b64url_decode, b64url_encode
 from .errors import KeyFormatError
 
@@ -102,11 +102,8 @@ class PublicKey:
         return {"kty": "OKP", "crv": "Ed25519", "x": b64url_encode(self.raw)}
 
     def verify(self, signature: bytes, data: bytes) -> bool:
-        try:
-            self.key.verify(signature, data)
-        except InvalidSignature:
-            return False
-        return True
+        """Whether ``signature`` is valid for ``data``: exactly OpenSSL's verdict (core.ed25519)."""
+        return ed25519.verify(self.key, self.raw, signature, data)
 
 
 def public_key_from_jwk(jwk: Mapping[str, Any]) -> PublicKey:
@@ -123,10 +120,14 @@ def public_key_from_jwk(jwk: Mapping[str, Any]) -> PublicKey:
 class SigningKey:
     """An Ed25519 private key; the public half, its JWK and thumbprint are computed once."""
 
-    __slots__ = ("_private", "public")
+    __slots__ = ("_private", "_secret", "public")
 
     def __init__(self, private: Ed25519PrivateKey) -> None:
         self._private = private
+        seed = private.private_bytes(
+            serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
+        )
+        self._secret = ed25519.secret_from_seed(seed)  # libsodium's form, for the hot path
         raw = private.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
         self.public = PublicKey(private.public_key(), raw, thumbprint_of_raw(raw))
 
@@ -181,7 +182,7 @@ class SigningKey:
         return {**self.public.jwk(), "d": b64url_encode(seed)}
 
     def sign(self, data: bytes) -> bytes:
-        return self._private.sign(data)
+        return ed25519.sign(self._secret, data)
 
 
 def load_private_key(data: bytes) -> SigningKey:
