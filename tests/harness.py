@@ -313,6 +313,7 @@ class ProxyProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.port = 0
         self.publish_port = 0  # publish.listen, when configured
+        self.admin_port = 0  # admin.listen, when configured ("127.0.0.1:0" reads the bound port back)
         self.stderr_lines: list[str] = []
         self._reader: threading.Thread | None = None
 
@@ -348,6 +349,8 @@ class ProxyProcess:
                 self.stderr_lines.append(line)
                 if "publishing on http://" in line and not self.publish_port:  # printed before "listening"
                     self.publish_port = int(line.rsplit(":", 1)[1].split()[0])
+                if " admin on http://" in line and not self.admin_port:  # printed before "listening"
+                    self.admin_port = int(line.rsplit(":", 1)[1].split()[0])
                 if "listening on http://" in line and not self.port:
                     self.port = int(line.split("listening on http://", 1)[1].split()[0].rsplit(":", 1)[1])
                     ready.set()

@@ -9,9 +9,10 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import pytest
 import requests
@@ -52,30 +53,26 @@ def chain(
     tmp: Path, *, last_max_hops: int | None = None, final: str | None = None
 ) -> Iterator[tuple[ProxyProcess, list[int]]]:
     """Start relay2, relay1 and the agent proxy (in that order); yield the agent proxy and publish ports."""
+    # publication ports are named in configuration before their process starts (signature_agent,
+    # broker_directories); the proxy ports are read back from each started relay
     pub = [free_port() for _ in range(3)]
-    listen = [free_port() for _ in range(2)]
     relay2 = hop_config(
         publish_port=pub[2],
         mode="relay",
         label="broker",
         relay={"broker_directories": [f"http://127.0.0.1:{pub[1]}"], "max_hops": last_max_hops},
-        listen=f"127.0.0.1:{listen[1]}",
     )
     if final is not None:
         relay2["upstream"] = {"next_hop": final}
-    relay1 = hop_config(
-        publish_port=pub[1], mode="relay", label="broker", next_hop=listen[1], listen=f"127.0.0.1:{listen[0]}"
-    )
-    agent = hop_config(publish_port=pub[0], next_hop=listen[0])
     (tmp / "r2").mkdir()
     (tmp / "r1").mkdir()
     (tmp / "a").mkdir()
-    with (
-        ProxyProcess(tmp / "r2", relay2),
-        ProxyProcess(tmp / "r1", relay1),
-        ProxyProcess(tmp / "a", agent) as a,
-    ):
-        yield a, pub
+    with ProxyProcess(tmp / "r2", relay2) as r2:
+        relay1 = hop_config(publish_port=pub[1], mode="relay", label="broker", next_hop=r2.port)
+        with ProxyProcess(tmp / "r1", relay1) as r1:
+            agent = hop_config(publish_port=pub[0], next_hop=r1.port)
+            with ProxyProcess(tmp / "a", agent) as a:
+                yield a, pub
 
 
 def test_three_label_stack_each_label_covering_the_one_before(tmp_path: Path) -> None:
@@ -108,9 +105,22 @@ def test_the_same_chain_with_max_hops_2_is_refused_with_a_reason(tmp_path: Path)
     assert origin.arrivals == []
 
 
+def first_line(stream: IO[str]) -> str:
+    """The first line ``stream`` gives, waited for at most WAIT_S ("" when none came)."""
+    lines: list[str] = []
+    ready = threading.Event()
+
+    def read() -> None:
+        lines.append(stream.readline())
+        ready.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    ready.wait(WAIT_S)
+    return lines[0] if lines else ""
+
+
 def test_verify_origin_reports_the_verdict_for_a_relayed_request(tmp_path: Path) -> None:
-    port = free_port()
-    pub1 = free_port()
+    pub1 = free_port()  # named by --broker-directory before the relay that serves it starts
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -118,7 +128,7 @@ def test_verify_origin_reports_the_verdict_for_a_relayed_request(tmp_path: Path)
             "signing_proxy",
             "verify-origin",
             "--listen",
-            f"127.0.0.1:{port}",
+            "127.0.0.1:0",
             "--broker-directory",
             f"http://127.0.0.1:{pub1}",
             "--allow-private",
@@ -130,15 +140,20 @@ def test_verify_origin_reports_the_verdict_for_a_relayed_request(tmp_path: Path)
     )
     try:
         assert proc.stderr is not None
-        assert "verify-origin listening on" in proc.stderr.readline()
-        pub0, relay_port = free_port(), free_port()
-        relay = hop_config(publish_port=pub1, mode="relay", label="broker", listen=f"127.0.0.1:{relay_port}")
-        agent = hop_config(publish_port=pub0, next_hop=relay_port)
+        line = first_line(proc.stderr)
+        assert "verify-origin listening on http://127.0.0.1:" in line, line
+        port = int(line.rsplit(":", 1)[1])
+        pub0 = free_port()
+        relay = hop_config(publish_port=pub1, mode="relay", label="broker")
         (tmp_path / "r").mkdir()
         (tmp_path / "a").mkdir()
-        with ProxyProcess(tmp_path / "r", relay), ProxyProcess(tmp_path / "a", agent) as a:
-            ok = requests.get(f"http://127.0.0.1:{port}/hello?q=1", proxies={"http": a.url}, timeout=WAIT_S)
-            direct = requests.get(f"http://127.0.0.1:{port}/hello", proxies={}, timeout=WAIT_S)
+        with ProxyProcess(tmp_path / "r", relay) as r:
+            agent = hop_config(publish_port=pub0, next_hop=r.port)
+            with ProxyProcess(tmp_path / "a", agent) as a:
+                ok = requests.get(
+                    f"http://127.0.0.1:{port}/hello?q=1", proxies={"http": a.url}, timeout=WAIT_S
+                )
+                direct = requests.get(f"http://127.0.0.1:{port}/hello", proxies={}, timeout=WAIT_S)
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(WAIT_S)

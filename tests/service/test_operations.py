@@ -13,7 +13,7 @@ import pytest
 import requests
 
 from signing_proxy.core.jwk import SigningKey
-from tests.harness import WAIT_S, ProxyProcess, VerifyingOrigin, free_port
+from tests.harness import WAIT_S, ProxyProcess, VerifyingOrigin
 
 pytestmark = pytest.mark.integration
 
@@ -41,15 +41,16 @@ def test_metrics_move_after_a_signed_request_and_hold_no_secret(tmp_path: Path) 
     token.chmod(0o600)
     users = tmp_path / "users"
     users.write_text(f"agent:{PROXY_PASSWORD}\n")
-    admin = free_port()
     config = {
         "credentials": [{"hosts": ["127.0.0.1"], "bearer_file": str(token), "allow_plaintext": True}],
         "access": {"proxy_auth_file": str(users)},
-        "admin": {"listen": f"127.0.0.1:{admin}"},
+        "admin": {"listen": "127.0.0.1:0"},
         "log": {"format": "json", "level": "debug"},
     }
     with VerifyingOrigin() as origin, ProxyProcess(tmp_path, config, key=KEY) as proxy:
         origin.trust(KEY)
+        admin = proxy.admin_port
+        assert admin
         proxied = {"http": proxy.url.replace("http://", f"http://agent:{PROXY_PASSWORD}@")}
         before = requests.get(f"{proxy.url}/metrics", timeout=WAIT_S, proxies={}).text
         for _ in range(3):

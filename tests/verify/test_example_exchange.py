@@ -64,3 +64,18 @@ def test_readme_exchange_verifies_what_the_proxy_signs(tmp_path: Path) -> None:
     assert signed.json() == {"requester_key": AGENT.thumbprint, "directory": base}
     assert unsigned.status_code == 401
     assert unsigned.json()["reason"] == "missing-signature"
+
+
+def code_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.strip()]
+
+
+def test_the_readme_shows_the_example_exchange_as_written() -> None:
+    """Issue 15 attack 6: the README's exchange must be the one that polls revocation lists under the
+    egress policy (examples/exchange.py, run above), not an older wiring without them."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("**Verifying, in your own service.**", 1)[1]
+    block = section.split("```python\n", 1)[1].split("```", 1)[0]
+    example = (ROOT / "examples/exchange.py").read_text()
+    code = example.split('"""', 2)[2].split("\nif __name__", 1)[0]
+    assert code_lines(block) == code_lines(code)
