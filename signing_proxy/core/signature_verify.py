@@ -301,14 +301,17 @@ def check_stack(
     max_validity_s: int | None = DEFAULT_MAX_VALIDITY_S,
     max_hops: int | None = None,
     required: Sequence[Component] = SPEC_COMPONENTS,
+    entries: tuple[SignatureEntry, ...] | None = None,
 ) -> CheckedStack:
     """Every rule that needs no key (parse, hop cap, components, parameters, window, lifetime,
     Signature-Agent syntax, Content-Digest, signature bases); raise VerificationError with the first
     refusal.
 
     ``body`` is the received content; pass None only when the caller checks Content-Digest itself.
+    ``entries``: ``parse_signature_stack(message.fields)``, when the caller holds it already.
     """
-    entries = parse_signature_stack(message.fields)
+    if entries is None:
+        entries = parse_signature_stack(message.fields)
     if max_hops is not None and len(entries) > max_hops:
         raise VerificationError("too-many-hops", f"{len(entries)} signatures exceed the cap of {max_hops}")
     checked = []

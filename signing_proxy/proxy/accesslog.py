@@ -22,6 +22,7 @@ _log = logging.getLogger("signing_proxy.access")  # its level still decides, as 
 _INFO = logging.INFO
 _encode = json.JSONEncoder(separators=(",", ":")).encode  # json.dumps(..., separators=(",", ":"))
 # the text formatter's "%(asctime)s %(levelname)s %(name)s: " after the seconds: ",mmm INFO name: "
+_HUGE = math.inf  # a finite float is written as repr() writes it; inf and NaN take the general path
 _MILLIS = tuple(f"{ms:03d} INFO signing_proxy.access: " for ms in range(1000))
 
 
@@ -37,19 +38,64 @@ class AccessLog:
         self._second = -1  # the second whose local time _stamp holds
         self._stamp = ""
 
-    def request(self, **fields: object) -> None:
+    def request(  # noqa: PLR0917 - one call per request: positional, no dict of keywords
+        self,
+        client: str,
+        method: str,
+        host: str,
+        status: int | None,
+        duration_ms: float,
+        bytes_in: int,
+        bytes_out: int,
+        keyid: str | None,
+        outcome: str,
+    ) -> None:
         """One request: ``key=value`` pairs (None values left out), or a JSON object."""
         if not self.enabled or not _log.isEnabledFor(_INFO):
             return
-        if self.json:
-            self._write(_json_line("request", fields))
-        else:  # the hot path of the default configuration: _prefix() written out, one call less
-            now = time.time()
-            second = int(now)
-            if second != self._second:
-                self._new_second(now, second)
-            pairs = " ".join([f"{k}={v}" for k, v in fields.items() if v is not None])
-            self._write(f"{self._stamp}{_MILLIS[int((now - second) * 1000)]}{pairs}\n")
+        if (
+            self.json
+            and status.__class__ is bytes_in.__class__ is bytes_out.__class__ is int  # not bool, not None
+            and duration_ms.__class__ is float
+            and -_HUGE < duration_ms < _HUGE
+        ):
+            e = encode_basestring_ascii  # json.dumps's own string encoder; ints and floats as it writes them
+            signer = "null" if keyid is None else e(keyid)
+            self._write(
+                f'{{"event":"request","client":{e(client)},"method":{e(method)},"host":{e(host)},'
+                f'"status":{status!r},"duration_ms":{duration_ms!r},"bytes_in":{bytes_in!r},'
+                f'"bytes_out":{bytes_out!r},"keyid":{signer},"outcome":{e(outcome)}}}\n'
+            )
+            return
+        if self.json or status is None or host is None:  # the uncommon shapes: the general writer
+            fields = {
+                "client": client,
+                "method": method,
+                "host": host,
+                "status": status,
+                "duration_ms": duration_ms,
+                "bytes_in": bytes_in,
+                "bytes_out": bytes_out,
+                "keyid": keyid,
+                "outcome": outcome,
+            }
+            if self.json:
+                self._write(_json_line("request", fields))
+            else:
+                pairs = " ".join([f"{k}={v}" for k, v in fields.items() if v is not None])
+                self._write(f"{self._prefix()}{pairs}\n")
+            return
+        # the hot path of the default configuration: one f-string, _prefix() written out
+        now = time.time()
+        second = int(now)
+        if second != self._second:
+            self._new_second(now, second)
+        signer = "" if keyid is None else f" keyid={keyid}"
+        self._write(
+            f"{self._stamp}{_MILLIS[int((now - second) * 1000)]}client={client} method={method} "
+            f"host={host} status={status} duration_ms={duration_ms} bytes_in={bytes_in} "
+            f"bytes_out={bytes_out}{signer} outcome={outcome}\n"
+        )
 
     def event(self, event: str, **fields: object) -> None:
         """Something that is not one request (a tunnel that ended)."""

@@ -23,7 +23,12 @@ from ..core.errors import FieldError, VerificationError
 from ..core.fields import Fields
 from ..core.jwk import PublicKey
 from ..core.keys import Directory, DirectoryKey
-from ..core.signature_verify import DEFAULT_MAX_VALIDITY_S, check_stack, verify_checked
+from ..core.signature_verify import (
+    DEFAULT_MAX_VALIDITY_S,
+    SignatureEntry,
+    check_stack,
+    verify_checked,
+)
 from ..core.signatures import (
     DEFAULT_SKEW_S,
     Message,
@@ -86,10 +91,22 @@ class RequestVerifier:
         self._poller = self.revocations
         self._poller.attach(self.resolver)
 
-    async def verify(self, method: str, target_uri: str, fields: Fields, body: bytes) -> VerifiedStack:
-        """Verify every label of the request; raise VerificationError with the reason of a refusal."""
+    async def verify(
+        self,
+        method: str,
+        target_uri: str,
+        fields: Fields,
+        body: bytes,
+        *,
+        entries: tuple[SignatureEntry, ...] | None = None,
+    ) -> VerifiedStack:
+        """Verify every label of the request; raise VerificationError with the reason of a refusal.
+
+        ``entries``: the stack as ``parse_signature_stack(fields)`` returned it, when the caller has
+        parsed it already (the relay reads the labels before verifying): it is not parsed twice.
+        """
         try:
-            return await self._verify(method, target_uri, fields, body)
+            return await self._verify(method, target_uri, fields, body, entries)
         except VerificationError:
             raise
         except Exception:  # every request gets an answer; the cause goes to the log only
@@ -103,7 +120,14 @@ class RequestVerifier:
         for closer in self.closers:
             await closer()
 
-    async def _verify(self, method: str, target_uri: str, fields: Fields, body: bytes) -> VerifiedStack:
+    async def _verify(
+        self,
+        method: str,
+        target_uri: str,
+        fields: Fields,
+        body: bytes,
+        entries: tuple[SignatureEntry, ...] | None,
+    ) -> VerifiedStack:
         now = self.clock()
         try:
             message = Message(method, parse_absolute_uri(target_uri), fields)
@@ -117,6 +141,7 @@ class RequestVerifier:
             skew_s=policy.skew_s,
             max_validity_s=policy.max_validity_s,
             max_hops=policy.max_hops,
+            entries=entries,
         )
         agent = await self._agent_sources(checked.directory)
         brokers = await self._broker_sources() if len(checked.entries) > 1 else []

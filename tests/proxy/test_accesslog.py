@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
@@ -108,7 +109,7 @@ def test_json_lines_are_what_json_dumps_writes_for_any_value(value: object) -> N
     access = AccessLog(enabled=True, fmt="json", write=written.append)
     logging.getLogger("signing_proxy.access").setLevel(logging.INFO)
     try:
-        access.request(a=value, b="x")
+        access.event("request", a=value, b="x")
         access.event("tunnel", c=value)
     finally:
         logging.getLogger("signing_proxy.access").setLevel(logging.NOTSET)
@@ -116,6 +117,43 @@ def test_json_lines_are_what_json_dumps_writes_for_any_value(value: object) -> N
         json.dumps({"event": "request", "a": value, "b": "x"}, separators=(",", ":")) + "\n",
         json.dumps({"event": "tunnel", "c": value}, separators=(",", ":")) + "\n",
     ]
+
+
+REQUEST_SHAPES = [
+    REQUEST,
+    {**REQUEST, "keyid": "NzbLsXh8uDCcd-6MNwXF4W_7noWXFZAfHkxZsRGC9Xs", "outcome": "signed"},
+    {**REQUEST, "status": None, "outcome": "aborted"},  # no answer was written
+    {**REQUEST, "host": "日本.example", "client": "::1", "method": "GET"},
+    {**REQUEST, "host": 'quote"back\\slash\x00', "duration_ms": 0.1 + 0.2},
+    {**REQUEST, "duration_ms": 1e-7, "bytes_in": 2**70, "bytes_out": 0},
+    {**REQUEST, "duration_ms": 12345.0},
+    {**REQUEST, "duration_ms": math.inf},
+    {**REQUEST, "duration_ms": math.nan},
+    {**REQUEST, "status": Kind.ONE},  # an int subclass: written as json.dumps writes it
+    {**REQUEST, "bytes_in": True},
+]
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+@pytest.mark.parametrize("fields", REQUEST_SHAPES)
+def test_the_request_fast_paths_write_what_the_general_writer_writes(
+    fmt: str, fields: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``request`` formats the usual shapes with one f-string: byte for byte the general line."""
+    monkeypatch.setattr(time, "time", lambda: 1_700_000_000.25)
+    logging.getLogger("signing_proxy.access").setLevel(logging.INFO)
+    written: list[str] = []
+    access = AccessLog(enabled=True, fmt=fmt, write=written.append)
+    try:
+        access.request(**fields)
+        if fmt == "json":
+            expected = json.dumps({"event": "request", **fields}, separators=(",", ":"))
+        else:
+            pairs = " ".join(f"{k}={v}" for k, v in fields.items() if v is not None)
+            expected = access._prefix() + pairs
+    finally:
+        logging.getLogger("signing_proxy.access").setLevel(logging.NOTSET)
+    assert written == [expected + "\n"]
 
 
 def test_off_and_below_info_nothing_is_formatted(logged: io.StringIO) -> None:
