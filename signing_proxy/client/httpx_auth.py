@@ -1,0 +1,74 @@
+"""httpx: ``SignatureAuth``, an ``httpx.Auth`` in httpx's generator style, sync and async.
+
+httpx runs an auth flow last, on the request exactly as it will be sent (URL, headers, body), so the
+signature covers the final request. The body is read first (``requires_request_body``): a streamed
+body is read up to ``limits.max_body_bytes`` and then sent from memory with a ``Content-Length``;
+a larger one raises ``NotSigned`` (413) and nothing is sent. The async flow looks at the key store
+(and the delegation file) in a worker thread, never on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator, Generator
+
+import httpx
+
+from .signer import OWNED, Signer, read_limited, read_limited_async
+
+__all__ = ["SignatureAuth"]
+
+
+class SignatureAuth(httpx.Auth):
+    """Signs every request of an ``httpx.Client`` or ``httpx.AsyncClient`` with ``signer``."""
+
+    requires_request_body = True
+
+    def __init__(self, signer: Signer) -> None:
+        self.signer = signer
+
+    def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
+        signed = self.signer.sign(
+            request.method, str(request.url), request.headers.multi_items(), request.content
+        )
+        if signed is not None:
+            headers = request.headers
+            for name in OWNED:
+                if name in headers:
+                    del headers[name]
+            for name, value in signed.fields:
+                headers[name] = value
+            if signed.body is not request.content:
+                _replace_body(request, signed.body)
+        yield request
+
+    def sync_auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
+        self.signer.refresh_if_due()
+        if not hasattr(request, "_content"):  # a streamed body: read it within the limit (else refuse)
+            self.signer.declared_too_large(request.headers.get("content-length"))
+            assert isinstance(request.stream, httpx.SyncByteStream)
+            _replace_body(request, read_limited(request.stream, self.signer.max_body_bytes))
+        yield from super().sync_auth_flow(request)
+
+    async def async_auth_flow(self, request: httpx.Request) -> AsyncGenerator[httpx.Request, httpx.Response]:
+        if self.signer.refresh_due():
+            await asyncio.to_thread(self.signer.refresh)
+        if not hasattr(request, "_content"):
+            self.signer.declared_too_large(request.headers.get("content-length"))
+            assert isinstance(request.stream, httpx.AsyncByteStream)
+            _replace_body(request, await read_limited_async(request.stream, self.signer.max_body_bytes))
+        flow = super().async_auth_flow(request)
+        response = yield await flow.__anext__()
+        while True:
+            try:
+                response = yield await flow.asend(response)
+            except StopAsyncIteration:
+                return
+
+
+def _replace_body(request: httpx.Request, body: bytes) -> None:
+    """Send ``body`` from memory, framed by ``Content-Length`` (no longer chunked)."""
+    request._content = body
+    request.stream = httpx.ByteStream(body)
+    request.headers.pop("transfer-encoding", None)
+    request.headers["Content-Length"] = str(len(body))
