@@ -62,7 +62,9 @@ class HttpxSync(Driver):
     async def close(self) -> None:
         self.client.close()
 
-    async def send(self, method: str, url: str, *, json: Any = None, stream: Any = None, headers: Any = None) -> int:
+    async def send(
+        self, method: str, url: str, *, json: Any = None, stream: Any = None, headers: Any = None
+    ) -> int:
         content = None if stream is None else _chunks(stream)
         return self.client.request(method, url, json=json, content=content, headers=headers).status_code
 
@@ -76,7 +78,9 @@ class HttpxAsync(Driver):
     async def close(self) -> None:
         await self.client.aclose()
 
-    async def send(self, method: str, url: str, *, json: Any = None, stream: Any = None, headers: Any = None) -> int:
+    async def send(
+        self, method: str, url: str, *, json: Any = None, stream: Any = None, headers: Any = None
+    ) -> int:
         content = None if stream is None else _achunks(stream)
         response = await self.client.request(method, url, json=json, content=content, headers=headers)
         return response.status_code
@@ -93,7 +97,9 @@ class Requests(Driver):
     async def close(self) -> None:
         self.session.close()
 
-    async def send(self, method: str, url: str, *, json: Any = None, stream: Any = None, headers: Any = None) -> int:
+    async def send(
+        self, method: str, url: str, *, json: Any = None, stream: Any = None, headers: Any = None
+    ) -> int:
         data = None if stream is None else _chunks(stream)
         response = self.session.request(method, url, json=json, data=data, headers=headers, timeout=TIMEOUT_S)
         return response.status_code
@@ -112,7 +118,9 @@ class Aiohttp(Driver):
     async def close(self) -> None:
         await self.session.close()
 
-    async def send(self, method: str, url: str, *, json: Any = None, stream: Any = None, headers: Any = None) -> int:
+    async def send(
+        self, method: str, url: str, *, json: Any = None, stream: Any = None, headers: Any = None
+    ) -> int:
         data = None if stream is None else _achunks(stream)
         async with self.session.request(method, url, json=json, data=data, headers=headers) as response:
             await response.read()

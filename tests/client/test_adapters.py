@@ -57,7 +57,9 @@ def driver_class(request: pytest.FixtureRequest) -> type[Driver]:
 
 
 @pytest.fixture
-async def driver(driver_class: type[Driver], tmp_path: Path, origin: VerifyingOrigin) -> AsyncIterator[Driver]:
+async def driver(
+    driver_class: type[Driver], tmp_path: Path, origin: VerifyingOrigin
+) -> AsyncIterator[Driver]:
     key = SigningKey.from_seed(b"\x31" * 32)
     origin.trust(key)
     signer = Signer(key_file(write_key(tmp_path, key)), parse_config(settings()))
@@ -175,7 +177,9 @@ async def test_the_adapters_add_the_bytes_the_proxy_would_add(
         await driver.close()
     arrival = origin.arrivals[0]
     created = int(arrival.header("signature-input").split(";created=")[1].split(";")[0])  # type: ignore[union-attr]
-    proxy_signer = PipelineSigner(StaticKeyProvider(key), label="agent", validity_s=300, clock=lambda: created)
+    proxy_signer = PipelineSigner(
+        StaticKeyProvider(key), label="agent", validity_s=300, clock=lambda: created
+    )
     out = prepare_request(
         "POST",
         parse_absolute_uri(arrival.target_uri),
