@@ -28,18 +28,8 @@ class SignatureAuth(httpx.Auth):
         self.signer = signer
 
     def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
-        signed = self.signer.sign(
-            request.method, str(request.url), request.headers.multi_items(), request.content
-        )
-        if signed is not None:
-            headers = request.headers
-            for name in OWNED:
-                if name in headers:
-                    del headers[name]
-            for name, value in signed.fields:
-                headers[name] = value
-            if signed.body is not request.content:
-                _replace_body(request, signed.body)
+        """The I/O-free flow, for a request whose body is read (``requires_request_body``)."""
+        self._sign(request)
         yield request
 
     def sync_auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
@@ -48,7 +38,8 @@ class SignatureAuth(httpx.Auth):
             self.signer.declared_too_large(request.headers.get("content-length"))
             assert isinstance(request.stream, httpx.SyncByteStream)
             _replace_body(request, read_limited(request.stream, self.signer.max_body_bytes))
-        yield from super().sync_auth_flow(request)
+        self._sign(request)
+        yield request
 
     async def async_auth_flow(self, request: httpx.Request) -> AsyncGenerator[httpx.Request, httpx.Response]:
         if self.signer.refresh_due():
@@ -57,13 +48,22 @@ class SignatureAuth(httpx.Auth):
             self.signer.declared_too_large(request.headers.get("content-length"))
             assert isinstance(request.stream, httpx.AsyncByteStream)
             _replace_body(request, await read_limited_async(request.stream, self.signer.max_body_bytes))
-        flow = super().async_auth_flow(request)
-        response = yield await flow.__anext__()
-        while True:
-            try:
-                response = yield await flow.asend(response)
-            except StopAsyncIteration:
-                return
+        self._sign(request)
+        yield request
+
+    def _sign(self, request: httpx.Request) -> None:
+        headers = request.headers
+        lines = headers.multi_items()
+        content = request.content
+        signed = self.signer.sign(request.method, str(request.url), lines, content)
+        if signed is None:
+            return
+        for name in OWNED.intersection(name.lower() for name, _ in lines):
+            del headers[name]
+        for name, value in signed.fields:
+            headers[name] = value
+        if signed.body is not content:
+            _replace_body(request, signed.body)
 
 
 def _replace_body(request: httpx.Request, body: bytes) -> None:
