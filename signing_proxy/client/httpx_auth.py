@@ -34,7 +34,7 @@ class SignatureAuth(httpx.Auth):
 
     def sync_auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
         self.signer.refresh_if_due()
-        if not hasattr(request, "_content"):  # a streamed body: read it within the limit (else refuse)
+        if _streamed(request):  # read it within the limit (else refuse), then send it from memory
             self.signer.declared_too_large(request.headers.get("content-length"))
             assert isinstance(request.stream, httpx.SyncByteStream)
             _replace_body(request, read_limited(request.stream, self.signer.max_body_bytes))
@@ -44,7 +44,7 @@ class SignatureAuth(httpx.Auth):
     async def async_auth_flow(self, request: httpx.Request) -> AsyncGenerator[httpx.Request, httpx.Response]:
         if self.signer.refresh_due():
             await asyncio.to_thread(self.signer.refresh)
-        if not hasattr(request, "_content"):
+        if _streamed(request):
             self.signer.declared_too_large(request.headers.get("content-length"))
             assert isinstance(request.stream, httpx.AsyncByteStream)
             _replace_body(request, await read_limited_async(request.stream, self.signer.max_body_bytes))
@@ -66,9 +66,18 @@ class SignatureAuth(httpx.Auth):
             _replace_body(request, signed.body)
 
 
+def _streamed(request: httpx.Request) -> bool:
+    """True while the body is a stream not yet read into memory."""
+    try:
+        request.content  # noqa: B018  # raises until the body is read
+    except httpx.RequestNotRead:
+        return True
+    return False
+
+
 def _replace_body(request: httpx.Request, body: bytes) -> None:
     """Send ``body`` from memory, framed by ``Content-Length`` (no longer chunked)."""
-    request._content = body
+    request._content = body  # as httpx's own ``Request.read`` leaves a body read into memory
     request.stream = httpx.ByteStream(body)
     request.headers.pop("transfer-encoding", None)
     request.headers["Content-Length"] = str(len(body))
