@@ -5,6 +5,7 @@ aiohttp body), hosts left unsigned, bearer credentials, and fields the agent tri
 from __future__ import annotations
 
 import io
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -167,3 +168,46 @@ def test_key_file_refuses_a_file_readable_by_others(tmp_path: Path) -> None:
     path.chmod(0o644)
     with pytest.raises(ConfigError, match=r"^signing\.key: "):
         key_file(path)
+
+
+class CountingStore(StaticKeyProvider):
+    """A reloadable key source that records the thread each reload ran on."""
+
+    def __init__(self, key: SigningKey) -> None:
+        super().__init__(key)
+        self.threads: list[int] = []
+
+    def reload(self, *, force: bool = False) -> bool:
+        self.threads.append(threading.get_ident())
+        return True
+
+
+async def test_the_async_adapters_look_at_the_key_source_off_the_event_loop(origin: VerifyingOrigin) -> None:
+    keys = CountingStore(KEY)
+    signer = Signer(keys, refresh_every_s=0)
+    loop_thread = threading.get_ident()
+    async with httpx.AsyncClient(auth=HttpxAuth(signer), trust_env=False) as c:
+        assert (await c.get(origin.url("/httpx"))).status_code == 200
+    middlewares = (SigningMiddleware(signer),)
+    async with (
+        aiohttp.ClientSession(middlewares=middlewares, trust_env=False) as s,
+        s.get(origin.url("/a")) as r,
+    ):
+        assert r.status == 200
+    assert len(keys.threads) == 2
+    assert loop_thread not in keys.threads
+    with session(signer) as s:  # a sync client looks on its own thread, when due
+        assert s.get(origin.url("/requests"), timeout=15).status_code == 200
+    assert keys.threads[2] == loop_thread
+    assert all(a.verified for a in origin.arrivals)
+
+
+def test_the_key_source_is_looked_at_once_per_interval() -> None:
+    now = [100.0]
+    keys = CountingStore(KEY)
+    signer = Signer(keys, refresh_every_s=1.0, monotonic=lambda: now[0])
+    auth = RequestsAuth(signer)
+    for step in (0.0, 0.5, 0.6, 0.1, 1.0):
+        now[0] += step
+        auth(requests.Request("GET", "https://o.example/").prepare())
+    assert len(keys.threads) == 2  # at 101.1 and 102.2, not in between
