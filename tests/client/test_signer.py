@@ -1,6 +1,7 @@
 """``signing_proxy.client.Signer`` and the adapters' edges: loading the proxy's YAML, the profile as
 one parameter, refusals that keep a request from being sent (no key, a body too large, a compressed
-aiohttp body), hosts left unsigned, bearer credentials, and fields the agent tried to set itself."""
+aiohttp body), hosts left unsigned, bearer credentials, fields the agent tried to set itself, the key
+source looked at off the event loop once per interval, and every hop of an aiohttp redirect signed."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import httpx
 import pytest
 import requests
 import yaml
+from aiohttp import web
 
 from signing_proxy.client import HttpxAuth, NotSigned, RequestsAuth, Signer, SigningMiddleware, key_file
 from signing_proxy.config import parse_config
@@ -211,3 +213,19 @@ def test_the_key_source_is_looked_at_once_per_interval() -> None:
         now[0] += step
         auth(requests.Request("GET", "https://o.example/").prepare())
     assert len(keys.threads) == 2  # at 101.1 and 102.2, not in between
+
+
+async def test_aiohttp_signs_every_hop_of_a_redirect() -> None:
+    async def redirect_once(request: web.Request) -> web.StreamResponse:
+        if request.path == "/start":
+            raise web.HTTPFound("/final?x=1")
+        return web.Response(text="ok")
+
+    with VerifyingOrigin(handler=redirect_once) as origin:
+        origin.trust(KEY)
+        middlewares = (SigningMiddleware(Signer(StaticKeyProvider(KEY))),)
+        session = aiohttp.ClientSession(middlewares=middlewares, trust_env=False)
+        async with session as s, s.get(origin.url("/start")) as response:
+            assert (response.status, await response.text()) == (200, "ok")
+    assert [a.target_uri.split("/", 3)[3] for a in origin.arrivals] == ["start", "final?x=1"]
+    assert all(a.verified and a.oracle == "ok" for a in origin.arrivals)
