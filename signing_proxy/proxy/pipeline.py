@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from ..config import Config, CredentialRule, host_matches
 from ..core.digest import content_digest
 from ..core.errors import FieldError, SigningError
+from ..core.fields import Fields
 from ..core.jwk import SigningKey
 from ..core.keys import KeyProvider
 from ..core.signature_key import SIGNATURE_KEY, SIGNATURE_KEY_COMPONENT, signature_key_member
@@ -43,7 +44,7 @@ if TYPE_CHECKING:
     from ..metrics import Metrics
     from .requester import RequesterInjector
 
-__all__ = ["BearerStore", "Signer", "next_hop_target", "prepare_request"]
+__all__ = ["BearerStore", "Signer", "next_hop_target", "prepare_request", "sign_fields"]
 
 log = logging.getLogger(__name__)
 
@@ -226,9 +227,38 @@ def prepare_request(
     transactions: TransactionKeys | None = None,
 ) -> Outgoing:
     """Apply the signing pipeline (agent mode) and serialize the request for ``target``."""
+    fields, body, keyid = sign_fields(
+        method,
+        target,
+        lines,
+        body,
+        config=config,
+        signer=signer,
+        bearers=bearers,
+        requester=requester,
+        transactions=transactions,
+    )
+    return outgoing(method, target, fields, body, framed=framed, keyid=keyid, via=next_hop_target(config))
+
+
+def sign_fields(
+    method: str,
+    target: Target,
+    lines: Sequence[tuple[str, str]],
+    body: bytes,
+    *,
+    config: Config,
+    signer: Signer,
+    bearers: BearerStore,
+    requester: RequesterInjector | None = None,
+    transactions: TransactionKeys | None = None,
+) -> tuple[Fields, bytes, str | None]:
+    """The pipeline without the wire: the fields and body to send, and the keyid that signed them
+    (None: a ``hosts.unsigned`` host, fields passed minus hop-by-hop). The in-process adapters
+    (``signing_proxy.client``) sign through this too, so both produce the same bytes."""
     fields = drop_hop_by_hop(lines)
     if any(host_matches(p, target.host) for p in config.hosts.unsigned):
-        return outgoing(method, target, fields, body, framed=framed, keyid=None, via=next_hop_target(config))
+        return fields, body, None
     agent_auth = fields.get_all("authorization")
     if len(agent_auth) > 1:
         raise ProxyError(400, "duplicate-authorization", "the request has more than one Authorization line")
@@ -258,4 +288,4 @@ def prepare_request(
         )
     else:
         keyid = signer.sign(message)
-    return outgoing(method, target, fields, body, framed=framed, keyid=keyid, via=next_hop_target(config))
+    return fields, body, keyid

@@ -1,0 +1,80 @@
+"""requests: ``SignatureAuth``, a ``requests.auth.AuthBase`` that signs the prepared request.
+
+requests calls an auth last while preparing (after URL, headers, body and any ``auth=`` header),
+so the signature covers what is sent. A body given as a file or a generator is read up to
+``limits.max_body_bytes`` and sent from memory with a ``Content-Length``; a larger one raises
+``NotSigned`` (413) and nothing is sent. Redirects that requests follows reuse the first request's
+headers (requests re-applies no auth): pass ``allow_redirects=False`` when a redirect may be taken.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import requests
+from requests.auth import AuthBase
+
+from .signer import OWNED, Signer, read_limited
+
+__all__ = ["SignatureAuth"]
+
+_READ_SIZE = 64 * 1024
+
+
+class SignatureAuth(AuthBase):
+    """Signs every request of ``requests`` (``auth=`` on a call or a ``Session``) with ``signer``."""
+
+    def __init__(self, signer: Signer) -> None:
+        self.signer = signer
+
+    def __call__(self, request: requests.PreparedRequest) -> requests.PreparedRequest:
+        signer = self.signer
+        signer.refresh_if_due()
+        headers = request.headers
+        body = _body_bytes(request.body, signer, headers.get("Content-Length"))
+        assert request.method is not None
+        assert request.url is not None
+        signed = signer.sign(request.method, request.url, list(headers.items()), body)
+        sent = body
+        if signed is not None:
+            for name in OWNED:
+                headers.pop(name, None)
+            for name, value in signed.fields:
+                headers[name] = value
+            sent = signed.body
+        if sent is not body or (request.body is not None and body is not request.body):
+            _set_body(request, sent)  # the bytes digested are the bytes sent
+        return request
+
+
+def _body_bytes(body: Any, signer: Signer, declared: str | None) -> bytes:
+    """The prepared body as bytes: text encoded as requests sends it, a file or iterator read within
+    the limit."""
+    if body is None:
+        return b""
+    if isinstance(body, bytes):
+        return body
+    if isinstance(body, str):
+        return body.encode("utf-8")
+    if isinstance(body, bytearray | memoryview):
+        return bytes(body)
+    signer.declared_too_large(declared)
+    if hasattr(body, "read"):
+        return read_limited(_file_chunks(body), signer.max_body_bytes)
+    if isinstance(body, Iterable):
+        return read_limited(
+            (c.encode("utf-8") if isinstance(c, str) else c for c in body), signer.max_body_bytes
+        )
+    raise TypeError(f"cannot sign a request body of type {type(body).__name__}")
+
+
+def _file_chunks(body: Any) -> Iterable[bytes]:
+    while chunk := body.read(_READ_SIZE):
+        yield chunk.encode("utf-8") if isinstance(chunk, str) else chunk
+
+
+def _set_body(request: requests.PreparedRequest, body: bytes) -> None:
+    request.body = body
+    request.headers.pop("Transfer-Encoding", None)
+    request.headers["Content-Length"] = str(len(body))

@@ -1,0 +1,236 @@
+"""One in-process signer for the HTTP library adapters: the proxy's pipeline, without the proxy.
+
+``Signer.sign`` runs ``proxy.pipeline.sign_fields``, the function the proxy signs every agent request
+with, so a request signed here carries the same ``Content-Digest``, ``Authorization``,
+``Signature-Agent``, ``Signature-Input`` and ``Signature`` bytes the proxy would have added to it:
+the same profile, bearer credentials, Requester injection and key choice. What an adapter gets back
+is the set of fields we own (``OWNED``: it removes the request's own lines of those names and adds
+ours) and the body to send (changed only by Requester injection).
+
+Keys come from any ``KeyProvider``: a key file (``key_file``), the agent's key store with rotation
+(``key_store``; re-read from disk at most every ``refresh_every_s`` through ``refresh``, which the
+async adapters run off the event loop), or a source of your own. ``Signer.from_config`` reads the
+proxy's YAML (or the same mapping) and picks the key source it names, like ``signing-proxy run``.
+
+A request that cannot be signed raises ``NotSigned`` (a ``ProxyError``: the status and ``reason``
+the proxy would answer with) and is never sent: no valid key (503), a body above
+``limits.max_body_bytes`` (413), a value the spec cannot sign (400).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final, Protocol, runtime_checkable
+
+from ..config import Config, load_config, parse_config
+from ..core.errors import FieldError
+from ..core.keys import KeyProvider, StaticKeyProvider
+from ..core.uri import parse_absolute_uri
+from ..errors import ConfigError, KeyFileError, ProxyError
+from ..proxy.pipeline import BearerStore, sign_fields
+from ..proxy.pipeline import Signer as PipelineSigner
+from ..proxy.requester import RequesterInjector, injector_for
+from ..service.keys import key_provider_for
+from ..storage.keyfile import load_key_file
+from ..storage.keystore import RELOAD_CHECK_INTERVAL_S, KeyStore, StoreKeyProvider
+
+__all__ = [
+    "OWNED",
+    "PROFILES",
+    "NotSigned",
+    "Reloadable",
+    "SignedRequest",
+    "Signer",
+    "key_file",
+    "key_store",
+    "read_limited",
+    "read_limited_async",
+    "too_large",
+]
+
+# The fields the signer decides: whatever the request carried under these names is replaced.
+OWNED: Final = frozenset(
+    {"authorization", "content-digest", "signature-agent", "signature-input", "signature", "signature-key"}
+)
+# The signing profiles this signer knows; the one parameter point where another profile plugs in.
+PROFILES: Final = ("svc",)
+
+
+class NotSigned(ProxyError):
+    """The request was not sent: it cannot be signed (``status`` and ``reason`` as the proxy answers)."""
+
+
+@runtime_checkable
+class Reloadable(Protocol):
+    """A key source that re-reads its keys on demand (the key store); blocking, never on a loop."""
+
+    def reload(self, *, force: bool = False) -> bool: ...
+
+
+@dataclass(frozen=True, slots=True)
+class SignedRequest:
+    """What to send: ``fields`` (named in ``OWNED``) replace the request's own, ``body`` is its body."""
+
+    fields: tuple[tuple[str, str], ...]
+    body: bytes
+    keyid: str
+
+
+def key_file(path: str | Path) -> KeyProvider:
+    """One key from a PEM or private JWK file (owner-only), always valid: ``signing.key``."""
+    try:
+        return StaticKeyProvider(load_key_file(Path(path).expanduser()))
+    except KeyFileError as exc:
+        raise ConfigError(f"signing.key: {exc}") from None
+
+
+def key_store(data_dir: str | Path, agent: str = "default") -> StoreKeyProvider:
+    """The agent's key store under ``data_dir`` (as ``signing-proxy keys`` manages it), with rotation."""
+    return StoreKeyProvider(KeyStore(Path(data_dir).expanduser(), agent))
+
+
+def too_large(limit: int) -> NotSigned:
+    return NotSigned(
+        413,
+        "body-too-large",
+        f"the request body is larger than limits.max_body_bytes ({limit} bytes): it must be read whole "
+        "to be digested and signed, so it was not sent",
+    )
+
+
+def read_limited(chunks: Iterable[bytes], limit: int) -> bytes:
+    """A streamed body read whole, or ``NotSigned`` 413 as soon as it passes ``limit`` bytes."""
+    parts, size = [], 0
+    for chunk in chunks:
+        size += len(chunk)
+        if size > limit:
+            raise too_large(limit)
+        parts.append(bytes(chunk))
+    return b"".join(parts)
+
+
+async def read_limited_async(chunks: AsyncIterable[bytes], limit: int) -> bytes:
+    """``read_limited`` for an async stream."""
+    parts, size = [], 0
+    async for chunk in chunks:
+        size += len(chunk)
+        if size > limit:
+            raise too_large(limit)
+        parts.append(bytes(chunk))
+    return b"".join(parts)
+
+
+class Signer:
+    """Signs requests in-process exactly as the proxy would, from ``config`` with the keys of ``keys``.
+
+    ``config``: the proxy's configuration (``signing``, ``credentials``, ``requester``, ``hosts``,
+    ``limits``); its key settings are not read here, ``keys`` is the key source. ``profile``: the
+    signing profile (``svc``, the spec's). ``refresh_every_s``: how often a reloadable key source
+    (the key store) and the delegation file are looked at again (``refresh_if_due``).
+    """
+
+    def __init__(
+        self,
+        keys: KeyProvider,
+        config: Config | None = None,
+        *,
+        profile: str = "svc",
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+        refresh_every_s: float = RELOAD_CHECK_INTERVAL_S,
+        environ: dict[str, str] | None = None,
+    ) -> None:
+        config = parse_config({}) if config is None else config
+        if config.mode != "agent":
+            raise ConfigError("mode: the in-process signer signs as an agent (mode: agent)")
+        if profile not in PROFILES:
+            raise ConfigError(f"profile: {profile!r} is not a known signing profile ({', '.join(PROFILES)})")
+        self.config = config
+        self.keys = keys
+        self.profile = profile
+        self.max_body_bytes = config.limits.max_body_bytes
+        self.refresh_every_s = refresh_every_s
+        self._monotonic = monotonic
+        self._next_refresh = monotonic() + refresh_every_s
+        self._signer = PipelineSigner(
+            keys, label=config.signing.label, validity_s=config.signing.validity_s, clock=clock
+        )
+        self._bearers = BearerStore(config.credentials, environ)
+        self._requester: RequesterInjector | None = injector_for(config, keys, clock=clock)
+
+    @classmethod
+    def from_config(
+        cls,
+        source: str | Path | Mapping[str, Any] | Config,
+        *,
+        keys: KeyProvider | None = None,
+        **options: Any,
+    ) -> Signer:
+        """From the proxy's YAML file, a mapping shaped like it, or a ``Config``; the keys it names
+        (``signing.key``, else the key store of ``signing.agent`` under ``data_dir``) unless ``keys``."""
+        if isinstance(source, Config):
+            config = source
+        elif isinstance(source, Mapping):
+            config = parse_config(dict(source))
+        else:
+            config = load_config(Path(source).expanduser())
+        return cls(key_provider_for(config) if keys is None else keys, config, **options)
+
+    # --- keys and the delegation, re-read from disk (blocking) ---
+    def refresh_due(self) -> bool:
+        """True once every ``refresh_every_s`` (the caller then runs ``refresh``, off any event loop)."""
+        now = self._monotonic()
+        if now < self._next_refresh:
+            return False
+        self._next_refresh = now + self.refresh_every_s
+        return True
+
+    def refresh(self, *, force: bool = False) -> None:
+        """Re-read a reloadable key source (the key store) and the delegation file when they changed."""
+        if isinstance(self.keys, Reloadable):
+            self.keys.reload(force=force)
+        if self._requester is not None:
+            self._requester.reload()
+
+    def refresh_if_due(self) -> None:
+        if self.refresh_due():
+            self.refresh()
+
+    # --- signing ---
+    def sign(
+        self, method: str, url: str, lines: Sequence[tuple[str, str]], body: bytes
+    ) -> SignedRequest | None:
+        """Sign ``method url`` with the request's field ``lines`` and whole ``body``; None for a
+        ``hosts.unsigned`` host (send it as it is). Raises ``NotSigned`` instead of skipping."""
+        if len(body) > self.max_body_bytes:
+            raise too_large(self.max_body_bytes)
+        try:
+            target = parse_absolute_uri(url)
+        except FieldError as exc:
+            raise NotSigned(400, exc.reason, f"cannot sign a request to this URL: {exc.detail}") from None
+        try:
+            fields, body, keyid = sign_fields(
+                method.upper(),
+                target,
+                lines,
+                body,
+                config=self.config,
+                signer=self._signer,
+                bearers=self._bearers,
+                requester=self._requester,
+            )
+        except ProxyError as exc:
+            raise NotSigned(exc.status, exc.reason, exc.detail, exc.headers) from None
+        if keyid is None:
+            return None
+        owned = tuple((name, value) for name, value in fields if name.lower() in OWNED)
+        return SignedRequest(owned, body, keyid)
+
+    def declared_too_large(self, content_length: str | None) -> None:
+        """Refuse (``NotSigned`` 413) a body whose declared length is above the limit, before reading it."""
+        declared = (content_length or "").strip()
+        if declared.isdigit() and int(declared) > self.max_body_bytes:
+            raise too_large(self.max_body_bytes)
