@@ -95,8 +95,12 @@ def process(args: list[str], stderr: object = subprocess.DEVNULL) -> Iterator[su
 
 
 def cpu_seconds(pid: int) -> float:
+    """CPU time of ``pid`` and of its live children (the workers of ``run --workers N``)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    children = Path(f"/proc/{pid}/task/{pid}/children")
+    kids = children.read_text().split() if children.exists() else []
+    return own + sum(cpu_seconds(int(kid)) for kid in kids)
 
 
 def rss_kib(pid: int, field: str = "VmRSS") -> int:
@@ -292,7 +296,7 @@ def agent_signed_headers(key: Any, url: str) -> dict[str, str]:
 
 def relay_rows(  # noqa: PLR0917
     wrk: str,
-    start_proxy: Callable[[Path, int, str], subprocess.Popen[bytes]],
+    start_proxy: Callable[..., subprocess.Popen[bytes]],
     tmp: Path,
     key: Any,
     key_path: Path,
@@ -355,7 +359,12 @@ def main() -> int:
     )
     parser.add_argument("--duration", type=int, default=10, help="seconds per wrk run (default 10)")
     parser.add_argument("--quick", action="store_true", help="3 s runs, 64 connections only")
-    parser.add_argument("--workers", type=int, default=1, help="signing-proxy --workers (when supported)")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=2,
+        help="also a row with run --workers N, unpinned (default 2; 1: none)",
+    )
     parser.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     args = parser.parse_args()
     duration = 3 if args.quick else args.duration
@@ -401,11 +410,15 @@ def main() -> int:
             )
             wait_port(tls_port)  # its CA file exists before the proxy pins it
 
-            def start_proxy(config_path: Path, port: int, log_name: str) -> subprocess.Popen[bytes]:
+            def start_proxy(
+                config_path: Path, port: int, log_name: str, workers: int = 1
+            ) -> subprocess.Popen[bytes]:
                 # stderr (where the access log goes) to a real file: /dev/null would flatter it
                 log_file = stack.enter_context((tmp / log_name).open("wb"))
-                command = [*pin(1), PY, "-m", "signing_proxy", "run", "--config", str(config_path)]
+                cores_for = pin(1) if workers == 1 else []  # N workers: every core (shared with the load)
+                command = [*cores_for, PY, "-m", "signing_proxy", "run", "--config", str(config_path)]
                 command += ["--key", str(key_path), "--listen", f"127.0.0.1:{port}"]
+                command += ["--workers", str(workers)] if workers > 1 else []
                 return stack.enter_context(process(command, stderr=log_file))
 
             proxy = start_proxy(config, proxy_port, "tuned.log")
@@ -433,6 +446,17 @@ def main() -> int:
                     rows += load_rows(
                         wrk, name, naive.pid, port, origin_port, "POST", conn_counts, duration, tmp
                     )
+            if args.workers > 1:  # scaling: the default configuration with N workers
+                port = free_port()
+                scaled = start_proxy(default_config, port, "workers.log", args.workers)
+                wait_port(port)
+                time.sleep(0.5)  # every worker listening
+                name = f"workers={args.workers}"
+                rows += load_rows(
+                    wrk, name, scaled.pid, port, origin_port, "POST", conn_counts, duration, tmp
+                )
+                scaled.send_signal(signal.SIGTERM)
+                scaled.wait(10)
             results["relay"] = relay_rows(
                 wrk, start_proxy, tmp, key, key_path, pub_path, origin_port, conn_counts, duration, needed
             )
@@ -448,17 +472,20 @@ def main() -> int:
         f"origin+wrk on core 0, proxy on core 1; proxy stderr to a file\n"
         f"  {DEFAULT_ROW}: the default configuration (log.access_log: true, log.format: text, level info)\n"
         f"  {TUNED_ROW}: log.access_log: false, log.level: warning\n"
+        f"  {NAIVE_SIGN_ROW}, {NAIVE_PASS_ROW}: bench/naive.py (aiohttp on uvloop; signing by hand / none)\n"
+        f"  workers=N: the default configuration with run --workers N, unpinned (shares the cores with "
+        f"wrk and the origin; CPU summed over the workers)\n"
     )
     print(
-        f"{'config':7} {'method':6} {'conns':>5} | {'direct rps':>10} {'p50 ms':>7} {'p99 ms':>7} | "
+        f"{'config':10} {'method':6} {'conns':>5} | {'direct rps':>10} {'p50 ms':>7} {'p99 ms':>7} | "
         f"{'proxy rps':>9} {'p50 ms':>7} {'p99 ms':>7} {'cpu us/req':>10} | {'rps ratio':>9} {'+p50 ms':>8}"
     )
-    print("-" * 112)
+    print("-" * 115)
     table = []
     for name, method, conns, direct, via, cpu_us in rows:
         ratio, added = via[0] / direct[0], via[1] - direct[1]
         print(
-            f"{name:7} {method:6} {conns:>5} | {direct[0]:>10.0f} {direct[1]:>7.2f} {direct[2]:>7.2f} | "
+            f"{name:10} {method:6} {conns:>5} | {direct[0]:>10.0f} {direct[1]:>7.2f} {direct[2]:>7.2f} | "
             f"{via[0]:>9.0f} {via[1]:>7.2f} {via[2]:>7.2f} {cpu_us:>10.1f} | {ratio:>9.2f} {added:>8.2f}"
         )
         table.append(
