@@ -410,3 +410,20 @@ def proxy_env(monkeypatch: Any, proxy_url: str, *, https: bool = False) -> Itera
     for name in ("HTTP_PROXY", "http_proxy") + (("HTTPS_PROXY", "https_proxy") if https else ()):
         monkeypatch.setenv(name, proxy_url)
     yield
+
+
+def run_bench(script: str, tmp: Path, *args: str, timeout_s: float = 240) -> tuple[dict[str, Any], str]:
+    """``python bench/SCRIPT ARGS --json FILE``: asserts it exits 0; the figures it wrote, and its output."""
+    out = tmp / "figures.json"
+    root = Path(__file__).resolve().parents[1]
+    result = subprocess.run(
+        [sys.executable, str(root / "bench" / script), *args, "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+        cwd=root,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    figures: dict[str, Any] = json.loads(out.read_text())
+    return figures, result.stdout

@@ -6,30 +6,17 @@ targets are read from a full run, not from CI.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.integration
+from tests.harness import run_bench
 
-ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.integration
 
 
 def test_quick_hostile_run_completes_and_accepts_every_legitimate_request(tmp_path: Path) -> None:
-    out = tmp_path / "figures.json"
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "bench/hostile.py"), "--quick", "--count", "100", "--json", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-        cwd=ROOT,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    figures = json.loads(out.read_text())
+    figures, _ = run_bench("hostile.py", tmp_path, "--quick", "--count", "100")
     assert figures["relay_alive"]
     assert figures["legit_refused"] == 0, figures["legit"]
     for run in ("quiet", "attack", "after"):

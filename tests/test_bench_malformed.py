@@ -13,23 +13,15 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness import run_bench
+
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_quick_malformed_run_leaves_the_proxy_alive_without_tracebacks(tmp_path: Path) -> None:
-    out = tmp_path / "figures.json"
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "bench/malformed.py"), "--quick", "--json", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-        cwd=ROOT,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    figures = json.loads(out.read_text())
+    figures, _ = run_bench("malformed.py", tmp_path, "--quick", timeout_s=300)
     assert figures["alive"]
     assert figures["tracebacks"] == 0
     assert figures["rss_back"]
