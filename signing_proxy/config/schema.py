@@ -20,6 +20,7 @@ from ..errors import ConfigError
 from .build import build, to_plain
 from .checks import check_host_pattern, is_loopback, parse_host_port, positive
 from .identity import DelegationConfig, PublishConfig, RequesterConfig, SigningConfig
+from .profiles import ProfilesConfig
 
 __all__ = [
     "DISCOVERY_CACHE_MAX_S",
@@ -346,6 +347,7 @@ class Config:
     upstream: UpstreamConfig = field(default_factory=UpstreamConfig)
     credentials: tuple[CredentialRule, ...] = ()
     hosts: HostsConfig = field(default_factory=HostsConfig)
+    profiles: ProfilesConfig = field(default_factory=ProfilesConfig)  # signing profile per destination
     routes: tuple[Route, ...] = ()
     access: AccessConfig = field(default_factory=AccessConfig)
     intercept: InterceptConfig = field(default_factory=InterceptConfig)

@@ -128,6 +128,7 @@ class ProxyHandler:
         started = time.perf_counter()
         written_before = conn.written
         outcome, status, keyid, host, sent_out = "error", 0, None, "-", 0
+        profile: str | None = None
         try:
             if req.method == "CONNECT":  # refused (ProxyError) or the tunnel takes the transport over
                 host = req.url.decode("latin-1").rpartition("@")[2]  # userinfo is never logged
@@ -151,7 +152,7 @@ class ProxyHandler:
                 return policy.prepare(req.method, target, req.headers, body, framed=req.framed)
 
             outgoing = await build()
-            keyid = outgoing.keyid
+            keyid, profile = outgoing.keyid, outgoing.profile
             transactions = self.transactions
             tap = transactions.tap_for(req.method, target, keyid) if transactions is not None else None
             stream = await forward(
@@ -206,6 +207,7 @@ class ProxyHandler:
                     bytes_in=req.body_size,
                     bytes_out=sent_out,
                     keyid=keyid,
+                    profile=profile,
                     outcome=outcome,
                 )
 

@@ -23,7 +23,9 @@ from ..config import Config, CredentialRule, host_matches
 from ..core.digest import content_digest
 from ..core.errors import FieldError, SigningError
 from ..core.jwk import SigningKey
+from ..core.fields import Fields
 from ..core.keys import KeyProvider
+from ..core.profiles import SVC, SigningProfile, profile_components, profile_params, signature_agent_field
 from ..core.signature_key import SIGNATURE_KEY, SIGNATURE_KEY_COMPONENT, signature_key_member
 from ..core.signatures import (
     SPEC_COMPONENTS,
@@ -37,6 +39,7 @@ from ..core.uri import Target, parse_absolute_uri
 from ..errors import ConfigError, ProxyError
 from ..net.framing import Outgoing, drop_hop_by_hop, outgoing
 from ..storage.files import PrivateFileError, read_private
+from .profiles import ProfileSelector
 from .transactions import TransactionKeys
 
 if TYPE_CHECKING:
@@ -157,11 +160,15 @@ class Signer:
         keyid: str | None = None,
         present: bool = False,
         missing: Callable[[], ProxyError] | None = None,
+        extra_params: Sequence[tuple[str, str | int]] = (),
+        max_validity_s: int | None = None,
     ) -> str:
         """Sign and attach; return the keyid. Raises ProxyError (503/400) instead of ever skipping.
 
         ``keyid``: sign with that key of ours only, or raise ``missing()`` when it may not sign now.
         ``present``: add a ``Signature-Key`` member for the label and cover it (a retrieval fetch).
+        ``extra_params`` follow the spec's four (a profile's ``nonce``, ``tag``); ``max_validity_s``
+        caps ``signing.validity_s`` (a profile's longest validity).
         """
         now = self.clock()
         key = self._key(now, keyid, missing)
@@ -170,14 +177,16 @@ class Signer:
             message.fields.add(SIGNATURE_KEY, signature_key_member(label, key.public))
             components = (*components, SIGNATURE_KEY_COMPONENT)
         created = int(now)
+        validity = self.validity_s if max_validity_s is None else min(self.validity_s, max_validity_s)
         try:
             member = sign_message(
                 message,
                 key,
                 created=created,
-                expires=created + self.validity_s,
+                expires=created + validity,
                 label=label,
                 components=components,
+                extra_params=extra_params,
             )
         except SigningError as exc:
             if self.metrics is not None:
@@ -224,8 +233,12 @@ def prepare_request(
     bearers: BearerStore,
     requester: RequesterInjector | None = None,
     transactions: TransactionKeys | None = None,
+    profiles: ProfileSelector | None = None,
 ) -> Outgoing:
-    """Apply the signing pipeline (agent mode) and serialize the request for ``target``."""
+    """Apply the signing pipeline (agent mode) and serialize the request for ``target``.
+
+    ``profiles`` picks the destination's signing profile; without it (or for ``svc``) the spec's.
+    """
     fields = drop_hop_by_hop(lines)
     if any(host_matches(p, target.host) for p in config.hosts.unsigned):
         return outgoing(method, target, fields, body, framed=framed, keyid=None, via=next_hop_target(config))
@@ -237,6 +250,12 @@ def prepare_request(
     credential = bearers.for_target(target)
     if credential is not None and (credential[0].override or not authorization):
         authorization = f"Bearer {credential[1]}"
+    if profiles is not None:
+        profile = profiles.select(target.host)
+        if profile is not SVC:
+            return _prepare_profiled(
+                method, target, fields, body, authorization, profile, framed=framed, config=config, signer=signer
+            )
     delegated: str | None = None
     if requester is not None:  # before the digest: digest and signature cover the final body
         body = requester.apply(method, target, fields, body)
@@ -258,4 +277,49 @@ def prepare_request(
         )
     else:
         keyid = signer.sign(message)
-    return outgoing(method, target, fields, body, framed=framed, keyid=keyid, via=next_hop_target(config))
+    return outgoing(
+        method, target, fields, body, framed=framed, keyid=keyid, via=next_hop_target(config), profile=SVC.name
+    )
+
+
+def _prepare_profiled(
+    method: str,
+    target: Target,
+    fields: Fields,
+    body: bytes,
+    authorization: str,
+    profile: SigningProfile,
+    *,
+    framed: bool,
+    config: Config,
+    signer: Signer,
+    nonce: Callable[[int], bytes] = os.urandom,
+) -> Outgoing:
+    """A destination under another profile than the spec's (web-bot-auth): its components,
+    parameters and Signature-Agent form. No Requester or transaction key: those are the spec's."""
+    if profile.content_digest:
+        fields.add("Content-Digest", content_digest(body))
+    if profile.covers_authorization or authorization:
+        fields.add("Authorization", authorization)
+    label = signer.label
+    try:
+        value, agent = signature_agent_field(profile, label, config.signing.signature_agent)
+    except (SigningError, FieldError) as exc:  # config validation makes this unreachable in practice
+        raise ProxyError(500, exc.reason, "signing.signature_agent cannot be serialized") from None
+    if value is not None:
+        fields.add("Signature-Agent", value)
+    components = profile_components(profile, previous=None, agent=agent)
+    if profile.covers_authorization:
+        components = (*components, Component("authorization"))
+    if profile.content_digest:
+        components = (*components, Component("content-digest"))
+    params = profile_params(profile, nonce(profile.nonce_bytes) if profile.nonce_bytes else None)
+    keyid = signer.sign(
+        Message(method, target, fields),
+        components=components,
+        extra_params=params,
+        max_validity_s=profile.max_validity_s,
+    )
+    return outgoing(
+        method, target, fields, body, framed=framed, keyid=keyid, via=next_hop_target(config), profile=profile.name
+    )

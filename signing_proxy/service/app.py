@@ -33,6 +33,7 @@ from ..proxy.connect import ConnectHandler
 from ..proxy.discovery import Discovery
 from ..proxy.exchange import Policy, ProxyHandler, Routes
 from ..proxy.pipeline import BearerStore, Signer, next_hop_target, prepare_request
+from ..proxy.profiles import ProfileSelector
 from ..proxy.relay import RelayPipeline
 from ..proxy.requester import RELOAD_CHECK_INTERVAL_S, RequesterInjector, injector_for
 from ..proxy.transactions import TransactionKeys
@@ -88,9 +89,14 @@ class ProxyApp:
         # the live parts, rebuilt whole by ``reload``
         self.signer = self._signer(config)
         self.bearers = BearerStore(config.credentials)
+        self.profiles = ProfileSelector(config.profiles)  # signing profile per destination (and learned)
         # requester injection; ConfigError (exit 2) for a delegation bound to another key or expired
         self.requester: RequesterInjector | None = injector_for(config, keys, clock=clock)
-        self.relay = RelayPipeline(config, self.signer, spawn=self.spawn) if config.mode == "relay" else None
+        self.relay = (
+            RelayPipeline(config, self.signer, spawn=self.spawn, profiles=self.profiles)
+            if config.mode == "relay"
+            else None
+        )
         # one key per transaction: retrieval URLs bound by the ExecuteTransaction answers we forward
         self.transactions = TransactionKeys(keys, clock=clock) if config.mode == "agent" else None
         self.discovery = (  # 403 + X-Content-Rules; the agent's own proxy discovers, never a relay
@@ -200,6 +206,7 @@ class ProxyApp:
         policy = self._policy(config)
         self.config = config
         self.bearers, self.signer, self.requester = bearers, signer, requester
+        self.profiles.configure(config.profiles)
         self.handler.policy = policy
         self.engine.limits = _limits(config)
         self.client.timeouts = config.timeouts
@@ -233,6 +240,7 @@ class ProxyApp:
             bearers=self.bearers,
             requester=self.requester,
             transactions=self.transactions,
+            profiles=self.profiles,
         )
 
     async def signed_fetch(
