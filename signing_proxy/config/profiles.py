@@ -33,7 +33,9 @@ class ProfileRule:
         for i, pattern in enumerate(self.hosts):
             check_host_pattern(pattern, f"{path}.hosts[{i}]")
         if self.profile == "svc" and self.signature_agent != "dictionary":
-            raise ConfigError(f"{path}.signature_agent: only for profile web-bot-auth (svc has the spec's form)")
+            raise ConfigError(
+                f"{path}.signature_agent: only for profile web-bot-auth (svc has the spec's form)"
+            )
 
 
 @dataclass(frozen=True)

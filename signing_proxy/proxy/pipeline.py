@@ -23,7 +23,6 @@ from ..config import Config, CredentialRule, host_matches
 from ..core.digest import content_digest
 from ..core.errors import FieldError, SigningError
 from ..core.jwk import SigningKey
-from ..core.fields import Fields
 from ..core.keys import KeyProvider
 from ..core.profiles import SVC, SigningProfile, profile_components, profile_params, signature_agent_field
 from ..core.signature_key import SIGNATURE_KEY, SIGNATURE_KEY_COMPONENT, signature_key_member
@@ -254,7 +253,13 @@ def prepare_request(
         profile = profiles.select(target.host)
         if profile is not SVC:
             return _prepare_profiled(
-                method, target, fields, body, authorization, profile, framed=framed, config=config, signer=signer
+                Message(method, target, fields),
+                body,
+                authorization=authorization,
+                profile=profile,
+                framed=framed,
+                config=config,
+                signer=signer,
             )
     delegated: str | None = None
     if requester is not None:  # before the digest: digest and signature cover the final body
@@ -278,18 +283,23 @@ def prepare_request(
     else:
         keyid = signer.sign(message)
     return outgoing(
-        method, target, fields, body, framed=framed, keyid=keyid, via=next_hop_target(config), profile=SVC.name
+        method,
+        target,
+        fields,
+        body,
+        framed=framed,
+        keyid=keyid,
+        via=next_hop_target(config),
+        profile=SVC.name,
     )
 
 
 def _prepare_profiled(
-    method: str,
-    target: Target,
-    fields: Fields,
+    message: Message,
     body: bytes,
+    *,
     authorization: str,
     profile: SigningProfile,
-    *,
     framed: bool,
     config: Config,
     signer: Signer,
@@ -297,6 +307,7 @@ def _prepare_profiled(
 ) -> Outgoing:
     """A destination under another profile than the spec's (web-bot-auth): its components,
     parameters and Signature-Agent form. No Requester or transaction key: those are the spec's."""
+    method, target, fields = message.method, message.target, message.fields
     if profile.content_digest:
         fields.add("Content-Digest", content_digest(body))
     if profile.covers_authorization or authorization:
@@ -315,11 +326,18 @@ def _prepare_profiled(
         components = (*components, Component("content-digest"))
     params = profile_params(profile, nonce(profile.nonce_bytes) if profile.nonce_bytes else None)
     keyid = signer.sign(
-        Message(method, target, fields),
+        message,
         components=components,
         extra_params=params,
         max_validity_s=profile.max_validity_s,
     )
     return outgoing(
-        method, target, fields, body, framed=framed, keyid=keyid, via=next_hop_target(config), profile=profile.name
+        method,
+        target,
+        fields,
+        body,
+        framed=framed,
+        keyid=keyid,
+        via=next_hop_target(config),
+        profile=profile.name,
     )

@@ -19,7 +19,6 @@ from typing import Any
 from ..config import Config
 from ..core.errors import KeyFormatError, VerificationError
 from ..core.jwk import PublicKey, public_key_from_jwk
-from ..core.fields import Fields
 from ..core.profiles import (
     SVC,
     SigningProfile,
@@ -83,7 +82,9 @@ class RelayPipeline:
         profiles: ProfileSelector | None = None,
     ) -> None:
         self.config = config
-        self.profiles = profiles if profiles is not None else ProfileSelector(config.profiles)  # its restart-only sections (relay, upstream, egress, verify)
+        self.profiles = (
+            profiles if profiles is not None else ProfileSelector(config.profiles)
+        )  # its restart-only sections (relay, upstream, egress, verify)
         # the live parts, replaced together by a configuration reload (SIGHUP)
         self.signer = signer
         self.label = config.signing.label
@@ -159,7 +160,7 @@ class RelayPipeline:
                 Message(method, target, fields), label=label, components=hop_components(labels[-1])
             )
         else:
-            keyid = self._sign_profiled(method, target, fields, entries[-1], label, profile)
+            keyid = self._sign_profiled(Message(method, target, fields), entries[-1], label, profile)
         return outgoing(
             method,
             target,
@@ -173,15 +174,14 @@ class RelayPipeline:
 
     def _sign_profiled(
         self,
-        method: str,
-        target: Target,
-        fields: Fields,
+        message: Message,
         previous: SignatureEntry,
         label: str,
         profile: SigningProfile,
     ) -> str:
         """An outer web-bot-auth hop: our own Signature-Agent member (dictionary form, when the stack
         uses it or has none), the previous label's components, ``signature`` and ``signature-input``."""
+        fields = message.fields
         agent = None
         url = self.config.signing.signature_agent
         raw = fields.combined("signature-agent")
@@ -191,10 +191,12 @@ class RelayPipeline:
                 member, agent = signature_agent_field(profile, label, url)
                 assert member is not None
                 fields.set("Signature-Agent", member if raw is None else f"{raw}, {member}")
-        components = profile_components(profile, previous=previous.label, agent=agent, inner=previous.components)
+        components = profile_components(
+            profile, previous=previous.label, agent=agent, inner=previous.components
+        )
         params = profile_params(profile, os.urandom(profile.nonce_bytes) if profile.nonce_bytes else None)
         return self.signer.sign(
-            Message(method, target, fields),
+            message,
             label=label,
             components=components,
             extra_params=params,

@@ -4,6 +4,7 @@ shape, and one refusal per verification rule of each profile (and of mixing them
 from __future__ import annotations
 
 import base64
+import time
 from collections.abc import Callable
 
 import pytest
@@ -30,6 +31,7 @@ from signing_proxy.core.signatures import (
 )
 from signing_proxy.core.uri import parse_absolute_uri
 from tests.conftest import load_vector
+from tests.oracle import WEB_BOT_AUTH_REQUIRED, oracle_verify
 
 WBA = load_vector("web_bot_auth_drafts_ed25519.json")
 VECTOR_NOW = 1735689600 + 10
@@ -326,3 +328,28 @@ def test_signature_base_of_a_web_label_matches_the_drafts_serialization() -> Non
     vector_base = str(_vector("protocol-02-sigagent-dict")["signature_base"])
     params_value = vector_base.rsplit('"@signature-params": ', 1)[1]
     assert signature_base(message, components, params_value).decode() == vector_base
+
+
+# --- the independent verifier (http-message-signatures, PyPI) accepts both profiles -------------------
+
+
+@pytest.mark.parametrize("agent_url", ["https://agent.example", ""])
+def test_http_message_signatures_accepts_web_bot_auth_signatures(agent_url: str) -> None:
+    message = _signed(agent_url=agent_url, created=int(time.time()))
+    accepted = oracle_verify(
+        "GET",
+        URL,
+        list(message.fields),
+        b"",
+        {KEY.thumbprint: KEY.public.key},
+        require_components=WEB_BOT_AUTH_REQUIRED,
+    )
+    assert accepted == ["agent"]
+
+
+def test_http_message_signatures_accepts_svc_signatures() -> None:
+    digest = "sha-256=:47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU=:"
+    message = _signed(
+        profile=SVC, created=int(time.time()), fields=(("Authorization", ""), ("Content-Digest", digest))
+    )
+    assert oracle_verify("GET", URL, list(message.fields), b"", {KEY.thumbprint: KEY.public.key}) == ["agent"]
