@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from ..core.challenge import RetryPlan
 from ..core.errors import FieldError
 from ..core.uri import Target, parse_absolute_uri
 from ..errors import ProxyError
@@ -32,6 +33,7 @@ from ..net.upstream import UpstreamPool
 from ..net.websocket import switch
 from .access import AccessControl
 from .accesslog import AccessLog
+from .challenges import challenge_hold
 from .discovery import Discovery
 from .transactions import TransactionKeys
 
@@ -44,10 +46,20 @@ _CLOSING_STATUSES = frozenset({400, 403, 413, 431})  # the rest of the connectio
 
 
 class Prepare(Protocol):
-    """The mode's pipeline: the request as it goes on the wire, signed; ``ProxyError`` instead of unsigned."""
+    """The mode's pipeline: the request as it goes on the wire, signed; ``ProxyError`` instead of unsigned.
+
+    ``retry``: sign as an origin's ``Accept-Signature`` challenge asked (``proxy.challenges``).
+    """
 
     def __call__(
-        self, method: str, target: Target, lines: Sequence[tuple[str, str]], body: bytes, *, framed: bool
+        self,
+        method: str,
+        target: Target,
+        lines: Sequence[tuple[str, str]],
+        body: bytes,
+        *,
+        framed: bool,
+        retry: RetryPlan | None = None,
     ) -> Awaitable[Outgoing]: ...
 
 
@@ -102,8 +114,12 @@ class ProxyHandler:
         discovery: Discovery | None,
         draining: Callable[[], bool],
         transactions: TransactionKeys | None = None,
+        challenges: bool = False,
+        learn: Callable[[str], object] | None = None,
     ) -> None:
         self.policy = policy
+        self.challenges = challenges  # agent mode: retry once, signed as an Accept-Signature asks
+        self.learn = learn  # a host whose challenge asked for web-bot-auth (profiles.learn)
         self.pool = pool
         self.metrics = metrics
         self.local = local
@@ -155,15 +171,30 @@ class ProxyHandler:
             keyid, profile = outgoing.keyid, outgoing.profile
             transactions = self.transactions
             tap = transactions.tap_for(req.method, target, keyid) if transactions is not None else None
+            hold = self.discovery.holds if self.discovery is not None else None
+            challenge = challenge_hold(outgoing, hold, self.learn) if self.challenges else None
             stream = await forward(
                 conn,
                 self.pool,
                 outgoing,
                 build,
-                hold=self.discovery.holds if self.discovery is not None else None,
+                hold=challenge or hold,
                 on_latency=self._observe_latency,
                 tap=tap,
             )
+            if challenge is not None and challenge.plan is not None and stream.held is not None:
+                plan = challenge.plan  # one signed retry, as the challenge asked; its answer goes back
+
+                def rebuild() -> Awaitable[Outgoing]:
+                    return policy.prepare(
+                        req.method, target, req.headers, body, framed=req.framed, retry=plan
+                    )
+
+                outgoing = await rebuild()
+                keyid, profile = outgoing.keyid, outgoing.profile
+                stream = await forward(
+                    conn, self.pool, outgoing, rebuild, hold=hold, on_latency=self._observe_latency, tap=tap
+                )
             if stream.held is not None:
                 await self._answer_refusal(conn, stream)
             status, sent_out = stream.status, stream.bytes_out

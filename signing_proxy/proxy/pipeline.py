@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..config import Config, CredentialRule, host_matches
+from ..core.challenge import RetryPlan
 from ..core.digest import content_digest
 from ..core.errors import FieldError, SigningError
 from ..core.jwk import SigningKey
@@ -233,10 +234,12 @@ def prepare_request(
     requester: RequesterInjector | None = None,
     transactions: TransactionKeys | None = None,
     profiles: ProfileSelector | None = None,
+    retry: RetryPlan | None = None,
 ) -> Outgoing:
     """Apply the signing pipeline (agent mode) and serialize the request for ``target``.
 
     ``profiles`` picks the destination's signing profile; without it (or for ``svc``) the spec's.
+    ``retry``: sign as an origin's Accept-Signature challenge asked (its profile, components, nonce).
     """
     fields = drop_hop_by_hop(lines)
     if any(host_matches(p, target.host) for p in config.hosts.unsigned):
@@ -249,8 +252,12 @@ def prepare_request(
     credential = bearers.for_target(target)
     if credential is not None and (credential[0].override or not authorization):
         authorization = f"Bearer {credential[1]}"
-    if profiles is not None:
-        profile = profiles.select(target.host)
+    if profiles is not None or retry is not None:
+        if retry is not None:
+            profile = retry.profile
+        else:
+            assert profiles is not None
+            profile = profiles.select(target.host)
         if profile is not SVC:
             return _prepare_profiled(
                 Message(method, target, fields),
@@ -260,6 +267,7 @@ def prepare_request(
                 framed=framed,
                 config=config,
                 signer=signer,
+                retry=retry,
             )
     delegated: str | None = None
     if requester is not None:  # before the digest: digest and signature cover the final body
@@ -303,12 +311,14 @@ def _prepare_profiled(
     framed: bool,
     config: Config,
     signer: Signer,
+    retry: RetryPlan | None = None,
     nonce: Callable[[int], bytes] = os.urandom,
 ) -> Outgoing:
     """A destination under another profile than the spec's (web-bot-auth): its components,
     parameters and Signature-Agent form. No Requester or transaction key: those are the spec's."""
     method, target, fields = message.method, message.target, message.fields
-    if profile.content_digest:
+    digest = profile.content_digest or (retry is not None and retry.digest)
+    if digest:
         fields.add("Content-Digest", content_digest(body))
     if profile.covers_authorization or authorization:
         fields.add("Authorization", authorization)
@@ -322,9 +332,12 @@ def _prepare_profiled(
     components = profile_components(profile, previous=None, agent=agent)
     if profile.covers_authorization:
         components = (*components, Component("authorization"))
-    if profile.content_digest:
+    if digest:
         components = (*components, Component("content-digest"))
-    params = profile_params(profile, nonce(profile.nonce_bytes) if profile.nonce_bytes else None)
+    if retry is not None and retry.nonce is not None:  # the origin's nonce, sent back as given
+        params: tuple[tuple[str, str | int], ...] = (("nonce", retry.nonce), ("tag", profile.tag or ""))
+    else:
+        params = profile_params(profile, nonce(profile.nonce_bytes) if profile.nonce_bytes else None)
     keyid = signer.sign(
         message,
         components=components,

@@ -19,7 +19,9 @@ from typing import Any
 from aiohttp import web
 
 from ..config import Config, parse_host_port
+from ..core.challenge import RetryPlan
 from ..core.keys import KeyProvider
+from ..core.profiles import WEB_BOT_AUTH
 from ..core.uri import Target
 from ..metrics import Metrics
 from ..net.client import FetchedResponse, HttpClient
@@ -117,6 +119,8 @@ class ProxyApp:
             discovery=self.discovery,
             draining=lambda: self.draining,
             transactions=self.transactions,
+            challenges=config.mode == "agent",
+            learn=self._learn,
         )
         self.engine = Engine(self.handler, _limits(config), self.spawn)
         self.interception = ConnectHandler(  # loads or creates the CA; CAError if unusable
@@ -223,8 +227,19 @@ class ProxyApp:
         return task
 
     # --- the pipeline ---
+    def _learn(self, host: str) -> bool:
+        """An Accept-Signature challenge asked ``host`` for web-bot-auth (kept when profiles.learn)."""
+        return self.profiles.learn(host, WEB_BOT_AUTH)
+
     async def prepare(
-        self, method: str, target: Target, lines: Sequence[tuple[str, str]], body: bytes, *, framed: bool
+        self,
+        method: str,
+        target: Target,
+        lines: Sequence[tuple[str, str]],
+        body: bytes,
+        *,
+        framed: bool,
+        retry: RetryPlan | None = None,
     ) -> Outgoing:
         """Run the pipeline of this proxy's mode; raises ProxyError instead of forwarding unsigned."""
         if self.relay is not None:
@@ -241,6 +256,7 @@ class ProxyApp:
             requester=self.requester,
             transactions=self.transactions,
             profiles=self.profiles,
+            retry=retry,
         )
 
     async def signed_fetch(
