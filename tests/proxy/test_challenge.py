@@ -13,7 +13,7 @@ import requests
 from aiohttp import web
 
 from signing_proxy.core.jwk import SigningKey
-from tests.harness import WAIT_S, ProxyProcess, VerifyingOrigin
+from tests.harness import WAIT_S, ProxyProcess, VerifyingOrigin, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -41,7 +41,11 @@ def origin() -> Iterator[VerifyingOrigin]:
 
 
 def _proxy(tmp: Path, **profiles: Any) -> ProxyProcess:
-    config = {"signing": {"signature_agent": "https://agent.example"}, "profiles": profiles}
+    config = {
+        "log": {"format": "json"},
+        "signing": {"signature_agent": "https://agent.example"},
+        "profiles": profiles,
+    }
     return ProxyProcess(tmp, config, key=KEY)
 
 
@@ -56,6 +60,9 @@ def test_a_get_gets_exactly_one_retry_signed_as_the_challenge_asked(
 ) -> None:
     with _proxy(tmp_path) as proxy:
         resp = _send(proxy, "GET", origin.url("/page?x=1"))
+        wait_for(lambda: len(proxy.access_lines()) == 1, "the access-log line")
+        (line,) = proxy.access_lines()
+    assert line["profile"] == "web-bot-auth"  # the retry's, the one whose answer the agent got
     assert resp.status_code == 200
     first, retry = origin.arrivals  # exactly two
     assert first.verified
@@ -71,6 +78,10 @@ def test_a_get_gets_exactly_one_retry_signed_as_the_challenge_asked(
 def test_a_post_is_not_retried_and_the_challenge_goes_back(origin: VerifyingOrigin, tmp_path: Path) -> None:
     with _proxy(tmp_path) as proxy:
         resp = _send(proxy, "POST", origin.url("/submit"))
+        wait_for(lambda: len(proxy.access_lines()) == 1, "the access-log line")
+        (line,) = proxy.access_lines()
+    assert line["profile"] == "svc"
+    assert line["status"] == 401
     assert resp.status_code == 401
     assert resp.headers["Accept-Signature"] == CHALLENGE
     assert len(origin.arrivals) == 1
