@@ -201,6 +201,7 @@ def stack_summary(stack: VerifiedStack) -> dict[str, object]:
     """The verdict as JSON-ready data (labels, keyids, key sources, signature bases)."""
     return {
         "verified": True,
+        "profile": stack.profile,
         "hops": stack.hops,
         "signature_agent": stack.signature_agent,
         "directory": stack.directory,

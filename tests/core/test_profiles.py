@@ -353,3 +353,23 @@ def test_http_message_signatures_accepts_svc_signatures() -> None:
         profile=SVC, created=int(time.time()), fields=(("Authorization", ""), ("Content-Digest", digest))
     )
     assert oracle_verify("GET", URL, list(message.fields), b"", {KEY.thumbprint: KEY.public.key}) == ["agent"]
+
+
+def test_web_refuses_a_covered_signature_agent_that_is_absent() -> None:
+    message = _signed()
+    message.fields.remove("signature-agent")
+    assert _refusal(message) == "missing-covered-header"
+
+
+def test_web_refuses_a_component_covered_twice() -> None:
+    message = _signed(agent_url="")
+    raw = message.fields.combined("signature-input") or ""
+    message.fields.set("Signature-Input", raw.replace('("@authority")', '("@authority" "@authority")'))
+    assert _refusal(message) == "duplicate-component"
+
+
+def test_web_refuses_a_legacy_signature_agent_that_is_not_a_string() -> None:
+    message = _signed(agent_url="")
+    message.fields.add("Signature-Agent", "https://agent.example")  # a bare URL: not an sf-String
+    _resign(message, (Component("@authority"), Component("signature-agent")), WEB_PARAMS)
+    assert _refusal(message) == "malformed-signature-agent"
