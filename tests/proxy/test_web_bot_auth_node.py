@@ -9,6 +9,8 @@ HTTPS origin, with the Signature-Agent in the drafts' Dictionary form, in their 
 and without one. ``web-bot-auth`` 0.1.3 (the current release) builds the signature base of a
 ``"signature-agent";key=…`` component from the whole field, not the member (RFC 9421 2.1.2): the
 Dictionary form is checked with the 0.3 library, which does it right, the other two with both.
+The publication listener's signed directory is checked by the 0.3 library too
+(``tests/node/wba_directory.mjs``): every key's proof holds, a changed body or another authority fails.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import json
 import shutil
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +30,7 @@ import requests
 
 from signing_proxy.core.jwk import SigningKey
 from signing_proxy.storage.ca import CertificateAuthority
+from signing_proxy.storage.keystore import KeyStore
 from tests.harness import WAIT_S, ProxyProcess, proxy_env, wait_for
 
 pytestmark = [
@@ -174,3 +178,45 @@ def test_the_verifiers_can_refuse(tmp_path: Path, origins: Origins, monkeypatch:
         verdict = requests.get(plain.url("/svc"), timeout=WAIT_S).json()
     assert verdict["web_bot_auth"].startswith("refused")
     assert verdict["http_message_sig"].startswith("refused")
+
+
+# --- the signed directory, checked by Cloudflare's http-message-sig under the directory draft's rules ---
+
+
+def _directory_verdicts(url: str, authority: str, *extra: str) -> dict[str, str]:
+    done = subprocess.run(
+        ["node", "wba_directory.mjs", url, authority, *extra],
+        cwd=NODE_DIR,
+        capture_output=True,
+        text=True,
+        timeout=WAIT_S,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    verdicts: dict[str, str] = json.loads(done.stdout)
+    return verdicts
+
+
+def test_cloudflare_accepts_every_key_proof_of_the_published_directory(tmp_path: Path) -> None:
+    now = int(time.time())
+    store = KeyStore(tmp_path / "data")
+    store.create(now - 60, lifetime_s=86_400)
+    store.rotate(now, grace_s=3600, lifetime_s=86_400)  # a current and a next key, both published
+    thumbprints = {r.thumbprint for r in store.load(private=False).records}
+    config = {
+        "signing": {"key": None},
+        "publish": {"listen": "127.0.0.1:0", "domain": "dir.example", "public_url": "https://dir.example"},
+    }
+    with ProxyProcess(tmp_path, config) as proxy:
+        wait_for(lambda: proxy.publish_port != 0, "the publication listener")
+        url = f"http://127.0.0.1:{proxy.publish_port}/.well-known/http-message-signatures-directory"
+        good = _directory_verdicts(url, "dir.example")
+        tampered = _directory_verdicts(url, "dir.example", "--tamper")
+        foreign = _directory_verdicts(url, "127.0.0.1")
+    assert good.pop("content_type") == "application/http-message-signatures-directory+json"
+    assert good == dict.fromkeys(thumbprints, "ok")
+    tampered.pop("content_type")
+    assert set(tampered) == thumbprints
+    assert all(v.startswith("refused: content-digest") for v in tampered.values())
+    foreign.pop("content_type")
+    assert all(v.startswith("refused") for v in foreign.values())
