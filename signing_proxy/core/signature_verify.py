@@ -310,17 +310,21 @@ def check_stack(
     max_validity_s: int | None = DEFAULT_MAX_VALIDITY_S,
     max_hops: int | None = None,
     required: Sequence[Component] = SPEC_COMPONENTS,
+    allow_web: bool = True,
 ) -> CheckedStack:
     """Every rule that needs no key (parse, hop cap, components, parameters, window, lifetime,
     Signature-Agent syntax, Content-Digest, signature bases); raise VerificationError with the first
     refusal.
 
     ``body`` is the received content; pass None only when the caller checks Content-Digest itself.
+    ``allow_web``: accept web-bot-auth stacks (their own rules; ``required`` is the spec's profile's).
     """
     entries = parse_signature_stack(message.fields)
     if max_hops is not None and len(entries) > max_hops:
         raise VerificationError("too-many-hops", f"{len(entries)} signatures exceed the cap of {max_hops}")
     profile = entry_profile(entries[0].param("tag"), entries[0].label)
+    if profile is not SVC and not allow_web:
+        raise VerificationError("unsupported-tag", "only the spec's profile is accepted here", entries[0].label)
     for entry in entries[1:]:
         if entry_profile(entry.param("tag"), entry.label) is not profile:
             raise VerificationError(
@@ -398,6 +402,7 @@ def verify_stack(
     max_validity_s: int | None = DEFAULT_MAX_VALIDITY_S,
     max_hops: int | None = None,
     required: Sequence[Component] = SPEC_COMPONENTS,
+    allow_web: bool = True,
 ) -> VerifiedStack:
     """Verify every label of the stack per the spec (``check_stack`` then ``verify_checked``)."""
     checked = check_stack(
@@ -408,6 +413,7 @@ def verify_stack(
         max_validity_s=max_validity_s,
         max_hops=max_hops,
         required=required,
+        allow_web=allow_web,
     )
     return verify_checked(checked, lookup, now=now)
 
