@@ -113,6 +113,7 @@ class VerifyConfig:
     directory_cache_bytes: int = 16 * 1024 * 1024  # and at most this many bytes of them
     negative_cache_entries: int = 4096  # failed fetches remembered (with their reason only)
     keyid_refetch_s: int = 30  # an unknown keyid re-fetches its directory at most this often (rotation)
+    web_bot_auth: bool = True  # also accept the IETF web-bot-auth profile (false: the spec's only)
 
     def _check(self, path: str) -> None:
         for name in ("max_validity_s", "directory_cache_entries", "directory_cache_bytes"):

@@ -324,7 +324,9 @@ def check_stack(
         raise VerificationError("too-many-hops", f"{len(entries)} signatures exceed the cap of {max_hops}")
     profile = entry_profile(entries[0].param("tag"), entries[0].label)
     if profile is not SVC and not allow_web:
-        raise VerificationError("unsupported-tag", "only the spec's profile is accepted here", entries[0].label)
+        raise VerificationError(
+            "unsupported-tag", "only the spec's profile is accepted here", entries[0].label
+        )
     for entry in entries[1:]:
         if entry_profile(entry.param("tag"), entry.label) is not profile:
             raise VerificationError(

@@ -93,6 +93,7 @@ class RelayPipeline:
             # two keys name the tolerance (relay.skew_s, verify.skew_s): the stricter one applies
             skew_s=min(relay.skew_s, config.verify.skew_s),
             max_validity_s=config.verify.max_validity_s,
+            web_bot_auth=config.verify.web_bot_auth,
             broker_directories=relay.broker_directories,
             pinned_agent_keys=_pinned(relay.pinned_agent_keys, "relay.pinned_agent_keys"),
             pinned_broker_keys=_pinned(relay.pinned_broker_keys, "relay.pinned_broker_keys"),

@@ -55,6 +55,7 @@ class VerifierPolicy:
     broker_directories: tuple[str, ...] = ()  # directory bases where later labels' keys are looked up
     pinned_agent_keys: tuple[PublicKey, ...] = ()  # for agents that send an empty Signature-Agent
     pinned_broker_keys: tuple[PublicKey, ...] = ()  # brokers known by key, no directory fetch
+    web_bot_auth: bool = True  # also accept stacks signed under the web-bot-auth profile (their rules)
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +118,7 @@ class RequestVerifier:
             skew_s=policy.skew_s,
             max_validity_s=policy.max_validity_s,
             max_hops=policy.max_hops,
+            allow_web=policy.web_bot_auth,
         )
         agent = await self._agent_sources(checked.directory)
         brokers = await self._broker_sources() if len(checked.entries) > 1 else []

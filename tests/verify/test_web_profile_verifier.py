@@ -21,7 +21,13 @@ from signing_proxy.core.profiles import (
 )
 from signing_proxy.core.signatures import Component, Message, attach_signature, sign_message
 from signing_proxy.core.uri import parse_absolute_uri
-from signing_proxy.verify import DirectoryResolver, FetchResult, RequestVerifier, directory_url
+from signing_proxy.verify import (
+    DirectoryResolver,
+    FetchResult,
+    RequestVerifier,
+    VerifierPolicy,
+    directory_url,
+)
 from tests.verify.fakes import FakeFetch
 
 AGENT = SigningKey.generate()
@@ -98,5 +104,15 @@ async def test_a_mixed_stack_is_refused_before_any_fetch() -> None:
     with pytest.raises(VerificationError) as err:
         await verifier.verify("GET", URL, fields, b"")
     assert err.value.reason == "profile-mix"
+    assert fetch.calls == []
+    await verifier.close()
+
+
+async def test_a_verifier_may_accept_the_spec_profile_only() -> None:
+    fetch = FakeFetch()
+    verifier = RequestVerifier(DirectoryResolver(fetch), VerifierPolicy(web_bot_auth=False))
+    with pytest.raises(VerificationError) as err:
+        await verifier.verify("GET", URL, _request(), b"")
+    assert err.value.reason == "unsupported-tag"
     assert fetch.calls == []
     await verifier.close()
