@@ -3,10 +3,11 @@
 ``ProxyHandler`` is the ``net.server.Handler`` of the proxy port. Per request: access control, where
 the request goes (absolute-form target, a sidecar route, the port's own ``/healthz``, ``/readyz``,
 ``/metrics``, or CONNECT), the body up to the limit, the mode's pipeline (sign, or verify and stack a
-relay label), forward (``net.forward``), and discovery's answer to a held 403. An ExecuteTransaction
-call we signed is tapped on its way back (a bounded copy of the body) so that ``transactions`` learns
-the retrieval URLs it binds before the agent sees the answer end. Nothing the pipeline refuses is
-forwarded; every refusal is a problem+json response with a stable reason.
+relay label), forward (``net.forward``), discovery's answer to a held 403, and one signed retry of
+an idempotent request an origin challenged with ``Accept-Signature`` (``proxy.challenges``). An
+ExecuteTransaction call we signed is tapped on its way back (a bounded copy of the body) so that
+``transactions`` learns the retrieval URLs it binds before the agent sees the answer end. Nothing the
+pipeline refuses is forwarded; every refusal is a problem+json response with a stable reason.
 
 The handler is given what it uses, never the app: a :class:`Policy` (replaced whole on a
 configuration reload, so a request sees the old or the new, never a mix) and the stable parts.
