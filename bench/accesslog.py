@@ -46,6 +46,7 @@ async def cost_us(fmt: str | None, lines: int, path: Path) -> float:
                 bytes_in=1024,
                 bytes_out=2,
                 keyid="NzbLsXh8uDCcd-6MNwXF4W_7noWXFZAfHkxZsRGC9Xs",
+                profile="svc",
                 outcome="signed",
             )
         if i % YIELD_EVERY == 0:  # the loop waits for sockets (the GIL is free for the writer)

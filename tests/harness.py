@@ -39,7 +39,7 @@ from signing_proxy.core.keys import (
 )
 from signing_proxy.core.signatures import Message, VerificationKey, verify_stack
 from signing_proxy.core.uri import parse_absolute_uri
-from tests.oracle import oracle_verify
+from tests.oracle import SPEC_FIVE, WEB_BOT_AUTH_REQUIRED, oracle_verify
 
 WAIT_S = 15.0
 
@@ -183,7 +183,7 @@ class VerifyingOrigin:
     ) -> Arrival:
         trusted = self.keys if keys is None else keys
         message = Message(method, parse_absolute_uri(target_uri), Fields(lines))
-        verified, reason, labels, keyids = False, None, [], []
+        verified, reason, labels, keyids, profile = False, None, [], [], "svc"
         try:
             stack = verify_stack(
                 message,
@@ -191,10 +191,11 @@ class VerifyingOrigin:
                 lambda e, _i: VerificationKey(trusted[e.keyid]) if e.keyid in trusted else None,
                 now=self.now(),
             )
-            verified, labels, keyids = (
+            verified, labels, keyids, profile = (
                 True,
                 [s.label for s in stack.signatures],
                 [s.keyid for s in stack.signatures],
+                stack.profile,
             )
         except VerificationError as exc:
             reason = exc.reason
@@ -202,7 +203,13 @@ class VerifyingOrigin:
         if verified:
             try:
                 oracle_verify(
-                    method, target_uri, lines, body, {k: v.key for k, v in trusted.items()}, labels=labels
+                    method,
+                    target_uri,
+                    lines,
+                    body,
+                    {k: v.key for k, v in trusted.items()},
+                    labels=labels,
+                    require_components=SPEC_FIVE if profile == "svc" else WEB_BOT_AUTH_REQUIRED,
                 )
                 oracle = "ok"
             except Exception as exc:  # the oracle's own exception types

@@ -13,6 +13,7 @@ from http_message_signatures import HTTPMessageVerifier, MappingKeyResolver, alg
 from http_message_signatures.signatures import SignatureVerifyWarning
 
 SPEC_FIVE = ("@method", "@target-uri", "content-digest", "authorization", "signature-agent")
+WEB_BOT_AUTH_REQUIRED = ("@authority",)  # the web-bot-auth profile's one required component
 
 
 class _Headers:
@@ -48,6 +49,7 @@ def oracle_verify(
     *,
     labels: Iterable[str] = ("agent",),
     check_time: bool = True,
+    require_components: Iterable[str] = SPEC_FIVE,
 ) -> list[str]:
     """Verify each label with pyauth's verifier and return the labels it accepted (raises otherwise)."""
     request = OracleRequest(method, url, _Headers(lines))
@@ -67,7 +69,7 @@ def oracle_verify(
                 expect_label=label,
                 max_age=datetime.timedelta(hours=1) if check_time else None,
                 body=body,
-                require_components=SPEC_FIVE,
+                require_components=tuple(require_components),
             )
         accepted.extend(r.label for r in results)
     return accepted

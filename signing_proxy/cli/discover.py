@@ -5,7 +5,8 @@ running proxy would send it, with the same key, upstream trust and next hop). Wh
 edge refuses with 403 and ``X-Content-Rules``, it follows the header to the publisher's manifest
 with the proxy's discovery (same site rules, size bound, validation; ``discover_resources`` too
 when configured) and prints the manifest and its authorized exchanges as a table, or with ``--json``
-the members the proxy would put in its 403 problem body plus ``status`` and ``usable``.
+the members the proxy would put in its 403 problem body plus ``status``, ``usable`` and ``profile``
+(the signing profile the request went out under; the table's last line says it too).
 
 Exit status: 0 a usable exchange was found (a valid publisher manifest listing at least one
 authorized exchange); 1 none (URL not refused with ``X-Content-Rules``, URL or manifest unreachable,
@@ -20,7 +21,7 @@ import json
 import sys
 from typing import Any
 
-from ..config import Config
+from ..config import Config, host_matches
 from ..core.errors import FieldError
 from ..core.keys import KeyProvider
 from ..core.uri import parse_absolute_uri
@@ -71,6 +72,7 @@ async def _discover(config: Config, keys: KeyProvider, url: str, *, as_json: boo
         app = ProxyApp(config, keys)
     except ProxyError as exc:
         raise CliError(error_line(exc)) from None
+    profile = _profile(config, app, url)
     try:
         try:
             answer = await app.signed_fetch("GET", url, max_bytes=PAGE_MAX_BYTES, truncate=True)
@@ -78,7 +80,7 @@ async def _discover(config: Config, keys: KeyProvider, url: str, *, as_json: boo
             if exc.status in {400, 503}:  # the request itself (or our key) is unusable
                 raise CliError(f"{url}: {exc.reason}: {exc.detail}") from None
             error = {"reason": exc.reason, "detail": exc.detail}
-            _emit(as_json, {"uri": url, "usable": False, "error": error})
+            _emit(as_json, {"uri": url, "usable": False, "error": error, "profile": profile})
             if not as_json:
                 print(f"{url}: {exc.reason}: {exc.detail}", file=sys.stderr)
             return EXIT_NONE
@@ -87,19 +89,30 @@ async def _discover(config: Config, keys: KeyProvider, url: str, *, as_json: boo
             detail = f"answered {answer.status} without X-Content-Rules: nothing to discover"
             if answer.status == 403:
                 detail = "answered 403 without X-Content-Rules: no manifest is named"
-            _emit(as_json, {"uri": url, "status": answer.status, "usable": False, "detail": detail})
+            doc = {"uri": url, "status": answer.status, "usable": False, "detail": detail, "profile": profile}
+            _emit(as_json, doc)
             if not as_json:
                 print(f"{_safe(url)} {detail}")
+                print(f"signed as: {profile}")
             return EXIT_NONE
         discovery = Discovery(lambda: config.discovery, app.signed_fetch, requester=lambda: app.requester)
         finding = await discovery.find(rules, parse_absolute_uri(url))
     finally:
         await app.stop(drain_s=0)
     if as_json:
-        _emit(True, {"status": answer.status, "usable": finding.usable, **finding.doc})
+        _emit(True, {"status": answer.status, "usable": finding.usable, **finding.doc, "profile": profile})
     else:
         print(_table(url, rules, finding))
+        print(f"signed as: {profile}")
     return EXIT_USABLE if finding.usable else EXIT_NONE
+
+
+def _profile(config: Config, app: ProxyApp, url: str) -> str:
+    """The signing profile the fetch of ``url`` goes out under (``unsigned`` for ``hosts.unsigned``)."""
+    host = parse_absolute_uri(url).host
+    if any(host_matches(p, host) for p in config.hosts.unsigned):
+        return "unsigned"
+    return app.profiles.select(host).name
 
 
 def _emit(as_json: bool, doc: dict[str, object]) -> None:

@@ -21,17 +21,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Final, Protocol, runtime_checkable
+from typing import Any, Final, Protocol, cast, runtime_checkable
 
 from ..config import Config, load_config, parse_config
+from ..config.profiles import ProfileName
 from ..core.errors import FieldError
 from ..core.keys import KeyProvider, StaticKeyProvider
 from ..core.uri import parse_absolute_uri
 from ..errors import ConfigError, KeyFileError, ProxyError
 from ..proxy.pipeline import BearerStore, sign_fields
 from ..proxy.pipeline import Signer as PipelineSigner
+from ..proxy.profiles import ProfileSelector
 from ..proxy.requester import RequesterInjector, injector_for
 from ..service.keys import key_provider_for
 from ..storage.keyfile import load_key_file
@@ -55,8 +57,8 @@ __all__ = [
 OWNED: Final = frozenset(
     {"authorization", "content-digest", "signature-agent", "signature-input", "signature", "signature-key"}
 )
-# The signing profiles this signer knows; the one parameter point where another profile plugs in.
-PROFILES: Final = ("svc",)
+# The signing profiles this signer knows (``profile=`` forces one for every host).
+PROFILES: Final = ("svc", "web-bot-auth")
 
 
 class NotSigned(ProxyError):
@@ -127,8 +129,10 @@ class Signer:
     """Signs requests in-process exactly as the proxy would, from ``config`` with the keys of ``keys``.
 
     ``config``: the proxy's configuration (``signing``, ``credentials``, ``requester``, ``hosts``,
-    ``limits``); its key settings are not read here, ``keys`` is the key source. ``profile``: the
-    signing profile (``svc``, the spec's). ``refresh_every_s``: how often a reloadable key source
+    ``limits``, ``profiles``); its key settings are not read here, ``keys`` is the key source.
+    ``profile``: one signing profile for every host (``svc``, the spec's, or ``web-bot-auth``); None
+    (the default): per host, as the ``profiles`` section says. ``refresh_every_s``: how often a
+    reloadable key source
     (the key store) and the delegation file are looked at again (``refresh_if_due``).
     """
 
@@ -137,7 +141,7 @@ class Signer:
         keys: KeyProvider,
         config: Config | None = None,
         *,
-        profile: str = "svc",
+        profile: str | None = None,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         refresh_every_s: float = RELOAD_CHECK_INTERVAL_S,
@@ -146,11 +150,15 @@ class Signer:
         config = parse_config({}) if config is None else config
         if config.mode != "agent":
             raise ConfigError("mode: the in-process signer signs as an agent (mode: agent)")
-        if profile not in PROFILES:
+        if profile is not None and profile not in PROFILES:
             raise ConfigError(f"profile: {profile!r} is not a known signing profile ({', '.join(PROFILES)})")
         self.config = config
         self.keys = keys
         self.profile = profile
+        section = config.profiles
+        if profile is not None:  # one profile for every destination, whatever the rules say
+            section = replace(section, default=cast("ProfileName", profile), rules=(), learn=False)
+        self._profiles = ProfileSelector(section)
         self.max_body_bytes = config.limits.max_body_bytes
         self.refresh_every_s = refresh_every_s
         self._monotonic = monotonic
@@ -212,7 +220,7 @@ class Signer:
         except FieldError as exc:
             raise NotSigned(400, exc.reason, f"cannot sign a request to this URL: {exc.detail}") from None
         try:
-            fields, body, keyid = sign_fields(
+            signed = sign_fields(
                 method.upper(),
                 target,
                 lines,
@@ -221,13 +229,14 @@ class Signer:
                 signer=self._signer,
                 bearers=self._bearers,
                 requester=self._requester,
+                profiles=self._profiles,
             )
         except ProxyError as exc:
             raise NotSigned(exc.status, exc.reason, exc.detail, exc.headers) from None
-        if keyid is None:
+        if signed.keyid is None:
             return None
-        owned = tuple((name, value) for name, value in fields if name.lower() in OWNED)
-        return SignedRequest(owned, body, keyid)
+        owned = tuple((name, value) for name, value in signed.fields if name.lower() in OWNED)
+        return SignedRequest(owned, signed.body, signed.keyid)
 
     def declared_too_large(self, content_length: str | None) -> None:
         """Refuse (``NotSigned`` 413) a body whose declared length is above the limit, before reading it."""

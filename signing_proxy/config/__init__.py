@@ -25,6 +25,7 @@ from .loading import (
     parse_config,
     redacted,
 )
+from .profiles import ProfileRule, ProfilesConfig
 from .schema import (
     DISCOVERY_CACHE_MAX_S,
     AccessConfig,
@@ -64,6 +65,8 @@ __all__ = [
     "InterceptConfig",
     "LimitsConfig",
     "LogConfig",
+    "ProfileRule",
+    "ProfilesConfig",
     "PublishConfig",
     "RelayConfig",
     "RequesterConfig",

@@ -20,6 +20,7 @@ from ..errors import ConfigError
 from .build import build, to_plain
 from .checks import check_host_pattern, is_loopback, parse_host_port, positive
 from .identity import DelegationConfig, PublishConfig, RequesterConfig, SigningConfig
+from .profiles import ProfilesConfig
 
 __all__ = [
     "DISCOVERY_CACHE_MAX_S",
@@ -112,6 +113,7 @@ class VerifyConfig:
     directory_cache_bytes: int = 16 * 1024 * 1024  # and at most this many bytes of them
     negative_cache_entries: int = 4096  # failed fetches remembered (with their reason only)
     keyid_refetch_s: int = 30  # an unknown keyid re-fetches its directory at most this often (rotation)
+    web_bot_auth: bool = True  # also accept the IETF web-bot-auth profile (false: the spec's only)
 
     def _check(self, path: str) -> None:
         for name in ("max_validity_s", "directory_cache_entries", "directory_cache_bytes"):
@@ -346,6 +348,7 @@ class Config:
     upstream: UpstreamConfig = field(default_factory=UpstreamConfig)
     credentials: tuple[CredentialRule, ...] = ()
     hosts: HostsConfig = field(default_factory=HostsConfig)
+    profiles: ProfilesConfig = field(default_factory=ProfilesConfig)  # signing profile per destination
     routes: tuple[Route, ...] = ()
     access: AccessConfig = field(default_factory=AccessConfig)
     intercept: InterceptConfig = field(default_factory=InterceptConfig)

@@ -25,6 +25,7 @@ from .errors import FieldError, SigningError, VerificationError
 from .fields import Fields
 from .jwk import PublicKey
 from .keys import is_thumbprint
+from .profiles import SVC, WEB_MAX_VALIDITY_S, check_web_components, entry_profile, web_signature_agent
 from .sfv import parse_item, serialize_member
 from .signature_components import (
     ALG_ED25519,
@@ -189,6 +190,7 @@ class VerifiedStack:
     signatures: tuple[VerifiedSignature, ...]
     signature_agent: str  # the raw covered value, byte-for-byte
     directory: str | None  # the directory base it names (None when empty)
+    profile: str = SVC.name  # the profile every label was signed under ("svc" or "web-bot-auth")
 
     @property
     def hops(self) -> int:
@@ -230,16 +232,22 @@ def _check_components(entry: SignatureEntry, previous: str | None, required: Seq
 
 
 def _check_params(
-    entry: SignatureEntry, now: float, skew_s: int, max_validity_s: int | None
+    entry: SignatureEntry, now: float, skew_s: int, max_validity_s: int | None, *, web: bool = False
 ) -> tuple[str, int, int]:
     label = entry.label
     unknown = {name for name, _ in entry.params} - _KNOWN_PARAMS
     if unknown:
         raise VerificationError("unknown-signature-parameter", f"parameters {sorted(unknown)}", label)
+    if web:  # the drafts: alg optional, a nonce a String, expiry within 24 hours (unless uncapped)
+        nonce = entry.param("nonce")
+        if nonce is not None and not isinstance(nonce, str):
+            raise VerificationError("malformed-signature-input", "nonce must be a String", label)
+        if max_validity_s is not None:
+            max_validity_s = min(max_validity_s, WEB_MAX_VALIDITY_S)
     alg = entry.param("alg")
-    if alg is None:
+    if alg is None and not web:
         raise VerificationError("missing-alg", 'alg="ed25519" is required', label)
-    if alg != ALG_ED25519:
+    if alg is not None and alg != ALG_ED25519:
         raise VerificationError("unsupported-algorithm", f"alg {alg!r} is not ed25519", label)
     keyid = entry.keyid
     if not keyid:
@@ -290,6 +298,7 @@ class CheckedStack:
     entries: tuple[tuple[SignatureEntry, str, int, int, bytes], ...]  # keyid, created, expires, base
     signature_agent: str  # the raw covered value
     directory: str | None  # the directory base it names (None when empty)
+    profile: str = SVC.name
 
 
 def check_stack(
@@ -301,6 +310,7 @@ def check_stack(
     max_validity_s: int | None = DEFAULT_MAX_VALIDITY_S,
     max_hops: int | None = None,
     required: Sequence[Component] = SPEC_COMPONENTS,
+    allow_web: bool = True,
     entries: tuple[SignatureEntry, ...] | None = None,
 ) -> CheckedStack:
     """Every rule that needs no key (parse, hop cap, components, parameters, window, lifetime,
@@ -308,26 +318,52 @@ def check_stack(
     refusal.
 
     ``body`` is the received content; pass None only when the caller checks Content-Digest itself.
+    ``allow_web``: accept web-bot-auth stacks (their own rules; ``required`` is the spec's profile's).
     ``entries``: ``parse_signature_stack(message.fields)``, when the caller holds it already.
     """
     if entries is None:
         entries = parse_signature_stack(message.fields)
     if max_hops is not None and len(entries) > max_hops:
         raise VerificationError("too-many-hops", f"{len(entries)} signatures exceed the cap of {max_hops}")
+    profile = entry_profile(entries[0].param("tag"), entries[0].label)
+    if profile is not SVC and not allow_web:
+        raise VerificationError(
+            "unsupported-tag", "only the spec's profile is accepted here", entries[0].label
+        )
+    for entry in entries[1:]:
+        if entry_profile(entry.param("tag"), entry.label) is not profile:
+            raise VerificationError(
+                "profile-mix",
+                f"label {entry.label!r} is not signed under the first label's profile",
+                entry.label,
+            )
+    web = profile is not SVC
     checked = []
-    previous: str | None = None
+    previous: SignatureEntry | None = None
     for entry in entries:
-        _check_components(entry, previous, required)
-        checked.append((entry, *_check_params(entry, now, skew_s, max_validity_s)))
-        previous = entry.label
-    raw_agent = message.fields.combined("signature-agent")
-    if raw_agent is None:
-        raise VerificationError("missing-covered-header", "covered field 'signature-agent' is absent")
-    try:
-        directory = parse_signature_agent(raw_agent)
-    except FieldError as exc:
-        raise VerificationError(exc.reason, exc.detail) from exc
-    if body is not None:
+        if web:
+            before = None if previous is None else (previous.label, previous.components)
+            check_web_components(entry.label, entry.components, before)
+        else:
+            _check_components(entry, None if previous is None else previous.label, required)
+        checked.append((entry, *_check_params(entry, now, skew_s, max_validity_s, web=web)))
+        previous = entry
+    if web:
+        first = entries[0]
+        directory = web_signature_agent(message.fields, first.label, first.components)
+        raw_agent = message.fields.combined("signature-agent") or ""
+        digest_covered = any(Component("content-digest") in e.components for e in entries)
+    else:
+        raw_agent_field = message.fields.combined("signature-agent")
+        if raw_agent_field is None:
+            raise VerificationError("missing-covered-header", "covered field 'signature-agent' is absent")
+        raw_agent = raw_agent_field
+        try:
+            directory = parse_signature_agent(raw_agent)
+        except FieldError as exc:
+            raise VerificationError(exc.reason, exc.detail) from exc
+        digest_covered = True
+    if body is not None and digest_covered:
         verify_content_digest(message.fields.combined("content-digest"), body)
     with_bases = []
     for entry, keyid, created, expires in checked:
@@ -336,7 +372,7 @@ def check_stack(
         except SigningError as exc:
             raise VerificationError(exc.reason, exc.detail, entry.label) from exc
         with_bases.append((entry, keyid, created, expires, base))
-    return CheckedStack(message, tuple(with_bases), raw_agent, directory)
+    return CheckedStack(message, tuple(with_bases), raw_agent, directory, profile.name)
 
 
 def verify_checked(checked: CheckedStack, lookup: KeyLookup, *, now: float) -> VerifiedStack:
@@ -358,7 +394,7 @@ def verify_checked(checked: CheckedStack, lookup: KeyLookup, *, now: float) -> V
                 key_source=key.source,
             )
         )
-    return VerifiedStack(tuple(verified), checked.signature_agent, checked.directory)
+    return VerifiedStack(tuple(verified), checked.signature_agent, checked.directory, checked.profile)
 
 
 def verify_stack(
@@ -371,6 +407,7 @@ def verify_stack(
     max_validity_s: int | None = DEFAULT_MAX_VALIDITY_S,
     max_hops: int | None = None,
     required: Sequence[Component] = SPEC_COMPONENTS,
+    allow_web: bool = True,
 ) -> VerifiedStack:
     """Verify every label of the stack per the spec (``check_stack`` then ``verify_checked``)."""
     checked = check_stack(
@@ -381,6 +418,7 @@ def verify_stack(
         max_validity_s=max_validity_s,
         max_hops=max_hops,
         required=required,
+        allow_web=allow_web,
     )
     return verify_checked(checked, lookup, now=now)
 

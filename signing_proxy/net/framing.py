@@ -57,6 +57,7 @@ class Outgoing:
     body: bytes
     keyid: str | None  # None when forwarded unsigned by a host rule
     connect_to: Target  # where the bytes go: the target's origin, or the next-hop relay
+    profile: str | None = None  # the signing profile that signed it ("svc", "web-bot-auth"); None: unsigned
 
 
 def drop_hop_by_hop(lines: Sequence[tuple[str, str]]) -> Fields:
@@ -96,10 +97,11 @@ def outgoing(
     framed: bool,
     keyid: str | None,
     via: Target | None,
+    profile: str | None = None,
 ) -> Outgoing:
     """Serialize for the wire: origin-form to the target's origin, absolute-form to a next-hop relay."""
     head = serialize_head(method, target, fields, len(body), framed, absolute_form=via is not None)
-    return Outgoing(target, method, head, body, keyid, via or target)
+    return Outgoing(target, method, head, body, keyid, via or target, profile)
 
 
 def phrase(status: int) -> str:

@@ -48,6 +48,7 @@ class AccessLog:
         bytes_in: int,
         bytes_out: int,
         keyid: str | None,
+        profile: str | None,
         outcome: str,
     ) -> None:
         """One request: ``key=value`` pairs (None values left out), or a JSON object."""
@@ -61,10 +62,11 @@ class AccessLog:
         ):
             e = encode_basestring_ascii  # json.dumps's own string encoder; ints and floats as it writes them
             signer = "null" if keyid is None else e(keyid)
+            named = "null" if profile is None else e(profile)
             self._write(
                 f'{{"event":"request","client":{e(client)},"method":{e(method)},"host":{e(host)},'
                 f'"status":{status!r},"duration_ms":{duration_ms!r},"bytes_in":{bytes_in!r},'
-                f'"bytes_out":{bytes_out!r},"keyid":{signer},"outcome":{e(outcome)}}}\n'
+                f'"bytes_out":{bytes_out!r},"keyid":{signer},"profile":{named},"outcome":{e(outcome)}}}\n'
             )
             return
         if self.json or status is None or host is None:  # the uncommon shapes: the general writer
@@ -77,6 +79,7 @@ class AccessLog:
                 "bytes_in": bytes_in,
                 "bytes_out": bytes_out,
                 "keyid": keyid,
+                "profile": profile,
                 "outcome": outcome,
             }
             if self.json:
@@ -91,6 +94,8 @@ class AccessLog:
         if second != self._second:
             self._new_second(now, second)
         signer = "" if keyid is None else f" keyid={keyid}"
+        if profile is not None:
+            signer += f" profile={profile}"
         self._write(
             f"{self._stamp}{_MILLIS[int((now - second) * 1000)]}client={client} method={method} "
             f"host={host} status={status} duration_ms={duration_ms} bytes_in={bytes_in} "

@@ -3,10 +3,11 @@
 ``ProxyHandler`` is the ``net.server.Handler`` of the proxy port. Per request: access control, where
 the request goes (absolute-form target, a sidecar route, the port's own ``/healthz``, ``/readyz``,
 ``/metrics``, or CONNECT), the body up to the limit, the mode's pipeline (sign, or verify and stack a
-relay label), forward (``net.forward``), and discovery's answer to a held 403. An ExecuteTransaction
-call we signed is tapped on its way back (a bounded copy of the body) so that ``transactions`` learns
-the retrieval URLs it binds before the agent sees the answer end. Nothing the pipeline refuses is
-forwarded; every refusal is a problem+json response with a stable reason.
+relay label), forward (``net.forward``), discovery's answer to a held 403, and one signed retry of
+an idempotent request an origin challenged with ``Accept-Signature`` (``proxy.challenges``). An
+ExecuteTransaction call we signed is tapped on its way back (a bounded copy of the body) so that
+``transactions`` learns the retrieval URLs it binds before the agent sees the answer end. Nothing the
+pipeline refuses is forwarded; every refusal is a problem+json response with a stable reason.
 
 The handler is given what it uses, never the app: a :class:`Policy` (replaced whole on a
 configuration reload, so a request sees the old or the new, never a mix) and the stable parts.
@@ -20,6 +21,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from ..core.challenge import RetryPlan
 from ..core.errors import FieldError
 from ..core.uri import Target, parse_absolute_uri
 from ..errors import ProxyError
@@ -32,6 +34,7 @@ from ..net.upstream import UpstreamPool
 from ..net.websocket import switch
 from .access import AccessControl
 from .accesslog import AccessLog
+from .challenges import challenge_hold
 from .discovery import Discovery
 from .transactions import TransactionKeys
 
@@ -44,10 +47,20 @@ _CLOSING_STATUSES = frozenset({400, 403, 413, 431})  # the rest of the connectio
 
 
 class Prepare(Protocol):
-    """The mode's pipeline: the request as it goes on the wire, signed; ``ProxyError`` instead of unsigned."""
+    """The mode's pipeline: the request as it goes on the wire, signed; ``ProxyError`` instead of unsigned.
+
+    ``retry``: sign as an origin's ``Accept-Signature`` challenge asked (``proxy.challenges``).
+    """
 
     def __call__(
-        self, method: str, target: Target, lines: Sequence[tuple[str, str]], body: bytes, *, framed: bool
+        self,
+        method: str,
+        target: Target,
+        lines: Sequence[tuple[str, str]],
+        body: bytes,
+        *,
+        framed: bool,
+        retry: RetryPlan | None = None,
     ) -> Awaitable[Outgoing]: ...
 
 
@@ -102,8 +115,12 @@ class ProxyHandler:
         discovery: Discovery | None,
         draining: Callable[[], bool],
         transactions: TransactionKeys | None = None,
+        challenges: bool = False,
+        learn: Callable[[str], object] | None = None,
     ) -> None:
         self.policy = policy
+        self.challenges = challenges  # agent mode: retry once, signed as an Accept-Signature asks
+        self.learn = learn  # a host whose challenge asked for web-bot-auth (profiles.learn)
         self.pool = pool
         self.metrics = metrics
         self.local = local
@@ -128,6 +145,7 @@ class ProxyHandler:
         started = time.perf_counter()
         written_before = conn.written
         outcome, status, keyid, host, sent_out = "error", 0, None, "-", 0
+        profile: str | None = None
         try:
             if req.method == "CONNECT":  # refused (ProxyError) or the tunnel takes the transport over
                 host = req.url.decode("latin-1").rpartition("@")[2]  # userinfo is never logged
@@ -151,18 +169,33 @@ class ProxyHandler:
                 return policy.prepare(req.method, target, req.headers, body, framed=req.framed)
 
             outgoing = await build()
-            keyid = outgoing.keyid
+            keyid, profile = outgoing.keyid, outgoing.profile
             transactions = self.transactions
             tap = transactions.tap_for(req.method, target, keyid) if transactions is not None else None
+            hold = self.discovery.holds if self.discovery is not None else None
+            challenge = challenge_hold(outgoing, hold, self.learn) if self.challenges else None
             stream = await forward(
                 conn,
                 self.pool,
                 outgoing,
                 build,
-                hold=self.discovery.holds if self.discovery is not None else None,
+                hold=challenge or hold,
                 on_latency=self._observe_latency,
                 tap=tap,
             )
+            if challenge is not None and challenge.plan is not None and stream.held is not None:
+                plan = challenge.plan  # one signed retry, as the challenge asked; its answer goes back
+
+                def rebuild() -> Awaitable[Outgoing]:
+                    return policy.prepare(
+                        req.method, target, req.headers, body, framed=req.framed, retry=plan
+                    )
+
+                outgoing = await rebuild()
+                keyid, profile = outgoing.keyid, outgoing.profile
+                stream = await forward(
+                    conn, self.pool, outgoing, rebuild, hold=hold, on_latency=self._observe_latency, tap=tap
+                )
             if stream.held is not None:
                 await self._answer_refusal(conn, stream)
             status, sent_out = stream.status, stream.bytes_out
@@ -206,6 +239,7 @@ class ProxyHandler:
                     bytes_in=req.body_size,
                     bytes_out=sent_out,
                     keyid=keyid,
+                    profile=profile,
                     outcome=outcome,
                 )
 

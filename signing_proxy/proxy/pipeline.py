@@ -17,14 +17,16 @@ import time
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from ..config import Config, CredentialRule, host_matches
+from ..core.challenge import RetryPlan
 from ..core.digest import content_digest
 from ..core.errors import FieldError, SigningError
 from ..core.fields import Fields
 from ..core.jwk import SigningKey
 from ..core.keys import KeyProvider
+from ..core.profiles import SVC, SigningProfile, profile_components, profile_params, signature_agent_field
 from ..core.signature_key import SIGNATURE_KEY, SIGNATURE_KEY_COMPONENT, signature_key_member
 from ..core.signatures import (
     SPEC_COMPONENTS,
@@ -38,13 +40,14 @@ from ..core.uri import Target, parse_absolute_uri
 from ..errors import ConfigError, ProxyError
 from ..net.framing import Outgoing, drop_hop_by_hop, outgoing
 from ..storage.files import PrivateFileError, read_private
+from .profiles import ProfileSelector
 from .transactions import TransactionKeys
 
 if TYPE_CHECKING:
     from ..metrics import Metrics
     from .requester import RequesterInjector
 
-__all__ = ["BearerStore", "Signer", "next_hop_target", "prepare_request", "sign_fields"]
+__all__ = ["BearerStore", "SignedFields", "Signer", "next_hop_target", "prepare_request", "sign_fields"]
 
 log = logging.getLogger(__name__)
 
@@ -158,11 +161,15 @@ class Signer:
         keyid: str | None = None,
         present: bool = False,
         missing: Callable[[], ProxyError] | None = None,
+        extra_params: Sequence[tuple[str, str | int]] = (),
+        max_validity_s: int | None = None,
     ) -> str:
         """Sign and attach; return the keyid. Raises ProxyError (503/400) instead of ever skipping.
 
         ``keyid``: sign with that key of ours only, or raise ``missing()`` when it may not sign now.
         ``present``: add a ``Signature-Key`` member for the label and cover it (a retrieval fetch).
+        ``extra_params`` follow the spec's four (a profile's ``nonce``, ``tag``); ``max_validity_s``
+        caps ``signing.validity_s`` (a profile's longest validity).
         """
         now = self.clock()
         key = self._key(now, keyid, missing)
@@ -171,14 +178,16 @@ class Signer:
             message.fields.add(SIGNATURE_KEY, signature_key_member(label, key.public))
             components = (*components, SIGNATURE_KEY_COMPONENT)
         created = int(now)
+        validity = self.validity_s if max_validity_s is None else min(self.validity_s, max_validity_s)
         try:
             member = sign_message(
                 message,
                 key,
                 created=created,
-                expires=created + self.validity_s,
+                expires=created + validity,
                 label=label,
                 components=components,
+                extra_params=extra_params,
             )
         except SigningError as exc:
             if self.metrics is not None:
@@ -225,9 +234,15 @@ def prepare_request(
     bearers: BearerStore,
     requester: RequesterInjector | None = None,
     transactions: TransactionKeys | None = None,
+    profiles: ProfileSelector | None = None,
+    retry: RetryPlan | None = None,
 ) -> Outgoing:
-    """Apply the signing pipeline (agent mode) and serialize the request for ``target``."""
-    fields, body, keyid = sign_fields(
+    """Apply the signing pipeline (agent mode) and serialize the request for ``target``.
+
+    ``profiles`` picks the destination's signing profile; without it (or for ``svc``) the spec's.
+    ``retry``: sign as an origin's Accept-Signature challenge asked (its profile, components, nonce).
+    """
+    signed = sign_fields(
         method,
         target,
         lines,
@@ -237,8 +252,29 @@ def prepare_request(
         bearers=bearers,
         requester=requester,
         transactions=transactions,
+        profiles=profiles,
+        retry=retry,
     )
-    return outgoing(method, target, fields, body, framed=framed, keyid=keyid, via=next_hop_target(config))
+    return outgoing(
+        method,
+        target,
+        signed.fields,
+        signed.body,
+        framed=framed,
+        keyid=signed.keyid,
+        via=next_hop_target(config),
+        profile=signed.profile,
+    )
+
+
+class SignedFields(NamedTuple):
+    """What the pipeline made of a request: the fields and body to send, the keyid that signed them
+    and the profile it signed under (both None: a ``hosts.unsigned`` host, fields minus hop-by-hop)."""
+
+    fields: Fields
+    body: bytes
+    keyid: str | None
+    profile: str | None
 
 
 def sign_fields(
@@ -252,13 +288,14 @@ def sign_fields(
     bearers: BearerStore,
     requester: RequesterInjector | None = None,
     transactions: TransactionKeys | None = None,
-) -> tuple[Fields, bytes, str | None]:
-    """The pipeline without the wire: the fields and body to send, and the keyid that signed them
-    (None: a ``hosts.unsigned`` host, fields passed minus hop-by-hop). The in-process adapters
-    (``signing_proxy.client``) sign through this too, so both produce the same bytes."""
+    profiles: ProfileSelector | None = None,
+    retry: RetryPlan | None = None,
+) -> SignedFields:
+    """The pipeline without the wire. The in-process adapters (``signing_proxy.client``) sign
+    through this too, so both produce the same bytes."""
     fields = drop_hop_by_hop(lines)
     if any(host_matches(p, target.host) for p in config.hosts.unsigned):
-        return fields, body, None
+        return SignedFields(fields, body, None, None)
     agent_auth = fields.get_all("authorization")
     if len(agent_auth) > 1:
         raise ProxyError(400, "duplicate-authorization", "the request has more than one Authorization line")
@@ -267,6 +304,22 @@ def sign_fields(
     credential = bearers.for_target(target)
     if credential is not None and (credential[0].override or not authorization):
         authorization = f"Bearer {credential[1]}"
+    if profiles is not None or retry is not None:
+        if retry is not None:
+            profile = retry.profile
+        else:
+            assert profiles is not None
+            profile = profiles.select(target.host)
+        if profile is not SVC:
+            return _sign_profiled(
+                Message(method, target, fields),
+                body,
+                authorization=authorization,
+                profile=profile,
+                config=config,
+                signer=signer,
+                retry=retry,
+            )
     delegated: str | None = None
     if requester is not None:  # before the digest: digest and signature cover the final body
         body = requester.apply(method, target, fields, body)
@@ -288,4 +341,48 @@ def sign_fields(
         )
     else:
         keyid = signer.sign(message)
-    return fields, body, keyid
+    return SignedFields(fields, body, keyid, SVC.name)
+
+
+def _sign_profiled(
+    message: Message,
+    body: bytes,
+    *,
+    authorization: str,
+    profile: SigningProfile,
+    config: Config,
+    signer: Signer,
+    retry: RetryPlan | None = None,
+    nonce: Callable[[int], bytes] = os.urandom,
+) -> SignedFields:
+    """A destination under another profile than the spec's (web-bot-auth): its components,
+    parameters and Signature-Agent form. No Requester or transaction key: those are the spec's."""
+    fields = message.fields
+    digest = profile.content_digest or (retry is not None and retry.digest)
+    if digest:
+        fields.add("Content-Digest", content_digest(body))
+    if profile.covers_authorization or authorization:
+        fields.add("Authorization", authorization)
+    label = signer.label
+    try:
+        value, agent = signature_agent_field(profile, label, config.signing.signature_agent)
+    except (SigningError, FieldError) as exc:  # config validation makes this unreachable in practice
+        raise ProxyError(500, exc.reason, "signing.signature_agent cannot be serialized") from None
+    if value is not None:
+        fields.add("Signature-Agent", value)
+    components = profile_components(profile, previous=None, agent=agent)
+    if profile.covers_authorization:
+        components = (*components, Component("authorization"))
+    if digest:
+        components = (*components, Component("content-digest"))
+    if retry is not None and retry.nonce is not None:  # the origin's nonce, sent back as given
+        params: tuple[tuple[str, str | int], ...] = (("nonce", retry.nonce), ("tag", profile.tag or ""))
+    else:
+        params = profile_params(profile, nonce(profile.nonce_bytes) if profile.nonce_bytes else None)
+    keyid = signer.sign(
+        message,
+        components=components,
+        extra_params=params,
+        max_validity_s=profile.max_validity_s,
+    )
+    return SignedFields(fields, body, keyid, profile.name)

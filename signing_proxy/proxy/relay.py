@@ -11,6 +11,7 @@ exceed the hop cap (counted as signatures, ours included).
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,15 @@ from typing import Any
 from ..config import Config
 from ..core.errors import KeyFormatError, VerificationError
 from ..core.jwk import PublicKey, public_key_from_jwk
-from ..core.signatures import Message, hop_components, parse_signature_stack
+from ..core.profiles import (
+    SVC,
+    SigningProfile,
+    entry_profile,
+    profile_components,
+    profile_params,
+    signature_agent_field,
+)
+from ..core.signatures import Message, SignatureEntry, hop_components, parse_signature_stack
 from ..core.uri import Target
 from ..errors import ConfigError, ProxyError
 from ..net.client import HttpClient
@@ -28,6 +37,7 @@ from ..verify.build import build_verifier
 from ..verify.revocation import RevocationPoller
 from ..verify.verifier import RequestVerifier, VerifierPolicy
 from .pipeline import Signer, next_hop_target
+from .profiles import ProfileSelector
 
 __all__ = ["RelayPipeline", "load_public_key_file", "unique_label"]
 
@@ -69,8 +79,12 @@ class RelayPipeline:
         signer: Signer,
         *,
         spawn: Callable[[Coroutine[Any, Any, None]], object] | None = None,
+        profiles: ProfileSelector | None = None,
     ) -> None:
-        self.config = config  # its restart-only sections (relay, upstream, egress, verify)
+        self.config = config
+        self.profiles = (
+            profiles if profiles is not None else ProfileSelector(config.profiles)
+        )  # its restart-only sections (relay, upstream, egress, verify)
         # the live parts, replaced together by a configuration reload (SIGHUP)
         self.signer = signer
         self.label = config.signing.label
@@ -79,6 +93,7 @@ class RelayPipeline:
             # two keys name the tolerance (relay.skew_s, verify.skew_s): the stricter one applies
             skew_s=min(relay.skew_s, config.verify.skew_s),
             max_validity_s=config.verify.max_validity_s,
+            web_bot_auth=config.verify.web_bot_auth,
             broker_directories=relay.broker_directories,
             pinned_agent_keys=_pinned(relay.pinned_agent_keys, "relay.pinned_agent_keys"),
             pinned_broker_keys=_pinned(relay.pinned_broker_keys, "relay.pinned_broker_keys"),
@@ -130,11 +145,63 @@ class RelayPipeline:
                 ) from None
         labels = [e.label for e in entries]
         label = unique_label(self.label, labels)
-        keyid = self.signer.sign(
-            Message(method, target, fields), label=label, components=hop_components(labels[-1])
-        )
+        profile = self.profiles.select(target.host)
+        try:
+            incoming = entry_profile(entries[0].param("tag"), entries[0].label)
+        except VerificationError as exc:
+            raise ProxyError(401, exc.reason, f"incoming signature refused: {exc.detail}") from None
+        if incoming.name != profile.name:  # a stack of one profile, or none: never a mix
+            raise ProxyError(
+                403,
+                "profile-mix",
+                f"the stack is signed under {incoming.name}; this destination is signed under {profile.name}",
+            )
+        if profile is SVC:
+            keyid = self.signer.sign(
+                Message(method, target, fields), label=label, components=hop_components(labels[-1])
+            )
+        else:
+            keyid = self._sign_profiled(Message(method, target, fields), entries[-1], label, profile)
         return outgoing(
-            method, target, fields, body, framed=framed, keyid=keyid, via=next_hop_target(self.config)
+            method,
+            target,
+            fields,
+            body,
+            framed=framed,
+            keyid=keyid,
+            via=next_hop_target(self.config),
+            profile=profile.name,
+        )
+
+    def _sign_profiled(
+        self,
+        message: Message,
+        previous: SignatureEntry,
+        label: str,
+        profile: SigningProfile,
+    ) -> str:
+        """An outer web-bot-auth hop: our own Signature-Agent member (dictionary form, when the stack
+        uses it or has none), the previous label's components, ``signature`` and ``signature-input``."""
+        fields = message.fields
+        agent = None
+        url = self.config.signing.signature_agent
+        raw = fields.combined("signature-agent")
+        if url and profile.signature_agent == "dictionary":
+            keyed = raw is None or any(c.name == "signature-agent" and c.key for c in previous.components)
+            if keyed:
+                member, agent = signature_agent_field(profile, label, url)
+                assert member is not None
+                fields.set("Signature-Agent", member if raw is None else f"{raw}, {member}")
+        components = profile_components(
+            profile, previous=previous.label, agent=agent, inner=previous.components
+        )
+        params = profile_params(profile, os.urandom(profile.nonce_bytes) if profile.nonce_bytes else None)
+        return self.signer.sign(
+            message,
+            label=label,
+            components=components,
+            extra_params=params,
+            max_validity_s=profile.max_validity_s,
         )
 
     async def close(self) -> None:

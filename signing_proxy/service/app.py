@@ -19,7 +19,9 @@ from typing import Any
 from aiohttp import web
 
 from ..config import Config, parse_host_port
+from ..core.challenge import RetryPlan
 from ..core.keys import KeyProvider
+from ..core.profiles import WEB_BOT_AUTH
 from ..core.uri import Target
 from ..metrics import Metrics
 from ..net.client import FetchedResponse, HttpClient
@@ -33,6 +35,7 @@ from ..proxy.connect import ConnectHandler
 from ..proxy.discovery import Discovery
 from ..proxy.exchange import Policy, ProxyHandler, Routes
 from ..proxy.pipeline import BearerStore, Signer, next_hop_target, prepare_request
+from ..proxy.profiles import ProfileSelector
 from ..proxy.relay import RelayPipeline
 from ..proxy.requester import RELOAD_CHECK_INTERVAL_S, RequesterInjector, injector_for
 from ..proxy.transactions import TransactionKeys
@@ -88,9 +91,14 @@ class ProxyApp:
         # the live parts, rebuilt whole by ``reload``
         self.signer = self._signer(config)
         self.bearers = BearerStore(config.credentials)
+        self.profiles = ProfileSelector(config.profiles)  # signing profile per destination (and learned)
         # requester injection; ConfigError (exit 2) for a delegation bound to another key or expired
         self.requester: RequesterInjector | None = injector_for(config, keys, clock=clock)
-        self.relay = RelayPipeline(config, self.signer, spawn=self.spawn) if config.mode == "relay" else None
+        self.relay = (
+            RelayPipeline(config, self.signer, spawn=self.spawn, profiles=self.profiles)
+            if config.mode == "relay"
+            else None
+        )
         # one key per transaction: retrieval URLs bound by the ExecuteTransaction answers we forward
         self.transactions = TransactionKeys(keys, clock=clock) if config.mode == "agent" else None
         self.discovery = (  # 403 + X-Content-Rules; the agent's own proxy discovers, never a relay
@@ -111,6 +119,8 @@ class ProxyApp:
             discovery=self.discovery,
             draining=lambda: self.draining,
             transactions=self.transactions,
+            challenges=config.mode == "agent",
+            learn=self._learn,
         )
         self.engine = Engine(self.handler, _limits(config), self.spawn)
         self.interception = ConnectHandler(  # loads or creates the CA; CAError if unusable
@@ -200,6 +210,7 @@ class ProxyApp:
         policy = self._policy(config)
         self.config = config
         self.bearers, self.signer, self.requester = bearers, signer, requester
+        self.profiles.configure(config.profiles)
         self.handler.policy = policy
         self.engine.limits = _limits(config)
         self.client.timeouts = config.timeouts
@@ -216,8 +227,19 @@ class ProxyApp:
         return task
 
     # --- the pipeline ---
+    def _learn(self, host: str) -> bool:
+        """An Accept-Signature challenge asked ``host`` for web-bot-auth (kept when profiles.learn)."""
+        return self.profiles.learn(host, WEB_BOT_AUTH)
+
     async def prepare(
-        self, method: str, target: Target, lines: Sequence[tuple[str, str]], body: bytes, *, framed: bool
+        self,
+        method: str,
+        target: Target,
+        lines: Sequence[tuple[str, str]],
+        body: bytes,
+        *,
+        framed: bool,
+        retry: RetryPlan | None = None,
     ) -> Outgoing:
         """Run the pipeline of this proxy's mode; raises ProxyError instead of forwarding unsigned."""
         if self.relay is not None:
@@ -233,6 +255,8 @@ class ProxyApp:
             bearers=self.bearers,
             requester=self.requester,
             transactions=self.transactions,
+            profiles=self.profiles,
+            retry=retry,
         )
 
     async def signed_fetch(

@@ -20,6 +20,7 @@ from typing import Final
 from aiohttp import web
 
 from ..config import Config, parse_host_port
+from ..core.directory_proof import WEB_DIRECTORY_MEDIA_TYPE, sign_directory_response
 from ..core.errors import KeyFormatError
 from ..core.keys import (
     DIRECTORY_MEDIA_TYPE,
@@ -30,6 +31,7 @@ from ..core.keys import (
     render_revocation_list,
 )
 from ..core.manifest import MANIFEST_PATH, render_agent_manifest
+from ..core.uri import parse_absolute_uri
 from ..errors import problem_body
 from ..storage.keystore import StoreState, StoreWatcher
 
@@ -38,6 +40,7 @@ __all__ = [
     "MANIFEST_MEDIA_TYPE",
     "Publication",
     "PublishServer",
+    "prefers_web_directory",
     "publications",
     "render_publication",
 ]
@@ -120,6 +123,8 @@ class PublishServer:
         self.config = config
         self.clock = clock
         self.max_age_s = config.publish.directory_max_age_s
+        public_url = config.publish.public_url or f"https://{config.publish.domain}"
+        self.authority = parse_absolute_uri(public_url.rstrip("/") + "/").authority  # what proofs bind
         self._routes: dict[str, tuple[str, Publication, StoreWatcher]] = {}
         for publication in publications(config):
             watcher = watchers[publication.agent]
@@ -149,14 +154,26 @@ class PublishServer:
         if kind == "revocations":
             body = render_revocation_list(state.revocations)
             return _document(body, REVOCATION_LIST_MEDIA_TYPE, REVOCATION_CACHE_CONTROL)
+        directory = state.directory(now, publication.revocation_url)
         try:
-            body = render_directory(state.directory(now, publication.revocation_url), now=now)
+            body = render_directory(directory, now=now)
         except KeyFormatError as exc:
             log.warning("not serving the directory of agent %s: %s", publication.agent, exc.detail)
             return _problem(
                 503, "no-valid-key", "no key of this agent is valid now; see `signing-proxy keys list`"
             )
-        return _document(body, DIRECTORY_MEDIA_TYPE, f"max-age={self.max_age_s}")
+        cache = f"max-age={self.max_age_s}"
+        if not prefers_web_directory(request.headers.get("Accept")):
+            return _document(body, DIRECTORY_MEDIA_TYPE, cache, Vary="Accept")
+        # the drafts' signed directory: one possession proof per published key whose private key we
+        # hold, bound to our public authority (never the Host asked: a proof for any name would bind
+        # our keys to a stranger's domain)
+        keys = [state.private[k.thumbprint] for k in directory.keys if k.thumbprint in state.private]
+        created = int(now)
+        proofs = sign_directory_response(
+            body, self.authority, keys, created=created, expires=created + self.max_age_s
+        )
+        return _document(body, WEB_DIRECTORY_MEDIA_TYPE, cache, Vary="Accept", **dict(proofs))
 
     async def start(self, *, reuse_port: bool = False) -> list[tuple[str, int]]:
         """Bind ``publish.listen``; return the bound addresses (port 0 picks one)."""
@@ -178,7 +195,7 @@ class PublishServer:
             await runner.cleanup()
 
 
-def _document(body: bytes, media_type: str, cache_control: str) -> web.Response:
+def _document(body: bytes, media_type: str, cache_control: str, **headers: str) -> web.Response:
     return web.Response(
         body=body,
         headers={
@@ -186,8 +203,30 @@ def _document(body: bytes, media_type: str, cache_control: str) -> web.Response:
             "Cache-Control": cache_control,
             "X-Content-Type-Options": "nosniff",
             "Server": SERVER_HEADER,
+            **headers,
         },
     )
+
+
+def prefers_web_directory(accept: str | None) -> bool:
+    """True when ``Accept`` asks for the drafts' directory media type at least as much as the
+    spec's ``application/jwk-set+json`` (the default: a client that names neither gets the spec's)."""
+    if not accept:
+        return False
+    weights: dict[str, float] = {}
+    for part in accept.split(","):
+        media, *params = (p.strip() for p in part.split(";"))
+        q = 1.0
+        for param in params:
+            name, _, value = param.partition("=")
+            if name.strip().lower() == "q":
+                try:
+                    q = float(value)
+                except ValueError:
+                    q = 0.0
+        weights[media.lower()] = max(q, weights.get(media.lower(), 0.0))
+    web_q = weights.get(WEB_DIRECTORY_MEDIA_TYPE, 0.0)
+    return web_q > 0 and web_q >= weights.get(DIRECTORY_MEDIA_TYPE, 0.0)
 
 
 def _problem(status: int, reason: str, detail: str, **headers: str) -> web.Response:

@@ -26,8 +26,11 @@ __all__ = ["build_verifier", "policy_from_config"]
 
 
 def policy_from_config(limits: VerifyConfig) -> VerifierPolicy:
-    """A policy with ``verify.skew_s`` and ``verify.max_validity_s`` (no pinned keys, no brokers)."""
-    return VerifierPolicy(skew_s=limits.skew_s, max_validity_s=limits.max_validity_s)
+    """A policy with ``verify.skew_s``, ``verify.max_validity_s`` and ``verify.web_bot_auth`` (no
+    pinned keys, no brokers)."""
+    return VerifierPolicy(
+        skew_s=limits.skew_s, max_validity_s=limits.max_validity_s, web_bot_auth=limits.web_bot_auth
+    )
 
 
 def build_verifier(

@@ -22,8 +22,11 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from ..core.directory_proof import proven_keys
 from ..core.errors import KeyFormatError
+from ..core.fields import Fields
 from ..core.keys import DIRECTORY_PATH, MAX_DIRECTORY_BYTES, Directory, parse_directory
+from ..core.uri import parse_absolute_uri
 from ..errors import DirectoryError, EgressError, Error, ProxyError
 from ..net.client import HttpClient
 from ..net.egress import EgressPolicy
@@ -37,6 +40,7 @@ __all__ = [
     "directory_url",
     "fetch_parsed",
     "http_fetcher",
+    "only_proven",
     "settle",
     "ttl_from_cache_control",
 ]
@@ -64,6 +68,7 @@ class FetchResult:
     status: int
     body: bytes
     cache_control: str | None
+    proof_fields: tuple[tuple[str, str], ...] = ()  # Content-Digest, Signature-Input, Signature (drafts)
 
 
 Fetcher = Callable[[str], Awaitable[FetchResult]]
@@ -72,6 +77,26 @@ Fetcher = Callable[[str], Awaitable[FetchResult]]
 def directory_url(base: str) -> str:
     """``{base}/.well-known/http-message-signatures-directory`` without a doubled slash."""
     return base.rstrip("/") + DIRECTORY_PATH
+
+
+def only_proven(directory: Directory, result: FetchResult, url: str, now: float) -> Directory:
+    """The directory without the keys whose possession proof fails, when the response carries
+    directory proofs (web-bot-auth drafts: "ignore keys without a valid signature"); else as is."""
+    if not result.proof_fields:
+        return directory
+    authority = parse_absolute_uri(url).authority  # the authority we asked: what a proof must bind
+    publics = (key.public for key in directory.keys)
+    proven = proven_keys(result.body, authority, Fields(result.proof_fields), publics, now=now)
+    if proven is None:
+        return directory
+    kept = tuple(key for key in directory.keys if key.thumbprint in proven)
+    if len(kept) != len(directory.keys):
+        log.warning(
+            "directory %s: %d key(s) without a valid possession proof ignored",
+            url,
+            len(directory.keys) - len(kept),
+        )
+    return Directory(kept, directory.revocation_url)
 
 
 def ttl_from_cache_control(value: str | None, floor_s: float, ceiling_s: float) -> float:
@@ -118,7 +143,12 @@ def http_fetcher(
             raise DirectoryError("directory-fetch-failed", f"{url}: {exc.reason}: {exc.detail}") from None
         except Error as exc:
             raise DirectoryError("directory-fetch-failed", f"{url}: {exc.reason}: {exc.detail}") from None
-        return FetchResult(answer.status, answer.body, answer.header("Cache-Control"))
+        proofs = tuple(
+            (name, value)
+            for name in ("Content-Digest", "Signature-Input", "Signature")
+            if (value := answer.header(name)) is not None
+        )
+        return FetchResult(answer.status, answer.body, answer.header("Cache-Control"), proofs)
 
     return fetch
 
@@ -314,6 +344,7 @@ class DirectoryResolver:
             self._negative.put(url, _Failure(exc.reason, now + self.negative_ttl_s))
             raise DirectoryError(exc.reason, f"{url} is unavailable") from None
         now = self.clock()
+        directory = only_proven(directory, result, url, now)
         ttl = ttl_from_cache_control(result.cache_control, self.floor_s, self.ceiling_s)
         current = self._cache.peek(url)  # the entry may have been evicted while we fetched
         extra = current.extra if current is not None else 0

@@ -25,7 +25,6 @@ from ..core.jwk import PublicKey
 from ..core.keys import Directory, DirectoryKey
 from ..core.signature_verify import (
     DEFAULT_MAX_VALIDITY_S,
-    SignatureEntry,
     check_stack,
     verify_checked,
 )
@@ -60,6 +59,7 @@ class VerifierPolicy:
     broker_directories: tuple[str, ...] = ()  # directory bases where later labels' keys are looked up
     pinned_agent_keys: tuple[PublicKey, ...] = ()  # for agents that send an empty Signature-Agent
     pinned_broker_keys: tuple[PublicKey, ...] = ()  # brokers known by key, no directory fetch
+    web_bot_auth: bool = True  # also accept stacks signed under the web-bot-auth profile (their rules)
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +141,7 @@ class RequestVerifier:
             skew_s=policy.skew_s,
             max_validity_s=policy.max_validity_s,
             max_hops=policy.max_hops,
+            allow_web=policy.web_bot_auth,
             entries=entries,
         )
         agent = await self._agent_sources(checked.directory)
@@ -226,6 +227,7 @@ def stack_summary(stack: VerifiedStack) -> dict[str, object]:
     """The verdict as JSON-ready data (labels, keyids, key sources, signature bases)."""
     return {
         "verified": True,
+        "profile": stack.profile,
         "hops": stack.hops,
         "signature_agent": stack.signature_agent,
         "directory": stack.directory,

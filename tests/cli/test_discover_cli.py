@@ -90,6 +90,22 @@ def test_json_output_is_the_problem_body_members(tmp_path: Path, publisher: Publ
     assert doc["manifest_url"] == publisher.manifest_url("v1.7")
     assert doc["manifest"]["ver"] == "1.7"
     assert [x["relationship"] for x in doc["exchanges"]] == ["DIRECT", "RESELLER"]
+    assert doc["profile"] == "svc"
+
+
+def test_the_profile_that_signed_is_named(tmp_path: Path, publisher: Publisher) -> None:
+    """A ``profiles`` rule for the publisher's host: the table's last line and --json say so."""
+    url = publisher.edge.url("/ok")
+    config = str(
+        write_config(tmp_path, profiles={"rules": [{"hosts": ["127.0.0.1"], "profile": "web-bot-auth"}]})
+    )
+    done = discover(url, "--config", config)
+    assert done.stdout.splitlines()[-1] == "signed as: web-bot-auth"
+    done = discover(url, "--config", config, "--json")
+    assert json.loads(done.stdout)["profile"] == "web-bot-auth"
+    arrival = publisher.edge.arrivals[-1]
+    assert 'tag="web-bot-auth"' in (arrival.header("signature-input") or "")
+    assert arrival.verified, arrival.reason
 
 
 def test_only_the_head_of_a_large_answer_matters(tmp_path: Path, publisher: Publisher) -> None:
@@ -153,6 +169,7 @@ def test_nothing_to_discover_exits_1(tmp_path: Path, publisher: Publisher) -> No
         "status": 403,
         "usable": False,
         "detail": "answered 403 without X-Content-Rules: no manifest is named",
+        "profile": "svc",
     }
 
 

@@ -73,9 +73,29 @@ def test_a_mistake_in_the_config_is_refused_with_its_key_path() -> None:
 
 
 def test_the_profile_is_one_parameter_and_only_known_ones_are_taken() -> None:
-    assert Signer(StaticKeyProvider(KEY)).profile == "svc"
-    with pytest.raises(ConfigError, match=r"^profile: 'web-bot-auth' is not a known signing profile \(svc\)"):
-        Signer(StaticKeyProvider(KEY), profile="web-bot-auth")
+    assert Signer(StaticKeyProvider(KEY)).profile is None  # per host, as config.profiles says
+    with pytest.raises(
+        ConfigError, match=r"^profile: 'web' is not a known signing profile \(svc, web-bot-auth\)"
+    ):
+        Signer(StaticKeyProvider(KEY), profile="web")
+
+
+@pytest.mark.parametrize("forced", [None, "web-bot-auth"])
+def test_web_bot_auth_destinations_are_signed_under_their_profile(forced: str | None) -> None:
+    """Per host from ``profiles.rules`` (as the proxy does), or forced by ``profile=``."""
+    config = {"profiles": {"rules": [{"hosts": ["*.web.example"], "profile": "web-bot-auth"}]}}
+    signer = Signer.from_config(config, keys=StaticKeyProvider(KEY))
+    if forced is not None:
+        signer = Signer(StaticKeyProvider(KEY), signer.config, profile=forced)
+    web = signer.sign("GET", "https://www.web.example/page", [], b"")
+    assert web is not None
+    web_input = dict(web.fields)["Signature-Input"]
+    assert 'tag="web-bot-auth"' in web_input
+    assert '"@authority"' in web_input
+    spec = signer.sign("GET", "https://exchange.example/x", [], b"")
+    assert spec is not None
+    spec_input = dict(spec.fields)["Signature-Input"]
+    assert ("tag=" in spec_input) is (forced is not None)
 
 
 def test_a_relay_config_is_refused() -> None:

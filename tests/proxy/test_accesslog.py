@@ -39,6 +39,7 @@ REQUEST = {
     "bytes_in": 1024,
     "bytes_out": 17,
     "keyid": None,
+    "profile": None,
     "outcome": "unsigned",
 }
 TUNNEL = {"client": "::1", "host": "h.example:443", "duration_ms": 3.0, "bytes_up": 5, "outcome": None}
@@ -121,7 +122,13 @@ def test_json_lines_are_what_json_dumps_writes_for_any_value(value: object) -> N
 
 REQUEST_SHAPES = [
     REQUEST,
-    {**REQUEST, "keyid": "NzbLsXh8uDCcd-6MNwXF4W_7noWXFZAfHkxZsRGC9Xs", "outcome": "signed"},
+    {
+        **REQUEST,
+        "keyid": "NzbLsXh8uDCcd-6MNwXF4W_7noWXFZAfHkxZsRGC9Xs",
+        "profile": "svc",
+        "outcome": "signed",
+    },
+    {**REQUEST, "keyid": "kid", "profile": "web-bot-auth", "outcome": "signed"},
     {**REQUEST, "status": None, "outcome": "aborted"},  # no answer was written
     {**REQUEST, "host": "日本.example", "client": "::1", "method": "GET"},
     {**REQUEST, "host": 'quote"back\\slash\x00', "duration_ms": 0.1 + 0.2},

@@ -217,3 +217,22 @@ async def test_a_url_signed_by_a_revoked_exchange_key_is_refused() -> None:
     url = bound_url()
     assert await refused(verifier, url, fetch(url)) == "retrieval-url-key-revoked"
     await verifier.close()
+
+
+async def test_a_web_bot_auth_signature_covering_only_the_authority_is_refused() -> None:
+    """A bound fetch is the spec's profile: a web-bot-auth label would not bind the URL or the body."""
+    url = bound_url()
+    fields = Fields([("Signature-Agent", "")])
+    fields.add("Signature-Key", signature_key_member("agent", AGENT.public))
+    message = Message("GET", parse_absolute_uri(url), fields)
+    member = sign_message(
+        message,
+        AGENT,
+        created=NOW,
+        expires=NOW + 300,
+        components=(Component("@authority"),),
+        extra_params=(("tag", "web-bot-auth"),),
+    )
+    attach_signature(fields, member)
+    fields.remove("signature-agent")
+    assert await refused(delivery(), url, fields) == "unsupported-tag"

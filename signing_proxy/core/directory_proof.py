@@ -1,0 +1,134 @@
+"""Possession proofs on a key directory response (the web-bot-auth drafts' signed directory).
+
+``draft-ietf-webbotauth-httpsig-protocol`` (spec-notes 6.3): the server of
+``/.well-known/http-message-signatures-directory`` signs its response once per published key,
+covering ``"@authority";req`` and ``content-digest``, with ``created``, ``expires``, ``keyid`` and
+``tag="http-message-signatures-directory"``; a client checks Content-Digest against the body and
+ignores every key without a valid proof. ``sign_directory_response`` makes the three fields,
+``proven_keys`` returns the thumbprints whose proofs hold. Sans-IO: times are parameters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from .b64 import b64_encode
+from .digest import content_digest, verify_content_digest
+from .errors import FieldError, VerificationError
+from .fields import Fields
+from .jwk import PublicKey, SigningKey
+from .sfv import serialize_member
+from .signature_components import parse_field_dictionary
+
+__all__ = [
+    "DIRECTORY_SIGNATURE_TAG",
+    "WEB_DIRECTORY_MEDIA_TYPE",
+    "directory_proof_base",
+    "directory_proof_params",
+    "proven_keys",
+    "sign_directory_response",
+]
+
+DIRECTORY_SIGNATURE_TAG = "http-message-signatures-directory"
+WEB_DIRECTORY_MEDIA_TYPE = "application/http-message-signatures-directory+json"
+_INNER = '("@authority";req "content-digest")'
+_COMPONENTS = (("@authority", (("req", True),)), ("content-digest", ()))
+_REQUIRED = frozenset({"created", "expires", "keyid", "tag"})
+_ALLOWED = _REQUIRED | {"alg", "nonce"}
+
+
+def directory_proof_params(keyid: str, created: int, expires: int) -> str:
+    """The Signature-Input member value, in the drafts' order ``created``, ``expires``, ``keyid``, ``tag``."""
+    return f'{_INNER};created={created};expires={expires};keyid="{keyid}";tag="{DIRECTORY_SIGNATURE_TAG}"'
+
+
+def directory_proof_base(authority: str, digest: str, params_value: str) -> bytes:
+    """RFC 9421 section 2.5 base of a directory proof: the request's authority, the digest, the params."""
+    base = f'"@authority";req: {authority}\n"content-digest": {digest}\n"@signature-params": {params_value}'
+    if not base.isascii():
+        raise FieldError("non-ascii-component", "a directory proof's authority is ASCII")
+    return base.encode("ascii")
+
+
+def sign_directory_response(
+    body: bytes, authority: str, keys: Sequence[SigningKey], *, created: int, expires: int
+) -> list[tuple[str, str]]:
+    """Content-Digest, Signature-Input and Signature with one proof per key (labels ``binding0``…)."""
+    digest = content_digest(body)
+    inputs, signatures = [], []
+    for i, key in enumerate(keys):
+        params = directory_proof_params(key.thumbprint, created, expires)
+        signature = key.sign(directory_proof_base(authority, digest, params))
+        inputs.append(f"binding{i}={params}")
+        signatures.append(f"binding{i}=:{b64_encode(signature)}:")
+    return [
+        ("Content-Digest", digest),
+        ("Signature-Input", ", ".join(inputs)),
+        ("Signature", ", ".join(signatures)),
+    ]
+
+
+def proven_keys(
+    body: bytes, authority: str, fields: Fields, publics: Iterable[PublicKey], *, now: float, skew_s: int = 5
+) -> frozenset[str] | None:
+    """Thumbprints of ``publics`` whose possession proof on this response holds at ``now``; None when
+    the response carries no directory proof at all (a spec directory: nothing to check).
+
+    A proof holds when its label covers exactly ``"@authority";req`` and ``content-digest``, carries
+    the directory tag, a ``keyid`` of a published key, ``created`` no later than ``now + skew_s`` and
+    ``expires`` after ``now``, and verifies over the base rebuilt for ``authority`` (the authority
+    the client asked). A Content-Digest that does not match the body proves nothing.
+    """
+    raw_input, raw_sig = fields.combined("signature-input"), fields.combined("signature")
+    if raw_input is None:
+        return None
+    try:
+        inputs = parse_field_dictionary(raw_input, "Signature-Input")
+    except FieldError:
+        return frozenset()  # something claimed to be a signature and is malformed: nothing proven
+    if not any(_tag(member) == DIRECTORY_SIGNATURE_TAG for member in inputs.values()):
+        return None
+    digest = fields.combined("content-digest")
+    if raw_sig is None or digest is None:
+        return frozenset()
+    try:
+        verify_content_digest(digest, body)
+        signatures = parse_field_dictionary(raw_sig, "Signature")
+    except (FieldError, VerificationError):
+        return frozenset()
+    by_id = {key.thumbprint: key for key in publics}
+    proven = set()
+    for label, member in inputs.items():
+        keyid = _proof_keyid(member, now, skew_s)
+        sig = signatures.get(label)
+        if keyid is None or keyid not in by_id or sig is None or not isinstance(sig[0], bytes):
+            continue
+        params = serialize_member(member)  # RFC 9421 3.2: the @signature-params value as received
+        if by_id[keyid].verify(sig[0], directory_proof_base(authority, digest, params)):
+            proven.add(keyid)
+    return frozenset(proven)
+
+
+def _tag(member: Any) -> object:
+    return member[1].get("tag") if isinstance(member, tuple) and isinstance(member[1], dict) else None
+
+
+def _proof_keyid(member: Any, now: float, skew_s: int) -> str | None:
+    """The keyid of a well-formed, current directory proof (exactly the drafts' shape), else None."""
+    if not (isinstance(member, tuple) and isinstance(member[0], list)):
+        return None
+    items, params = member
+    shape = tuple((str(value), tuple(sorted(p.items()))) for value, p in items)
+    if shape != _COMPONENTS or any(not isinstance(value, str) for value, _ in items):
+        return None
+    if not _REQUIRED <= set(params) <= _ALLOWED or params["tag"] != DIRECTORY_SIGNATURE_TAG:
+        return None
+    if params.get("alg", "ed25519") != "ed25519":
+        return None
+    created, expires, keyid = params["created"], params["expires"], params["keyid"]
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (created, expires)):
+        return None
+    if not isinstance(keyid, str) or created > now + skew_s or now >= expires or expires <= created:
+        return None
+    return keyid

@@ -1,0 +1,261 @@
+"""Signing profiles as values: the spec's ``svc`` profile and the IETF ``web-bot-auth`` profile.
+
+A ``SigningProfile`` says what one signature covers and carries: the covered components of a first
+signer, the extra parameters (``tag``, a random ``nonce``), the ``Signature-Agent`` form, whether
+``Content-Digest`` is set and covered, and the longest validity. ``SVC`` is the spec's profile
+("Request signature"), byte-identical to what ``signatures`` always produced; ``WEB_BOT_AUTH``
+follows ``draft-ietf-webbotauth-httpsig-protocol`` (notes: spec-notes section 6): ``@authority``,
+``"signature-agent";key=<label>`` when a Signature-Agent is sent, ``tag="web-bot-auth"``, a 64-byte
+nonce, and an outer hop that also covers ``"signature-input";key=<previous>`` and the inner
+signature's components.
+
+The verifier side is here too (``entry_profile``, ``check_web_components``,
+``web_signature_agent``): a label's profile is named by its ``tag`` (none: ``svc``), each profile
+has its own rules, and a stack mixing profiles is refused. Sans-IO: the nonce bytes come from the
+caller.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from .b64 import b64_encode
+from .errors import FieldError, VerificationError
+from .fields import Fields
+from .sfv import parse_item
+from .signature_components import (
+    SPEC_COMPONENTS,
+    Component,
+    hop_components,
+    parse_field_dictionary,
+    serialize_sf_string,
+)
+
+__all__ = [
+    "PROFILES",
+    "SVC",
+    "WEB_BOT_AUTH",
+    "WEB_BOT_AUTH_TAG",
+    "SignatureAgentForm",
+    "SigningProfile",
+    "check_web_components",
+    "entry_profile",
+    "profile_components",
+    "profile_params",
+    "signature_agent_field",
+    "web_signature_agent",
+]
+
+WEB_BOT_AUTH_TAG = "web-bot-auth"  # draft-ietf-webbotauth-httpsig-protocol: MUST
+WEB_MAX_VALIDITY_S = 86_400  # the drafts: "RECOMMENDED that expiry be no more than 24 hours"
+WEB_NONCE_BYTES = 64  # draft-meunier-web-bot-auth-architecture-05: RECOMMENDED 64 bytes
+
+SignatureAgentForm = Literal["spec", "dictionary", "string"]
+"""``spec``: bare URL or sf-String, possibly empty, covered plain; ``dictionary``: ``label="https://…"``
+covered as ``"signature-agent";key=<label>`` (absent when there is no URL); ``string``: the drafts'
+legacy sf-String form covered plain (absent when there is no URL)."""
+
+_AUTHORITY = Component("@authority")
+_TARGET_URI = Component("@target-uri")
+# Narrowing components a web-bot-auth signer may add (protocol-02), and the body's digest.
+_WEB_OPTIONAL = frozenset(
+    Component(name)
+    for name in ("@method", "@path", "@query", "@scheme", "@request-target", "@target-uri", "content-digest")
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SigningProfile:
+    """What a signature under this profile covers and carries."""
+
+    name: str
+    components: tuple[Component, ...]  # a first signer's, Signature-Agent member excluded
+    tag: str | None  # the ``tag`` parameter; None: none (the spec's profile)
+    nonce_bytes: int  # random bytes in ``nonce`` (base64); 0: no nonce
+    signature_agent: SignatureAgentForm
+    content_digest: bool  # set Content-Digest on every request and cover it
+    covers_authorization: bool  # send Authorization (empty when none) and cover it
+    max_validity_s: int | None  # expires - created at most this (None: the signer's setting)
+    outer_covers_input: bool  # a later hop also covers ``"signature-input";key=<previous>``
+
+
+SVC = SigningProfile(
+    name="svc",
+    components=SPEC_COMPONENTS,
+    tag=None,
+    nonce_bytes=0,
+    signature_agent="spec",
+    content_digest=True,
+    covers_authorization=True,
+    max_validity_s=None,
+    outer_covers_input=False,
+)
+
+WEB_BOT_AUTH = SigningProfile(
+    name=WEB_BOT_AUTH_TAG,
+    components=(_AUTHORITY,),
+    tag=WEB_BOT_AUTH_TAG,
+    nonce_bytes=WEB_NONCE_BYTES,
+    signature_agent="dictionary",
+    content_digest=False,
+    covers_authorization=False,
+    max_validity_s=WEB_MAX_VALIDITY_S,
+    outer_covers_input=True,
+)
+
+PROFILES = {SVC.name: SVC, WEB_BOT_AUTH.name: WEB_BOT_AUTH}
+
+
+def signature_agent_field(
+    profile: SigningProfile, label: str, url: str
+) -> tuple[str | None, Component | None]:
+    """The Signature-Agent field value to send (None: send none) and the component covering it."""
+    if profile.signature_agent == "spec":
+        return (serialize_sf_string(url) if url else ""), Component("signature-agent")
+    if not url:
+        return None, None
+    if profile.signature_agent == "dictionary":
+        return f"{label}={serialize_sf_string(url)}", Component("signature-agent", key=label)
+    return serialize_sf_string(url), Component("signature-agent")
+
+
+def profile_components(
+    profile: SigningProfile,
+    *,
+    previous: str | None,
+    agent: Component | None,
+    inner: Sequence[Component] = (),
+) -> tuple[Component, ...]:
+    """The covered set of a label under ``profile``: ``previous`` is the label before ours (None for
+    the first signer), ``agent`` the component covering our Signature-Agent, ``inner`` what the
+    previous label covered (an outer web-bot-auth hop covers it too)."""
+    if profile is SVC:
+        return hop_components(previous)  # the hot path: the spec's tuple itself for a first signer
+    own = list(profile.components)
+    if agent is not None:
+        own.append(agent)
+    if previous is None:
+        return tuple(own)
+    for component in inner:
+        if component not in own:
+            own.append(component)
+    own.append(Component("signature", key=previous))
+    if profile.outer_covers_input:
+        own.append(Component("signature-input", key=previous))
+    return tuple(own)
+
+
+def profile_params(profile: SigningProfile, nonce: bytes | None) -> tuple[tuple[str, str | int], ...]:
+    """Parameters after ``keyid``, ``alg``, ``created``, ``expires``: ``nonce`` then ``tag``."""
+    params: list[tuple[str, str | int]] = []
+    if profile.nonce_bytes:
+        if nonce is None or len(nonce) != profile.nonce_bytes:
+            raise ValueError(f"profile {profile.name} needs a {profile.nonce_bytes}-byte nonce")
+        params.append(("nonce", b64_encode(nonce)))
+    if profile.tag is not None:
+        params.append(("tag", profile.tag))
+    return tuple(params)
+
+
+# --- verifying ---
+
+
+def entry_profile(tag: object, label: str) -> SigningProfile:
+    """The profile a label claims by its ``tag`` (none: the spec's); an unknown tag is refused."""
+    if tag is None:
+        return SVC
+    if tag == WEB_BOT_AUTH_TAG:
+        return WEB_BOT_AUTH
+    raise VerificationError("unsupported-tag", "tag names no profile this verifier accepts", label)
+
+
+def check_web_components(
+    label: str, components: Sequence[Component], previous: tuple[str, Sequence[Component]] | None
+) -> None:
+    """The web-bot-auth rules on one label's covered set: ``@authority`` or ``@target-uri``, only the
+    optional narrowing components and Signature-Agent beyond them; a later hop covers the previous
+    label's ``signature`` and ``signature-input`` members and everything the previous label covered."""
+    if len(set(components)) != len(components):
+        raise VerificationError("duplicate-component", "a component is covered twice", label)
+    if _AUTHORITY not in components and _TARGET_URI not in components:
+        raise VerificationError(
+            "missing-covered-component",
+            f'label {label!r} covers neither "@authority" nor "@target-uri"',
+            label,
+        )
+    allowed = set(_WEB_OPTIONAL) | {_AUTHORITY}
+    if previous is not None:
+        prev_label, prev_components = previous
+        chained = (Component("signature", key=prev_label), Component("signature-input", key=prev_label))
+        for needed in (*chained, *prev_components):
+            if needed not in components:
+                raise VerificationError(
+                    "predecessor-not-covered",
+                    f"label {label!r} must cover {needed.serialized} of label {prev_label!r}",
+                    label,
+                )
+        allowed.update(chained)
+        allowed.update(prev_components)
+    agents = [c for c in components if c.name == "signature-agent"]
+    if len(agents) > 1 and previous is None:
+        raise VerificationError("duplicate-component", "Signature-Agent is covered twice", label)
+    extra = [c for c in components if c not in allowed and c.name != "signature-agent"]
+    if extra:
+        raise VerificationError(
+            "unexpected-covered-component",
+            f"label {label!r} covers {', '.join(c.serialized for c in extra)} beyond the web profile",
+            label,
+        )
+
+
+def web_signature_agent(fields: Fields, label: str, components: Sequence[Component]) -> str | None:
+    """The directory origin the first web-bot-auth label names: the Signature-Agent member it covers
+    (``"signature-agent";key=<m>``), or the legacy sf-String it covers plain; None when no
+    Signature-Agent is sent. One sent but not covered is refused (anyone on the path could add it).
+    """
+    covered = [c for c in components if c.name == "signature-agent"]
+    raw = fields.combined("signature-agent")
+    if raw is None:
+        if covered:
+            raise VerificationError(
+                "missing-covered-header", "covered field 'signature-agent' is absent", label
+            )
+        return None
+    if not covered:
+        raise VerificationError(
+            "signature-agent-not-covered", f"label {label!r} does not cover the Signature-Agent sent", label
+        )
+    component = covered[0]
+    if component.key is None:  # the drafts' legacy form: one sf-String
+        try:
+            value, params = parse_item(raw)
+        except (ValueError, UnicodeEncodeError):
+            raise VerificationError(
+                "malformed-signature-agent", "Signature-Agent is neither a Dictionary nor a String", label
+            ) from None
+        if not isinstance(value, str) or params:
+            raise VerificationError("malformed-signature-agent", "Signature-Agent must be a String", label)
+        return _web_origin(value, label)
+    try:
+        members = parse_field_dictionary(raw, "Signature-Agent")
+    except FieldError as exc:
+        raise VerificationError(exc.reason, exc.detail, label) from None
+    member = members.get(component.key)
+    if member is None:
+        raise VerificationError(
+            "missing-dictionary-member", f"Signature-Agent has no member {component.key!r}", label
+        )
+    value = member[0]
+    if not isinstance(value, str):
+        raise VerificationError(
+            "malformed-signature-agent", "a Signature-Agent member must be a String", label
+        )
+    return _web_origin(value, label)
+
+
+def _web_origin(url: str, label: str) -> str:
+    if not url.startswith(("https://", "http://")) or any(c in url for c in ' "<>\\?#'):
+        raise VerificationError("malformed-signature-agent", "Signature-Agent must be an http(s) URL", label)
+    return url.rstrip("/")

@@ -1,0 +1,73 @@
+"""Which signing profile a destination gets: the ``profiles`` rules, then hosts learned from challenges.
+
+``ProfileSelector.select(host)`` is on the agent hop's hot path: with no rule, nothing learned and
+the default ``svc`` (the default configuration) it returns ``SVC`` after one truth test. Rules are
+host patterns, first match wins. With ``profiles.learn: true`` an origin whose ``Accept-Signature``
+asks for ``tag="web-bot-auth"`` is remembered as a web-bot-auth host (at most ``learn_max_hosts``,
+the oldest forgotten first); a rule naming the host still wins over what was learned.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import OrderedDict
+
+from ..config import ProfileRule, ProfilesConfig, host_matches
+from ..core.profiles import PROFILES, SVC, WEB_BOT_AUTH, SigningProfile
+
+__all__ = ["ProfileSelector", "profile_for_rule"]
+
+
+def profile_for_rule(name: str, rule: ProfileRule | None) -> SigningProfile:
+    """The profile value a configuration names (a rule may ask for the legacy Signature-Agent form)."""
+    profile = PROFILES[name]
+    if rule is not None and profile is WEB_BOT_AUTH and rule.signature_agent != "dictionary":
+        return dataclasses.replace(profile, signature_agent=rule.signature_agent)
+    return profile
+
+
+class ProfileSelector:
+    """The profile per destination host, from ``profiles`` and (optionally) learned challenges."""
+
+    __slots__ = ("_by_rule", "_default", "_learned", "_trivial", "config")
+
+    def __init__(self, config: ProfilesConfig) -> None:
+        self._learned: OrderedDict[str, SigningProfile] = OrderedDict()
+        self.configure(config)
+
+    def configure(self, config: ProfilesConfig) -> None:
+        """Apply a (reloaded) ``profiles`` section; learned hosts are kept while learning stays on."""
+        self.config = config
+        self._default = profile_for_rule(config.default, None)
+        self._by_rule = [(rule, profile_for_rule(rule.profile, rule)) for rule in config.rules]
+        if not config.learn:
+            self._learned.clear()
+        while len(self._learned) > config.learn_max_hosts:
+            self._learned.popitem(last=False)
+        self._trivial = not config.rules and self._default is SVC
+
+    def select(self, host: str) -> SigningProfile:
+        if self._trivial and not self._learned:
+            return SVC
+        for rule, profile in self._by_rule:  # first match wins
+            if any(host_matches(p, host) for p in rule.hosts):
+                return profile
+        learned = self._learned.get(host.lower())
+        return learned if learned is not None else self._default
+
+    def learn(self, host: str, profile: SigningProfile) -> bool:
+        """Remember ``profile`` for ``host`` when learning is on; True when something changed."""
+        if not self.config.learn or self.config.rule_for(host) is not None:
+            return False
+        host = host.lower()
+        if self._learned.get(host) is profile:
+            return False
+        self._learned[host] = profile
+        self._learned.move_to_end(host)
+        while len(self._learned) > self.config.learn_max_hosts:
+            self._learned.popitem(last=False)
+        return True
+
+    @property
+    def learned(self) -> int:
+        return len(self._learned)

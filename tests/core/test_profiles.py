@@ -1,0 +1,375 @@
+"""Signing profiles: the web-bot-auth drafts' vectors through our verifier, the profile's signing
+shape, and one refusal per verification rule of each profile (and of mixing them)."""
+
+from __future__ import annotations
+
+import base64
+import time
+from collections.abc import Callable
+
+import pytest
+
+from signing_proxy.core.errors import VerificationError
+from signing_proxy.core.fields import Fields
+from signing_proxy.core.jwk import PublicKey, SigningKey
+from signing_proxy.core.profiles import (
+    SVC,
+    WEB_BOT_AUTH,
+    profile_components,
+    profile_params,
+    signature_agent_field,
+)
+from signing_proxy.core.signatures import (
+    Component,
+    Message,
+    VerificationKey,
+    VerifiedStack,
+    attach_signature,
+    sign_message,
+    signature_base,
+    verify_stack,
+)
+from signing_proxy.core.uri import parse_absolute_uri
+from tests.conftest import load_vector
+from tests.oracle import WEB_BOT_AUTH_REQUIRED, oracle_verify
+
+WBA = load_vector("web_bot_auth_drafts_ed25519.json")
+VECTOR_NOW = 1735689600 + 10
+KEY = SigningKey.from_pem(WBA["key"]["pem_private_pkcs8"].encode())
+PUBLIC = PublicKey.from_pem(WBA["key"]["pem_public_spki"].encode())
+OTHER = SigningKey.generate()
+NOW = 1_800_000_000
+NONCE = bytes(range(64))
+URL = "https://example.com/foo?param=Value&Pet=dog"
+
+
+def _lookup(*keys: PublicKey) -> Callable[[object, int], VerificationKey | None]:
+    by_id = {k.thumbprint: k for k in keys}
+
+    def lookup(entry: object, _index: int) -> VerificationKey | None:
+        public = by_id.get(getattr(entry, "keyid", None) or "")
+        return None if public is None else VerificationKey(public, source="test")
+
+    return lookup
+
+
+def _vector(vid: str) -> dict[str, object]:
+    return next(v for v in WBA["vectors"] if v["id"] == vid)
+
+
+def _vector_message(vector: dict[str, object]) -> Message:
+    headers = vector["headers"]
+    assert isinstance(headers, dict)
+    return Message("POST", parse_absolute_uri(URL), Fields(tuple(headers.items())))
+
+
+@pytest.mark.parametrize(
+    "vid",
+    [
+        "protocol-02-sigagent-dict",
+        "legacy-sigagent-string",
+        "arch-05-no-sigagent",
+        "cloudflare-v2-no-sigagent",
+    ],
+)
+def test_draft_vectors_verify_under_the_web_bot_auth_profile(vid: str) -> None:
+    vector = _vector(vid)
+    message = _vector_message(vector)
+    stack = verify_stack(message, None, _lookup(PUBLIC), now=VECTOR_NOW, max_validity_s=None)
+    assert stack.profile == "web-bot-auth"
+    assert stack.agent.signature_base == vector["signature_base"]
+    expected_directory = "https://signature-agent.test" if "Signature-Agent" in vector["headers"] else None  # type: ignore[operator]
+    assert stack.directory == expected_directory
+
+
+def test_arch05_dictionary_vector_as_printed_is_refused() -> None:
+    """The erratum: the printed signature was made over the member value without its quotes."""
+    vector = _vector("arch-05-sigagent-dict-BROKEN")
+    base = str(vector["signature_base"])
+    params_value = base.rsplit('"@signature-params": ', 1)[1]
+    headers = dict(vector["headers"])  # type: ignore[call-overload]
+    headers["Signature-Input"] = f"sig2={params_value}"
+    headers["Signature"] = f"sig2=:{vector['expected_signature_b64']}:"
+    message = Message("POST", parse_absolute_uri(URL), Fields(tuple(headers.items())))
+    with pytest.raises(VerificationError) as err:
+        verify_stack(message, None, _lookup(PUBLIC), now=VECTOR_NOW, max_validity_s=None)
+    assert err.value.reason == "bad-signature"
+    unquoted = base.replace(': "https://signature-agent.test"', ": https://signature-agent.test")
+    assert PUBLIC.verify(base64.b64decode(str(vector["expected_signature_b64"])), unquoted.encode())
+
+
+# --- signing under a profile ---------------------------------------------------------------------------
+
+
+def _signed(
+    profile_label: str = "agent",
+    *,
+    agent_url: str = "https://agent.example",
+    profile: object = WEB_BOT_AUTH,
+    key: SigningKey = KEY,
+    created: int = NOW,
+    validity: int = 300,
+    fields: tuple[tuple[str, str], ...] = (),
+) -> Message:
+    assert profile is WEB_BOT_AUTH or profile is SVC
+    message = Message("GET", parse_absolute_uri(URL), Fields(fields))
+    value, agent = signature_agent_field(profile, profile_label, agent_url)
+    if value is not None:
+        message.fields.add("Signature-Agent", value)
+    components = profile_components(profile, previous=None, agent=agent)
+    member = sign_message(
+        message,
+        key,
+        created=created,
+        expires=created + validity,
+        label=profile_label,
+        components=components,
+        extra_params=profile_params(profile, NONCE),
+    )
+    attach_signature(message.fields, member)
+    return message
+
+
+def _verify(message: Message, *keys: PublicKey, max_validity_s: int | None = 3600) -> VerifiedStack:
+    return verify_stack(
+        message, None, _lookup(*(keys or (KEY.public,))), now=NOW + 1, max_validity_s=max_validity_s
+    )
+
+
+def test_web_bot_auth_signature_has_the_drafts_shape() -> None:
+    message = _signed()
+    assert message.fields.combined("signature-agent") == 'agent="https://agent.example"'
+    params = message.fields.combined("signature-input") or ""
+    assert params.startswith('agent=("@authority" "signature-agent";key="agent");keyid=')
+    nonce = base64.b64encode(NONCE).decode()
+    assert params.endswith(f';nonce="{nonce}";tag="web-bot-auth"')
+    stack = _verify(message)
+    assert stack.profile == "web-bot-auth"
+    assert stack.directory == "https://agent.example"
+
+
+def test_web_bot_auth_without_signature_agent_covers_authority_only() -> None:
+    message = _signed(agent_url="")
+    assert message.fields.combined("signature-agent") is None
+    assert (message.fields.combined("signature-input") or "").startswith('agent=("@authority");')
+    assert _verify(message).directory is None
+
+
+def test_svc_profile_components_are_the_spec_tuple_itself() -> None:
+    assert profile_components(SVC, previous=None, agent=None) is SVC.components
+    assert profile_params(SVC, None) == ()
+    assert signature_agent_field(SVC, "agent", "") == ("", Component("signature-agent"))
+
+
+def test_outer_web_hop_covers_the_inner_signature_input_and_components() -> None:
+    message = _signed()
+    inner = (Component("@authority"), Component("signature-agent", key="agent"))
+    outer = profile_components(WEB_BOT_AUTH, previous="agent", agent=None, inner=inner)
+    assert outer == (
+        *inner,
+        Component("signature", key="agent"),
+        Component("signature-input", key="agent"),
+    )
+    member = sign_message(
+        message,
+        OTHER,
+        created=NOW,
+        expires=NOW + 60,
+        label="broker",
+        components=outer,
+        extra_params=profile_params(WEB_BOT_AUTH, NONCE),
+    )
+    attach_signature(message.fields, member)
+    assert _verify(message, KEY.public, OTHER.public).hops == 2
+
+
+# --- one refusal per rule ------------------------------------------------------------------------------
+
+
+def _resign(
+    message: Message, components: tuple[Component, ...], params: tuple[tuple[str, str | int], ...]
+) -> None:
+    """Replace the one signature with one over ``components`` and ``params``."""
+    message.fields.remove("signature", "signature-input")
+    member = sign_message(
+        message,
+        KEY,
+        created=NOW,
+        expires=NOW + 300,
+        label="agent",
+        components=components,
+        extra_params=params,
+    )
+    attach_signature(message.fields, member)
+
+
+def _refusal(message: Message, *, max_validity_s: int | None = 3600) -> str:
+    with pytest.raises(VerificationError) as err:
+        _verify(message, max_validity_s=max_validity_s)
+    return err.value.reason
+
+
+WEB_PARAMS = profile_params(WEB_BOT_AUTH, NONCE)
+AGENT_MEMBER = Component("signature-agent", key="agent")
+
+
+def test_web_refuses_a_label_covering_neither_authority_nor_target_uri() -> None:
+    message = _signed()
+    _resign(message, (Component("@method"), AGENT_MEMBER), WEB_PARAMS)
+    assert _refusal(message) == "missing-covered-component"
+
+
+def test_web_refuses_a_component_beyond_the_profile() -> None:
+    message = _signed(fields=(("Authorization", "Bearer x"),))
+    _resign(message, (Component("@authority"), AGENT_MEMBER, Component("authorization")), WEB_PARAMS)
+    assert _refusal(message) == "unexpected-covered-component"
+
+
+def test_web_refuses_a_signature_agent_it_does_not_cover() -> None:
+    message = _signed()
+    _resign(message, (Component("@authority"),), WEB_PARAMS)
+    assert _refusal(message) == "signature-agent-not-covered"
+
+
+def test_web_refuses_a_covered_member_that_is_absent() -> None:
+    message = _signed()
+    message.fields.set("Signature-Agent", 'other="https://agent.example"')
+    assert _refusal(message) == "missing-dictionary-member"
+
+
+def test_web_refuses_a_member_that_is_not_an_http_url() -> None:
+    message = _signed()
+    message.fields.set("Signature-Agent", 'agent="ftp://agent.example"')
+    _resign(message, (Component("@authority"), AGENT_MEMBER), WEB_PARAMS)
+    assert _refusal(message) == "malformed-signature-agent"
+
+
+def test_web_refuses_a_validity_beyond_24_hours() -> None:
+    message = _signed(validity=86_401)
+    assert _refusal(message, max_validity_s=7 * 86_400) == "validity-too-long"
+
+
+def test_web_refuses_a_wrong_alg() -> None:
+    message = _signed()
+    raw = message.fields.combined("signature-input") or ""
+    message.fields.set("Signature-Input", raw.replace('alg="ed25519"', 'alg="rsa-pss-sha512"'))
+    assert _refusal(message) == "unsupported-algorithm"
+
+
+def test_web_refuses_a_nonce_that_is_not_a_string() -> None:
+    message = _signed()
+    _resign(message, (Component("@authority"), AGENT_MEMBER), (("nonce", 7), ("tag", "web-bot-auth")))
+    assert _refusal(message) == "malformed-signature-input"
+
+
+def test_unknown_tag_is_refused() -> None:
+    message = _signed()
+    _resign(message, (Component("@authority"), AGENT_MEMBER), (("tag", "something-else"),))
+    assert _refusal(message) == "unsupported-tag"
+
+
+def test_outer_web_hop_must_cover_the_inner_signature_input() -> None:
+    message = _signed()
+    half = (Component("@authority"), AGENT_MEMBER, Component("signature", key="agent"))
+    member = sign_message(
+        message,
+        OTHER,
+        created=NOW,
+        expires=NOW + 60,
+        label="broker",
+        components=half,
+        extra_params=WEB_PARAMS,
+    )
+    attach_signature(message.fields, member)
+    with pytest.raises(VerificationError) as err:
+        _verify(message, KEY.public, OTHER.public)
+    assert err.value.reason == "predecessor-not-covered"
+
+
+def test_a_stack_mixing_profiles_is_refused() -> None:
+    message = _signed()
+    member = sign_message(
+        message,
+        OTHER,
+        created=NOW,
+        expires=NOW + 60,
+        label="broker",
+        components=(Component("@authority"), Component("signature", key="agent")),
+    )
+    attach_signature(message.fields, member)
+    with pytest.raises(VerificationError) as err:
+        _verify(message, KEY.public, OTHER.public)
+    assert err.value.reason == "profile-mix"
+
+
+def test_svc_rules_still_refuse_a_web_shaped_label_without_tag() -> None:
+    """Without the tag a label is held to the spec's five components (a mix within one label)."""
+    message = _signed()
+    _resign(message, (Component("@authority"), AGENT_MEMBER), (("nonce", base64.b64encode(NONCE).decode()),))
+    assert _refusal(message) == "missing-covered-component"
+
+
+def test_a_web_tag_on_the_spec_five_is_refused() -> None:
+    message = _signed(
+        profile=SVC,
+        agent_url="https://agent.example",
+        fields=(
+            ("Authorization", ""),
+            ("Content-Digest", "sha-256=:47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU=:"),
+        ),
+    )
+    _resign(message, SVC.components, (("tag", "web-bot-auth"),))
+    assert _refusal(message) == "unexpected-covered-component"
+
+
+def test_signature_base_of_a_web_label_matches_the_drafts_serialization() -> None:
+    message = _vector_message(_vector("protocol-02-sigagent-dict"))
+    components = (Component("@authority"), Component("signature-agent", key="agent2"))
+    vector_base = str(_vector("protocol-02-sigagent-dict")["signature_base"])
+    params_value = vector_base.rsplit('"@signature-params": ', 1)[1]
+    assert signature_base(message, components, params_value).decode() == vector_base
+
+
+# --- the independent verifier (http-message-signatures, PyPI) accepts both profiles -------------------
+
+
+@pytest.mark.parametrize("agent_url", ["https://agent.example", ""])
+def test_http_message_signatures_accepts_web_bot_auth_signatures(agent_url: str) -> None:
+    message = _signed(agent_url=agent_url, created=int(time.time()))
+    accepted = oracle_verify(
+        "GET",
+        URL,
+        list(message.fields),
+        b"",
+        {KEY.thumbprint: KEY.public.key},
+        require_components=WEB_BOT_AUTH_REQUIRED,
+    )
+    assert accepted == ["agent"]
+
+
+def test_http_message_signatures_accepts_svc_signatures() -> None:
+    digest = "sha-256=:47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU=:"
+    message = _signed(
+        profile=SVC, created=int(time.time()), fields=(("Authorization", ""), ("Content-Digest", digest))
+    )
+    assert oracle_verify("GET", URL, list(message.fields), b"", {KEY.thumbprint: KEY.public.key}) == ["agent"]
+
+
+def test_web_refuses_a_covered_signature_agent_that_is_absent() -> None:
+    message = _signed()
+    message.fields.remove("signature-agent")
+    assert _refusal(message) == "missing-covered-header"
+
+
+def test_web_refuses_a_component_covered_twice() -> None:
+    message = _signed(agent_url="")
+    raw = message.fields.combined("signature-input") or ""
+    message.fields.set("Signature-Input", raw.replace('("@authority")', '("@authority" "@authority")'))
+    assert _refusal(message) == "duplicate-component"
+
+
+def test_web_refuses_a_legacy_signature_agent_that_is_not_a_string() -> None:
+    message = _signed(agent_url="")
+    message.fields.add("Signature-Agent", "https://agent.example")  # a bare URL: not an sf-String
+    _resign(message, (Component("@authority"), Component("signature-agent")), WEB_PARAMS)
+    assert _refusal(message) == "malformed-signature-agent"

@@ -1,0 +1,174 @@
+"""Profiles per destination in the agent pipeline and the relay (in-process, no network): the first
+matching rule wins, ``svc`` stays byte-identical, a web-bot-auth destination gets the drafts' shape,
+a relay stacks a web-bot-auth label correctly and refuses to mix profiles."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from signing_proxy.config import parse_config
+from signing_proxy.core.fields import Fields
+from signing_proxy.core.jwk import SigningKey
+from signing_proxy.core.keys import StaticKeyProvider
+from signing_proxy.core.profiles import SVC, WEB_BOT_AUTH
+from signing_proxy.core.signatures import Message, VerificationKey, verify_stack
+from signing_proxy.core.uri import parse_absolute_uri
+from signing_proxy.errors import ProxyError
+from signing_proxy.net.framing import Outgoing
+from signing_proxy.proxy.pipeline import BearerStore, Signer, prepare_request
+from signing_proxy.proxy.profiles import ProfileSelector
+from signing_proxy.proxy.relay import RelayPipeline
+from tests.oracle import WEB_BOT_AUTH_REQUIRED, oracle_verify
+
+AGENT = SigningKey.generate()
+BROKER = SigningKey.generate()
+NOW = 1_900_000_000.0
+RULES = {
+    "rules": [
+        {"hosts": ["*.shop.example"], "profile": "web-bot-auth"},
+        {"hosts": ["api.shop.example"], "profile": "svc"},  # never reached: the rule above matches first
+        {"hosts": ["legacy.example"], "profile": "web-bot-auth", "signature_agent": "string"},
+    ]
+}
+
+
+def _config(**extra: Any) -> Any:
+    return parse_config({"signing": {"signature_agent": "https://agent.example"}, **extra})
+
+
+def _signer(key: SigningKey = AGENT, label: str = "agent") -> Signer:
+    return Signer(StaticKeyProvider(key), label=label, validity_s=300, clock=lambda: NOW)
+
+
+def _prepare(url: str, selector: ProfileSelector | None, config: Any = None, method: str = "GET") -> Outgoing:
+    config = config or _config(profiles=RULES)
+    return prepare_request(
+        method,
+        parse_absolute_uri(url),
+        [("Accept", "*/*")],
+        b"",
+        framed=False,
+        config=config,
+        signer=_signer(),
+        bearers=BearerStore(()),
+        profiles=selector,
+    )
+
+
+def _fields(out: Outgoing) -> Fields:
+    lines = out.head.decode("latin-1").split("\r\n")[1:]
+    return Fields(tuple(line.split(": ", 1)) for line in lines if line)  # type: ignore[misc]
+
+
+def test_selector_first_match_wins_and_default_is_svc() -> None:
+    selector = ProfileSelector(_config(profiles=RULES).profiles)
+    assert selector.select("api.shop.example") is WEB_BOT_AUTH
+    assert selector.select("elsewhere.example") is SVC
+    legacy = selector.select("legacy.example")
+    assert legacy.name == "web-bot-auth"
+    assert legacy.signature_agent == "string"
+    everywhere = ProfileSelector(_config(profiles={"default": "web-bot-auth"}).profiles)
+    assert everywhere.select("anything.example") is WEB_BOT_AUTH
+
+
+def test_learning_is_off_by_default_and_bounded_when_on() -> None:
+    off = ProfileSelector(_config().profiles)
+    assert not off.learn("a.example", WEB_BOT_AUTH)
+    assert off.select("a.example") is SVC
+    on = ProfileSelector(_config(profiles={"learn": True, "learn_max_hosts": 2, **RULES}).profiles)
+    for host in ("a.example", "b.example", "c.example"):
+        assert on.learn(host, WEB_BOT_AUTH)
+    assert on.learned == 2
+    assert on.select("a.example") is SVC  # the oldest was forgotten
+    assert on.select("c.example") is WEB_BOT_AUTH
+    assert not on.learn("x.shop.example", SVC)  # a rule naming the host wins over learning
+
+
+def test_svc_destination_is_byte_identical_with_or_without_profiles() -> None:
+    url = "https://elsewhere.example/a?b=c"
+    with_rules = _prepare(url, ProfileSelector(_config(profiles=RULES).profiles))
+    without = _prepare(url, None, _config())
+    assert with_rules.head == without.head
+    assert with_rules.profile == "svc"
+
+
+def test_web_destination_gets_the_drafts_shape_and_verifies() -> None:
+    url = "https://www.shop.example/cart"
+    out = _prepare(url, ProfileSelector(_config(profiles=RULES).profiles))
+    fields = _fields(out)
+    assert out.profile == "web-bot-auth"
+    assert fields.combined("signature-agent") == 'agent="https://agent.example"'
+    assert fields.combined("authorization") is None  # not sent empty: the web profile does not cover it
+    assert fields.combined("content-digest") is None
+    raw = fields.combined("signature-input") or ""
+    assert raw.startswith('agent=("@authority" "signature-agent";key="agent");')
+    assert 'tag="web-bot-auth"' in raw
+    assert ";expires=1900000300;" in raw
+    message = Message("GET", parse_absolute_uri(url), fields)
+    lookup = lambda _e, _i: VerificationKey(AGENT.public)  # noqa: E731
+    assert verify_stack(message, b"", lookup, now=NOW + 1).profile == "web-bot-auth"
+
+
+def test_two_web_requests_carry_different_nonces() -> None:
+    selector = ProfileSelector(_config(profiles=RULES).profiles)
+    inputs = {
+        _fields(_prepare("https://www.shop.example/", selector)).combined("signature-input") for _ in range(2)
+    }
+    assert len(inputs) == 2
+
+
+def _relay(**extra: Any) -> RelayPipeline:
+    config = parse_config(
+        {
+            "mode": "relay",
+            "signing": {"label": "broker", "signature_agent": "https://broker.example"},
+            "relay": {"verify": False},
+            **extra,
+        }
+    )
+    return RelayPipeline(config, _signer(BROKER, "broker"))
+
+
+def test_relay_stacks_a_web_bot_auth_label_that_both_verifiers_accept() -> None:
+    url = "https://www.shop.example/cart"
+    first = _prepare(url, ProfileSelector(_config(profiles=RULES).profiles))
+    relay = _relay(profiles=RULES)
+    out = asyncio.run(relay.prepare("GET", parse_absolute_uri(url), list(_fields(first)), b"", framed=False))
+    fields = _fields(out)
+    assert (
+        fields.combined("signature-agent") == 'agent="https://agent.example", broker="https://broker.example"'
+    )
+    raw = fields.combined("signature-input") or ""
+    assert '"signature";key="agent" "signature-input";key="agent"' in raw
+    keys = {AGENT.thumbprint: AGENT.public, BROKER.thumbprint: BROKER.public}
+    message = Message("GET", parse_absolute_uri(url), fields)
+    lookup = lambda e, _i: VerificationKey(keys[e.keyid])  # noqa: E731
+    assert verify_stack(message, b"", lookup, now=NOW + 1).hops == 2
+    pyauth_keys = {k: v.key for k, v in keys.items()}
+    accepted = oracle_verify(
+        "GET",
+        url,
+        list(fields),
+        b"",
+        pyauth_keys,
+        labels=("agent", "broker"),
+        check_time=False,
+        require_components=WEB_BOT_AUTH_REQUIRED,
+    )
+    assert accepted == ["agent", "broker"]
+
+
+def test_relay_refuses_to_mix_profiles() -> None:
+    url = "https://www.shop.example/cart"
+    spec_signed = _prepare(url, None, _config())  # the agent signed under svc
+    with pytest.raises(ProxyError) as err:
+        asyncio.run(
+            _relay(profiles=RULES).prepare(
+                "GET", parse_absolute_uri(url), list(_fields(spec_signed)), b"", framed=False
+            )
+        )
+    assert err.value.reason == "profile-mix"
+    assert err.value.status == 403

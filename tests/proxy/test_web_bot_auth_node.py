@@ -1,0 +1,222 @@
+"""Cloudflare's verifiers (npm, run under node) accept what the proxy emits for web-bot-auth destinations.
+
+A real ``signing-proxy run`` process with a ``profiles`` rule naming 127.0.0.1 as a web-bot-auth
+destination; a node origin (``tests/node/wba_origin.mjs``) checks every request it receives with
+the ``web-bot-auth`` package's ``verify`` and with Cloudflare's ``http-message-sig`` 0.3
+``verifySignature`` under the web-bot-auth policy, and answers its verdicts. Requests go through
+``HTTP_PROXY`` to a plain origin and through ``HTTPS_PROXY`` (TLS interception with our CA) to an
+HTTPS origin, with the Signature-Agent in the drafts' Dictionary form, in their legacy String form,
+and without one. ``web-bot-auth`` 0.1.3 (the current release) builds the signature base of a
+``"signature-agent";key=…`` component from the whole field, not the member (RFC 9421 2.1.2): the
+Dictionary form is checked with the 0.3 library, which does it right, the other two with both.
+The publication listener's signed directory is checked by the 0.3 library too
+(``tests/node/wba_directory.mjs``): every key's proof holds, a changed body or another authority fails.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from signing_proxy.core.jwk import SigningKey
+from signing_proxy.storage.ca import CertificateAuthority
+from signing_proxy.storage.keystore import KeyStore
+from tests.harness import WAIT_S, ProxyProcess, proxy_env, wait_for
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(
+        shutil.which("node") is None
+        or not (Path(__file__).parents[1] / "node/node_modules/web-bot-auth").is_dir(),
+        reason="node and tests/node/node_modules (npm ci in tests/node) are needed",
+    ),
+]
+
+NODE_DIR = Path(__file__).resolve().parents[1] / "node"
+KEY = SigningKey.generate()
+AGENT = "https://agent.example"
+
+
+class NodeOrigin:
+    """``node wba_origin.mjs`` on 127.0.0.1 port 0 (read back from its first line); stopped by PID."""
+
+    def __init__(self, cert: Path | None = None, key: Path | None = None) -> None:
+        self.args = [str(cert), str(key)] if cert is not None and key is not None else []
+        self.scheme = "https" if self.args else "http"
+        self.proc: subprocess.Popen[str] | None = None
+        self.port = 0
+
+    def __enter__(self) -> NodeOrigin:
+        jwk = json.dumps(KEY.public.jwk())
+        self.proc = subprocess.Popen(
+            ["node", "wba_origin.mjs", jwk, *self.args],
+            cwd=NODE_DIR,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        first: list[str] = []
+        reader = threading.Thread(target=lambda: first.append(self.proc.stdout.readline()), daemon=True)  # type: ignore[union-attr]
+        reader.start()
+        reader.join(WAIT_S)
+        if not first or not first[0].startswith("listening "):
+            self.__exit__()
+            raise RuntimeError(f"node origin did not start: {first}")
+        self.port = int(first[0].split()[1])
+        return self
+
+    def url(self, path: str) -> str:
+        return f"{self.scheme}://127.0.0.1:{self.port}{path}"
+
+    def __exit__(self, *_exc: object) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(WAIT_S)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(WAIT_S)
+        if self.proc is not None:
+            for stream in (self.proc.stdout, self.proc.stderr):
+                if stream is not None:
+                    stream.close()
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    tmp = tmp_path_factory.mktemp("wba-pki")
+    ca = CertificateAuthority.generate()
+    (tmp / "ca.pem").write_bytes(ca.cert_pem())
+    (tmp / "leaf.pem").write_bytes(ca.mint_leaf("127.0.0.1"))
+    (tmp / "leaf-key.pem").write_bytes(ca.leaf_key_pem())
+    return {"ca": tmp / "ca.pem", "cert": tmp / "leaf.pem", "key": tmp / "leaf-key.pem"}
+
+
+@dataclass
+class Origins:
+    plain: NodeOrigin
+    tls: NodeOrigin
+    ca: Path  # the HTTPS origin's CA (pinned for 127.0.0.1 in the proxy)
+
+
+@pytest.fixture(scope="module")
+def origins(pki: dict[str, Path]) -> Iterator[Origins]:
+    with NodeOrigin() as plain, NodeOrigin(pki["cert"], pki["key"]) as tls:
+        yield Origins(plain, tls, pki["ca"])
+
+
+def _proxy(tmp: Path, origins: Origins, agent: str, form: str) -> ProxyProcess:
+    rule: dict[str, Any] = {"hosts": ["127.0.0.1"], "profile": "web-bot-auth", "signature_agent": form}
+    config = {
+        "log": {"format": "json"},
+        "signing": {"signature_agent": agent},
+        "profiles": {"rules": [rule]},
+        "upstream": {"pin_ca_files": {"127.0.0.1": str(origins.ca)}},
+        "intercept": {"allowed_ports": [origins.tls.port]},
+    }
+    return ProxyProcess(tmp, config, key=KEY)
+
+
+CASES = [
+    pytest.param((AGENT, "dictionary", ("http_message_sig",)), id="signature-agent-dictionary"),
+    pytest.param((AGENT, "string", ("web_bot_auth", "http_message_sig")), id="signature-agent-legacy-string"),
+    pytest.param(("", "dictionary", ("web_bot_auth", "http_message_sig")), id="no-signature-agent"),
+]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_cloudflare_verifiers_accept_the_proxys_web_bot_auth_requests(
+    case: tuple[str, str, tuple[str, ...]], tmp_path: Path, origins: Origins, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    agent, form, verifiers = case
+    plain, tls = origins.plain, origins.tls
+    with _proxy(tmp_path, origins, agent, form) as proxy, proxy_env(monkeypatch, proxy.url, https=True):
+        monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(tmp_path / "data" / "ca.pem"))
+        with requests.Session() as session:
+            verdicts = [
+                session.get(plain.url("/page?q=1"), timeout=WAIT_S).json(),
+                session.get(tls.url("/page?q=2"), timeout=WAIT_S).json(),
+            ]
+
+        def gets() -> list[dict[str, Any]]:
+            return [d for d in proxy.access_lines() if d["method"] == "GET"]
+
+        wait_for(lambda: len(gets()) == 2, "both requests' access-log lines")
+        lines = gets()
+    for verdict in verdicts:
+        headers = verdict["headers"]
+        assert 'tag="web-bot-auth"' in headers["signature-input"]
+        if agent and form == "dictionary":
+            assert headers["signature-agent"] == f'agent="{agent}"'
+            assert '"signature-agent";key="agent"' in headers["signature-input"]
+        elif agent:
+            assert headers["signature-agent"] == f'"{agent}"'
+        else:
+            assert "signature-agent" not in headers
+        for name in verifiers:
+            assert verdict[name] == "ok", (name, verdict)
+    assert verdicts[0]["url"].startswith("http://")
+    assert verdicts[1]["url"].startswith("https://")
+    assert [d.get("profile") for d in lines] == ["web-bot-auth", "web-bot-auth"]
+
+
+def test_the_verifiers_can_refuse(tmp_path: Path, origins: Origins, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The spec's profile (no tag, no @authority) is refused by both: the origin's checks are real."""
+    plain = origins.plain
+    config = {"signing": {"signature_agent": AGENT}, "profiles": {"default": "svc"}}
+    with ProxyProcess(tmp_path, config, key=KEY) as proxy, proxy_env(monkeypatch, proxy.url):
+        verdict = requests.get(plain.url("/svc"), timeout=WAIT_S).json()
+    assert verdict["web_bot_auth"].startswith("refused")
+    assert verdict["http_message_sig"].startswith("refused")
+
+
+# --- the signed directory, checked by Cloudflare's http-message-sig under the directory draft's rules ---
+
+
+def _directory_verdicts(url: str, authority: str, *extra: str) -> dict[str, str]:
+    done = subprocess.run(
+        ["node", "wba_directory.mjs", url, authority, *extra],
+        cwd=NODE_DIR,
+        capture_output=True,
+        text=True,
+        timeout=WAIT_S,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    verdicts: dict[str, str] = json.loads(done.stdout)
+    return verdicts
+
+
+def test_cloudflare_accepts_every_key_proof_of_the_published_directory(tmp_path: Path) -> None:
+    now = int(time.time())
+    store = KeyStore(tmp_path / "data")
+    store.create(now - 60, lifetime_s=86_400)
+    store.rotate(now, grace_s=3600, lifetime_s=86_400)  # a current and a next key, both published
+    thumbprints = {r.thumbprint for r in store.load(private=False).records}
+    config = {
+        "signing": {"key": None},
+        "publish": {"listen": "127.0.0.1:0", "domain": "dir.example", "public_url": "https://dir.example"},
+    }
+    with ProxyProcess(tmp_path, config) as proxy:
+        wait_for(lambda: proxy.publish_port != 0, "the publication listener")
+        url = f"http://127.0.0.1:{proxy.publish_port}/.well-known/http-message-signatures-directory"
+        good = _directory_verdicts(url, "dir.example")
+        tampered = _directory_verdicts(url, "dir.example", "--tamper")
+        foreign = _directory_verdicts(url, "127.0.0.1")
+    assert good.pop("content_type") == "application/http-message-signatures-directory+json"
+    assert good == dict.fromkeys(thumbprints, "ok")
+    tampered.pop("content_type")
+    assert set(tampered) == thumbprints
+    assert all(v.startswith("refused: content-digest") for v in tampered.values())
+    foreign.pop("content_type")
+    assert all(v.startswith("refused") for v in foreign.values())

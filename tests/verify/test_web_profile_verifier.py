@@ -1,0 +1,118 @@
+"""The request verifier with web-bot-auth stacks: the key found through the directory the covered
+Signature-Agent member names, a directory whose possession proofs fail for a key leaving that key
+out, and a stack mixing profiles refused before any fetch."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from signing_proxy.core.directory_proof import sign_directory_response
+from signing_proxy.core.errors import VerificationError
+from signing_proxy.core.fields import Fields
+from signing_proxy.core.jwk import SigningKey
+from signing_proxy.core.keys import Directory, DirectoryKey, render_directory
+from signing_proxy.core.profiles import (
+    WEB_BOT_AUTH,
+    profile_components,
+    profile_params,
+    signature_agent_field,
+)
+from signing_proxy.core.signatures import Component, Message, attach_signature, sign_message
+from signing_proxy.core.uri import parse_absolute_uri
+from signing_proxy.verify import (
+    DirectoryResolver,
+    FetchResult,
+    RequestVerifier,
+    VerifierPolicy,
+    directory_url,
+)
+from tests.verify.fakes import FakeFetch
+
+AGENT = SigningKey.generate()
+AGENT_DIR = "https://agent.example"
+URL = "https://shop.example/cart?x=1"
+
+
+def _request(key: SigningKey = AGENT) -> Fields:
+    now = int(time.time())
+    fields = Fields(())
+    value, agent = signature_agent_field(WEB_BOT_AUTH, "agent", AGENT_DIR)
+    assert value is not None
+    fields.add("Signature-Agent", value)
+    member = sign_message(
+        Message("GET", parse_absolute_uri(URL), fields),
+        key,
+        created=now,
+        expires=now + 300,
+        components=profile_components(WEB_BOT_AUTH, previous=None, agent=agent),
+        extra_params=profile_params(WEB_BOT_AUTH, bytes(64)),
+    )
+    attach_signature(fields, member)
+    return fields
+
+
+def _verifier(proofs: tuple[tuple[str, str], ...] | None = None) -> tuple[RequestVerifier, FakeFetch]:
+    now = int(time.time())
+    body = render_directory(Directory((DirectoryKey(AGENT.public, now - 60, now + 3600),)))
+    fetch = FakeFetch()
+    fetch.answers[directory_url(AGENT_DIR)] = FetchResult(200, body, "max-age=300", proofs or ())
+    return RequestVerifier(DirectoryResolver(fetch)), fetch
+
+
+async def test_a_web_bot_auth_request_verifies_through_its_directory() -> None:
+    verifier, fetch = _verifier()
+    stack = await verifier.verify("GET", URL, _request(), b"")
+    assert stack.profile == "web-bot-auth"
+    assert stack.directory == AGENT_DIR
+    assert stack.agent.key_source == AGENT_DIR
+    assert fetch.calls == [directory_url(AGENT_DIR)]
+    await verifier.close()
+
+
+async def test_a_key_whose_directory_proof_fails_is_not_used() -> None:
+    now = int(time.time())
+    body = render_directory(Directory((DirectoryKey(AGENT.public, now - 60, now + 3600),)))
+    good = tuple(sign_directory_response(body, "agent.example", [AGENT], created=now, expires=now + 300))
+    verifier, _ = _verifier(good)
+    assert (await verifier.verify("GET", URL, _request(), b"")).profile == "web-bot-auth"
+    await verifier.close()
+    foreign = tuple(
+        sign_directory_response(body, "elsewhere.example", [AGENT], created=now, expires=now + 300)
+    )
+    verifier, _ = _verifier(foreign)
+    with pytest.raises(VerificationError) as err:
+        await verifier.verify("GET", URL, _request(), b"")
+    assert err.value.reason == "unknown-keyid"
+    await verifier.close()
+
+
+async def test_a_mixed_stack_is_refused_before_any_fetch() -> None:
+    verifier, fetch = _verifier()
+    fields = _request()
+    now = int(time.time())
+    member = sign_message(
+        Message("GET", parse_absolute_uri(URL), fields),
+        SigningKey.generate(),
+        created=now,
+        expires=now + 60,
+        label="broker",
+        components=(Component("@authority"), Component("signature", key="agent")),
+    )
+    attach_signature(fields, member)
+    with pytest.raises(VerificationError) as err:
+        await verifier.verify("GET", URL, fields, b"")
+    assert err.value.reason == "profile-mix"
+    assert fetch.calls == []
+    await verifier.close()
+
+
+async def test_a_verifier_may_accept_the_spec_profile_only() -> None:
+    fetch = FakeFetch()
+    verifier = RequestVerifier(DirectoryResolver(fetch), VerifierPolicy(web_bot_auth=False))
+    with pytest.raises(VerificationError) as err:
+        await verifier.verify("GET", URL, _request(), b"")
+    assert err.value.reason == "unsupported-tag"
+    assert fetch.calls == []
+    await verifier.close()
