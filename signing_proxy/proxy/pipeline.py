@@ -17,33 +17,36 @@ import time
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..config import Config, CredentialRule, host_matches
 from ..core.digest import content_digest
 from ..core.errors import FieldError, SigningError
 from ..core.jwk import SigningKey
 from ..core.keys import KeyProvider
+from ..core.signature_components import signature_base, signing_params_value
 from ..core.signature_key import SIGNATURE_KEY, SIGNATURE_KEY_COMPONENT, signature_key_member
 from ..core.signatures import (
     SPEC_COMPONENTS,
     Component,
     Message,
+    SignedMember,
     attach_signature,
     serialize_sf_string,
     sign_message,
 )
 from ..core.uri import Target, parse_absolute_uri
-from ..errors import ConfigError, ProxyError
+from ..errors import ConfigError, ProxyError, TokenError
 from ..net.framing import Outgoing, drop_hop_by_hop, outgoing
 from ..storage.files import PrivateFileError, read_private
+from ..storage.pkcs11 import TokenKey
 from .transactions import TransactionKeys
 
 if TYPE_CHECKING:
     from ..metrics import Metrics
     from .requester import RequesterInjector
 
-__all__ = ["BearerStore", "Signer", "next_hop_target", "prepare_request"]
+__all__ = ["BearerStore", "Signer", "next_hop_target", "prepare_request", "prepare_request_off_loop"]
 
 log = logging.getLogger(__name__)
 
@@ -188,6 +191,52 @@ class Signer:
             self.metrics.signed(member.label)
         return key.thumbprint
 
+    async def sign_off_loop(
+        self,
+        message: Message,
+        *,
+        label: str | None = None,
+        components: Sequence[Component] = SPEC_COMPONENTS,
+        keyid: str | None = None,
+        present: bool = False,
+        missing: Callable[[], ProxyError] | None = None,
+    ) -> str:
+        """``sign`` for keys that wait on a device (``key.blocking``: a PKCS#11 token): the signature
+        is made on the token's thread, so the loop serves other requests meanwhile. A token that
+        fails or does not answer in time raises ProxyError 503 ``signing-token-unavailable``: the
+        request is refused, never forwarded unsigned. Other keys sign in-line, as ``sign`` does."""
+        now = self.clock()
+        key = self._key(now, keyid, missing)
+        if not isinstance(key, TokenKey):
+            return self.sign(
+                message, label=label, components=components, keyid=keyid, present=present, missing=missing
+            )
+        label = label or self.label
+        if present:
+            message.fields.add(SIGNATURE_KEY, signature_key_member(label, key.public))
+            components = (*components, SIGNATURE_KEY_COMPONENT)
+        created = int(now)
+        try:
+            params = signing_params_value(components, key.thumbprint, created, created + self.validity_s)
+            base = signature_base(message, components, params)
+        except SigningError as exc:
+            if self.metrics is not None:
+                self.metrics.signing_failure(exc.reason)
+            raise ProxyError(400, exc.reason, f"cannot sign this request: {exc.detail}") from None
+        try:
+            signature = await key.sign_async(base)
+        except TokenError as exc:
+            if self.metrics is not None:
+                self.metrics.signing_failure("signing-token-unavailable")
+            raise ProxyError(
+                503, "signing-token-unavailable", f"the signing key's token did not sign ({exc.reason})"
+            ) from None
+        member = SignedMember(label, params, signature, base)
+        attach_signature(message.fields, member)
+        if self.metrics is not None:
+            self.metrics.signed(member.label)
+        return key.thumbprint
+
     def _key(self, now: float, keyid: str | None, missing: Callable[[], ProxyError] | None) -> SigningKey:
         key = self.keys.current(now) if keyid is None else self.keys.key_for(keyid, now)
         if key is not None:
@@ -226,6 +275,92 @@ def prepare_request(
     transactions: TransactionKeys | None = None,
 ) -> Outgoing:
     """Apply the signing pipeline (agent mode) and serialize the request for ``target``."""
+    built = _build(
+        method,
+        target,
+        lines,
+        body,
+        framed=framed,
+        config=config,
+        bearers=bearers,
+        requester=requester,
+        transactions=transactions,
+    )
+    if isinstance(built, Outgoing):
+        return built
+    keyid = signer.sign(built.message, **built.how)
+    return outgoing(
+        method,
+        target,
+        built.message.fields,
+        built.body,
+        framed=framed,
+        keyid=keyid,
+        via=next_hop_target(config),
+    )
+
+
+async def prepare_request_off_loop(
+    method: str,
+    target: Target,
+    lines: Sequence[tuple[str, str]],
+    body: bytes,
+    *,
+    framed: bool,
+    config: Config,
+    signer: Signer,
+    bearers: BearerStore,
+    requester: RequesterInjector | None = None,
+    transactions: TransactionKeys | None = None,
+) -> Outgoing:
+    """``prepare_request`` whose signature is made off the event loop (keys on a token)."""
+    built = _build(
+        method,
+        target,
+        lines,
+        body,
+        framed=framed,
+        config=config,
+        bearers=bearers,
+        requester=requester,
+        transactions=transactions,
+    )
+    if isinstance(built, Outgoing):
+        return built
+    keyid = await signer.sign_off_loop(built.message, **built.how)
+    return outgoing(
+        method,
+        target,
+        built.message.fields,
+        built.body,
+        framed=framed,
+        keyid=keyid,
+        via=next_hop_target(config),
+    )
+
+
+_CURRENT_KEY: dict[str, Any] = {}  # sign with the current key (shared, never changed)
+
+
+class _ToSign(NamedTuple):
+    message: Message
+    body: bytes
+    how: dict[str, Any]  # Signer.sign's keyword arguments: keyid, present, missing
+
+
+def _build(
+    method: str,
+    target: Target,
+    lines: Sequence[tuple[str, str]],
+    body: bytes,
+    *,
+    framed: bool,
+    config: Config,
+    bearers: BearerStore,
+    requester: RequesterInjector | None,
+    transactions: TransactionKeys | None,
+) -> _ToSign | Outgoing:
+    """Everything before the signature; an Outgoing for a host sent unsigned by configuration."""
     fields = drop_hop_by_hop(lines)
     if any(host_matches(p, target.host) for p in config.hosts.unsigned):
         return outgoing(method, target, fields, body, framed=framed, keyid=None, via=next_hop_target(config))
@@ -251,11 +386,11 @@ def prepare_request(
     message = Message(method, target, fields)
     bound = None if delegated is not None or transactions is None else transactions.bound_key(target)
     if delegated is not None and requester is not None:  # never a key the chain does not name
-        keyid = signer.sign(message, keyid=delegated, missing=requester.key_refusal)
-    elif bound is not None:  # a retrieval URL: its transaction's key, presented
-        keyid = signer.sign(
-            message, keyid=bound, present=True, missing=partial(TransactionKeys.refusal, bound)
+        return _ToSign(message, body, {"keyid": delegated, "missing": requester.key_refusal})
+    if bound is not None:  # a retrieval URL: its transaction's key, presented
+        return _ToSign(
+            message,
+            body,
+            {"keyid": bound, "present": True, "missing": partial(TransactionKeys.refusal, bound)},
         )
-    else:
-        keyid = signer.sign(message)
-    return outgoing(method, target, fields, body, framed=framed, keyid=keyid, via=next_hop_target(config))
+    return _ToSign(message, body, _CURRENT_KEY)

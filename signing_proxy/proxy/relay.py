@@ -130,9 +130,11 @@ class RelayPipeline:
                 ) from None
         labels = [e.label for e in entries]
         label = unique_label(self.label, labels)
-        keyid = self.signer.sign(
-            Message(method, target, fields), label=label, components=hop_components(labels[-1])
-        )
+        message, components = Message(method, target, fields), hop_components(labels[-1])
+        if self.signer.keys.blocking:  # a key on a token: signed off the event loop
+            keyid = await self.signer.sign_off_loop(message, label=label, components=components)
+        else:
+            keyid = self.signer.sign(message, label=label, components=components)
         return outgoing(
             method, target, fields, body, framed=framed, keyid=keyid, via=next_hop_target(self.config)
         )

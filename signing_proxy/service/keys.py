@@ -21,6 +21,7 @@ from typing import Final
 
 from ..config import Config
 from ..core.keys import KeyProvider, StaticKeyProvider, format_rfc3339
+from ..core.pkcs11_uri import is_pkcs11_uri
 from ..errors import ConfigError, KeyFileError, KeyStoreError
 from ..storage.keyfile import load_key_file
 from ..storage.keystore import (
@@ -30,7 +31,9 @@ from ..storage.keystore import (
     StoreWatcher,
     open_or_create,
 )
+from ..storage.pkcs11 import Pkcs11KeyProvider
 from .publish import PublishServer
+from .tokenkeys import token_provider_for
 
 __all__ = ["EXPIRY_WARNING_S", "KeyServices", "key_provider_for", "start_key_services"]
 
@@ -42,6 +45,8 @@ EXPIRY_WARNING_S: Final = 7 * 86_400  # our choice: warn at start-up when the si
 def key_provider_for(config: Config) -> KeyProvider:
     """``signing.key`` set: that one key, always (no windows). Otherwise the agent's key store, created
     on first run (importing a legacy ``<data_dir>/agent-key.pem``), refreshed by ``KeyServices``."""
+    if config.signing.key and is_pkcs11_uri(config.signing.key):
+        return token_provider_for(config)
     if config.signing.key:
         try:
             return StaticKeyProvider(load_key_file(Path(config.signing.key).expanduser()))
@@ -103,6 +108,7 @@ class KeyServices:
     publisher: PublishServer | None = None
     watchers: dict[str, StoreWatcher] = field(default_factory=dict)
     publish_addresses: list[tuple[str, int]] = field(default_factory=list)
+    token_providers: list[Pkcs11KeyProvider] = field(default_factory=list)
     _refresh: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
     _wake: asyncio.Event = field(default_factory=asyncio.Event, init=False, repr=False)
     _forced: bool = field(default=False, init=False, repr=False)
@@ -116,7 +122,7 @@ class KeyServices:
     def start_refresh(self, interval_s: float = RELOAD_CHECK_INTERVAL_S) -> None:
         """Look at the stores every ``interval_s`` (re-reading a changed one) and on ``reload()``,
         until ``stop()``."""
-        if self.watchers and self._refresh is None:
+        if (self.watchers or self.token_providers) and self._refresh is None:
             self._refresh = asyncio.get_running_loop().create_task(self._refresh_loop(interval_s))
 
     async def _refresh_loop(self, interval_s: float) -> None:
@@ -125,6 +131,11 @@ class KeyServices:
                 await asyncio.wait_for(self._wake.wait(), interval_s)
             self._wake.clear()
             force, self._forced = self._forced, False
+            for provider in self.token_providers:  # a failed token, tried again off the loop
+                try:
+                    await asyncio.to_thread(provider.probe)
+                except Exception:
+                    log.exception("PKCS#11 token: probe failed")
             for watcher in tuple(self.watchers.values()):
                 try:
                     await asyncio.to_thread(watcher.reload, force=force)
@@ -148,6 +159,8 @@ async def start_key_services(config: Config, keys: KeyProvider, *, reuse_port: b
     services = KeyServices()
     if isinstance(keys, StoreWatcher):
         services.watchers[config.signing.agent] = keys
+    if isinstance(keys, Pkcs11KeyProvider):
+        services.token_providers.append(keys)
     if config.publish.listen is not None:
         if not isinstance(keys, StoreWatcher):  # config validation refuses signing.key with publish.listen
             raise ConfigError("publish.listen: publishing needs the key store; unset signing.key")
