@@ -30,6 +30,7 @@ from ..service.publish import publications, render_publication
 from ..storage.keyfile import load_key_file, write_private_file
 from ..storage.keystore import KeyStore, StoreState, open_or_create
 from .common import add_config_flag, add_data_dir_flag, config_from, duration
+from .tokenkeys import cmd_token_generate, cmd_token_show
 
 __all__ = ["add_parsers"]
 
@@ -40,6 +41,12 @@ DEFAULT_GRACE: Final = "48h"  # spec: Limits (rotation grace "typically 24 to 48
 
 
 def cmd_keys_generate(args: argparse.Namespace) -> int:
+    if args.pkcs11 is not None:  # on a token: nothing is written here
+        if args.out is not None:
+            raise CliError("give either --out or --pkcs11")
+        return cmd_token_generate(args)
+    if args.out is None:
+        raise CliError("--out PATH (a key file) or --pkcs11 URI (a key on a token) is required")
     path = Path(args.out).expanduser()
     key = SigningKey.generate()
     data = json.dumps(key.to_jwk()).encode() + b"\n" if args.format == "jwk" else key.to_pem()
@@ -54,6 +61,10 @@ def cmd_keys_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_keys_show(args: argparse.Namespace) -> int:
+    if (args.pkcs11 is None) == (args.path is None):
+        raise CliError("give a key file PATH or --pkcs11 URI")
+    if args.pkcs11 is not None:
+        return cmd_token_show(args)
     path = Path(args.path).expanduser()
     try:
         key = load_key_file(path)
@@ -317,7 +328,13 @@ def add_parsers(sub: Any) -> None:
         help="generate an Ed25519 signing key",
         description="Generate an Ed25519 key, written owner-only (0600).",
     )
-    gen.add_argument("--out", required=True, metavar="PATH", help="file to write")
+    gen.add_argument("--out", metavar="PATH", help="file to write")
+    gen.add_argument(
+        "--pkcs11",
+        metavar="URI",
+        help="create a non-extractable key pair on a PKCS#11 token instead (pkcs11:token=...;object=...)",
+    )
+    add_config_flag(gen)
     gen.add_argument(
         "--format", choices=("pem", "jwk"), default="pem", help="PKCS#8 PEM (default) or private JWK"
     )
@@ -328,7 +345,9 @@ def add_parsers(sub: Any) -> None:
         help="print a key's thumbprint and public JWK",
         description="Print the RFC 7638 thumbprint (the keyid) and the public JWK of a key file.",
     )
-    show.add_argument("path", metavar="PATH")
+    show.add_argument("path", metavar="PATH", nargs="?")
+    show.add_argument("--pkcs11", metavar="URI", help="a key pair on a PKCS#11 token instead of a file")
+    add_config_flag(show)
     show.set_defaults(func=cmd_keys_show)
 
     listing = keys.add_parser(
