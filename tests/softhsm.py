@@ -90,9 +90,9 @@ class SoftHsm:
 def use_in_this_process(hsm: SoftHsm, monkeypatch: pytest.MonkeyPatch) -> None:
     """Point this process's PKCS#11 modules at ``hsm``: SoftHSM reads SOFTHSM2_CONF at C_Initialize,
     and python-pkcs11 keeps one initialised module per process, so it is re-initialised here."""
-    import pkcs11  # noqa: PLC0415  # optional: only when softhsm_module() did not skip
+    import pkcs11  # optional: only when softhsm_module() did not skip
 
-    from signing_proxy.storage import pkcs11 as token_keys  # noqa: PLC0415
+    from signing_proxy.storage import pkcs11 as token_keys
 
     for name, value in hsm.env().items():
         monkeypatch.setenv(name, value)
