@@ -99,7 +99,8 @@ class KeyStoreError(StorageError):
 class TokenError(StorageError):
     """A PKCS#11 token or its key cannot be used (never names the PIN); ``reason`` is stable:
     ``token-module-unloadable``, ``token-missing``, ``token-pin-incorrect``, ``token-pin-missing``,
-    ``token-key-missing``, ``token-key-exists``, ``token-key-unsupported``, ``token-unavailable``."""
+    ``token-key-missing``, ``token-key-exists``, ``token-key-unsupported``, ``token-key-mismatch``,
+    ``token-unavailable``."""
 
     def __init__(self, reason: str, detail: str) -> None:
         super().__init__(reason, None, detail)

@@ -30,7 +30,7 @@ from ..service.publish import publications, render_publication
 from ..storage.keyfile import load_key_file, write_private_file
 from ..storage.keystore import KeyStore, StoreState, open_or_create
 from .common import add_config_flag, add_data_dir_flag, config_from, duration
-from .tokenkeys import cmd_token_generate, cmd_token_show
+from .tokenkeys import cmd_token_generate, cmd_token_show, token_key_for_store
 
 __all__ = ["add_parsers"]
 
@@ -171,7 +171,14 @@ def cmd_keys_rotate(args: argparse.Namespace) -> int:
     lifetime = args.lifetime if args.lifetime is not None else config.signing.key_lifetime_s
     max_age = config.publish.directory_max_age_s
     now = time.time()
+    token_key = token_key_for_store(config, args.pkcs11) if args.pkcs11 else None  # on a token
     try:
+        if token_key is not None and not store.exists():
+            first = store.create(now, lifetime_s=lifetime, key=token_key)
+            print(
+                f"created the key store {store.path} with key {first.thumbprint} (on the token): it signs now"
+            )
+            return 0
         store, created, imported = open_or_create(config.data_path, store.agent, now, lifetime_s=lifetime)
         if created is not None and imported is None:
             print(f"created the key store {store.path} with key {created.thumbprint}: it signs now")
@@ -185,7 +192,7 @@ def cmd_keys_rotate(args: argparse.Namespace) -> int:
         if delay is None:
             delay = activation_delay(records, now, max_age)
         new, moved = store.rotate(
-            now, grace_s=args.grace, lifetime_s=lifetime, activate_in_s=delay, force=args.force
+            now, grace_s=args.grace, lifetime_s=lifetime, activate_in_s=delay, force=args.force, key=token_key
         )
     except (KeyStoreError, ValueError) as exc:
         raise _fail(exc) from None
@@ -384,6 +391,12 @@ def add_parsers(sub: Any) -> None:
         default=None,
         metavar="DURATION",
         help="how long the new key signs from its activation (default signing.key_lifetime_s, 90d)",
+    )
+    rotate.add_argument(
+        "--pkcs11",
+        metavar="URI",
+        help="the new key is on a PKCS#11 token (pkcs11:token=...;object=...): made there unless it "
+        "exists; module and PIN from signing.pkcs11",
     )
     when = rotate.add_mutually_exclusive_group()
     when.add_argument(

@@ -32,8 +32,9 @@ from ..storage.keystore import (
     open_or_create,
 )
 from ..storage.pkcs11 import Pkcs11KeyProvider
+from ..storage.tokenstore import TokenStoreKeyProvider
 from .publish import PublishServer
-from .tokenkeys import token_provider_for
+from .tokenkeys import token_keys_for, token_provider_for
 
 __all__ = ["EXPIRY_WARNING_S", "KeyServices", "key_provider_for", "start_key_services"]
 
@@ -61,7 +62,8 @@ def key_provider_for(config: Config) -> KeyProvider:
     except OSError as exc:
         reason = f"cannot create the key store: {exc.strerror or exc}"
         raise KeyStoreError("store-unwritable", config.data_path, reason) from None
-    provider = StoreKeyProvider(store)
+    store.tokens = token_keys_for(config)  # entries naming a key on a PKCS#11 token
+    provider = TokenStoreKeyProvider(store)
     if created is not None and imported is not None:
         log.info(
             "imported the signing key %s from %s into the key store %s, valid until %s; "
@@ -108,7 +110,7 @@ class KeyServices:
     publisher: PublishServer | None = None
     watchers: dict[str, StoreWatcher] = field(default_factory=dict)
     publish_addresses: list[tuple[str, int]] = field(default_factory=list)
-    token_providers: list[Pkcs11KeyProvider] = field(default_factory=list)
+    token_providers: list[Pkcs11KeyProvider | TokenStoreKeyProvider] = field(default_factory=list)
     _refresh: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
     _wake: asyncio.Event = field(default_factory=asyncio.Event, init=False, repr=False)
     _forced: bool = field(default=False, init=False, repr=False)
@@ -159,7 +161,7 @@ async def start_key_services(config: Config, keys: KeyProvider, *, reuse_port: b
     services = KeyServices()
     if isinstance(keys, StoreWatcher):
         services.watchers[config.signing.agent] = keys
-    if isinstance(keys, Pkcs11KeyProvider):
+    if isinstance(keys, Pkcs11KeyProvider | TokenStoreKeyProvider):
         services.token_providers.append(keys)
     if config.publish.listen is not None:
         if not isinstance(keys, StoreWatcher):  # config validation refuses signing.key with publish.listen

@@ -10,11 +10,13 @@ import logging
 
 from ..config import Config
 from ..core.errors import KeyFormatError
+from ..core.jwk import PublicKey, SigningKey
 from ..core.pkcs11_uri import parse_pkcs11_uri
 from ..errors import ConfigError, TokenError
-from ..storage.pkcs11 import Pkcs11KeyProvider, TokenSlot, module_for, open_token_key, read_pin
+from ..storage.keystore import TokenKeys
+from ..storage.pkcs11 import Pkcs11KeyProvider, TokenKey, TokenSlot, module_for, open_token_key, read_pin
 
-__all__ = ["token_provider_for", "token_slot_for"]
+__all__ = ["token_keys_for", "token_provider_for", "token_slot_for"]
 
 log = logging.getLogger("signing_proxy")
 
@@ -48,3 +50,18 @@ def token_provider_for(config: Config) -> Pkcs11KeyProvider:
         "signing with %s, keyid %s (the private key stays on the token)", slot.uri.describe(), key.thumbprint
     )
     return Pkcs11KeyProvider(key)
+
+
+def token_keys_for(config: Config) -> TokenKeys:
+    """How the key store opens the token keys its index names: one ``TokenSlot`` per token (so one
+    pooled session and one health state), reached with ``signing.pkcs11``'s module and PIN. The
+    token is not contacted here: a key is checked against its public key when it first signs."""
+    slots: dict[tuple[str | None, ...], TokenSlot] = {}
+
+    def open_key(uri_text: str, public: PublicKey) -> SigningKey:
+        slot = token_slot_for(config, uri_text, where="key store entry")
+        token = (slot.module.path, slot.uri.token, slot.uri.serial, slot.uri.manufacturer, slot.uri.model)
+        shared = slots.setdefault(token, slot)
+        return TokenKey(shared, slot.uri, public)
+
+    return open_key

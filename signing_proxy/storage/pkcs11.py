@@ -51,6 +51,7 @@ ED25519_CURVE_OID: Final = "1.3.101.112"  # RFC 8410 id-Ed25519: CKA_EC_PARAMS o
 MAX_PIN_FILE_BYTES: Final = 1024  # our choice: far above any PIN
 T = TypeVar("T")
 
+_FINAL: Final = frozenset({"token-pin-incorrect", "token-module-unloadable", "token-key-exists"})
 _modules: dict[str, Pkcs11Module] = {}
 _modules_lock = threading.Lock()
 
@@ -121,6 +122,25 @@ def _key_template(uri: Pkcs11Uri, object_class: Any) -> dict[Any, Any]:
     if uri.id is not None:
         template[p11.Attribute.ID] = uri.id
     return template
+
+
+def _read_public(session: Any, uri: Pkcs11Uri) -> PublicKey:
+    """The public key of the one Ed25519 key pair ``uri`` names on ``session``'s token."""
+    p11 = _pkcs11()
+    objects = list(session.get_objects(_key_template(uri, p11.ObjectClass.PRIVATE_KEY)))
+    if not objects:
+        raise TokenError("token-key-missing", f"no private key {uri.describe()}")
+    if len(objects) > 1:
+        raise TokenError("token-key-missing", f"several private keys match {uri.describe()}")
+    if objects[0][p11.Attribute.KEY_TYPE] != p11.KeyType.EC_EDWARDS:
+        raise TokenError("token-key-unsupported", f"{uri.describe()} is not an Ed25519 key")
+    publics = list(session.get_objects(_key_template(uri, p11.ObjectClass.PUBLIC_KEY)))
+    if len(publics) != 1:
+        raise TokenError("token-key-missing", f"no single public key object for {uri.describe()}")
+    try:
+        return PublicKey.from_raw(_raw_ec_point(publics[0][p11.Attribute.EC_POINT]))
+    except KeyFormatError:
+        raise TokenError("token-key-unsupported", f"{uri.describe()} is not an Ed25519 key") from None
 
 
 def _raw_ec_point(point: bytes) -> bytes:
@@ -218,7 +238,7 @@ class Pkcs11Module:
                         ) from None
                 except TokenError as exc:
                     self.reset()
-                    if attempt == 2 or exc.reason in ("token-pin-incorrect", "token-module-unloadable"):
+                    if attempt == 2 or exc.reason in _FINAL:
                         raise
         raise AssertionError("unreachable")
 
@@ -250,25 +270,7 @@ class TokenSlot:
 
     def public_key(self, uri: Pkcs11Uri) -> PublicKey:
         """The Ed25519 public key of the key pair ``uri`` names (blocking: off the event loop)."""
-        p11 = _pkcs11()
-
-        def read() -> PublicKey:
-            objects = list(self.session().get_objects(_key_template(uri, p11.ObjectClass.PRIVATE_KEY)))
-            if not objects:
-                raise TokenError("token-key-missing", f"no private key {uri.describe()}")
-            if len(objects) > 1:
-                raise TokenError("token-key-missing", f"several private keys match {uri.describe()}")
-            if objects[0][p11.Attribute.KEY_TYPE] != p11.KeyType.EC_EDWARDS:
-                raise TokenError("token-key-unsupported", f"{uri.describe()} is not an Ed25519 key")
-            publics = list(self.session().get_objects(_key_template(uri, p11.ObjectClass.PUBLIC_KEY)))
-            if len(publics) != 1:
-                raise TokenError("token-key-missing", f"no single public key object for {uri.describe()}")
-            try:
-                return PublicKey.from_raw(_raw_ec_point(publics[0][p11.Attribute.EC_POINT]))
-            except KeyFormatError:
-                raise TokenError("token-key-unsupported", f"{uri.describe()} is not an Ed25519 key") from None
-
-        return self.tracked(read)
+        return self.tracked(lambda: _read_public(self.session(), uri))
 
     def tracked(self, fn: Callable[[], T]) -> T:
         try:
@@ -302,7 +304,13 @@ class TokenKey(SigningKey):
         def on_token() -> bytes:
             module = self.slot.module
             if self._handle is None or self._handle[0] != module.generation:
-                key = self.slot.session().get_key(**_lookup(self.uri, p11.ObjectClass.PRIVATE_KEY))
+                session = self.slot.session()
+                if _read_public(session, self.uri) != self.public:  # never sign with another key
+                    raise TokenError(
+                        "token-key-mismatch",
+                        f"{self.uri.describe()} is no longer the key {self.thumbprint}",
+                    )
+                key = session.get_key(**_lookup(self.uri, p11.ObjectClass.PRIVATE_KEY))
                 self._handle = (module.generation, key)
             return bytes(self._handle[1].sign(data, mechanism=p11.Mechanism.EDDSA))
 
