@@ -51,7 +51,9 @@ ED25519_CURVE_OID: Final = "1.3.101.112"  # RFC 8410 id-Ed25519: CKA_EC_PARAMS o
 MAX_PIN_FILE_BYTES: Final = 1024  # our choice: far above any PIN
 T = TypeVar("T")
 
-_FINAL: Final = frozenset({"token-pin-incorrect", "token-module-unloadable", "token-key-exists"})
+_FINAL: Final = frozenset(
+    {"token-pin-incorrect", "token-module-unloadable", "token-key-exists", "token-key-mismatch"}
+)
 _modules: dict[str, Pkcs11Module] = {}
 _modules_lock = threading.Lock()
 
@@ -237,8 +239,10 @@ class Pkcs11Module:
                             "token-unavailable", f"the token failed: {type(exc).__name__}"
                         ) from None
                 except TokenError as exc:
+                    if exc.reason in _FINAL:  # the token answered: trying again changes nothing
+                        raise
                     self.reset()
-                    if attempt == 2 or exc.reason in _FINAL:
+                    if attempt == 2:
                         raise
         raise AssertionError("unreachable")
 
