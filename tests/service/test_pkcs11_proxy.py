@@ -40,13 +40,9 @@ def generate(tmp_path: Path, hsm: SoftHsm, obj: str = "agent") -> PublicKey:
     config = str(token_config(tmp_path, hsm))
     made = run_cli("keys", "generate", "--config", config, "--pkcs11", hsm.uri(obj), env=hsm.env())
     assert made.returncode == 0, made.stderr
-    shown = run_cli("keys", "show", "--config", config, "--pkcs11", hsm.uri(obj), env=hsm.env())
-    assert shown.returncode == 0, shown.stderr
-    lines = dict(line.split(":", 1) for line in shown.stdout.splitlines())
-    public = PublicKey.from_raw(b64url_decode(json.loads(lines["public jwk"])["x"]))
-    assert public.thumbprint == lines["thumbprint"].strip()
+    public = shown_public(tmp_path, hsm, obj)
     assert "thumbprint: " + public.thumbprint in made.stdout
-    assert PIN not in made.stdout + made.stderr + shown.stdout + shown.stderr
+    assert PIN not in made.stdout + made.stderr
     return public
 
 
@@ -111,3 +107,45 @@ def test_a_removed_token_fails_closed_and_recovers(tmp_path: Path) -> None:
         assert via(proxy, origin.url("/after")).status_code == 200
         assert [a.verified for a in origin.arrivals] == [True, True]
         assert origin.arrivals[-1].oracle == "ok"
+
+
+def test_a_store_rotates_to_a_token_key_that_signs_and_is_published(tmp_path: Path) -> None:
+    hsm = SoftHsm(tmp_path)
+    data = tmp_path / "data"
+    config = tmp_path / "store.yaml"
+    config.write_text(yaml.safe_dump({"data_dir": str(data), "signing": {"pkcs11": hsm.pkcs11_config()}}))
+    first = run_cli("keys", "rotate", "--config", str(config), env=hsm.env())  # a file key, to begin
+    assert first.returncode == 0, first.stderr
+    rotated = run_cli(
+        "keys", "rotate", "--config", str(config), "--pkcs11", hsm.uri("agent"), "--now", env=hsm.env()
+    )
+    assert rotated.returncode == 0, rotated.stderr
+    assert "generated " in rotated.stdout
+    public = shown_public(tmp_path, hsm)
+    assert f"new key {public.thumbprint}: published now, signs now" in rotated.stdout
+
+    out = tmp_path / "site"
+    published = run_cli("publish", "--config", str(config), "--out", str(out), "--domain", "agent.example")
+    assert published.returncode == 0, published.stderr
+    directory = (out / ".well-known" / "http-message-signatures-directory").read_bytes()
+    assert public.jwk()["x"].encode() in directory
+
+    proxy_cfg = {"data_dir": str(data), "signing": {"key": None, "pkcs11": hsm.pkcs11_config()}}
+    with VerifyingOrigin() as origin, ProxyProcess(tmp_path, proxy_cfg, env=hsm.env()) as proxy:
+        origin.trust(public)
+        assert via(proxy, origin.url("/from-the-store")).status_code == 200
+        assert origin.arrivals[-1].verified
+        assert origin.arrivals[-1].oracle == "ok"
+        assert origin.arrivals[-1].keyids == [public.thumbprint]
+
+
+def shown_public(tmp_path: Path, hsm: SoftHsm, obj: str = "agent") -> PublicKey:
+    """The public key of the token's key ``obj`` as ``keys show --pkcs11`` prints it."""
+    config = str(token_config(tmp_path, hsm))
+    shown = run_cli("keys", "show", "--config", config, "--pkcs11", hsm.uri(obj), env=hsm.env())
+    assert shown.returncode == 0, shown.stderr
+    assert PIN not in shown.stdout + shown.stderr
+    lines = dict(line.split(":", 1) for line in shown.stdout.splitlines())
+    public = PublicKey.from_raw(b64url_decode(json.loads(lines["public jwk"])["x"]))
+    assert public.thumbprint == lines["thumbprint"].strip()
+    return public
