@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
@@ -111,6 +112,20 @@ class KeyServices:
     watchers: dict[str, StoreWatcher] = field(default_factory=dict)
     publish_addresses: list[tuple[str, int]] = field(default_factory=list)
     token_providers: list[Pkcs11KeyProvider | TokenStoreKeyProvider] = field(default_factory=list)
+    _prober: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="token-probe"),
+        init=False,
+        repr=False,
+    )
+    _probing: asyncio.Future[None] | None = field(default=None, init=False, repr=False)
+
+    def _probe_tokens(self) -> None:
+        for provider in self.token_providers:
+            try:
+                provider.probe()
+            except Exception:  # keep probing: the next tick tries again
+                log.exception("PKCS#11 token: probe failed")
+
     _refresh: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
     _wake: asyncio.Event = field(default_factory=asyncio.Event, init=False, repr=False)
     _forced: bool = field(default=False, init=False, repr=False)
@@ -133,11 +148,10 @@ class KeyServices:
                 await asyncio.wait_for(self._wake.wait(), interval_s)
             self._wake.clear()
             force, self._forced = self._forced, False
-            for provider in self.token_providers:  # a failed token, tried again off the loop
-                try:
-                    await asyncio.to_thread(provider.probe)
-                except Exception:
-                    log.exception("PKCS#11 token: probe failed")
+            if self.token_providers and (self._probing is None or self._probing.done()):
+                # a failed token, tried again on a thread of its own: a hung token holds up no
+                # reload, and a probe still running is not queued again
+                self._probing = asyncio.get_running_loop().run_in_executor(self._prober, self._probe_tokens)
             for watcher in tuple(self.watchers.values()):
                 try:
                     await asyncio.to_thread(watcher.reload, force=force)
@@ -151,6 +165,7 @@ class KeyServices:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        self._prober.shutdown(wait=False, cancel_futures=True)
         if self.publisher is not None:
             await self.publisher.stop()
 
