@@ -15,7 +15,7 @@ import yaml
 
 from signing_proxy.core.b64 import b64url_decode
 from signing_proxy.core.jwk import PublicKey
-from tests.harness import WAIT_S, ProxyProcess, VerifyingOrigin, run_cli, wait_for
+from tests.harness import WAIT_S, ProxyProcess, VerifyingOrigin, free_port, run_cli, wait_for
 from tests.softhsm import PIN, SoftHsm
 
 pytestmark = pytest.mark.integration
@@ -149,3 +149,43 @@ def shown_public(tmp_path: Path, hsm: SoftHsm, obj: str = "agent") -> PublicKey:
     public = PublicKey.from_raw(b64url_decode(json.loads(lines["public jwk"])["x"]))
     assert public.thumbprint == lines["thumbprint"].strip()
     return public
+
+
+def test_a_relay_stacks_its_label_with_a_token_key(tmp_path: Path) -> None:
+    hsm = SoftHsm(tmp_path)
+    public = generate(tmp_path, hsm)
+    relay_port = free_port()
+    relay_cfg = {
+        "mode": "relay",
+        "listen": f"127.0.0.1:{relay_port}",
+        "signing": {"key": hsm.uri("agent"), "label": "broker", "pkcs11": hsm.pkcs11_config()},
+        "relay": {"verify": False},
+    }
+    (tmp_path / "relay").mkdir()
+    (tmp_path / "agent").mkdir()
+    agent_cfg = {"upstream": {"next_hop": f"http://127.0.0.1:{relay_port}"}}
+    with (
+        VerifyingOrigin() as origin,
+        ProxyProcess(tmp_path / "relay", relay_cfg, env=hsm.env()),
+        ProxyProcess(tmp_path / "agent", agent_cfg) as agent,
+    ):
+        origin.trust(public, agent.key)
+        assert via(agent, origin.url("/relayed")).status_code == 200
+    arrival = origin.arrivals[-1]
+    assert arrival.verified, arrival.reason
+    assert arrival.oracle == "ok", arrival.oracle
+    assert arrival.labels == ["agent", "broker"]
+    assert arrival.keyids == [agent.key.thumbprint, public.thumbprint]
+
+
+def test_workers_are_refused_with_a_token_key(tmp_path: Path) -> None:
+    hsm = SoftHsm(tmp_path)
+    generate(tmp_path, hsm)
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        yaml.safe_dump({"listen": "127.0.0.1:0", "data_dir": str(tmp_path), **proxy_config(hsm)})
+    )
+    refused = run_cli("run", "--config", str(config), "--workers", "2", env=hsm.env())
+    assert refused.returncode == 2
+    assert "--workers" in refused.stderr
+    assert "PKCS#11" in refused.stderr
