@@ -6,11 +6,12 @@ other key. One ``Pkcs11Module`` per module path owns the loaded module, one logg
 token (pooled: opened once, re-used by every signature, reopened after a failure) and one worker
 thread. python-pkcs11 initialises a module without locking callbacks (``C_Initialize(NULL)``), which
 by PKCS#11 means the application must not call it from several threads at once; so every call into
-a module runs on that module's thread, one at a time, and never on the event loop
-(``TokenKey.sign_async``). A call that fails resets the module (sessions closed, module
+a module holds the module's lock, and signatures run on the module's thread, never on the event
+loop (``TokenKey.sign_async``). A call that fails resets the module (sessions closed, module
 re-initialised) and is tried once more, so a token that comes back is used again without a
-restart; until then ``failure`` says why, for ``/readyz``. The PIN is read once and never appears in
-a message, a log line or a ``repr``.
+restart; until then ``failure`` says why, for ``/readyz``. A PIN the token refused is never tried
+again by this process (the token would lock it after a few tries): that needs a restart. The PIN
+is read once and never appears in a message, a log line or a ``repr``.
 
 python-pkcs11 is optional (extra ``hsm``): it is imported when a token is first used.
 """
@@ -186,12 +187,17 @@ class Pkcs11Module:
                 ) from None
         return self._lib
 
-    def session(self, uri: Pkcs11Uri, pin: str | None) -> Any:
-        """The token's pooled logged-in session (opened on first use). Call with ``lock`` held."""
+    def session(self, uri: Pkcs11Uri, pin: str | None, *, rw: bool = False) -> Any:
+        """The token's pooled logged-in session (opened on first use; read-write only when ``rw``:
+        some tokens allow few such sessions). Call with ``lock`` held."""
         selector = _token_selector(uri)
         session = self._sessions.get(selector)
-        if session is not None:
+        if session is not None and (session.rw or not rw):
             return session
+        if session is not None:  # one login per token: the read-only session makes way
+            with contextlib.suppress(_pkcs11().PKCS11Error):
+                session.close()
+            del self._sessions[selector]
         p11 = _pkcs11()
         lib = self._library()
         where = uri.describe().partition(" on ")[2]
@@ -204,7 +210,7 @@ class Pkcs11Module:
         except p11.PKCS11Error as exc:
             raise TokenError("token-unavailable", f"cannot list the tokens of {self.path}: {exc!r}") from None
         try:
-            session = token.open(rw=True, user_pin=pin)
+            session = token.open(rw=rw, user_pin=pin)
         except (p11.PinIncorrect, p11.PinInvalid, p11.PinLenRange):
             raise TokenError("token-pin-incorrect", f"{where} refused the PIN") from None
         except p11.PinLocked:
@@ -269,8 +275,10 @@ class TokenSlot:
     def __repr__(self) -> str:  # never the PIN
         return f"TokenSlot({self.module.path!r}, {self.uri.describe()!r})"
 
-    def session(self) -> Any:
-        return self.module.session(self.uri, self.pin)
+    def session(self, *, rw: bool = False) -> Any:
+        if self.failure == "token-pin-incorrect":  # never again: the token counts wrong PINs
+            raise TokenError("token-pin-incorrect", "the token refused the PIN; restart with the right one")
+        return self.module.session(self.uri, self.pin, rw=rw)
 
     def public_key(self, uri: Pkcs11Uri) -> PublicKey:
         """The Ed25519 public key of the key pair ``uri`` names (blocking: off the event loop)."""
@@ -371,7 +379,7 @@ def generate_token_key(slot: TokenSlot, uri: Pkcs11Uri) -> TokenKey:
     named = replace(uri, id=key_id)
 
     def generate() -> None:
-        session = slot.session()
+        session = slot.session(rw=True)
         if list(session.get_objects(_key_template(uri, p11.ObjectClass.PRIVATE_KEY))):
             raise TokenError("token-key-exists", f"a private key {uri.describe()} already exists")
         common = {p11.Attribute.TOKEN: True, p11.Attribute.ID: key_id}

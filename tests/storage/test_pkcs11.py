@@ -16,6 +16,7 @@ from signing_proxy.core.pkcs11_uri import parse_pkcs11_uri
 from signing_proxy.errors import TokenError
 from signing_proxy.storage.pkcs11 import (
     Pkcs11KeyProvider,
+    TokenKey,
     TokenSlot,
     generate_token_key,
     module_for,
@@ -175,3 +176,31 @@ def test_pin_sources(tmp_path: Path) -> None:
         read_pin(pin=None, pin_env=None, pin_file=str(pin_file), uri=uri)
     assert caught.value.reason == "token-pin-missing"
     assert read_pin(pin=None, pin_env=None, pin_file=None, uri=uri) is None
+
+
+def test_a_refused_pin_is_never_tried_again(hsm: SoftHsm, monkeypatch: pytest.MonkeyPatch) -> None:
+    made = generate_token_key(slot(hsm), parse_pkcs11_uri(hsm.uri("agent")))
+    module = module_for(hsm.module)
+    with module.lock:
+        module.reset()  # no pooled login left: the next session logs in again
+    refused = slot(hsm, pin="1111-wrong")
+    logins: list[str] = []
+    real_session = module.session
+
+    def counted(uri: object, pin: str | None, *, rw: bool = False) -> object:
+        logins.append("login")
+        return real_session(uri, pin, rw=rw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(module, "session", counted)
+    key = TokenKey(refused, made.uri, made.public)
+    with pytest.raises(TokenError) as caught:
+        key.sign(b"base")
+    assert caught.value.reason == "token-pin-incorrect"
+    assert logins == ["login"]  # refused once, not retried by the module either
+    provider = Pkcs11KeyProvider(key)
+    for _ in range(3):
+        provider.probe()
+        with pytest.raises(TokenError):
+            key.sign(b"base")
+    assert logins == ["login"]  # neither probes nor signatures try the PIN again
+    assert provider.unavailable() == "token-pin-incorrect"
