@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 from run import PY, ROOT, cpu_seconds, ensure_wrk, free_port, pin, process, run_wrk, wait_port
@@ -155,7 +156,7 @@ def main() -> int:
 
 
 @contextlib.contextmanager
-def process_with_env(args: list[str], env: dict[str, str]):  # type: ignore[no-untyped-def]
+def process_with_env(args: list[str], env: dict[str, str]) -> Iterator[subprocess.Popen[bytes]]:
     """``run.process`` with an environment (the token's SOFTHSM2_CONF and PIN variable)."""
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     try:
