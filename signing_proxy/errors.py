@@ -12,6 +12,7 @@
      +-- StorageError              on-disk state refused (names the path)
      |    +-- KeyFileError         a key file: missing, unreadable, too open, malformed
      |    +-- KeyStoreError        the key store: missing, malformed, too open, or a change would break it
+     |    +-- TokenError           a PKCS#11 token or its key: missing, PIN refused, unavailable
      |    +-- CAError              the interception CA, or a leaf it cannot mint
      +-- DirectoryError            502  a directory or revocation list could not be fetched or used
      +-- EgressError               403  a fetch on a remote party's word refused by the egress policy
@@ -57,6 +58,7 @@ __all__ = [
     "ProxyError",
     "SigningError",
     "StorageError",
+    "TokenError",
     "VerificationError",
     "http_status",
     "problem_body",
@@ -92,6 +94,16 @@ class KeyFileError(StorageError):
 
 class KeyStoreError(StorageError):
     """The store is missing, malformed, too open, or a change would break it; names the path."""
+
+
+class TokenError(StorageError):
+    """A PKCS#11 token or its key cannot be used (never names the PIN); ``reason`` is stable:
+    ``token-module-unloadable``, ``token-missing``, ``token-pin-incorrect``, ``token-pin-missing``,
+    ``token-key-missing``, ``token-key-exists``, ``token-key-unsupported``, ``token-key-mismatch``,
+    ``token-unavailable``."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(reason, None, detail)
 
 
 class CAError(StorageError):

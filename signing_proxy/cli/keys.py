@@ -30,6 +30,7 @@ from ..service.publish import publications, render_publication
 from ..storage.keyfile import load_key_file, write_private_file
 from ..storage.keystore import KeyStore, StoreState, open_or_create
 from .common import add_config_flag, add_data_dir_flag, config_from, duration
+from .tokenkeys import cmd_token_generate, cmd_token_show, token_key_for_store
 
 __all__ = ["add_parsers"]
 
@@ -40,6 +41,12 @@ DEFAULT_GRACE: Final = "48h"  # spec: Limits (rotation grace "typically 24 to 48
 
 
 def cmd_keys_generate(args: argparse.Namespace) -> int:
+    if args.pkcs11 is not None:  # on a token: nothing is written here
+        if args.out is not None:
+            raise CliError("give either --out or --pkcs11")
+        return cmd_token_generate(args)
+    if args.out is None:
+        raise CliError("--out PATH (a key file) or --pkcs11 URI (a key on a token) is required")
     path = Path(args.out).expanduser()
     key = SigningKey.generate()
     data = json.dumps(key.to_jwk()).encode() + b"\n" if args.format == "jwk" else key.to_pem()
@@ -54,6 +61,10 @@ def cmd_keys_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_keys_show(args: argparse.Namespace) -> int:
+    if (args.pkcs11 is None) == (args.path is None):
+        raise CliError("give a key file PATH or --pkcs11 URI")
+    if args.pkcs11 is not None:
+        return cmd_token_show(args)
     path = Path(args.path).expanduser()
     try:
         key = load_key_file(path)
@@ -160,7 +171,14 @@ def cmd_keys_rotate(args: argparse.Namespace) -> int:
     lifetime = args.lifetime if args.lifetime is not None else config.signing.key_lifetime_s
     max_age = config.publish.directory_max_age_s
     now = time.time()
+    token_key = token_key_for_store(config, args.pkcs11) if args.pkcs11 else None  # on a token
     try:
+        if token_key is not None and not store.exists():
+            first = store.create(now, lifetime_s=lifetime, key=token_key)
+            print(
+                f"created the key store {store.path} with key {first.thumbprint} (on the token): it signs now"
+            )
+            return 0
         store, created, imported = open_or_create(config.data_path, store.agent, now, lifetime_s=lifetime)
         if created is not None and imported is None:
             print(f"created the key store {store.path} with key {created.thumbprint}: it signs now")
@@ -174,7 +192,7 @@ def cmd_keys_rotate(args: argparse.Namespace) -> int:
         if delay is None:
             delay = activation_delay(records, now, max_age)
         new, moved = store.rotate(
-            now, grace_s=args.grace, lifetime_s=lifetime, activate_in_s=delay, force=args.force
+            now, grace_s=args.grace, lifetime_s=lifetime, activate_in_s=delay, force=args.force, key=token_key
         )
     except (KeyStoreError, ValueError) as exc:
         raise _fail(exc) from None
@@ -317,7 +335,13 @@ def add_parsers(sub: Any) -> None:
         help="generate an Ed25519 signing key",
         description="Generate an Ed25519 key, written owner-only (0600).",
     )
-    gen.add_argument("--out", required=True, metavar="PATH", help="file to write")
+    gen.add_argument("--out", metavar="PATH", help="file to write")
+    gen.add_argument(
+        "--pkcs11",
+        metavar="URI",
+        help="create a non-extractable key pair on a PKCS#11 token instead (pkcs11:token=...;object=...)",
+    )
+    add_config_flag(gen)
     gen.add_argument(
         "--format", choices=("pem", "jwk"), default="pem", help="PKCS#8 PEM (default) or private JWK"
     )
@@ -328,7 +352,9 @@ def add_parsers(sub: Any) -> None:
         help="print a key's thumbprint and public JWK",
         description="Print the RFC 7638 thumbprint (the keyid) and the public JWK of a key file.",
     )
-    show.add_argument("path", metavar="PATH")
+    show.add_argument("path", metavar="PATH", nargs="?")
+    show.add_argument("--pkcs11", metavar="URI", help="a key pair on a PKCS#11 token instead of a file")
+    add_config_flag(show)
     show.set_defaults(func=cmd_keys_show)
 
     listing = keys.add_parser(
@@ -365,6 +391,12 @@ def add_parsers(sub: Any) -> None:
         default=None,
         metavar="DURATION",
         help="how long the new key signs from its activation (default signing.key_lifetime_s, 90d)",
+    )
+    rotate.add_argument(
+        "--pkcs11",
+        metavar="URI",
+        help="the new key is on a PKCS#11 token (pkcs11:token=...;object=...): made there unless it "
+        "exists; module and PIN from signing.pkcs11",
     )
     when = rotate.add_mutually_exclusive_group()
     when.add_argument(

@@ -61,6 +61,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     workers = getattr(args, "workers", 1)
     if workers < 1:
         raise CliError(f"--workers: must be at least 1, got {workers}")
+    if workers > 1 and keys.blocking:  # a PKCS#11 session does not survive fork()
+        raise CliError("--workers: a key on a PKCS#11 token serves one process; run one replica per process")
     if workers > 1:
         return _run_workers(config, keys, args, workers)
     _use_uvloop()

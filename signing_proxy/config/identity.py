@@ -18,6 +18,7 @@ from ..core.scopes import scope_segments
 from ..core.uri import parse_absolute_uri
 from ..errors import ConfigError
 from .checks import check_agent_name, check_url, parse_host_port, positive
+from .pkcs11 import Pkcs11Config, check_pkcs11_key
 
 __all__ = [
     "DEFAULT_REVOCATION_PATH",
@@ -34,14 +35,18 @@ DIRECTORY_MAX_AGE_RANGE_S = (60, 86_400)  # spec: Limits ("minutes to hours")
 
 @dataclass(frozen=True)
 class SigningConfig:
-    key: str | None = None  # PEM or private JWK: one static key; None: the key store <data_dir>/keys/<agent>/
+    key: str | None = (
+        None  # PEM or private JWK file, or a pkcs11: URI; None: the key store <data_dir>/keys/<agent>/
+    )
     label: str = "agent"
     signature_agent: str = ""  # directory base URL; "" sends an empty Signature-Agent
     validity_s: int = 300
     agent: str = "default"  # whose key store signs (and is published at the root of publish.listen)
     key_lifetime_s: int = 90 * 86_400  # window of a key the store creates (first run, `keys rotate`)
+    pkcs11: Pkcs11Config = field(default_factory=Pkcs11Config)  # module and PIN of token-held keys
 
     def _check(self, path: str) -> None:
+        check_pkcs11_key(self.key, f"{path}.key")
         label_chars = set("abcdefghijklmnopqrstuvwxyz0123456789_-.*")
         if (
             not self.label

@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from ..core.pkcs11_uri import mask_pin_value
 from ..errors import ConfigError
 from .build import build, to_plain
 from .schema import Config
@@ -97,4 +98,12 @@ def redacted(config: Config) -> dict[str, Any]:
     for rule in plain["credentials"]:
         if rule.get("bearer_env"):
             rule["bearer_env"] = f"{rule['bearer_env']} (value not shown)"
+    token = plain["signing"]["pkcs11"]
+    if token.get("pin") is not None:
+        token["pin"] = "(not shown)"
+    if token.get("pin_env"):
+        token["pin_env"] = f"{token['pin_env']} (value not shown)"
+    key = plain["signing"].get("key")
+    if isinstance(key, str) and "pin-value=" in key.lower():  # RFC 7512 lets a URI carry the PIN
+        plain["signing"]["key"] = mask_pin_value(key)
     return plain

@@ -11,7 +11,7 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
@@ -121,6 +121,7 @@ class SigningKey:
     """An Ed25519 private key; the public half, its JWK and thumbprint are computed once."""
 
     __slots__ = ("_private", "_secret", "public")
+    blocking: ClassVar[bool] = False  # True: ``sign`` waits on a device (a token key), never on the loop
 
     def __init__(self, private: Ed25519PrivateKey) -> None:
         self._private = private

@@ -392,7 +392,17 @@ def next_poll_delay(rand: float) -> float:
 
 
 class KeyProvider:
-    """Where the signing key comes from; ``current`` returns None when no key may sign now."""
+    """Where the signing key comes from; ``current`` returns None when no key may sign now.
+
+    ``blocking``: some key may wait on a device to sign (a PKCS#11 token): the proxy then signs off
+    the event loop; False keeps signing in-line (file keys: the hot path).
+    """
+
+    blocking: bool = False
+
+    def unavailable(self) -> str | None:
+        """Why the keys cannot sign now although one is chosen (a failed token), or None."""
+        return None
 
     def current(self, now: float) -> SigningKey | None:
         raise NotImplementedError

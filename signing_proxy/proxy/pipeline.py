@@ -16,10 +16,9 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from functools import partial
-from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from ..config import Config, CredentialRule, host_matches
+from ..config import Config, host_matches
 from ..core.challenge import RetryPlan
 from ..core.digest import content_digest
 from ..core.errors import FieldError, SigningError
@@ -27,19 +26,22 @@ from ..core.fields import Fields
 from ..core.jwk import SigningKey
 from ..core.keys import KeyProvider
 from ..core.profiles import SVC, SigningProfile, profile_components, profile_params, signature_agent_field
+from ..core.signature_components import signature_base, signing_params_value
 from ..core.signature_key import SIGNATURE_KEY, SIGNATURE_KEY_COMPONENT, signature_key_member
 from ..core.signatures import (
     SPEC_COMPONENTS,
     Component,
     Message,
+    SignedMember,
     attach_signature,
     serialize_sf_string,
     sign_message,
 )
 from ..core.uri import Target, parse_absolute_uri
-from ..errors import ConfigError, ProxyError
+from ..errors import ProxyError, TokenError
 from ..net.framing import Outgoing, drop_hop_by_hop, outgoing
-from ..storage.files import PrivateFileError, read_private
+from ..storage.pkcs11 import TokenKey
+from .credentials import BearerStore
 from .profiles import ProfileSelector
 from .transactions import TransactionKeys
 
@@ -47,7 +49,15 @@ if TYPE_CHECKING:
     from ..metrics import Metrics
     from .requester import RequesterInjector
 
-__all__ = ["BearerStore", "SignedFields", "Signer", "next_hop_target", "prepare_request", "sign_fields"]
+__all__ = [
+    "BearerStore",
+    "SignedFields",
+    "Signer",
+    "next_hop_target",
+    "prepare_request",
+    "prepare_request_off_loop",
+    "sign_fields",
+]
 
 log = logging.getLogger(__name__)
 
@@ -55,83 +65,6 @@ log = logging.getLogger(__name__)
 _AGENT_STRIPPED = frozenset(
     {"signature", "signature-input", "signature-agent", "signature-key", "content-digest"}
 )
-
-
-class BearerStore:
-    """Bearer credentials per host pattern, read once from files or the environment (never logged).
-
-    A rule's token goes only where the rule allows (``https`` unless ``allow_plaintext``, its
-    ``ports``); the first rule allowing the target wins. A rule that names the host but not the
-    scheme or port sends nothing, logged once per rule and origin.
-    """
-
-    def __init__(self, rules: Sequence[CredentialRule], environ: dict[str, str] | None = None) -> None:
-        env = dict(os.environ) if environ is None else environ
-        self._rules: list[tuple[CredentialRule, str]] = []
-        self._told: set[tuple[int, str]] = set()  # (rule index, origin) already logged as withheld
-        for i, rule in enumerate(rules):
-            if rule.bearer_file is not None:
-                token = _read_bearer_file(
-                    Path(rule.bearer_file).expanduser(), f"credentials[{i}].bearer_file"
-                )
-            else:
-                token = env.get(rule.bearer_env or "", "").strip()
-                if not token:
-                    detail = f"credentials[{i}].bearer_env: {rule.bearer_env} is not set"
-                    raise ConfigError(detail, reason="credential-missing")
-            if not token.isascii() or any(c in token for c in "\r\n"):
-                detail = f"credentials[{i}]: bearer token must be one ASCII line"
-                raise ConfigError(detail, reason="credential-malformed")
-            self._rules.append((rule, token))
-
-    def for_target(self, target: Target) -> tuple[CredentialRule, str] | None:
-        """The first rule whose hosts, scheme and ports all admit ``target``, with its token."""
-        withheld: list[tuple[int, str]] = []
-        for i, (rule, token) in enumerate(self._rules):
-            if not any(host_matches(p, target.host) for p in rule.hosts):
-                continue
-            why = rule.refusal(target.scheme, target.port)
-            if why is None:
-                return rule, token
-            withheld.append((i, why))
-        for i, why in withheld:  # nothing is sent: say why each rule naming the host stayed silent
-            self._withheld(i, target, why)
-        return None
-
-    def _withheld(self, index: int, target: Target, why: str) -> None:
-        origin = f"{target.scheme}://{target.host}:{target.port}"
-        if (index, origin) in self._told:
-            return
-        if len(self._told) >= _TOLD_MAX:
-            self._told.clear()  # bounded: an agent choosing many origins cannot grow it without end
-        self._told.add((index, origin))
-        log.warning("credentials[%d] not sent to %s: %s", index, origin, why)
-
-
-_TOLD_MAX = 4096  # our choice: distinct (rule, origin) pairs remembered as already logged
-MAX_BEARER_FILE_BYTES = 16 * 1024  # our choice: far above any real token, far below a header limit
-
-
-def _read_bearer_file(path: Path, where: str) -> str:
-    """One owner-only file's token, stripped; ConfigError naming ``where`` with a stable reason."""
-    try:
-        data = read_private(path, max_bytes=MAX_BEARER_FILE_BYTES)
-    except PrivateFileError as exc:
-        if exc.reason == "too-open":
-            raise ConfigError(
-                f"{where}: {path} mode is {exc.mode:04o}; it must be readable by its owner only "
-                f"(run: chmod 600 {path})",
-                reason="credential-permissions",
-            ) from None
-        raise ConfigError(f"{where}: {path} {exc.detail}", reason="credential-unreadable") from None
-    if len(data) > MAX_BEARER_FILE_BYTES:
-        raise ConfigError(
-            f"{where}: {path} is larger than {MAX_BEARER_FILE_BYTES} bytes", reason="credential-malformed"
-        )
-    try:
-        return data.decode().strip()
-    except UnicodeDecodeError:
-        raise ConfigError(f"{where}: {path} is not text", reason="credential-malformed") from None
 
 
 class Signer:
@@ -198,6 +131,64 @@ class Signer:
             self.metrics.signed(member.label)
         return key.thumbprint
 
+    async def sign_off_loop(
+        self,
+        message: Message,
+        *,
+        label: str | None = None,
+        components: Sequence[Component] = SPEC_COMPONENTS,
+        keyid: str | None = None,
+        present: bool = False,
+        missing: Callable[[], ProxyError] | None = None,
+        extra_params: Sequence[tuple[str, str | int]] = (),
+        max_validity_s: int | None = None,
+    ) -> str:
+        """``sign`` for keys that wait on a device (``key.blocking``: a PKCS#11 token): the signature
+        is made on the token's thread, so the loop serves other requests meanwhile. A token that
+        fails or does not answer in time raises ProxyError 503 ``signing-token-unavailable``: the
+        request is refused, never forwarded unsigned. Other keys sign in-line, as ``sign`` does."""
+        now = self.clock()
+        key = self._key(now, keyid, missing)
+        if not isinstance(key, TokenKey):
+            return self.sign(
+                message,
+                label=label,
+                components=components,
+                keyid=keyid,
+                present=present,
+                missing=missing,
+                extra_params=extra_params,
+                max_validity_s=max_validity_s,
+            )
+        label = label or self.label
+        if present:
+            message.fields.add(SIGNATURE_KEY, signature_key_member(label, key.public))
+            components = (*components, SIGNATURE_KEY_COMPONENT)
+        created = int(now)
+        validity = self.validity_s if max_validity_s is None else min(self.validity_s, max_validity_s)
+        try:
+            params = signing_params_value(
+                components, key.thumbprint, created, created + validity, extra_params
+            )
+            base = signature_base(message, components, params)
+        except SigningError as exc:
+            if self.metrics is not None:
+                self.metrics.signing_failure(exc.reason)
+            raise ProxyError(400, exc.reason, f"cannot sign this request: {exc.detail}") from None
+        try:
+            signature = await key.sign_async(base)
+        except TokenError as exc:
+            if self.metrics is not None:
+                self.metrics.signing_failure("signing-token-unavailable")
+            raise ProxyError(
+                503, "signing-token-unavailable", f"the signing key's token did not sign ({exc.reason})"
+            ) from None
+        member = SignedMember(label, params, signature, base)
+        attach_signature(message.fields, member)
+        if self.metrics is not None:
+            self.metrics.signed(member.label)
+        return key.thumbprint
+
     def _key(self, now: float, keyid: str | None, missing: Callable[[], ProxyError] | None) -> SigningKey:
         key = self.keys.current(now) if keyid is None else self.keys.key_for(keyid, now)
         if key is not None:
@@ -255,16 +246,41 @@ def prepare_request(
         profiles=profiles,
         retry=retry,
     )
-    return outgoing(
+    return _serialized(method, target, signed, framed=framed, config=config)
+
+
+async def prepare_request_off_loop(
+    method: str,
+    target: Target,
+    lines: Sequence[tuple[str, str]],
+    body: bytes,
+    *,
+    framed: bool,
+    config: Config,
+    signer: Signer,
+    bearers: BearerStore,
+    requester: RequesterInjector | None = None,
+    transactions: TransactionKeys | None = None,
+    profiles: ProfileSelector | None = None,
+    retry: RetryPlan | None = None,
+) -> Outgoing:
+    """``prepare_request`` whose signature is made off the event loop (keys on a token)."""
+    built = _build(
         method,
         target,
-        signed.fields,
-        signed.body,
-        framed=framed,
-        keyid=signed.keyid,
-        via=next_hop_target(config),
-        profile=signed.profile,
+        lines,
+        body,
+        config=config,
+        label=signer.label,
+        bearers=bearers,
+        requester=requester,
+        transactions=transactions,
+        profiles=profiles,
+        retry=retry,
     )
+    if not isinstance(built, SignedFields):
+        built = built.signed(await signer.sign_off_loop(built.message, **built.how))
+    return _serialized(method, target, built, framed=framed, config=config)
 
 
 class SignedFields(NamedTuple):
@@ -293,6 +309,67 @@ def sign_fields(
 ) -> SignedFields:
     """The pipeline without the wire. The in-process adapters (``signing_proxy.client``) sign
     through this too, so both produce the same bytes."""
+    built = _build(
+        method,
+        target,
+        lines,
+        body,
+        config=config,
+        label=signer.label,
+        bearers=bearers,
+        requester=requester,
+        transactions=transactions,
+        profiles=profiles,
+        retry=retry,
+    )
+    if isinstance(built, SignedFields):
+        return built
+    return built.signed(signer.sign(built.message, **built.how))
+
+
+def _serialized(
+    method: str, target: Target, signed: SignedFields, *, framed: bool, config: Config
+) -> Outgoing:
+    return outgoing(
+        method,
+        target,
+        signed.fields,
+        signed.body,
+        framed=framed,
+        keyid=signed.keyid,
+        via=next_hop_target(config),
+        profile=signed.profile,
+    )
+
+
+_CURRENT_KEY: dict[str, Any] = {}  # sign with the current key (shared, never changed)
+
+
+class _ToSign(NamedTuple):
+    message: Message
+    body: bytes
+    how: dict[str, Any]  # Signer.sign's keyword arguments: keyid, present, missing; a profile's
+    profile: str
+
+    def signed(self, keyid: str) -> SignedFields:
+        return SignedFields(self.message.fields, self.body, keyid, self.profile)
+
+
+def _build(
+    method: str,
+    target: Target,
+    lines: Sequence[tuple[str, str]],
+    body: bytes,
+    *,
+    config: Config,
+    label: str,
+    bearers: BearerStore,
+    requester: RequesterInjector | None,
+    transactions: TransactionKeys | None,
+    profiles: ProfileSelector | None,
+    retry: RetryPlan | None,
+) -> _ToSign | SignedFields:
+    """Everything before the signature; the fields as they go for a host sent unsigned."""
     fields = drop_hop_by_hop(lines)
     if any(host_matches(p, target.host) for p in config.hosts.unsigned):
         return SignedFields(fields, body, None, None)
@@ -311,13 +388,13 @@ def sign_fields(
             assert profiles is not None
             profile = profiles.select(target.host)
         if profile is not SVC:
-            return _sign_profiled(
+            return _build_profiled(
                 Message(method, target, fields),
                 body,
                 authorization=authorization,
                 profile=profile,
                 config=config,
-                signer=signer,
+                label=label,
                 retry=retry,
             )
     delegated: str | None = None
@@ -334,27 +411,24 @@ def sign_fields(
     message = Message(method, target, fields)
     bound = None if delegated is not None or transactions is None else transactions.bound_key(target)
     if delegated is not None and requester is not None:  # never a key the chain does not name
-        keyid = signer.sign(message, keyid=delegated, missing=requester.key_refusal)
-    elif bound is not None:  # a retrieval URL: its transaction's key, presented
-        keyid = signer.sign(
-            message, keyid=bound, present=True, missing=partial(TransactionKeys.refusal, bound)
-        )
-    else:
-        keyid = signer.sign(message)
-    return SignedFields(fields, body, keyid, SVC.name)
+        return _ToSign(message, body, {"keyid": delegated, "missing": requester.key_refusal}, SVC.name)
+    if bound is not None:  # a retrieval URL: its transaction's key, presented
+        how = {"keyid": bound, "present": True, "missing": partial(TransactionKeys.refusal, bound)}
+        return _ToSign(message, body, how, SVC.name)
+    return _ToSign(message, body, _CURRENT_KEY, SVC.name)
 
 
-def _sign_profiled(
+def _build_profiled(
     message: Message,
     body: bytes,
     *,
     authorization: str,
     profile: SigningProfile,
     config: Config,
-    signer: Signer,
+    label: str,
     retry: RetryPlan | None = None,
     nonce: Callable[[int], bytes] = os.urandom,
-) -> SignedFields:
+) -> _ToSign:
     """A destination under another profile than the spec's (web-bot-auth): its components,
     parameters and Signature-Agent form. No Requester or transaction key: those are the spec's."""
     fields = message.fields
@@ -363,7 +437,6 @@ def _sign_profiled(
         fields.add("Content-Digest", content_digest(body))
     if profile.covers_authorization or authorization:
         fields.add("Authorization", authorization)
-    label = signer.label
     try:
         value, agent = signature_agent_field(profile, label, config.signing.signature_agent)
     except (SigningError, FieldError) as exc:  # config validation makes this unreachable in practice
@@ -379,10 +452,5 @@ def _sign_profiled(
         params: tuple[tuple[str, str | int], ...] = (("nonce", retry.nonce), ("tag", profile.tag or ""))
     else:
         params = profile_params(profile, nonce(profile.nonce_bytes) if profile.nonce_bytes else None)
-    keyid = signer.sign(
-        message,
-        components=components,
-        extra_params=params,
-        max_validity_s=profile.max_validity_s,
-    )
-    return SignedFields(fields, body, keyid, profile.name)
+    how = {"components": components, "extra_params": params, "max_validity_s": profile.max_validity_s}
+    return _ToSign(message, body, how, profile.name)

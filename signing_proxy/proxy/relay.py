@@ -156,12 +156,15 @@ class RelayPipeline:
                 "profile-mix",
                 f"the stack is signed under {incoming.name}; this destination is signed under {profile.name}",
             )
+        message = Message(method, target, fields)
         if profile is SVC:
-            keyid = self.signer.sign(
-                Message(method, target, fields), label=label, components=hop_components(labels[-1])
-            )
+            how: dict[str, Any] = {"label": label, "components": hop_components(labels[-1])}
         else:
-            keyid = self._sign_profiled(Message(method, target, fields), entries[-1], label, profile)
+            how = self._profiled(message, entries[-1], label, profile)
+        if self.signer.keys.blocking:  # a key on a token: signed off the event loop
+            keyid = await self.signer.sign_off_loop(message, **how)
+        else:
+            keyid = self.signer.sign(message, **how)
         return outgoing(
             method,
             target,
@@ -173,15 +176,16 @@ class RelayPipeline:
             profile=profile.name,
         )
 
-    def _sign_profiled(
+    def _profiled(
         self,
         message: Message,
         previous: SignatureEntry,
         label: str,
         profile: SigningProfile,
-    ) -> str:
+    ) -> dict[str, Any]:
         """An outer web-bot-auth hop: our own Signature-Agent member (dictionary form, when the stack
-        uses it or has none), the previous label's components, ``signature`` and ``signature-input``."""
+        uses it or has none), the previous label's components, ``signature`` and ``signature-input``;
+        returns how to sign it (``Signer.sign``'s keyword arguments)."""
         fields = message.fields
         agent = None
         url = self.config.signing.signature_agent
@@ -196,13 +200,12 @@ class RelayPipeline:
             profile, previous=previous.label, agent=agent, inner=previous.components
         )
         params = profile_params(profile, os.urandom(profile.nonce_bytes) if profile.nonce_bytes else None)
-        return self.signer.sign(
-            message,
-            label=label,
-            components=components,
-            extra_params=params,
-            max_validity_s=profile.max_validity_s,
-        )
+        return {
+            "label": label,
+            "components": components,
+            "extra_params": params,
+            "max_validity_s": profile.max_validity_s,
+        }
 
     async def close(self) -> None:
         if self.verifier is not None:

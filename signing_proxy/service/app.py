@@ -34,7 +34,13 @@ from ..proxy.accesslog import AccessLog
 from ..proxy.connect import ConnectHandler
 from ..proxy.discovery import Discovery
 from ..proxy.exchange import Policy, ProxyHandler, Routes
-from ..proxy.pipeline import BearerStore, Signer, next_hop_target, prepare_request
+from ..proxy.pipeline import (
+    BearerStore,
+    Signer,
+    next_hop_target,
+    prepare_request,
+    prepare_request_off_loop,
+)
 from ..proxy.profiles import ProfileSelector
 from ..proxy.relay import RelayPipeline
 from ..proxy.requester import RELOAD_CHECK_INTERVAL_S, RequesterInjector, injector_for
@@ -244,6 +250,21 @@ class ProxyApp:
         """Run the pipeline of this proxy's mode; raises ProxyError instead of forwarding unsigned."""
         if self.relay is not None:
             return await self.relay.prepare(method, target, lines, body, framed=framed)
+        if self.keys.blocking:  # a key on a token (PKCS#11): its signature is made off the loop
+            return await prepare_request_off_loop(
+                method,
+                target,
+                lines,
+                body,
+                framed=framed,
+                config=self.config,
+                signer=self.signer,
+                bearers=self.bearers,
+                requester=self.requester,
+                transactions=self.transactions,
+                profiles=self.profiles,
+                retry=retry,
+            )
         return prepare_request(
             method,
             target,
@@ -291,7 +312,8 @@ class ProxyApp:
     def readiness(self) -> tuple[int, dict[str, object]]:
         """(status, document) for ``/readyz``: a valid signing key, the CA if intercepting, config loaded."""
         key = self.keys.current(self.clock())
-        checks = {"config": "ok", "signing_key": "ok" if key is not None else "no-valid-signing-key"}
+        signing_key = "no-valid-signing-key" if key is None else self.keys.unavailable() or "ok"
+        checks = {"config": "ok", "signing_key": signing_key}
         ca_check = self.interception.ca_check()
         if ca_check is not None:
             checks["interception_ca"] = ca_check

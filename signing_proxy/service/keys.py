@@ -15,12 +15,14 @@ import asyncio
 import contextlib
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
 from ..config import Config
 from ..core.keys import KeyProvider, StaticKeyProvider, format_rfc3339
+from ..core.pkcs11_uri import is_pkcs11_uri
 from ..errors import ConfigError, KeyFileError, KeyStoreError
 from ..storage.keyfile import load_key_file
 from ..storage.keystore import (
@@ -30,7 +32,10 @@ from ..storage.keystore import (
     StoreWatcher,
     open_or_create,
 )
+from ..storage.pkcs11 import Pkcs11KeyProvider
+from ..storage.tokenstore import TokenStoreKeyProvider
 from .publish import PublishServer
+from .tokenkeys import token_keys_for, token_provider_for
 
 __all__ = ["EXPIRY_WARNING_S", "KeyServices", "key_provider_for", "start_key_services"]
 
@@ -42,6 +47,8 @@ EXPIRY_WARNING_S: Final = 7 * 86_400  # our choice: warn at start-up when the si
 def key_provider_for(config: Config) -> KeyProvider:
     """``signing.key`` set: that one key, always (no windows). Otherwise the agent's key store, created
     on first run (importing a legacy ``<data_dir>/agent-key.pem``), refreshed by ``KeyServices``."""
+    if config.signing.key and is_pkcs11_uri(config.signing.key):
+        return token_provider_for(config)
     if config.signing.key:
         try:
             return StaticKeyProvider(load_key_file(Path(config.signing.key).expanduser()))
@@ -56,7 +63,8 @@ def key_provider_for(config: Config) -> KeyProvider:
     except OSError as exc:
         reason = f"cannot create the key store: {exc.strerror or exc}"
         raise KeyStoreError("store-unwritable", config.data_path, reason) from None
-    provider = StoreKeyProvider(store)
+    store.tokens = token_keys_for(config)  # entries naming a key on a PKCS#11 token
+    provider = TokenStoreKeyProvider(store)
     if created is not None and imported is not None:
         log.info(
             "imported the signing key %s from %s into the key store %s, valid until %s; "
@@ -103,6 +111,21 @@ class KeyServices:
     publisher: PublishServer | None = None
     watchers: dict[str, StoreWatcher] = field(default_factory=dict)
     publish_addresses: list[tuple[str, int]] = field(default_factory=list)
+    token_providers: list[Pkcs11KeyProvider | TokenStoreKeyProvider] = field(default_factory=list)
+    _prober: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="token-probe"),
+        init=False,
+        repr=False,
+    )
+    _probing: asyncio.Future[None] | None = field(default=None, init=False, repr=False)
+
+    def _probe_tokens(self) -> None:
+        for provider in self.token_providers:
+            try:
+                provider.probe()
+            except Exception:  # keep probing: the next tick tries again
+                log.exception("PKCS#11 token: probe failed")
+
     _refresh: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
     _wake: asyncio.Event = field(default_factory=asyncio.Event, init=False, repr=False)
     _forced: bool = field(default=False, init=False, repr=False)
@@ -116,7 +139,7 @@ class KeyServices:
     def start_refresh(self, interval_s: float = RELOAD_CHECK_INTERVAL_S) -> None:
         """Look at the stores every ``interval_s`` (re-reading a changed one) and on ``reload()``,
         until ``stop()``."""
-        if self.watchers and self._refresh is None:
+        if (self.watchers or self.token_providers) and self._refresh is None:
             self._refresh = asyncio.get_running_loop().create_task(self._refresh_loop(interval_s))
 
     async def _refresh_loop(self, interval_s: float) -> None:
@@ -125,6 +148,10 @@ class KeyServices:
                 await asyncio.wait_for(self._wake.wait(), interval_s)
             self._wake.clear()
             force, self._forced = self._forced, False
+            if self.token_providers and (self._probing is None or self._probing.done()):
+                # a failed token, tried again on a thread of its own: a hung token holds up no
+                # reload, and a probe still running is not queued again
+                self._probing = asyncio.get_running_loop().run_in_executor(self._prober, self._probe_tokens)
             for watcher in tuple(self.watchers.values()):
                 try:
                     await asyncio.to_thread(watcher.reload, force=force)
@@ -138,6 +165,7 @@ class KeyServices:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        self._prober.shutdown(wait=False, cancel_futures=True)
         if self.publisher is not None:
             await self.publisher.stop()
 
@@ -148,6 +176,8 @@ async def start_key_services(config: Config, keys: KeyProvider, *, reuse_port: b
     services = KeyServices()
     if isinstance(keys, StoreWatcher):
         services.watchers[config.signing.agent] = keys
+    if isinstance(keys, Pkcs11KeyProvider | TokenStoreKeyProvider):
+        services.token_providers.append(keys)
     if config.publish.listen is not None:
         if not isinstance(keys, StoreWatcher):  # config validation refuses signing.key with publish.listen
             raise ConfigError("publish.listen: publishing needs the key store; unset signing.key")

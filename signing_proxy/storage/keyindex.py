@@ -8,7 +8,9 @@ The index lists each key's thumbprint, public ``x`` and window, and the revocati
      "revocations": {"as_of": RFC 3339, "revoked": [thumbprint, ...]}}
 
 ``activates_at`` is written only for a key that signs later than its window opens (``keys rotate``
-publishes first, signs later), so an index without a pending rotation reads as before. Parsing
+publishes first, signs later), so an index without a pending rotation reads as before. ``pkcs11``
+(an RFC 7512 URI, never with a PIN) marks a key whose private half lives on a PKCS#11 token rather
+than in ``<thumbprint>.pem``; the rest of the entry, and rotation, are the same for both kinds. Parsing
 refuses duplicate members, unknown or missing members, a thumbprint that ``x`` does not hash to,
 an empty window and an activation outside the window, with a ValueError (or KeyFormatError)
 naming the member.
@@ -35,7 +37,9 @@ from ..core.keys import (
     is_thumbprint,
     parse_rfc3339,
 )
+from ..core.pkcs11_uri import parse_pkcs11_uri
 from ..core.rotation import KeyState, choose_signing_key, key_state, next_change, publishable
+from .pkcs11 import TokenKey
 
 __all__ = [
     "INDEX_FORMAT",
@@ -52,7 +56,7 @@ MAX_INDEX_BYTES: Final = 4 * 1024 * 1024  # our choice: 10 000 revoked thumbprin
 MAX_STORE_KEYS: Final = 1024  # our choice: keys the index may hold (expired ones included)
 
 _ENTRY_MEMBERS = frozenset({"thumbprint", "x", "not_before", "not_after", "created_at"})
-_OPTIONAL_ENTRY_MEMBERS = frozenset({"activates_at"})
+_OPTIONAL_ENTRY_MEMBERS = frozenset({"activates_at", "pkcs11"})
 _INDEX_MEMBERS = frozenset({"format", "agent", "keys", "revocations"})
 
 
@@ -67,6 +71,21 @@ class IndexEntry:
     not_after: int
     created_at: int
     activates_at: int | None = None
+    pkcs11: str | None = None  # the token key's RFC 7512 URI; None: a key file beside the index
+
+    @classmethod
+    def of(
+        cls,
+        key: SigningKey,
+        not_before: int,
+        not_after: int,
+        created_at: int,
+        activates_at: int | None = None,
+    ) -> IndexEntry:
+        """The entry of ``key``: a token key (``TokenKey``) is named by its URI, a file key by nothing."""
+        token = str(key.uri) if isinstance(key, TokenKey) else None
+        x = key.public.jwk()["x"]
+        return cls(key.thumbprint, x, not_before, not_after, created_at, activates_at, token)
 
     def record(self, *, revoked: bool = False) -> KeyRecord:
         return KeyRecord(
@@ -139,6 +158,8 @@ def _render_entry(entry: IndexEntry) -> dict[str, str]:
     }
     if entry.activates_at is not None and entry.activates_at > entry.not_before:
         doc["activates_at"] = format_rfc3339(entry.activates_at)
+    if entry.pkcs11 is not None:
+        doc["pkcs11"] = entry.pkcs11
     return doc
 
 
@@ -173,6 +194,15 @@ def _members(
     if unknown:
         raise ValueError(f"{where} has unknown member {unknown[0]!r}")
     return obj
+
+
+def _token_uri(value: object, i: int) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"keys[{i}].pkcs11 must be a PKCS#11 URI string")
+    uri = parse_pkcs11_uri(value)  # KeyFormatError names what is wrong
+    if uri.pin_value is not None:
+        raise ValueError(f"keys[{i}].pkcs11 must not carry a pin-value (the index is no place for a PIN)")
+    return value
 
 
 def parse_index(data: bytes, agent: str) -> tuple[list[IndexEntry], RevocationList]:
@@ -211,7 +241,8 @@ def parse_index(data: bytes, agent: str) -> tuple[list[IndexEntry], RevocationLi
         activates_at = parse_rfc3339(item["activates_at"]) if "activates_at" in item else None
         if activates_at is not None and not not_before <= activates_at < not_after:
             raise ValueError(f"keys[{i}]: activates_at must lie in [not_before, not_after)")
-        entries.append(IndexEntry(thumbprint, x, not_before, not_after, created_at, activates_at))
+        token = _token_uri(item["pkcs11"], i) if "pkcs11" in item else None
+        entries.append(IndexEntry(thumbprint, x, not_before, not_after, created_at, activates_at, token))
     rev = _members(doc["revocations"], frozenset({"as_of", "revoked"}), "revocations")
     revoked = rev["revoked"]
     if not isinstance(revoked, list) or not all(isinstance(t, str) for t in revoked):

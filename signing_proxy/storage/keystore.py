@@ -23,7 +23,7 @@ import logging
 import math
 import os
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
@@ -54,6 +54,7 @@ from .files import (
 )
 from .keyfile import KeyFileError, load_key_file, write_private_file
 from .keyindex import MAX_INDEX_BYTES, IndexEntry, StoreState, parse_index, render_index
+from .pkcs11 import TokenKey
 
 __all__ = [
     "DEFAULT_AGENT",
@@ -83,6 +84,7 @@ DEFAULT_KEY_LIFETIME_S: Final = 90 * 86_400  # our choice: a key's window when n
 DEFAULT_GRACE_S: Final = 48 * 3600  # spec: Limits ("typically 24 to 48 hours")
 RELOAD_CHECK_INTERVAL_S: Final = 1.0  # our choice: how often a running proxy looks at the index
 
+TokenKeys = Callable[[str, PublicKey], SigningKey]  # (pkcs11 URI, public key) -> the token key
 _NOTHING_REPORTED: Final = object()  # no failed reload reported yet (None is a missing index)
 
 
@@ -100,7 +102,10 @@ class KeyStore:
     to leave the store with no key valid at ``now``.
     """
 
-    def __init__(self, data_dir: Path, agent: str = DEFAULT_AGENT) -> None:
+    def __init__(
+        self, data_dir: Path, agent: str = DEFAULT_AGENT, *, tokens: TokenKeys | None = None
+    ) -> None:
+        self.tokens = tokens  # opens the keys an entry's ``pkcs11`` names; None: they load as public only
         self.data_dir = Path(data_dir)
         self.agent = check_agent_name(agent)
         self.root = self.data_dir / STORE_DIR_NAME
@@ -137,10 +142,13 @@ class KeyStore:
         records = tuple(e.record(revoked=e.thumbprint in revoked) for e in entries)
         publics = {e.thumbprint: PublicKey.from_raw(b64url_decode(e.x)) for e in entries}
         keys: dict[str, SigningKey] = {}
-        if private:
-            for record in records:
-                if not record.revoked:  # a revoked key's file is deleted; it never signs again
-                    keys[record.thumbprint] = self._read_private(record.thumbprint)
+        for entry, record in zip(entries, records, strict=True):
+            if not private or record.revoked:  # a revoked key's file is deleted; it never signs again
+                continue
+            if entry.pkcs11 is None:
+                keys[record.thumbprint] = self._read_private(record.thumbprint)
+            elif self.tokens is not None:  # on a token: opened when it first signs
+                keys[record.thumbprint] = self.tokens(entry.pkcs11, publics[record.thumbprint])
         state = StoreState(
             self.agent, self.path, records, MappingProxyType(publics), revocations, MappingProxyType(keys)
         )
@@ -226,13 +234,8 @@ class KeyStore:
                 raise KeyStoreError("store-exists", self.index_path, "the key store already exists")
             key = key or SigningKey.generate()
             start = math.floor(now)
-            entry = IndexEntry(
-                key.thumbprint,
-                key.public.jwk()["x"],
-                start,
-                start + lifetime_s,
-                start if created_at is None else min(created_at, start),
-            )
+            first = start if created_at is None else min(created_at, start)
+            entry = IndexEntry.of(key, start, start + lifetime_s, first)
             self._write_key(key)
             self._write_index([entry], RevocationList(start))
             return entry.record()
@@ -245,14 +248,15 @@ class KeyStore:
         lifetime_s: int = DEFAULT_KEY_LIFETIME_S,
         activate_in_s: int = 0,
         force: bool = False,
+        key: SigningKey | None = None,
     ) -> tuple[KeyRecord, tuple[KeyRecord, ...]]:
         """Publish a new key at once (window from ``now``) that signs from ``activate_in_s`` later
         for ``lifetime_s``; every key usable now ends at that activation + ``grace_s`` (never later
         than it already did), so it keeps signing until then and stays published for the grace.
 
         Refused (``rotation-pending``) while an earlier new key waits for its activation, and unless
-        ``force`` when no key signing now stays valid until the activation. Returns the new record
-        and the records whose ``not_after`` moved.
+        ``force`` when no key signing now stays valid until the activation. ``key``: that key (one
+        on a token) instead of a new file key. Returns the new record and the moved records.
         """
         _check_positive(grace_s, "grace")
         _check_positive(lifetime_s, "lifetime")
@@ -286,15 +290,11 @@ class KeyStore:
                         f"{format_rfc3339(activation)} (use a shorter --activate-in, or --force)",
                     )
             created = max([start, *(e.created_at + 1 for e in entries)])  # strictly newest
-            key = SigningKey.generate()
-            new = IndexEntry(
-                key.thumbprint,
-                key.public.jwk()["x"],
-                start,
-                activation + lifetime_s,
-                created,
-                activation if activation > start else None,
-            )
+            key = key or SigningKey.generate()
+            if state.record(key.thumbprint) is not None:
+                raise KeyStoreError("key-exists", self.path, f"key {key.thumbprint} is already in the store")
+            later = activation if activation > start else None
+            new = IndexEntry.of(key, start, activation + lifetime_s, created, later)
             moved: list[KeyRecord] = []
             out: list[IndexEntry] = []
             for entry, record in zip(entries, state.records, strict=True):
@@ -377,7 +377,8 @@ class KeyStore:
             yield
 
     def _write_key(self, key: SigningKey) -> None:
-        write_private_file(self.key_path(key.thumbprint), key.to_pem())
+        if not isinstance(key, TokenKey):  # a token key stays on its token: the index names it
+            write_private_file(self.key_path(key.thumbprint), key.to_pem())
 
     def _write_index(self, entries: Sequence[IndexEntry], revocations: RevocationList) -> None:
         data = render_index(self.agent, entries, revocations)

@@ -277,3 +277,19 @@ def test_a_thumbprint_starting_with_a_dash_is_revoked_after_double_dash(tmp_path
     done = run_cli("keys", "revoke", "--data-dir", str(tmp_path), "--", key.thumbprint)
     assert done.returncode == 0, done.stderr
     assert listing(tmp_path)["revocations"]["revoked"] == [key.thumbprint]
+
+
+def test_keys_generate_and_show_take_a_file_or_a_token_key_not_both(tmp_path: Path) -> None:
+    neither = run_cli("keys", "generate")
+    assert neither.returncode == 2
+    assert "--out PATH (a key file) or --pkcs11 URI" in neither.stderr
+    both = run_cli("keys", "generate", "--out", str(tmp_path / "k.pem"), "--pkcs11", "pkcs11:object=k")
+    assert both.returncode == 2
+    assert "either --out or --pkcs11" in both.stderr
+    assert not (tmp_path / "k.pem").exists()
+    show = run_cli("keys", "show")
+    assert show.returncode == 2
+    assert "PATH or --pkcs11 URI" in show.stderr
+    bad = run_cli("keys", "show", "--pkcs11", "pkcs11:token=t")  # names no key object
+    assert bad.returncode == 2
+    assert "--pkcs11: name the key" in bad.stderr

@@ -98,3 +98,29 @@ def test_redacted_view_names_env_vars_not_values() -> None:
     config = parse_config({"credentials": [{"hosts": ["a"], "bearer_env": "TOKEN"}]})
     text = yaml.safe_dump(redacted(config))
     assert "TOKEN (value not shown)" in text
+
+
+def test_signing_key_may_be_a_pkcs11_uri_and_a_bad_one_names_the_key() -> None:
+    config = parse_config({"signing": {"key": "pkcs11:token=t;object=agent", "pkcs11": {"pin_env": "PIN"}}})
+    assert config.signing.key == "pkcs11:token=t;object=agent"
+    assert config.signing.pkcs11.pin_env == "PIN"
+    with pytest.raises(ConfigError, match=r"^signing\.key: .*name the key"):
+        parse_config({"signing": {"key": "pkcs11:token=t"}})
+
+
+def test_signing_pkcs11_takes_one_pin_source() -> None:
+    with pytest.raises(ConfigError, match=r"^signing\.pkcs11: set at most one"):
+        parse_config({"signing": {"pkcs11": {"pin": "1", "pin_env": "PIN"}}})
+    with pytest.raises(ConfigError, match=r"^signing\.pkcs11\.pinn"):
+        parse_config({"signing": {"pkcs11": {"pinn": "1"}}})
+
+
+def test_config_check_masks_the_token_pin() -> None:
+    config = parse_config(
+        {"signing": {"key": "pkcs11:token=t;object=k?pin-value=4711", "pkcs11": {"pin": "4711"}}}
+    )
+    shown = redacted(config)
+    assert "4711" not in repr(shown)
+    assert shown["signing"]["pkcs11"]["pin"] == "(not shown)"
+    env = redacted(parse_config({"signing": {"pkcs11": {"pin_env": "TOKEN_PIN"}}}))
+    assert env["signing"]["pkcs11"]["pin_env"] == "TOKEN_PIN (value not shown)"

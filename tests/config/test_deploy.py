@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +16,10 @@ import pytest
 import yaml
 
 from signing_proxy.config import load_config, parse_config, parse_host_port
+from signing_proxy.storage.keystore import KeyStore
 
 ROOT = Path(__file__).resolve().parents[2]
+T0 = 1_800_000_000
 
 
 def dockerfile() -> list[tuple[str, str]]:
@@ -164,3 +168,87 @@ def test_relay_service_exposes_the_proxy_and_publish_ports() -> None:
     assert config.publish.listen is not None
     assert ports["publish"] == parse_host_port(config.publish.listen, "publish.listen")[1]
     assert config.mode == "relay"
+
+
+def test_fleet_runs_three_replicas_a_budget_and_probes_on_the_admin_port() -> None:
+    docs = documents("fleet.yaml")
+    config = embedded_config(docs)
+    deployment = kind(docs, "Deployment")
+    assert deployment["spec"]["replicas"] == 3
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert deployment["spec"]["selector"]["matchLabels"] == labels
+    budget = kind(docs, "PodDisruptionBudget")
+    assert budget["apiVersion"] == "policy/v1"
+    assert budget["spec"]["selector"]["matchLabels"] == labels
+    assert 1 <= budget["spec"]["minAvailable"] < deployment["spec"]["replicas"]
+    assert kind(docs, "Service")["spec"]["selector"] == labels
+    pod = deployment["spec"]["template"]["spec"]
+    proxy = container(pod, "signing-proxy")
+    admin_port = parse_host_port(config.admin.listen, "admin.listen")[1]
+    assert proxy["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": admin_port}
+    assert proxy["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": admin_port}
+    assert config.signing.key is None  # the key store signs: rotation, publication
+    assert config.publish.listen is not None
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == int(dict(dockerfile())["USER"].split(":")[0])
+
+
+def test_fleet_delivers_the_store_as_a_secret_to_the_key_sync_only() -> None:
+    docs = documents("fleet.yaml")
+    config = embedded_config(docs)
+    pod = kind(docs, "Deployment")["spec"]["template"]["spec"]
+    secret_name = kind(docs, "Secret")["metadata"]["name"]
+    volume = next(v for v in pod["volumes"] if v.get("secret", {}).get("secretName") == secret_name)
+    assert volume["secret"]["defaultMode"] == 0o440  # what the kubelet makes of 0400 under fsGroup
+    store = f"{config.data_dir}/keys/{config.signing.agent}"
+    script = kind(docs, "ConfigMap")["data"]["key-sync.sh"]
+    assert f'dst="${{KEY_SYNC_TO:-{store}}}"' in script
+    for sync in (container(pod, "key-sync-first", init=True), container(pod, "key-sync")):
+        m = mounts(sync)
+        secret_mount = next(path for path, mount in m.items() if mount["name"] == volume["name"])
+        assert m[secret_mount]["readOnly"] is True
+        assert f'src="${{KEY_SYNC_FROM:-{secret_mount}}}"' in script
+        assert config.data_dir in m
+    assert volume["name"] not in {m["name"] for m in container(pod, "signing-proxy")["volumeMounts"]}
+    assert "--watch" in container(pod, "key-sync")["command"]
+    assert "--watch" not in container(pod, "key-sync-first", init=True)["command"]
+
+
+def test_fleet_key_sync_copies_a_rotated_store_that_the_proxy_accepts(tmp_path: Path) -> None:
+    """The ConfigMap's key-sync.sh, run with sh on a store laid out as the Secret mounts it (files
+    0440), gives a store the key store loads; after a rotation and a prune it follows, index last."""
+    script = tmp_path / "key-sync.sh"
+    script.write_text(kind(documents("fleet.yaml"), "ConfigMap")["data"]["key-sync.sh"])
+    master = KeyStore(tmp_path / "master")
+    master.create(T0, lifetime_s=86_400)
+    secret = tmp_path / "secret"
+    replica = KeyStore(tmp_path / "replica")
+    env = {**os.environ, "KEY_SYNC_FROM": str(secret), "KEY_SYNC_TO": str(replica.path)}
+
+    def deliver_and_sync() -> None:
+        shutil.rmtree(secret, ignore_errors=True)
+        secret.mkdir()
+        for path in master.path.iterdir():
+            if path.name != ".lock":
+                shutil.copyfile(path, secret / path.name)
+                (secret / path.name).chmod(0o440)
+        done = subprocess.run(
+            ["sh", str(script)], env=env, capture_output=True, text=True, timeout=30, check=False
+        )
+        assert done.returncode == 0, done.stderr
+
+    deliver_and_sync()
+    first = master.load(private=False).records[0].thumbprint
+    assert replica.index_path.read_bytes() == master.index_path.read_bytes()
+    assert replica.key_path(first).read_bytes() == master.key_path(first).read_bytes()
+    assert set(replica.load(private=True).private) == {first}
+    for path in replica.path.iterdir():
+        assert path.stat().st_mode & 0o077 == 0, path
+    old = first
+    master.rotate(T0 + 10, activate_in_s=0, grace_s=3600, lifetime_s=86_400)
+    master.prune(T0 + 10 + 3600 + 1)
+    deliver_and_sync()
+    state = replica.load(private=True)
+    assert [r.thumbprint for r in state.records] == [r.thumbprint for r in master.load(private=False).records]
+    assert old not in state.private
+    assert not replica.key_path(old).exists()  # a pruned key's private file is gone from the replica

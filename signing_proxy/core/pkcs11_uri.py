@@ -1,0 +1,183 @@
+"""PKCS#11 URIs (RFC 7512): which token, which key object, and where the module and PIN come from.
+
+``pkcs11:token=Agent%20keys;object=agent-2026?module-path=/usr/lib/softhsm/libsofthsm2.so`` names a
+token by its label (``token``), serial, manufacturer or model, and a key object by its label
+(``object``) and/or ``id`` (raw bytes, percent-encoded). Path attributes are separated by ``;``,
+query attributes by ``&``; values are percent-decoded (RFC 7512 section 2.3). An attribute that
+appears twice, an unknown standard attribute, malformed percent-encoding, and a ``type`` other
+than ``private`` are refused with ``KeyFormatError("bad-pkcs11-uri")``; vendor attributes
+(``x-...``) are ignored, as section 2.3 allows. ``str(uri)`` never shows a ``pin-value``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Final
+
+from .errors import KeyFormatError
+
+__all__ = ["PKCS11_SCHEME", "Pkcs11Uri", "is_pkcs11_uri", "mask_pin_value", "parse_pkcs11_uri"]
+
+PKCS11_SCHEME: Final = "pkcs11:"
+MAX_URI_CHARS: Final = 4096  # our choice: far above any real URI
+
+_PATH_ATTRS: Final = frozenset(
+    {
+        "token",
+        "manufacturer",
+        "serial",
+        "model",
+        "library-manufacturer",
+        "library-description",
+        "library-version",
+        "object",
+        "type",
+        "id",
+        "slot-description",
+        "slot-manufacturer",
+        "slot-id",
+    }
+)
+_QUERY_ATTRS: Final = frozenset({"pin-source", "pin-value", "module-name", "module-path"})
+_PCT: Final = re.compile(r"%([0-9A-Fa-f]{2})")
+_REASON: Final = "bad-pkcs11-uri"
+
+
+def is_pkcs11_uri(value: str) -> bool:
+    """True when ``value`` uses the ``pkcs11:`` scheme (case-insensitive, as URI schemes are)."""
+    return value[: len(PKCS11_SCHEME)].lower() == PKCS11_SCHEME
+
+
+@dataclass(frozen=True)
+class Pkcs11Uri:
+    """The attributes of a PKCS#11 URI that select a token key; ``id`` is raw bytes."""
+
+    token: str | None = None
+    manufacturer: str | None = None
+    serial: str | None = None
+    model: str | None = None
+    object: str | None = None
+    id: bytes | None = None
+    module_path: str | None = None
+    pin_source: str | None = None
+    pin_value: str | None = field(default=None, repr=False)  # a secret: never printed
+
+    def __str__(self) -> str:
+        """The canonical URI, without ``pin-value`` (it is a secret)."""
+        path = [
+            ("token", self.token),
+            ("manufacturer", self.manufacturer),
+            ("serial", self.serial),
+            ("model", self.model),
+            ("object", self.object),
+        ]
+        parts = [f"{name}={_quote(value.encode())}" for name, value in path if value is not None]
+        if self.id is not None:
+            parts.append("id=" + "".join(f"%{b:02X}" for b in self.id))
+        query = [("module-path", self.module_path), ("pin-source", self.pin_source)]
+        q = "&".join(f"{name}={_quote(value.encode())}" for name, value in query if value is not None)
+        return PKCS11_SCHEME + ";".join(parts) + (f"?{q}" if q else "")
+
+    def describe(self) -> str:
+        """The key in words for messages: ``object 'agent' on token 'Agent keys'``."""
+        what = f"object {self.object!r}" if self.object is not None else "the key"
+        if self.id is not None:
+            what += f" (id {self.id.hex()})"
+        where = next(
+            (f"{n} {v!r}" for n, v in (("token", self.token), ("serial", self.serial)) if v is not None),
+            "the first token",
+        )
+        return f"{what} on {where}"
+
+
+def _quote(raw: bytes) -> str:
+    """Percent-encode all but RFC 3986 unreserved characters and a few safe path characters."""
+    safe = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~:[]@!$'()*+,/"
+    return "".join(chr(b) if b in safe else f"%{b:02X}" for b in raw)
+
+
+def _unquote(text: str, name: str) -> bytes:
+    out = bytearray()
+    i = 0
+    while i < len(text):
+        ch = text[i]
+        if ch == "%":
+            match = _PCT.match(text, i)
+            if match is None:
+                raise KeyFormatError(_REASON, f"attribute {name!r}: malformed percent-encoding")
+            out.append(int(match.group(1), 16))
+            i += 3
+        elif ch.isascii() and ch.isprintable() and ch not in ' "<>\\^`{|}#':
+            out.append(ord(ch))
+            i += 1
+        else:
+            raise KeyFormatError(_REASON, f"attribute {name!r}: character {ch!r} must be percent-encoded")
+    return bytes(out)
+
+
+def _attributes(text: str, sep: str, known: frozenset[str], where: str) -> dict[str, bytes]:
+    found: dict[str, bytes] = {}
+    if not text:
+        return found
+    for item in text.split(sep):
+        name, eq, value = item.partition("=")
+        if not eq or not name:
+            raise KeyFormatError(_REASON, f"{where} attribute {item!r} is not name=value")
+        name = name.lower()
+        if name.startswith("x-"):
+            continue  # vendor-specific: RFC 7512 lets a consumer ignore what it does not know
+        if name not in known:
+            raise KeyFormatError(_REASON, f"unknown {where} attribute {name!r}")
+        if name in found:
+            raise KeyFormatError(_REASON, f"attribute {name!r} appears twice")
+        found[name] = _unquote(value, name)
+    return found
+
+
+def _text(raw: bytes | None, name: str) -> str | None:
+    if raw is None:
+        return None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise KeyFormatError(_REASON, f"attribute {name!r} is not UTF-8") from None
+
+
+_PIN_VALUE: Final = re.compile(r"(?i)(pin-value=)[^&#]*")
+
+
+def mask_pin_value(value: str) -> str:
+    """``value`` with any ``pin-value=...`` query attribute's value replaced (for display)."""
+    return _PIN_VALUE.sub(r"\1(not shown)", value)
+
+
+def parse_pkcs11_uri(value: str) -> Pkcs11Uri:
+    """Parse ``value`` strictly; it must name a key object (``object`` or ``id``)."""
+    if not isinstance(value, str) or not is_pkcs11_uri(value):
+        raise KeyFormatError(_REASON, "a PKCS#11 URI starts with 'pkcs11:'")
+    if len(value) > MAX_URI_CHARS:
+        raise KeyFormatError(_REASON, f"longer than {MAX_URI_CHARS} characters")
+    path, _, query = value[len(PKCS11_SCHEME) :].partition("?")
+    attrs = _attributes(path, ";", _PATH_ATTRS, "path")
+    queries = _attributes(query, "&", _QUERY_ATTRS, "query")
+    kind = attrs.get("type")
+    if kind is not None and kind != b"private":
+        raise KeyFormatError(_REASON, f"type={kind.decode('latin-1')!r}: a signing key is type=private")
+    if "object" not in attrs and "id" not in attrs:
+        raise KeyFormatError(_REASON, "name the key with 'object' (its label) or 'id'")
+    if "id" in attrs and not attrs["id"]:
+        raise KeyFormatError(_REASON, "attribute 'id' is empty")
+    if "pin-source" in queries and "pin-value" in queries:
+        raise KeyFormatError(_REASON, "give either pin-source or pin-value, not both")
+    return Pkcs11Uri(
+        token=_text(attrs.get("token"), "token"),
+        manufacturer=_text(attrs.get("manufacturer"), "manufacturer"),
+        serial=_text(attrs.get("serial"), "serial"),
+        model=_text(attrs.get("model"), "model"),
+        object=_text(attrs.get("object"), "object"),
+        id=attrs.get("id"),
+        module_path=_text(queries.get("module-path"), "module-path"),
+        pin_source=_text(queries.get("pin-source"), "pin-source"),
+        pin_value=_text(queries.get("pin-value"), "pin-value"),
+    )

@@ -1,0 +1,44 @@
+"""A key store whose entries may name keys on a PKCS#11 token (``"pkcs11": URI`` in the index).
+
+``TokenStoreKeyProvider`` is the store's key provider that also knows about token keys: it signs
+off the event loop whenever the store holds one (``blocking``), reports a failing token for
+``/readyz`` (``unavailable``) and tries a failed token again (``probe``, off the loop). With file
+keys only it behaves exactly like ``StoreKeyProvider`` (``blocking`` False: the in-line hot path).
+"""
+
+from __future__ import annotations
+
+import time
+
+from .keystore import KeyStore, StoreKeyProvider
+from .pkcs11 import TokenKey
+
+__all__ = ["TokenStoreKeyProvider"]
+
+
+class TokenStoreKeyProvider(StoreKeyProvider):
+    """``StoreKeyProvider`` for a store that may hold token keys beside file keys."""
+
+    def __init__(self, store: KeyStore) -> None:
+        super().__init__(store)
+        self._note_tokens()
+
+    def reload(self, *, force: bool = False) -> bool:
+        loaded = super().reload(force=force)
+        self._note_tokens()
+        return loaded
+
+    def _note_tokens(self) -> None:
+        self.blocking = any(isinstance(key, TokenKey) for key in self.state().private.values())
+
+    def unavailable(self) -> str | None:
+        key = self.current(time.time())
+        return key.slot.failure if isinstance(key, TokenKey) else None
+
+    def probe(self) -> None:
+        """Try each failed token again (blocking: call it off the event loop)."""
+        tried: set[int] = set()
+        for key in tuple(self.state().private.values()):
+            if isinstance(key, TokenKey) and key.slot.failure is not None and id(key.slot) not in tried:
+                tried.add(id(key.slot))
+                key.probe()

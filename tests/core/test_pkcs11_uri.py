@@ -1,0 +1,83 @@
+"""RFC 7512 PKCS#11 URIs: the attributes that name a token key, strict refusals, no PIN shown."""
+
+from __future__ import annotations
+
+import pytest
+
+from signing_proxy.core.errors import KeyFormatError
+from signing_proxy.core.pkcs11_uri import is_pkcs11_uri, mask_pin_value, parse_pkcs11_uri
+
+
+def test_path_and_query_attributes_are_read_and_percent_decoded() -> None:
+    uri = parse_pkcs11_uri(
+        "pkcs11:token=Agent%20keys;serial=0a1b;object=agent-2026;id=%01%FF;type=private"
+        "?module-path=/usr/lib/softhsm/libsofthsm2.so&pin-source=file:/run/secrets/pin"
+    )
+    assert uri.token == "Agent keys"
+    assert uri.serial == "0a1b"
+    assert uri.object == "agent-2026"
+    assert uri.id == b"\x01\xff"
+    assert uri.module_path == "/usr/lib/softhsm/libsofthsm2.so"
+    assert uri.pin_source == "file:/run/secrets/pin"
+    assert uri.pin_value is None
+
+
+def test_rfc7512_examples_with_a_key_parse() -> None:  # RFC 7512 section 3 (those naming an object)
+    uri = parse_pkcs11_uri(
+        "pkcs11:token=The%20Software%20PKCS%2311%20Softtoken;manufacturer=Snake%20Oil,%20Inc.;"
+        "model=1.0;object=my-certificate;type=private;id=%69%95%3E%5C%F4%BD%EC%91"
+    )
+    assert uri.token == "The Software PKCS#11 Softtoken"
+    assert uri.manufacturer == "Snake Oil, Inc."
+    assert uri.id == bytes.fromhex("69953e5cf4bdec91")
+    assert parse_pkcs11_uri("pkcs11:object=my-sign-key;type=private?module-name=mypkcs11").object == (
+        "my-sign-key"
+    )
+
+
+def test_the_pin_value_is_read_but_never_shown() -> None:
+    uri = parse_pkcs11_uri("pkcs11:token=t;object=k?pin-value=1234")
+    assert uri.pin_value == "1234"
+    assert "1234" not in str(uri)
+    assert "1234" not in repr(uri)
+    assert mask_pin_value("pkcs11:token=t;object=k?pin-value=1234&module-path=/m.so") == (
+        "pkcs11:token=t;object=k?pin-value=(not shown)&module-path=/m.so"
+    )
+
+
+def test_str_round_trips() -> None:
+    text = "pkcs11:token=Agent%20keys;object=agent;id=%01%02?module-path=/usr/lib/m.so"
+    uri = parse_pkcs11_uri(text)
+    assert str(uri) == text
+    assert parse_pkcs11_uri(str(uri)) == uri
+
+
+def test_vendor_attributes_are_ignored_and_the_scheme_is_case_insensitive() -> None:
+    assert parse_pkcs11_uri("PKCS11:token=t;x-vendor=1;object=k?x-other=2").object == "k"
+    assert is_pkcs11_uri("Pkcs11:object=k")
+    assert not is_pkcs11_uri("/etc/keys/agent.pem")
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("file:/etc/key.pem", "starts with 'pkcs11:'"),
+        ("pkcs11:token=t", "name the key"),
+        ("pkcs11:token=t;object=a;object=b", "appears twice"),
+        ("pkcs11:token=t;object=k;colour=blue", "unknown path attribute"),
+        ("pkcs11:token=t;object=k?pin=1", "unknown query attribute"),
+        ("pkcs11:token=t;object=k%2", "percent-encoding"),
+        ("pkcs11:token=t;object=k%zz", "percent-encoding"),
+        ("pkcs11:token=t;object=a b", "must be percent-encoded"),
+        ("pkcs11:token=t;object=k;type=public", "type=private"),
+        ("pkcs11:token=t;object", "name=value"),
+        ("pkcs11:token=t;id=", "empty"),
+        ("pkcs11:object=k?pin-value=1&pin-source=/f", "not both"),
+        ("pkcs11:object=%FF", "not UTF-8"),
+    ],
+)
+def test_malformed_uris_are_refused(text: str, words: str) -> None:
+    with pytest.raises(KeyFormatError) as caught:
+        parse_pkcs11_uri(text)
+    assert caught.value.reason == "bad-pkcs11-uri"
+    assert words in caught.value.detail
