@@ -32,6 +32,7 @@ from ..proxy.accesslog import AccessLog
 from ..proxy.connect import ConnectHandler
 from ..proxy.discovery import Discovery
 from ..proxy.exchange import Policy, ProxyHandler, Routes
+from ..proxy.gateway import GatewayPipeline, gateway_upstream
 from ..proxy.pipeline import BearerStore, Signer, next_hop_target, prepare_request
 from ..proxy.relay import RelayPipeline
 from ..proxy.requester import RELOAD_CHECK_INTERVAL_S, RequesterInjector, injector_for
@@ -63,7 +64,17 @@ def _limits(config: Config) -> Limits:
 class ProxyApp:
     """The running proxy: configuration, signer, upstream pool, listeners and background tasks."""
 
-    RESTART_ONLY = ("mode", "listen", "data_dir", "publish", "intercept", "upstream", "relay", "admin")
+    RESTART_ONLY = (
+        "mode",
+        "listen",
+        "data_dir",
+        "publish",
+        "intercept",
+        "upstream",
+        "relay",
+        "gateway",
+        "admin",
+    )
 
     def __init__(self, config: Config, keys: KeyProvider, *, clock: Callable[[], float] = time.time) -> None:
         self.config = config
@@ -91,6 +102,7 @@ class ProxyApp:
         # requester injection; ConfigError (exit 2) for a delegation bound to another key or expired
         self.requester: RequesterInjector | None = injector_for(config, keys, clock=clock)
         self.relay = RelayPipeline(config, self.signer, spawn=self.spawn) if config.mode == "relay" else None
+        self.gateway = GatewayPipeline(config) if config.mode == "gateway" else None
         # one key per transaction: retrieval URLs bound by the ExecuteTransaction answers we forward
         self.transactions = TransactionKeys(keys, clock=clock) if config.mode == "agent" else None
         self.discovery = (  # 403 + X-Content-Rules; the agent's own proxy discovers, never a relay
@@ -119,7 +131,7 @@ class ProxyApp:
             inner=self.engine.protocol,
             count=self.handler.count,
         )
-        self.handler.connect = self.interception
+        self.handler.connect = self.interception if self.gateway is None else None  # a gateway is no proxy
         self._wire_metric_callbacks()
 
     # --- parts ---
@@ -138,7 +150,11 @@ class ProxyApp:
             access=AccessControl(config.access),
             connect_timeout_s=config.timeouts.connect_s,
             idle_s=config.timeouts.client_idle_s,
-            routes=Routes([(r.prefix, r.upstream) for r in config.routes]),
+            routes=Routes(
+                [("/", gateway_upstream(config.gateway))]
+                if config.mode == "gateway"
+                else [(r.prefix, r.upstream) for r in config.routes]
+            ),
             prepare=self.prepare,
             access_log=AccessLog(
                 enabled=config.log.access_log, fmt=config.log.format, write=self.access_writer.write
@@ -222,6 +238,8 @@ class ProxyApp:
         """Run the pipeline of this proxy's mode; raises ProxyError instead of forwarding unsigned."""
         if self.relay is not None:
             return await self.relay.prepare(method, target, lines, body, framed=framed)
+        if self.gateway is not None:
+            return await self.gateway.prepare(method, target, lines, body, framed=framed)
         return prepare_request(
             method,
             target,
@@ -350,5 +368,7 @@ class ProxyApp:
         self.pool.close()
         if self.relay is not None:
             await self.relay.close()
+        if self.gateway is not None:
+            await self.gateway.close()
         # last: every line of the drained requests and closed tunnels is queued by now
         await self.access_writer.aclose(CLOSE_WAIT_S)
