@@ -212,7 +212,8 @@ def read_delegation(doc: Mapping[str, Any]) -> DelegationIn:
 
 
 def _wider(mirror: int | None, claim: int | None) -> bool:
-    return claim is not None and (mirror is None or mirror > claim)
+    # an absent mirror mirrors nothing (the token decides); a present one must not exceed the claim
+    return mirror is not None and (claim is None or mirror > claim)
 
 
 def check_mirror(mirror: DelegationIn, verified: VerifiedDelegation, now: float) -> None:
@@ -227,7 +228,7 @@ def check_mirror(mirror: DelegationIn, verified: VerifiedDelegation, now: float)
                 raise DelegationError("mirror-wider", "delegation.scopes is wider than the token's scope")
     caps = verified.caps
     if _wider(mirror.max_accesses, caps.max_accesses) or _wider(mirror.max_spend_cents, caps.max_spend_cents):
-        raise DelegationError("mirror-wider", "a mirrored cap is wider than (or drops) the token's")
+        raise DelegationError("mirror-wider", "a mirrored cap is wider than the token's")
     if mirror.quota_period_s is not None and mirror.quota_period_s != caps.quota_period_s:
         raise DelegationError("mirror-wider", "delegation.quota_period differs from the token's")
 
