@@ -54,9 +54,7 @@ class World:
     def authority(self, owner: SigningKey | None = None, **claims: Any) -> str:
         claims.setdefault("exp", NOW + 3600)
         claims.setdefault("scope", ["dist:US:*"])
-        return issue_authority(
-            owner or self.owner, iss=OWNER, holder_jkt=self.principal.thumbprint, **claims
-        )
+        return issue_authority(owner or self.owner, iss=OWNER, holder_jkt=self.principal.thumbprint, **claims)
 
     def chain(self, holder: str | None = None, **claims: Any) -> str:
         caps = {k: claims.pop(k) for k in ("max_accesses", "quota_period_s") if k in claims}
@@ -143,13 +141,19 @@ async def test_an_unsigned_request_is_refused_401(world: World) -> None:
         (b'{"requester":{"id":"a","domain":"d","type":"REQUESTER_TYPE_AGENT"}}', "envelope-version-missing"),
         (b'{"ver":"2.0","requester":{}}', "envelope-version-unsupported"),
         (b'{"ver":"1.0","requester":{"id":"a","domain":"d"}}', "requester-field-missing"),
-        (b'{"ver":"1.0","requester":{"id":"a","domain":"d","type":"REQUESTER_TYPE_UNSPECIFIED"}}',
-         "requester-type-unspecified"),
+        (
+            b'{"ver":"1.0","requester":{"id":"a","domain":"d","type":"REQUESTER_TYPE_UNSPECIFIED"}}',
+            "requester-type-unspecified",
+        ),
         (b'{"ver":"1.0","requester":{"id":"a","domain":"d","type":0}}', "requester-type-unspecified"),
-        (b'{"ver":"1.0","requester":{"id":"a","domain":"d","type":"REQUESTER_TYPE_ROBOT"}}',
-         "requester-type-unknown"),
-        (b'{"ver":"1.0","requester":{"id":"a","domain":"d","type":1,"ext":{"x:y":1},"ext_critical":["x:y"]}}',
-         "unknown-critical-extension"),
+        (
+            b'{"ver":"1.0","requester":{"id":"a","domain":"d","type":"REQUESTER_TYPE_ROBOT"}}',
+            "requester-type-unknown",
+        ),
+        (
+            b'{"ver":"1.0","requester":{"id":"a","domain":"d","type":1,"ext":{"x:y":1},"ext_critical":["x:y"]}}',
+            "unknown-critical-extension",
+        ),
     ],
 )
 async def test_ingest_refusals_are_400(world: World, body: bytes, reason: str) -> None:
@@ -201,10 +205,13 @@ async def test_a_widened_child_scope_is_403(world: World) -> None:
 
 
 @pytest.mark.parametrize(("ended_ago", "accepted"), [(60, True), (7200, False)])
-async def test_rotated_issuer_key_within_and_after_grace(world: World, ended_ago: int, accepted: bool) -> None:
+async def test_rotated_issuer_key_within_and_after_grace(
+    world: World, ended_ago: int, accepted: bool
+) -> None:
     old = SigningKey.generate()
     world.fetch.answers[OWNER + "/.well-known/http-message-signatures-directory"] = _directory(
-        DirectoryKey(old.public, NOW - 86_400, NOW - ended_ago), DirectoryKey(world.owner.public, NOW - 60, NOW + 3600)
+        DirectoryKey(old.public, NOW - 86_400, NOW - ended_ago),
+        DirectoryKey(world.owner.public, NOW - 60, NOW + 3600),
     )
     body = world.body(world.chain(owner=old))
     if accepted:
