@@ -21,8 +21,8 @@ import pytest
 import requests
 
 from signing_proxy.core.delegation import extend_chain, issue_authority
-from signing_proxy.core.jws import sign_jwt
 from signing_proxy.core.jwk import SigningKey
+from signing_proxy.core.jws import sign_jwt
 from signing_proxy.storage.keystore import KeyStore
 from tests.harness import WAIT_S, ProxyProcess, free_port
 from tests.proxy.gateway_backend import DISCOVER, OWNER_ISS, Backend, exchange_body, issuer_key
@@ -128,13 +128,14 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         relay_port = free_port()
         relay_config = hop(tmp / "relay", mode="relay", label="broker", listen=f"127.0.0.1:{relay_port}")
         relay_publish = relay_config["publish"]["public_url"]
+        agent_config = hop(tmp / "agent", mode="agent", label="agent", next_hop=relay_port)
         (tmp / "gw").mkdir()
         (tmp / "capped").mkdir()
         with (
             ProxyProcess(tmp / "gw", gateway_config(backend, relay_publish, max_hops=2)) as gateway,
             ProxyProcess(tmp / "capped", gateway_config(backend, relay_publish, max_hops=1)) as capped,
             ProxyProcess(tmp / "relay", relay_config),
-            ProxyProcess(tmp / "agent", hop(tmp / "agent", mode="agent", label="agent", next_hop=relay_port)) as agent,
+            ProxyProcess(tmp / "agent", agent_config) as agent,
         ):  # fmt: skip
             relay_key = signing_key(tmp / "relay" / "data")
             yield World(

@@ -68,7 +68,9 @@ async def test_sqlite_window_opens_again_at_its_end(tmp_path: Path) -> None:
         assert (await store.take("k", 1, 10, NOW)).allowed
         assert not (await store.take("k", 1, 10, NOW + 9.99)).allowed
         again = await store.take("k", 1, 10, NOW + 10)  # the window is [NOW, NOW + 10)
-        assert again.allowed and again.count == 1 and again.reset_at == NOW + 20
+        assert again.allowed
+        assert again.count == 1
+        assert again.reset_at == NOW + 20
         lifetime = [await store.take("life", 2, None, NOW + t) for t in (0, 1e6, 2e6)]
         assert [r.allowed for r in lifetime] == [True, True, False]
         assert lifetime[-1].reset_at is None
@@ -115,7 +117,8 @@ async def test_redis_keys_expire_with_their_window(redis_server: RedisServer) ->
         assert await store.first_seen("s", 30, NOW)
         assert 0 < await store.client.pttl("sp:gw:r:s") <= 30_000
         lifetime = await store.take("life", 1, None, NOW)
-        assert lifetime.allowed and lifetime.reset_at is None
+        assert lifetime.allowed
+        assert lifetime.reset_at is None
         assert await store.client.pttl("sp:gw:q:life") == -1
     finally:
         await store.close()
@@ -124,7 +127,8 @@ async def test_redis_keys_expire_with_their_window(redis_server: RedisServer) ->
 def test_store_urls(tmp_path: Path) -> None:
     assert isinstance(open_counter_store("sqlite", tmp_path), SqliteCounterStore)
     chosen = open_counter_store("sqlite://" + str(tmp_path / "x.db"), tmp_path)
-    assert isinstance(chosen, SqliteCounterStore) and chosen.path == tmp_path / "x.db"
+    assert isinstance(chosen, SqliteCounterStore)
+    assert chosen.path == tmp_path / "x.db"
     assert isinstance(open_counter_store("redis://127.0.0.1:1/0", tmp_path), RedisCounterStore)
     with pytest.raises(ValueError, match="memcached"):
         open_counter_store("memcached://x", tmp_path)

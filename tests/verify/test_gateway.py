@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from signing_proxy.core.delegation import extend_chain, issue_authority
-from signing_proxy.core.jws import sign_jwt
 from signing_proxy.core.jwk import SigningKey
+from signing_proxy.core.jws import sign_jwt
 from signing_proxy.core.keys import Directory, DirectoryKey, render_directory
 from signing_proxy.core.requester import DelegationDoc, RequesterDoc
 from signing_proxy.verify import DirectoryResolver, FetchResult, RequestVerifier, RevocationPoller
@@ -164,7 +164,8 @@ async def test_ingest_refusals_are_400(world: World, body: bytes, reason: str) -
 async def test_understood_critical_extension_passes(world: World) -> None:
     body = world.body(ext={"acme:billing": "x"}, ext_critical=["acme:billing"])
     verdict = await world.check(body)
-    assert verdict.requester is not None and verdict.requester.id == "agent-7"
+    assert verdict.requester is not None
+    assert verdict.requester.id == "agent-7"
 
 
 async def test_a_good_chain_passes_with_the_narrowest_scopes(world: World) -> None:
