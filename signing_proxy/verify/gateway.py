@@ -175,7 +175,7 @@ class GatewayVerifier:
         except DelegationError as exc:
             log.info("delegation refused: %s %s", exc.reason, exc.detail)
             raise GatewayRefusal(403, DELEGATION_INVALID, f"{exc.reason}: {exc.detail}") from None
-        remaining = await self._take_quota(mirror, chain, now)
+        remaining = await self._take_quota(mirror, chain, self.clock())  # now again: the chain awaited keys
         return GatewayVerdict(stack, requester, chain, holder, remaining)
 
     async def _verify_chain(
