@@ -23,9 +23,10 @@ from ..net.client import HttpClient
 from ..net.egress import EgressPolicy
 from ..net.framing import Outgoing, drop_hop_by_hop, outgoing
 from ..verify.build import build_verifier
-from ..verify.counters import CounterStore, open_counter_store
+from ..verify.counters import CounterStore
 from ..verify.gateway import HEADER_PREFIX, GatewayPolicy, GatewayRefusal, GatewayVerifier
 from ..verify.issuers import IssuerAnchor, IssuerKeys
+from ..verify.stores import open_counter_store
 from ..verify.verifier import VerifierPolicy
 from .relay import load_public_key_file
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-__all__ = ["SQLITE_FILE", "CounterStore", "SqliteCounterStore", "Taken", "open_counter_store"]
+__all__ = ["SQLITE_FILE", "CounterStore", "SqliteCounterStore", "Taken"]
 
 SQLITE_FILE = "gateway-counters.sqlite3"  # in data_dir
 SQLITE_BUSY_TIMEOUT_MS = 5000  # our choice: a worker waits this long for another's transaction
@@ -143,17 +143,3 @@ class SqliteCounterStore:
         if self._db is not None:
             self._db.close()
             self._db = None
-
-
-def open_counter_store(spec: str, data_dir: Path) -> CounterStore:
-    """``sqlite`` (a file in ``data_dir``), ``sqlite:///PATH``, or ``redis://`` / ``rediss://`` /
-    ``unix://`` URLs (the Redis store)."""
-    if spec == "sqlite":
-        return SqliteCounterStore(data_dir / SQLITE_FILE)
-    if spec.startswith("sqlite:///"):
-        return SqliteCounterStore(Path(spec[len("sqlite://") :]))
-    if spec.startswith(("redis://", "rediss://", "unix://")):
-        from .redis_counters import RedisCounterStore  # noqa: PLC0415 (only Redis users import redis)
-
-        return RedisCounterStore.from_url(spec)
-    raise ValueError(f"{spec!r}: a counter store is 'sqlite', sqlite:///PATH or a redis:// URL")

@@ -104,7 +104,9 @@ def test_two_gateways_share_one_redis_server(
         check_quota(agent, [g1, g2], owner)
 
 
-def test_embedded_store_with_two_workers(tmp_path: Path, parts: tuple[Backend, SigningKey, ProxyProcess]) -> None:
+def test_embedded_store_with_two_workers(
+    tmp_path: Path, parts: tuple[Backend, SigningKey, ProxyProcess]
+) -> None:
     backend, owner, agent = parts
     (tmp_path / "g").mkdir()
     with ProxyProcess(tmp_path / "g", gateway(backend, "sqlite"), extra_args=("--workers", "2")) as g:

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from signing_proxy.verify.counters import CounterStore, SqliteCounterStore, open_counter_store
+from signing_proxy.verify.counters import CounterStore, SqliteCounterStore
 from signing_proxy.verify.redis_counters import RedisCounterStore
+from signing_proxy.verify.stores import open_counter_store
 from tests.redis_server import RedisServer
 
 NOW = 1_800_000_000.0
