@@ -22,10 +22,10 @@ from ..errors import ConfigError, ProxyError
 from ..net.client import HttpClient
 from ..net.egress import EgressPolicy
 from ..net.framing import Outgoing, drop_hop_by_hop, outgoing
-from ..verify.build import build_verifier
 from ..verify.counters import CounterStore
-from ..verify.gateway import HEADER_PREFIX, GatewayPolicy, GatewayRefusal, GatewayVerifier
-from ..verify.issuers import IssuerAnchor, IssuerKeys
+from ..verify.gateway import HEADER_PREFIX, GatewayPolicy, GatewayRefusal
+from ..verify.gateway_build import build_gateway_verifier
+from ..verify.issuers import IssuerAnchor
 from ..verify.stores import open_counter_store
 from ..verify.verifier import VerifierPolicy
 from .relay import load_public_key_file
@@ -65,43 +65,31 @@ class GatewayPipeline:
         section = config.gateway
         self.upstream = parse_absolute_uri(gateway_upstream(section))
         self.client = HttpClient.standalone(config.upstream, config.timeouts)
-        egress = EgressPolicy.from_config(config.egress)
-        policy = VerifierPolicy(
-            skew_s=config.verify.skew_s,
-            max_validity_s=config.verify.max_validity_s,
-            max_hops=section.max_hops,
-            broker_directories=section.broker_directories,
-        )
-        verifier = build_verifier(
-            policy,
-            client=self.client,
-            egress=egress,
-            limits=config.verify,
-            fetch_timeout_s=config.egress.fetch_timeout_s,
-        )
-        assert verifier.revocations is not None
-        issuers = IssuerKeys(
-            verifier.resolver,
-            verifier.revocations,
-            egress,
-            trusted=_anchors(section),
-            grace_s=section.issuer_key_grace_s,
-            trusted_only=section.trusted_issuers_only,
-        )
         try:
             self.store = store if store is not None else open_counter_store(section.store, config.data_path)
         except ValueError as exc:
             raise ConfigError(f"gateway.store: {exc}") from None
-        self.verifier = GatewayVerifier(
-            verifier,
-            issuers,
-            self.store,
+        self.verifier = build_gateway_verifier(
+            VerifierPolicy(
+                skew_s=config.verify.skew_s,
+                max_validity_s=config.verify.max_validity_s,
+                max_hops=section.max_hops,
+                broker_directories=section.broker_directories,
+            ),
             GatewayPolicy(
                 understood_extensions=frozenset(section.understood_extensions),
                 replay_protection=section.replay_protection,
                 audience=section.audience,
                 leeway_s=section.delegation_leeway_s,
             ),
+            store=self.store,
+            trusted_issuers=_anchors(section),
+            trusted_issuers_only=section.trusted_issuers_only,
+            issuer_key_grace_s=section.issuer_key_grace_s,
+            client=self.client,
+            egress=EgressPolicy.from_config(config.egress),
+            limits=config.verify,
+            fetch_timeout_s=config.egress.fetch_timeout_s,
         )
         self.external_origin = section.external_origin.rstrip("/") if section.external_origin else None
 
@@ -131,6 +119,5 @@ class GatewayPipeline:
         return outgoing(method, target, forwarded, body, framed=framed, keyid=None, via=None)
 
     async def close(self) -> None:
-        await self.verifier.verifier.close()
-        await self.store.close()
+        await self.verifier.close()  # and the store
         await self.client.close()

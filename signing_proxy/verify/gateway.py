@@ -160,6 +160,12 @@ class GatewayVerifier:
             await self._check_replay(stack)
         return verdict
 
+    async def close(self) -> None:
+        """Close the verifier (pollers, fetches, an owned client) and the counter store."""
+        await self.verifier.close()
+        if self.store is not None:
+            await self.store.close()
+
     async def _exchange_call(self, stack: VerifiedStack, body: bytes) -> GatewayVerdict:
         try:
             requester = ingest_requester(body, self.policy.understood_extensions)

@@ -241,3 +241,12 @@ async def test_replayed_signature_is_refused(world: World) -> None:
     await world.check(body)
     refusal = await world.refused(body)
     assert (refusal.status, refusal.reason) == (401, "signature-replayed")
+
+
+async def test_without_a_store_a_capped_chain_is_refused_not_waved_through(world: World) -> None:
+    store, world.gateway.store = world.gateway.store, None
+    try:
+        refusal = await world.refused(world.body(world.chain(max_accesses=5)))
+    finally:
+        world.gateway.store = store
+    assert (refusal.status, refusal.reason) == (503, "quota-store-unavailable")
