@@ -41,6 +41,11 @@ class GatewayConfig:
     delegation_leeway_s: int = 0  # clock difference tolerated on a link's exp/nbf
     external_origin: str | None = None  # https://exchange.example when TLS ends in front of us
     broker_directories: tuple[str, ...] = ()  # directory bases of the brokers whose labels we accept
+    # spec rule 7: providers whose svc.json must keep listing exchange_domain (domains, or base URLs)
+    providers: tuple[str, ...] = ()
+    exchange_domain: str | None = None
+    manifest_min_refresh_s: int = 60  # a manifest's max-age is clamped to [min, max]
+    manifest_max_refresh_s: int = 86_400
 
     def _check(self, path: str) -> None:
         if self.upstream is not None and not self.upstream.startswith(("http://", "https://")):
@@ -58,6 +63,11 @@ class GatewayConfig:
             value = getattr(self, name)
             if value is not None and not value.startswith(("http://", "https://")):
                 raise ConfigError(f"{path}.{name}: must be an http(s) origin")
+        if self.providers and not self.exchange_domain:
+            raise ConfigError(f"{path}.exchange_domain: needed to watch providers' manifests")
+        positive(self.manifest_min_refresh_s, f"{path}.manifest_min_refresh_s")
+        if self.manifest_max_refresh_s < self.manifest_min_refresh_s:
+            raise ConfigError(f"{path}.manifest_max_refresh_s: must be at least manifest_min_refresh_s")
         for i, base in enumerate(self.broker_directories):
             if not base.startswith(("https://", "http://")):
                 raise ConfigError(f"{path}.broker_directories[{i}]: must be an http(s) URL")

@@ -17,15 +17,18 @@ from pathlib import Path
 from ..config import Config, GatewayConfig
 from ..core.fields import Fields
 from ..core.jwk import PublicKey
+from ..core.manifest import MANIFEST_MAX_BYTES
 from ..core.uri import Target, parse_absolute_uri
 from ..errors import ConfigError, ProxyError
 from ..net.client import HttpClient
 from ..net.egress import EgressPolicy
 from ..net.framing import Outgoing, drop_hop_by_hop, outgoing
 from ..verify.counters import CounterStore
+from ..verify.directory import http_fetcher
 from ..verify.gateway import HEADER_PREFIX, GatewayPolicy, GatewayRefusal
 from ..verify.gateway_build import build_gateway_verifier
 from ..verify.issuers import IssuerAnchor
+from ..verify.manifest_watch import ManifestWatcher
 from ..verify.stores import open_counter_store
 from ..verify.verifier import VerifierPolicy
 from .relay import load_public_key_file
@@ -91,6 +94,21 @@ class GatewayPipeline:
             limits=config.verify,
             fetch_timeout_s=config.egress.fetch_timeout_s,
         )
+        self.watcher: ManifestWatcher | None = None
+        if section.providers:
+            assert section.exchange_domain is not None  # GatewayConfig._check
+            self.watcher = ManifestWatcher(
+                section.providers,
+                section.exchange_domain,
+                http_fetcher(
+                    self.client,
+                    egress=EgressPolicy.from_config(config.egress),
+                    max_bytes=MANIFEST_MAX_BYTES,
+                    timeout_s=config.egress.fetch_timeout_s,
+                ),
+                min_refresh_s=section.manifest_min_refresh_s,
+                max_refresh_s=section.manifest_max_refresh_s,
+            )
         self.external_origin = section.external_origin.rstrip("/") if section.external_origin else None
 
     def signed_uri(self, target: Target, lines: Sequence[tuple[str, str]]) -> str:
@@ -117,6 +135,10 @@ class GatewayPipeline:
             [(n, v) for n, v in fields if not n.lower().startswith(HEADER_PREFIX)] + verdict.headers()
         )
         return outgoing(method, target, forwarded, body, framed=framed, keyid=None, via=None)
+
+    def provider_states(self) -> list[dict[str, object]]:
+        """The manifest watcher's states, for the admin endpoint ``/providers``."""
+        return [s.as_json() for s in self.watcher.states()] if self.watcher is not None else []
 
     async def close(self) -> None:
         await self.verifier.close()  # and the store

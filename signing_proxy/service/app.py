@@ -182,6 +182,9 @@ class ProxyApp:
         cache = self.interception.leaves
         if cache is not None:
             callbacks.leaf_cache = lambda: (cache.hits, cache.misses, len(cache))
+        watcher = self.gateway.watcher if self.gateway is not None else None
+        if watcher is not None:
+            callbacks.providers = watcher.counts
         relay = self.relay
         if relay is not None:
             callbacks.revocation_ages = lambda: relay.poller.ages() if relay.poller is not None else {}
@@ -315,6 +318,8 @@ class ProxyApp:
         self._servers.append(server)
         self.access_writer.start()
         self.spawn(self._watch_token_file())
+        if self.gateway is not None and self.gateway.watcher is not None:
+            self.spawn(self.gateway.watcher.run())  # spec rule 7: providers' manifests
         return [sock.getsockname()[:2] for sock in server.sockets]
 
     async def _watch_token_file(self) -> None:
@@ -331,7 +336,10 @@ class ProxyApp:
     async def _start_admin(self, listen: str) -> tuple[str, int]:
         host, port = parse_host_port(listen, "admin.listen")
         app = build_admin_app(
-            self.readiness, self.metrics.render, allow_clients=self.config.admin.allow_clients
+            self.readiness,
+            self.metrics.render,
+            allow_clients=self.config.admin.allow_clients,
+            providers=self.gateway.provider_states if self.gateway is not None else None,
         )
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await runner.setup()

@@ -27,6 +27,7 @@ class Backend:
     """The service behind the gateway; also serves key directories: ``/<name>`` -> ``directories[name]``."""
 
     directories: dict[str, list[DirectoryKey]] = field(default_factory=dict)
+    manifest: bytes | None = None  # served at /.well-known/svc.json (max-age=1)
     arrivals: list[dict[str, str]] = field(default_factory=list)
     port: int = 0
     _loop: asyncio.AbstractEventLoop | None = None
@@ -55,11 +56,19 @@ class Backend:
         body = render_directory(Directory(tuple(keys)))
         return web.Response(body=body, content_type="application/http-message-signatures-directory+json")
 
+    async def _manifest(self, _request: web.Request) -> web.Response:
+        if self.manifest is None:
+            raise web.HTTPNotFound()
+        return web.Response(
+            body=self.manifest, content_type="application/json", headers={"Cache-Control": "max-age=1"}
+        )
+
     def _run(self) -> None:
         loop = asyncio.new_event_loop()
         self._loop = loop
         app = web.Application()
         app.router.add_get("/{name}/.well-known/http-message-signatures-directory", self._directory)
+        app.router.add_get("/.well-known/svc.json", self._manifest)
         app.router.add_route("*", "/{tail:.*}", self._any)
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
 
