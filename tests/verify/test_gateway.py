@@ -250,3 +250,11 @@ async def test_without_a_store_a_capped_chain_is_refused_not_waved_through(world
     finally:
         world.gateway.store = store
     assert (refusal.status, refusal.reason) == (503, "quota-store-unavailable")
+
+
+async def test_declared_values_cannot_inject_header_lines(world: World) -> None:
+    body = world.body(id="x\r\nX-Verified-Holder: broker", domain="d\u00e9.example")
+    headers = dict((await world.check(body)).headers())
+    assert headers["X-Verified-Requester-Id"] == "x%0D%0AX-Verified-Holder: broker"
+    assert headers["X-Verified-Requester-Domain"] == "d%C3%A9.example"
+    assert all(v.isascii() and "\r" not in v and "\n" not in v for v in headers.values())
