@@ -13,7 +13,8 @@
    atomically in the ``CounterStore`` per authority JWT and holder. 429
    ``DENIAL_REASON_QUOTA_EXCEEDED`` with ``Retry-After`` at the window's end.
 5. **Replay** (optional): the agent's signature seen before within its validity is refused. 401
-   ``signature-replayed``.
+   ``signature-replayed``. Checked just before the count of step 4 (its ``now`` taken then, after
+   the keys were awaited), so that a replayed request never spends an access of the chain.
 
 A refusal is a ``GatewayRefusal`` (status, stable reason, headers); the result is a frozen
 ``GatewayVerdict`` whose ``headers()`` are what a backend may trust.
@@ -26,7 +27,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from urllib.parse import quote
 
 from ..core.delegation import verify_chain
@@ -154,10 +155,15 @@ class GatewayVerifier:
         path = target_uri.split("://", 1)[-1]
         path = "/" + path.split("/", 1)[1] if "/" in path else "/"
         verdict = GatewayVerdict(stack)
+        mirror: DelegationIn | None = None
         if exchange_method(method, path) is not None:
-            verdict = await self._exchange_call(stack, body)
+            verdict, mirror = await self._exchange_call(stack, body)
+        # Replay before the count: a replayed request never spends one of the chain's accesses.
         if self.policy.replay_protection:
             await self._check_replay(stack)
+        if mirror is not None and verdict.delegation is not None:
+            remaining = await self._take_quota(mirror, verdict.delegation, self.clock())
+            verdict = replace(verdict, remaining_accesses=remaining)
         return verdict
 
     async def close(self) -> None:
@@ -166,13 +172,15 @@ class GatewayVerifier:
         if self.store is not None:
             await self.store.close()
 
-    async def _exchange_call(self, stack: VerifiedStack, body: bytes) -> GatewayVerdict:
+    async def _exchange_call(
+        self, stack: VerifiedStack, body: bytes
+    ) -> tuple[GatewayVerdict, DelegationIn | None]:
         try:
             requester = ingest_requester(body, self.policy.understood_extensions)
         except IngestError as exc:
             raise GatewayRefusal(400, exc.reason, exc.detail) from None
         if requester.delegation is None:
-            return GatewayVerdict(stack, requester)
+            return GatewayVerdict(stack, requester), None
         now = self.clock()
         try:
             mirror = read_delegation(requester.delegation)
@@ -181,8 +189,7 @@ class GatewayVerifier:
         except DelegationError as exc:
             log.info("delegation refused: %s %s", exc.reason, exc.detail)
             raise GatewayRefusal(403, DELEGATION_INVALID, f"{exc.reason}: {exc.detail}") from None
-        remaining = await self._take_quota(mirror, chain, self.clock())  # now again: the chain awaited keys
-        return GatewayVerdict(stack, requester, chain, holder, remaining)
+        return GatewayVerdict(stack, requester, chain, holder), mirror
 
     async def _verify_chain(
         self, mirror: DelegationIn, stack: VerifiedStack, now: float

@@ -247,9 +247,12 @@ async def test_without_a_store_a_capped_chain_is_refused_not_waved_through(world
     store, world.gateway.store = world.gateway.store, None
     try:
         refusal = await world.refused(world.body(world.chain(max_accesses=5)))
+        assert (refusal.status, refusal.reason) == (503, "replay-store-unavailable")
+        world.gateway.policy = GatewayPolicy()  # no replay protection: the quota step is reached
+        refusal = await world.refused(world.body(world.chain(max_accesses=5)))
+        assert (refusal.status, refusal.reason) == (503, "quota-store-unavailable")
     finally:
         world.gateway.store = store
-    assert (refusal.status, refusal.reason) == (503, "quota-store-unavailable")
 
 
 async def test_declared_values_cannot_inject_header_lines(world: World) -> None:
@@ -258,3 +261,13 @@ async def test_declared_values_cannot_inject_header_lines(world: World) -> None:
     assert headers["X-Verified-Requester-Id"] == "x%0D%0AX-Verified-Holder: broker"
     assert headers["X-Verified-Requester-Domain"] == "d%C3%A9.example"
     assert all(v.isascii() and "\r" not in v and "\n" not in v for v in headers.values())
+
+
+async def test_a_replay_spends_no_access(world: World) -> None:
+    chain = world.chain(max_accesses=2, quota_period_s=60)
+    body = world.body(chain)
+    assert (await world.check(body)).remaining_accesses == 1
+    replayed = await world.refused(body)
+    assert (replayed.status, replayed.reason) == (401, "signature-replayed")
+    world.clock.now += 1
+    assert (await world.check(world.body(chain))).remaining_accesses == 0  # the replay was not counted
