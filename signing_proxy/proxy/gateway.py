@@ -134,7 +134,9 @@ class GatewayPipeline:
         forwarded = Fields(
             [(n, v) for n, v in fields if not n.lower().startswith(HEADER_PREFIX)] + verdict.headers()
         )
-        return outgoing(method, target, forwarded, body, framed=framed, keyid=None, via=None)
+        # keyid: the verified agent's, for the access log (a gateway adds no signature)
+        agent = verdict.stack.agent.keyid
+        return outgoing(method, target, forwarded, body, framed=framed, keyid=agent, via=None)
 
     def provider_states(self) -> list[dict[str, object]]:
         """The manifest watcher's states, for the admin endpoint ``/providers``."""

@@ -243,8 +243,8 @@ class GatewayVerifier:
             window = max(1.0, chain.expires_at - now + self.policy.leeway_s)  # lifetime: until exp
         try:
             taken = await self.store.take(quota_key(mirror.token, chain.holder_jkt), limit, window, now)
-        except Exception:
-            log.exception("counter store failed")
+        except Exception as exc:  # the store's client errors: answered 503, one line in the log
+            log.warning("counter store failed: %s", type(exc).__name__)
             raise GatewayRefusal(
                 503, "quota-store-unavailable", "the access counter is unavailable"
             ) from None
@@ -264,8 +264,8 @@ class GatewayVerifier:
         ttl = max(1.0, agent.expires - now + self.verifier.policy.skew_s)
         try:
             fresh = await self.store.first_seen(key, ttl, now)
-        except Exception:
-            log.exception("counter store failed")
+        except Exception as exc:  # the store's client errors: answered 503, one line in the log
+            log.warning("counter store failed: %s", type(exc).__name__)
             raise GatewayRefusal(503, "replay-store-unavailable", "the replay store is unavailable") from None
         if not fresh:
             raise GatewayRefusal(401, "signature-replayed", "this signature was already accepted")

@@ -30,6 +30,7 @@ from signing_proxy.verify.gateway import (
     GatewayVerifier,
 )
 from signing_proxy.verify.issuers import IssuerKeys
+from signing_proxy.verify.redis_counters import RedisCounterStore
 from tests.verify.fakes import NOW, Clock, FakeFetch
 from tests.verify.strangers import signed
 
@@ -271,3 +272,17 @@ async def test_a_replay_spends_no_access(world: World) -> None:
     assert (replayed.status, replayed.reason) == (401, "signature-replayed")
     world.clock.now += 1
     assert (await world.check(world.body(chain))).remaining_accesses == 0  # the replay was not counted
+
+
+async def test_an_unreachable_redis_store_fails_closed(world: World) -> None:
+    store, world.gateway.store = world.gateway.store, RedisCounterStore.from_url("redis://127.0.0.1:1/0")
+    try:
+        refusal = await world.refused(world.body())
+        assert (refusal.status, refusal.reason) == (503, "replay-store-unavailable")
+        world.gateway.policy = GatewayPolicy()
+        refusal = await world.refused(world.body(world.chain(max_accesses=5)))
+        assert (refusal.status, refusal.reason) == (503, "quota-store-unavailable")
+    finally:
+        assert world.gateway.store is not None
+        await world.gateway.store.close()
+        world.gateway.store = store
