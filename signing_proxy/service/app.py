@@ -61,6 +61,11 @@ def _limits(config: Config) -> Limits:
     )
 
 
+def _no_interception(config: Config) -> Config:
+    """A gateway answers CONNECT with 405: it needs no interception CA, so none is created."""
+    return dataclasses.replace(config, intercept=dataclasses.replace(config.intercept, enabled=False))
+
+
 class ProxyApp:
     """The running proxy: configuration, signer, upstream pool, listeners and background tasks."""
 
@@ -126,7 +131,7 @@ class ProxyApp:
         )
         self.engine = Engine(self.handler, _limits(config), self.spawn)
         self.interception = ConnectHandler(  # loads or creates the CA; CAError if unusable
-            config,
+            config if config.mode != "gateway" else _no_interception(config),
             policy=lambda: self.handler.policy,
             inner=self.engine.protocol,
             count=self.handler.count,
@@ -288,7 +293,9 @@ class ProxyApp:
     def readiness(self) -> tuple[int, dict[str, object]]:
         """(status, document) for ``/readyz``: a valid signing key, the CA if intercepting, config loaded."""
         key = self.keys.current(self.clock())
-        checks = {"config": "ok", "signing_key": "ok" if key is not None else "no-valid-signing-key"}
+        checks = {"config": "ok"}
+        if self.gateway is None:  # a gateway verifies only: it has no key to sign with
+            checks["signing_key"] = "ok" if key is not None else "no-valid-signing-key"
         ca_check = self.interception.ca_check()
         if ca_check is not None:
             checks["interception_ca"] = ca_check

@@ -42,6 +42,11 @@ def test_gateway_from_flags_refuses_an_unsigned_request(tmp_path: Path) -> None:
             assert head.startswith(b"HTTP/1.1 405 "), head  # a gateway is not a forward proxy
             assert b"connect-not-supported" in head
             assert backend.arrivals == []
+            ready = requests.get(url + "/readyz", proxies={"http": ""}, timeout=WAIT_S)
+            assert ready.status_code == 200, ready.text
+            assert "signing_key" not in ready.json()["checks"]  # a gateway signs nothing
+            assert "keyid=none" in line
+            assert not list((tmp_path / "data").rglob("*.pem"))  # and keeps no key store
         finally:
             proc.terminate()
             proc.wait(WAIT_S)
