@@ -34,6 +34,7 @@ class _Callbacks(Collector):
         self.directory_cache: Callable[[], tuple[int, int] | None] = lambda: None
         self.engine: Callable[[], tuple[int, int, int] | None] = lambda: None  # open, refused, buffered
         self.access_log_dropped: Callable[[], int] = lambda: 0
+        self.providers: Callable[[], dict[str, int] | None] = lambda: None  # gateway: providers per state
         self.requests: dict[tuple[str, str], int] = {}
         self.signatures: dict[str, int] = {}
         self.connects: dict[str, int] = {}
@@ -120,6 +121,16 @@ class _Callbacks(Collector):
                 counter = CounterMetricFamily(f"signing_proxy_directory_{name}", doc)
                 counter.add_metric([], value)
                 yield counter
+        providers = self.providers()
+        if providers is not None:  # per state only: provider names never become labels
+            standing = GaugeMetricFamily(
+                "signing_proxy_gateway_providers",
+                "Provider manifests by standing of this exchange (authorized, removed, unavailable, pending)",
+                labels=["state"],
+            )
+            for state, count in sorted(providers.items()):
+                standing.add_metric([state], count)
+            yield standing
         leaf = self.leaf_cache()
         if leaf is not None:
             for name, value, doc in (

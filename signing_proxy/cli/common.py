@@ -43,6 +43,10 @@ def config_from(args: argparse.Namespace) -> Config:
             overrides["signing.signature_agent"] = args.signature_agent
         if getattr(args, "data_dir", None):
             overrides["data_dir"] = args.data_dir
+        if getattr(args, "mode", None):  # `signing-proxy gateway`
+            overrides["mode"] = args.mode
+        if getattr(args, "gateway_upstream", None):
+            overrides["gateway.upstream"] = args.gateway_upstream
         return config.with_overrides(**overrides) if overrides else config
     except ConfigError as exc:
         raise CliError(f"configuration error: {exc}") from None

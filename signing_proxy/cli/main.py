@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from .. import __version__
-from . import ca, config, delegate, discover, keys, run, verify_origin
+from . import ca, config, delegate, discover, gateway, keys, run, verify_origin
 from .common import REFUSALS, error_line
 
 __all__ = ["build_parser", "main"]
@@ -23,6 +23,7 @@ EPILOG = """\
 examples:
   signing-proxy run                                  # embedded default config, key generated on first run
   signing-proxy run --config config/agent-laptop.yaml --signature-agent https://agent.example
+  signing-proxy gateway --upstream http://127.0.0.1:9000   # verify, then forward to the backend
   signing-proxy config check config/sidecar.yaml     # validate and print the effective config
   signing-proxy keys generate --out agent-key.pem    # new Ed25519 key (0600), prints its thumbprint
   signing-proxy keys rotate --grace 48h              # new signing key; the old one retires after 48 h
@@ -44,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"signing-proxy {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     run.add_parsers(sub)  # run
+    gateway.add_parsers(sub)  # gateway (run in mode gateway)
     config.add_parsers(sub)  # config check
     keys.add_parsers(sub)  # keys generate|show|list|rotate|revoke|prune, publish
     delegate.add_parsers(sub)  # delegate issue|extend|inspect|verify

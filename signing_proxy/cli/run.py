@@ -102,7 +102,7 @@ def _run_workers(config: Config, keys: KeyProvider, args: argparse.Namespace, wo
     except OSError as exc:
         raise CliError(f"listen: cannot bind {config.listen}: {exc.strerror or exc}") from None
     config = config.with_overrides(listen=f"{show_host(host)}:{port}")
-    if config.intercept.enabled:
+    if config.intercept.enabled and config.mode != "gateway":  # a gateway has no CA
         load_interception_ca(config)  # created here, once, before the workers load it; CAError
 
     def worker(index: int) -> int:

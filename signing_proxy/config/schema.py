@@ -19,6 +19,7 @@ from typing import Any, Literal
 from ..errors import ConfigError
 from .build import build, to_plain
 from .checks import check_host_pattern, is_loopback, parse_host_port, positive
+from .gateway import GatewayConfig, TrustedIssuer
 from .identity import DelegationConfig, PublishConfig, RequesterConfig, SigningConfig
 from .profiles import ProfilesConfig
 
@@ -31,6 +32,7 @@ __all__ = [
     "DelegationConfig",
     "DiscoveryConfig",
     "EgressConfig",
+    "GatewayConfig",
     "HostsConfig",
     "InterceptConfig",
     "LimitsConfig",
@@ -42,6 +44,7 @@ __all__ = [
     "Route",
     "SigningConfig",
     "TimeoutsConfig",
+    "TrustedIssuer",
     "UpstreamConfig",
     "VerifyConfig",
 ]
@@ -338,7 +341,7 @@ class LogConfig:
 
 @dataclass(frozen=True)
 class Config:
-    mode: Literal["agent", "relay"] = "agent"
+    mode: Literal["agent", "relay", "gateway"] = "agent"
     listen: str = "127.0.0.1:8080"
     data_dir: str = "~/.local/share/signing-proxy"
     signing: SigningConfig = field(default_factory=SigningConfig)
@@ -353,6 +356,7 @@ class Config:
     access: AccessConfig = field(default_factory=AccessConfig)
     intercept: InterceptConfig = field(default_factory=InterceptConfig)
     relay: RelayConfig = field(default_factory=RelayConfig)
+    gateway: GatewayConfig = field(default_factory=GatewayConfig)
     verify: VerifyConfig = field(default_factory=VerifyConfig)
     egress: EgressConfig = field(default_factory=EgressConfig)
     requester: RequesterConfig | None = None  # None: exchange calls are forwarded as the agent wrote them
@@ -379,6 +383,10 @@ class Config:
             )
         if self.requester is not None and self.mode != "agent":
             raise ConfigError("requester: only in mode agent (a relay must not change the body it forwards)")
+        if self.mode == "gateway" and self.gateway.upstream is None:
+            raise ConfigError(
+                "gateway.upstream: mode gateway needs the backend's URL (http://127.0.0.1:9000)"
+            )
         if self.publish.listen is not None:
             if self.signing.key:
                 raise ConfigError(

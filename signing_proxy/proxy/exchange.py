@@ -199,7 +199,7 @@ class ProxyHandler:
             if stream.held is not None:
                 await self._answer_refusal(conn, stream)
             status, sent_out = stream.status, stream.bytes_out
-            outcome = "signed" if keyid else "unsigned"
+            outcome = ("verified" if policy.mode == "gateway" else "signed") if keyid else "unsigned"
             self.count(outcome)
             return conn.keep_alive and not stream.close_after and not self.draining()
         except ProxyError as error:

@@ -45,10 +45,15 @@ def local_endpoints(
 
 
 def build_admin_app(
-    readiness: Readiness, metrics: Callable[[], bytes], *, allow_clients: Sequence[str] = ()
+    readiness: Readiness,
+    metrics: Callable[[], bytes],
+    *,
+    allow_clients: Sequence[str] = (),
+    providers: Callable[[], object] | None = None,
 ) -> web.Application:
     """The admin listener's aiohttp application; clients outside ``allow_clients`` (CIDRs; loopback
-    when empty, as for the proxy port) get ``403 client-not-allowed``."""
+    when empty, as for the proxy port) get ``403 client-not-allowed``. ``providers``: the gateway's
+    manifest watcher states, served at ``/providers``."""
     allowed = AccessControl(AccessConfig(allow_clients=tuple(allow_clients))).client_allowed
     refusal = problem_body(
         403, "client-not-allowed", "this address may not use the admin port (admin.allow_clients)"
@@ -77,4 +82,11 @@ def build_admin_app(
     admin.router.add_get("/healthz", healthz)
     admin.router.add_get("/readyz", readyz)
     admin.router.add_get("/metrics", render)
+    if providers is not None:
+        listing = providers
+
+        async def provider_states(_r: web.Request) -> web.Response:
+            return web.json_response(listing(), headers={"Cache-Control": "no-store"})
+
+        admin.router.add_get("/providers", provider_states)
     return admin

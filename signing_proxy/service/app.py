@@ -34,6 +34,7 @@ from ..proxy.accesslog import AccessLog
 from ..proxy.connect import ConnectHandler
 from ..proxy.discovery import Discovery
 from ..proxy.exchange import Policy, ProxyHandler, Routes
+from ..proxy.gateway import GatewayPipeline, gateway_upstream
 from ..proxy.pipeline import (
     BearerStore,
     Signer,
@@ -69,10 +70,25 @@ def _limits(config: Config) -> Limits:
     )
 
 
+def _no_interception(config: Config) -> Config:
+    """A gateway answers CONNECT with 405: it needs no interception CA, so none is created."""
+    return dataclasses.replace(config, intercept=dataclasses.replace(config.intercept, enabled=False))
+
+
 class ProxyApp:
     """The running proxy: configuration, signer, upstream pool, listeners and background tasks."""
 
-    RESTART_ONLY = ("mode", "listen", "data_dir", "publish", "intercept", "upstream", "relay", "admin")
+    RESTART_ONLY = (
+        "mode",
+        "listen",
+        "data_dir",
+        "publish",
+        "intercept",
+        "upstream",
+        "relay",
+        "gateway",
+        "admin",
+    )
 
     def __init__(self, config: Config, keys: KeyProvider, *, clock: Callable[[], float] = time.time) -> None:
         self.config = config
@@ -105,6 +121,7 @@ class ProxyApp:
             if config.mode == "relay"
             else None
         )
+        self.gateway = GatewayPipeline(config) if config.mode == "gateway" else None
         # one key per transaction: retrieval URLs bound by the ExecuteTransaction answers we forward
         self.transactions = TransactionKeys(keys, clock=clock) if config.mode == "agent" else None
         self.discovery = (  # 403 + X-Content-Rules; the agent's own proxy discovers, never a relay
@@ -130,12 +147,12 @@ class ProxyApp:
         )
         self.engine = Engine(self.handler, _limits(config), self.spawn)
         self.interception = ConnectHandler(  # loads or creates the CA; CAError if unusable
-            config,
+            config if config.mode != "gateway" else _no_interception(config),
             policy=lambda: self.handler.policy,
             inner=self.engine.protocol,
             count=self.handler.count,
         )
-        self.handler.connect = self.interception
+        self.handler.connect = self.interception if self.gateway is None else None  # a gateway is no proxy
         self._wire_metric_callbacks()
 
     # --- parts ---
@@ -154,7 +171,11 @@ class ProxyApp:
             access=AccessControl(config.access),
             connect_timeout_s=config.timeouts.connect_s,
             idle_s=config.timeouts.client_idle_s,
-            routes=Routes([(r.prefix, r.upstream) for r in config.routes]),
+            routes=Routes(
+                [("/", gateway_upstream(config.gateway))]
+                if config.mode == "gateway"
+                else [(r.prefix, r.upstream) for r in config.routes]
+            ),
             prepare=self.prepare,
             access_log=AccessLog(
                 enabled=config.log.access_log, fmt=config.log.format, write=self.access_writer.write
@@ -182,6 +203,9 @@ class ProxyApp:
         cache = self.interception.leaves
         if cache is not None:
             callbacks.leaf_cache = lambda: (cache.hits, cache.misses, len(cache))
+        watcher = self.gateway.watcher if self.gateway is not None else None
+        if watcher is not None:
+            callbacks.providers = watcher.counts
         relay = self.relay
         if relay is not None:
             callbacks.revocation_ages = lambda: relay.poller.ages() if relay.poller is not None else {}
@@ -250,6 +274,8 @@ class ProxyApp:
         """Run the pipeline of this proxy's mode; raises ProxyError instead of forwarding unsigned."""
         if self.relay is not None:
             return await self.relay.prepare(method, target, lines, body, framed=framed)
+        if self.gateway is not None:
+            return await self.gateway.prepare(method, target, lines, body, framed=framed)
         if self.keys.blocking:  # a key on a token (PKCS#11): its signature is made off the loop
             return await prepare_request_off_loop(
                 method,
@@ -312,8 +338,9 @@ class ProxyApp:
     def readiness(self) -> tuple[int, dict[str, object]]:
         """(status, document) for ``/readyz``: a valid signing key, the CA if intercepting, config loaded."""
         key = self.keys.current(self.clock())
-        signing_key = "no-valid-signing-key" if key is None else self.keys.unavailable() or "ok"
-        checks = {"config": "ok", "signing_key": signing_key}
+        checks: dict[str, object] = {"config": "ok"}
+        if self.gateway is None:  # a gateway verifies only: it has no key to sign with
+            checks["signing_key"] = "no-valid-signing-key" if key is None else self.keys.unavailable() or "ok"
         ca_check = self.interception.ca_check()
         if ca_check is not None:
             checks["interception_ca"] = ca_check
@@ -343,6 +370,8 @@ class ProxyApp:
         self._servers.append(server)
         self.access_writer.start()
         self.spawn(self._watch_token_file())
+        if self.gateway is not None and self.gateway.watcher is not None:
+            self.spawn(self.gateway.watcher.run())  # spec rule 7: providers' manifests
         return [sock.getsockname()[:2] for sock in server.sockets]
 
     async def _watch_token_file(self) -> None:
@@ -359,7 +388,10 @@ class ProxyApp:
     async def _start_admin(self, listen: str) -> tuple[str, int]:
         host, port = parse_host_port(listen, "admin.listen")
         app = build_admin_app(
-            self.readiness, self.metrics.render, allow_clients=self.config.admin.allow_clients
+            self.readiness,
+            self.metrics.render,
+            allow_clients=self.config.admin.allow_clients,
+            providers=self.gateway.provider_states if self.gateway is not None else None,
         )
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await runner.setup()
@@ -396,5 +428,7 @@ class ProxyApp:
         self.pool.close()
         if self.relay is not None:
             await self.relay.close()
+        if self.gateway is not None:
+            await self.gateway.close()
         # last: every line of the drained requests and closed tunnels is queued by now
         await self.access_writer.aclose(CLOSE_WAIT_S)

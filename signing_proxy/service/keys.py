@@ -44,9 +44,19 @@ log = logging.getLogger("signing_proxy")
 EXPIRY_WARNING_S: Final = 7 * 86_400  # our choice: warn at start-up when the signing key ends this soon
 
 
+class _NoKeys(KeyProvider):
+    """The key provider of a process that never signs (mode gateway)."""
+
+    def current(self, now: float) -> None:
+        return None
+
+
 def key_provider_for(config: Config) -> KeyProvider:
     """``signing.key`` set: that one key, always (no windows). Otherwise the agent's key store, created
-    on first run (importing a legacy ``<data_dir>/agent-key.pem``), refreshed by ``KeyServices``."""
+    on first run (importing a legacy ``<data_dir>/agent-key.pem``), refreshed by ``KeyServices``.
+    A gateway signs nothing: no key, no key store."""
+    if config.mode == "gateway":
+        return _NoKeys()
     if config.signing.key and is_pkcs11_uri(config.signing.key):
         return token_provider_for(config)
     if config.signing.key:

@@ -8,12 +8,14 @@ every verifier of the package uses. ``__all__`` below is the API, pinned by a te
 """
 
 from ..config import TimeoutsConfig, UpstreamConfig, VerifyConfig
+from ..core.disclosure import SCOPE_INSUFFICIENT, apply_disclosure, covers
 from ..core.errors import VerificationError
 from ..core.signatures import VerifiedSignature, VerifiedStack
 from ..errors import DirectoryError
 from ..net.client import FetchedResponse, HttpClient
 from ..net.egress import EgressPolicy
 from .build import build_verifier
+from .counters import CounterStore, SqliteCounterStore, Taken
 from .delivery import (
     DeliveryPolicy,
     DeliveryVerifier,
@@ -22,13 +24,21 @@ from .delivery import (
     verify_delivery_request,
 )
 from .directory import DirectoryResolver, Fetcher, FetchResult, directory_url, http_fetcher
+from .gateway import GatewayPolicy, GatewayRefusal, GatewayVerdict, GatewayVerifier
+from .gateway_build import build_gateway_verifier
+from .gateway_middleware import GATEWAY, gateway_middleware, gateway_refusal, verify_gateway_request
+from .issuers import IssuerAnchor
 from .middleware import SIGNATURE, refusal, signature_middleware, verify_aiohttp_request
 from .origin import build_verify_origin
 from .revocation import RevocationPoller
+from .stores import open_counter_store
 from .verifier import RequestVerifier, VerifierPolicy, stack_summary
 
 __all__ = [
+    "GATEWAY",
+    "SCOPE_INSUFFICIENT",
     "SIGNATURE",
+    "CounterStore",
     "DeliveryPolicy",
     "DeliveryVerifier",
     "DirectoryError",
@@ -37,9 +47,16 @@ __all__ = [
     "FetchResult",
     "FetchedResponse",
     "Fetcher",
+    "GatewayPolicy",
+    "GatewayRefusal",
+    "GatewayVerdict",
+    "GatewayVerifier",
     "HttpClient",
+    "IssuerAnchor",
     "RequestVerifier",
     "RevocationPoller",
+    "SqliteCounterStore",
+    "Taken",
     "TimeoutsConfig",
     "UpstreamConfig",
     "VerificationError",
@@ -48,14 +65,21 @@ __all__ = [
     "VerifiedStack",
     "VerifierPolicy",
     "VerifyConfig",
+    "apply_disclosure",
     "build_delivery_verifier",
+    "build_gateway_verifier",
     "build_verifier",
     "build_verify_origin",
+    "covers",
     "directory_url",
+    "gateway_middleware",
+    "gateway_refusal",
     "http_fetcher",
+    "open_counter_store",
     "refusal",
     "signature_middleware",
     "stack_summary",
     "verify_aiohttp_request",
     "verify_delivery_request",
+    "verify_gateway_request",
 ]

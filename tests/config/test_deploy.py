@@ -252,3 +252,35 @@ def test_fleet_key_sync_copies_a_rotated_store_that_the_proxy_accepts(tmp_path: 
     assert [r.thumbprint for r in state.records] == [r.thumbprint for r in master.load(private=False).records]
     assert old not in state.private
     assert not replica.key_path(old).exists()  # a pruned key's private file is gone from the replica
+
+
+def test_gateway_manifest_two_replicas_sharing_the_redis_service() -> None:
+    docs = documents("gateway.yaml")
+    config = embedded_config(docs)
+    assert config == load_config(ROOT / "config" / "gateway.yaml")
+    assert config.mode == "gateway"
+    deployments = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Deployment"}
+    services = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Service"}
+    gateway = deployments["signing-proxy-gateway"]
+    assert gateway["spec"]["replicas"] == 2
+    pod = gateway["spec"]["template"]["spec"]
+    proxy = container(pod, "signing-proxy")
+    assert proxy["args"] == ["gateway", "--config", "/etc/signing-proxy/config.yaml"]
+    admin_port = parse_host_port(config.admin.listen, "admin.listen")[1]
+    assert proxy["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": admin_port}
+    assert config.data_dir in mounts(proxy)
+    assert pod["securityContext"]["runAsUser"] == int(dict(dockerfile())["USER"].split(":")[0])
+    ports = {p["name"]: p["targetPort"] for p in services["signing-proxy-gateway"]["spec"]["ports"]}
+    assert ports["gateway"] == parse_host_port(config.listen, "listen")[1]
+    # the store URL names the Redis Service and its port; that Service selects the Redis pods
+    store = re.fullmatch(r"redis://([a-z0-9-]+):(\d+)/\d+", config.gateway.store)
+    assert store is not None
+    redis = services[store.group(1)]
+    assert {p["port"] for p in redis["spec"]["ports"]} == {int(store.group(2))}
+    selected = redis["spec"]["selector"]
+    redis_pod = next(
+        d for d in deployments.values() if d["spec"]["template"]["metadata"]["labels"] == selected
+    )
+    assert redis_pod["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"] == int(
+        store.group(2)
+    )

@@ -1,7 +1,7 @@
 """End to end: owner issues, principal extends to the proxy's key (CLI), the proxy injects the
 requester into a DiscoverResources call from an unmodified client (HTTP_PROXY), and a test exchange
-built on ``signature_middleware`` checks layer 1 and the delegation chain, bound to the key that
-signed the request, then answers offers filtered by the delegated scopes.
+built on ``gateway_middleware`` checks layer 1, the requester and the delegation chain, bound to
+the key that signed the request, then answers offers filtered by the delegated scopes.
 
 The exchange is given no key: it resolves the agent's key from the directory the proxy's publish
 listener serves (named by Signature-Agent), like a real exchange. Its only trust anchor for the
@@ -29,23 +29,25 @@ import requests
 import yaml
 from aiohttp import web
 
-from signing_proxy.core.delegation import verify_chain
-from signing_proxy.core.errors import DelegationError
 from signing_proxy.core.jwk import PublicKey, SigningKey
 from signing_proxy.core.keys import parse_rfc3339
-from signing_proxy.core.scopes import scopes_cover
 from signing_proxy.storage.keystore import KeyStore
 from signing_proxy.verify import (
-    SIGNATURE,
+    GATEWAY,
     DirectoryResolver,
     EgressPolicy,
+    GatewayVerifier,
     HttpClient,
+    IssuerAnchor,
     RequestVerifier,
     RevocationPoller,
+    SqliteCounterStore,
     VerifierPolicy,
+    apply_disclosure,
+    gateway_middleware,
     http_fetcher,
-    signature_middleware,
 )
+from signing_proxy.verify.issuers import IssuerKeys
 from tests.harness import WAIT_S, ProxyProcess, free_port, proxy_env
 
 pytestmark = pytest.mark.integration
@@ -86,60 +88,40 @@ class Received:
 
 @dataclass
 class Exchange:
-    """An exchange: layer 1 by the verifier middleware (keys from the agent's directory), layer 3
-    with ``verify_chain`` (owner key as the only anchor, holder = the verified keyid), offers by scope."""
+    """An exchange on the package's embedding API: ``gateway_middleware`` runs layer 1 (keys from the
+    agent's directory), requester ingest and layer 3 (the owner key as the only anchor of the
+    chain, bound to the request's signer), and ``apply_disclosure`` answers offers by scope."""
 
-    owner_keys: list[PublicKey]
+    data_dir: Path
     received: list[Received] = field(default_factory=list)
     port: int = 0
     _loop: asyncio.AbstractEventLoop | None = None
     _thread: threading.Thread | None = None
     _ready: threading.Event = field(default_factory=threading.Event)
+    _gateway: GatewayVerifier | None = None
 
     @property
     def base(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
 
+    def trust_owner(self, key: PublicKey) -> None:
+        assert self._gateway is not None
+        self._gateway.issuers.trusted = {"https://owner.example": IssuerAnchor(keys=(key,))}
+
     async def discover(self, request: web.Request) -> web.Response:
-        stack = request[SIGNATURE]  # present only when layer 1 verified
-        keyid = stack.signatures[0].keyid
+        verdict = request[GATEWAY]  # present only when every step passed
         body = json.loads(await request.read())
-        self.received.append(Received(body, keyid, stack.directory))
-        requester = body.get("requester")
-        if not isinstance(requester, dict) or requester.get("type") in (
-            None,
-            "REQUESTER_TYPE_UNSPECIFIED",
-            0,
-        ):
-            return web.json_response({"error": "requester missing or REQUESTER_TYPE_UNSPECIFIED"}, status=400)
-        delegation = requester.get("delegation")
-        if delegation is not None:
-            if delegation.get("token_format") != "jwt":
-                return web.json_response({"error": "token_format"}, status=400)
-            token = base64.b64decode(delegation["token"], validate=True).decode("ascii")
-            try:
-                verified = verify_chain(token, owner_keys=self.owner_keys, holder_jkt=keyid, now=time.time())
-            except DelegationError as exc:
-                return web.json_response(
-                    {"denial_reason": exc.denial_reason, "reason": exc.reason}, status=403
-                )
-            assert verified.expires_at is not None
-            if parse_rfc3339(delegation["expires_at"]) > verified.expires_at:
-                return web.json_response({"denial_reason": "DENIAL_REASON_DELEGATION_INVALID"}, status=403)
-            granted: tuple[str, ...] = verified.scope or ("*",)  # the token's claims are authoritative
-        else:
-            granted = tuple(requester.get("scopes") or ["*"])  # empty: the public default policy
-        groups = []
-        for uri in body.get("uris", []):
-            required = CATALOG.get(uri)
-            if required is None:
-                continue
-            if scopes_cover(granted, required):
-                pricing = "subscription" if required.startswith("subscription:") else "per_request"
-                groups.append({"uri": uri, "offers": [{"scope": required, "pricing": pricing}]})
-            else:  # this exchange reveals gating
-                groups.append({"uri": uri, "absence_reason": "OFFER_ABSENCE_REASON_SCOPE_INSUFFICIENT"})
-        return web.json_response({"offer_groups": groups})
+        self.received.append(Received(body, verdict.stack.agent.keyid, verdict.stack.directory))
+        groups = [
+            {"uri": uri, "offers": [{"scope": required, "pricing": pricing(required)}]}
+            for uri, required in CATALOG.items()
+            if uri in body.get("uris", [])
+        ]
+        # the chain's narrowest scopes (the token's claims), or the declared ones; none: everything public
+        shown = apply_disclosure(
+            groups, verdict.scopes, lambda g: CATALOG[g["uri"]], policy="reveal", default_scopes=("*",)
+        )
+        return web.json_response({"offer_groups": shown})
 
     def _run(self) -> None:
         loop = asyncio.new_event_loop()
@@ -154,10 +136,14 @@ class Exchange:
             fetch = http_fetcher(client, egress=loopback)
             # Directories re-fetched every second: a rotation shows up at once (real ones cache longer).
             resolver = DirectoryResolver(fetch, floor_s=0.5, ceiling_s=1.0)
-            verifier = RequestVerifier(
-                resolver, VerifierPolicy(), revocations=RevocationPoller(fetch), egress=loopback
+            revocations = RevocationPoller(fetch)
+            verifier = RequestVerifier(resolver, VerifierPolicy(), revocations=revocations, egress=loopback)
+            self._gateway = GatewayVerifier(
+                verifier,
+                IssuerKeys(resolver, revocations, loopback),
+                SqliteCounterStore(self.data_dir / "counters.sqlite3"),  # the chain caps max_accesses
             )
-            app = web.Application(middlewares=[signature_middleware(verifier)])
+            app = web.Application(middlewares=[gateway_middleware(self._gateway)])
             app.router.add_post(DISCOVER, self.discover)
             runner = web.AppRunner(app, access_log=None, handle_signals=False)
             await runner.setup()
@@ -170,6 +156,8 @@ class Exchange:
         async def stop() -> None:
             if runner is not None:
                 await runner.cleanup()
+            if self._gateway is not None:
+                await self._gateway.close()
             if client is not None:
                 await client.close()
 
@@ -191,6 +179,10 @@ class Exchange:
             self._loop.call_soon_threadsafe(self._loop.stop)
         if self._thread is not None:
             self._thread.join(WAIT_S)
+
+
+def pricing(required: str) -> str:
+    return "subscription" if required.startswith("subscription:") else "per_request"
 
 
 def write_key(path: Path) -> SigningKey:
@@ -306,8 +298,8 @@ def discover_body(*uris: str, requester: dict[str, Any] | None = None) -> dict[s
 
 
 def test_owner_principal_proxy_exchange_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    with Exchange([]) as exchange, delegated_setup(tmp_path, exchange.base) as setup:
-        exchange.owner_keys.append(setup.owner.public)
+    with Exchange(tmp_path) as exchange, delegated_setup(tmp_path, exchange.base) as setup:
+        exchange.trust_owner(setup.owner.public)
         chain = setup.extend("--holder-config", str(setup.config_path))  # bound to the proxy's own key
         proxy_jkt = setup.store_key()
         assert chain.split("~")[0] == setup.authority

@@ -1,0 +1,73 @@
+"""The ``gateway`` section: a verifying reverse proxy in front of a backend (``mode: gateway``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from ..errors import ConfigError
+from .checks import positive
+
+__all__ = ["GatewayConfig", "TrustedIssuer"]
+
+MAX_ISSUER_KEY_GRACE_S = 30 * 86_400  # our bound: a rotated issuer key trusted at most 30 days more
+
+
+@dataclass(frozen=True)
+class TrustedIssuer:
+    """One delegation issuer (keyed by its ``iss``): pinned public key files, or its directory base."""
+
+    keys: tuple[str, ...] = ()  # public key files (PEM or JWK), always valid
+    directory: str | None = None  # e.g. http://127.0.0.1:8443 (fetched through the egress policy)
+
+    def _check(self, path: str) -> None:
+        if bool(self.keys) == (self.directory is not None):
+            raise ConfigError(f"{path}: give keys or directory (one of them)")
+        if self.directory is not None and not self.directory.startswith(("https://", "http://")):
+            raise ConfigError(f"{path}.directory: must be an http(s) URL")
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    upstream: str | None = None  # the backend every verified request goes to: http://127.0.0.1:9000
+    max_hops: int | None = None  # signatures in the stack (manifest max_intermediary_hops); None: no cap
+    trusted_issuers: Mapping[str, TrustedIssuer] = field(default_factory=dict)
+    trusted_issuers_only: bool = False  # true: no directory fetch for an iss not listed above
+    issuer_key_grace_s: int = 86_400  # a rotated issuer key still anchors tokens this long after not_after
+    understood_extensions: tuple[str, ...] = ()  # ext_critical keys this exchange evaluates
+    replay_protection: bool = False  # refuse a signature seen before within its validity
+    store: str = "sqlite"  # counters: sqlite (in data_dir), sqlite:///PATH, redis://host:6379/0
+    audience: str | None = None  # this exchange's name in a delegation token's aud
+    delegation_leeway_s: int = 0  # clock difference tolerated on a link's exp/nbf
+    external_origin: str | None = None  # https://exchange.example when TLS ends in front of us
+    broker_directories: tuple[str, ...] = ()  # directory bases of the brokers whose labels we accept
+    # spec rule 7: providers whose svc.json must keep listing exchange_domain (domains, or base URLs)
+    providers: tuple[str, ...] = ()
+    exchange_domain: str | None = None
+    manifest_min_refresh_s: int = 60  # a manifest's max-age is clamped to [min, max]
+    manifest_max_refresh_s: int = 86_400
+
+    def _check(self, path: str) -> None:
+        if self.upstream is not None and not self.upstream.startswith(("http://", "https://")):
+            raise ConfigError(f"{path}.upstream: must be an http(s) URL, got {self.upstream!r}")
+        if self.max_hops is not None:
+            positive(self.max_hops, f"{path}.max_hops")
+        if not 0 <= self.issuer_key_grace_s <= MAX_ISSUER_KEY_GRACE_S:
+            raise ConfigError(f"{path}.issuer_key_grace_s: must be from 0 to {MAX_ISSUER_KEY_GRACE_S}")
+        if not 0 <= self.delegation_leeway_s <= 300:
+            raise ConfigError(f"{path}.delegation_leeway_s: must be from 0 to 300")
+        store = self.store
+        if store != "sqlite" and not store.startswith(("sqlite:///", "redis://", "rediss://", "unix://")):
+            raise ConfigError(f"{path}.store: sqlite, sqlite:///PATH or a redis:// URL, got {store!r}")
+        for name in ("external_origin",):
+            value = getattr(self, name)
+            if value is not None and not value.startswith(("http://", "https://")):
+                raise ConfigError(f"{path}.{name}: must be an http(s) origin")
+        if self.providers and not self.exchange_domain:
+            raise ConfigError(f"{path}.exchange_domain: needed to watch providers' manifests")
+        positive(self.manifest_min_refresh_s, f"{path}.manifest_min_refresh_s")
+        if self.manifest_max_refresh_s < self.manifest_min_refresh_s:
+            raise ConfigError(f"{path}.manifest_max_refresh_s: must be at least manifest_min_refresh_s")
+        for i, base in enumerate(self.broker_directories):
+            if not base.startswith(("https://", "http://")):
+                raise ConfigError(f"{path}.broker_directories[{i}]: must be an http(s) URL")

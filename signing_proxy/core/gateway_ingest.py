@@ -1,0 +1,240 @@
+"""What a verifying gateway reads from an exchange call's body, checked before anything trusts it.
+
+Spec "Endpoints": an exchange call is ``POST {base_url}/svc.v1.ExchangeService/<Method>`` with a
+proto-JSON body holding the envelope ``ver`` and the ``requester``. ``ingest_requester`` applies
+the ingest rules (a ``requester`` with ``id``, ``domain`` and ``type``; UNSPECIFIED and unknown
+types rejected; every ``ext_critical`` key understood; envelope ``ver`` of major 1) and returns the
+parsed ``Requester`` with its raw ``delegation`` member. ``read_delegation`` reads that member,
+``check_mirror`` holds its mirrored fields to the verified token's claims (which are
+authoritative: a mirror may be narrower, never wider), and ``quota_key`` names the counter of a
+chain. Sans-IO: values and ``now`` in, results or errors out.
+
+Errors: ``IngestError`` (a ``ProtocolError``; the gateway answers 400) and ``DelegationError``
+(403, ``DENIAL_REASON_DELEGATION_INVALID``).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import re
+from collections.abc import Container, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .delegation_verify import VerifiedDelegation
+from .errors import DelegationError, KeyFormatError, ProtocolError
+from .keys import parse_rfc3339
+from .requester import EXCHANGE_SERVICE, REQUESTER_MEMBER, REQUESTER_TYPES, TOKEN_FORMAT_JWT
+from .scopes import scopes_cover
+
+__all__ = [
+    "ENVELOPE_MAJOR",
+    "DelegationIn",
+    "IngestError",
+    "IngestedRequester",
+    "check_mirror",
+    "exchange_method",
+    "ingest_requester",
+    "quota_key",
+    "read_delegation",
+]
+
+ENVELOPE_MAJOR = 1  # spec "Versioning": the request envelope ver is 1.0; our rule: any 1.x is read
+_VERSION = re.compile(r"(0|[1-9][0-9]{0,8})\.(0|[1-9][0-9]{0,8})")
+_METHOD = re.compile(r"[A-Za-z][A-Za-z0-9]{0,63}")
+_TYPES_BY_NAME = {name: number for number, name in REQUESTER_TYPES.items()}
+
+
+class IngestError(ProtocolError):
+    """An exchange call refused at ingest (spec "Requester": rejected at ingest); answered 400."""
+
+
+@dataclass(frozen=True)
+class IngestedRequester:
+    """The requester as declared in the body: claims, not credentials (layer 1 says who signed)."""
+
+    id: str
+    domain: str
+    type: str
+    scopes: tuple[str, ...]
+    delegation: Mapping[str, Any] | None
+
+
+@dataclass(frozen=True)
+class DelegationIn:
+    """The Delegation message as received; only ``token`` is verified, the rest are mirrors."""
+
+    token: str
+    principal_domain: str
+    principal_id: str
+    expires_at: int
+    scopes: tuple[str, ...]
+    max_accesses: int | None
+    max_spend_cents: int | None
+    quota_period_s: int | None
+    issuer: str | None
+
+
+def exchange_method(method: str, path: str) -> str | None:
+    """``<Method>`` of ``POST …/svc.v1.ExchangeService/<Method>``, else None (not an exchange call)."""
+    if method != "POST":
+        return None
+    head, sep, name = path.split("?", 1)[0].rpartition("/")
+    if not sep or not head.endswith("/" + EXCHANGE_SERVICE) or not _METHOD.fullmatch(name):
+        return None
+    return name
+
+
+def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        raise ValueError("duplicate member name")
+    return obj
+
+
+def _string(doc: Mapping[str, Any], name: str, where: str) -> str:
+    value = doc.get(name)
+    if not isinstance(value, str) or not value:
+        raise IngestError("requester-field-missing", f"{where}.{name} is required (a non-empty string)")
+    return value
+
+
+def _critical(doc: Mapping[str, Any], where: str, understood: Container[str]) -> None:
+    critical = doc.get("ext_critical", [])
+    if not isinstance(critical, list) or not all(isinstance(c, str) for c in critical):
+        raise IngestError("malformed-requester", f"{where}.ext_critical is a list of strings")
+    for name in critical:
+        if name not in understood:  # COSE crit: an extension we cannot evaluate is binding
+            raise IngestError("unknown-critical-extension", f"{where}.ext_critical names {name!r}")
+
+
+def _requester_type(value: object) -> str:
+    if isinstance(value, bool):
+        raise IngestError("requester-type-unknown", "requester.type is a RequesterType name or number")
+    name = REQUESTER_TYPES.get(value) if isinstance(value, int) else value
+    if name == REQUESTER_TYPES[0]:
+        raise IngestError("requester-type-unspecified", "REQUESTER_TYPE_UNSPECIFIED is rejected at ingest")
+    if not isinstance(name, str) or name not in _TYPES_BY_NAME:
+        raise IngestError("requester-type-unknown", "requester.type is not a known RequesterType")
+    return name
+
+
+def ingest_requester(body: bytes, understood_extensions: Container[str]) -> IngestedRequester:
+    """The ingest rules of an exchange call's body; ``IngestError`` with a stable reason."""
+    try:
+        doc = json.loads(body.decode("utf-8"), object_pairs_hook=_unique)
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise IngestError("malformed-body", "an exchange call's body is a proto-JSON object") from None
+    if not isinstance(doc, dict):
+        raise IngestError("malformed-body", "an exchange call's body is a proto-JSON object")
+    ver = doc.get("ver")
+    if not isinstance(ver, str):
+        raise IngestError("envelope-version-missing", "the envelope ver is required (1.0)")
+    match = _VERSION.fullmatch(ver)
+    if match is None or int(match.group(1)) != ENVELOPE_MAJOR:
+        raise IngestError(
+            "envelope-version-unsupported", f"envelope ver {ver[:16]!r}; this gateway reads 1.x"
+        )
+    requester = doc.get(REQUESTER_MEMBER)
+    if not isinstance(requester, dict):
+        raise IngestError("requester-missing", "an exchange call carries a requester object")
+    ident = _string(requester, "id", "requester")
+    domain = _string(requester, "domain", "requester")
+    if "type" not in requester:
+        raise IngestError("requester-field-missing", "requester.type is required")
+    kind = _requester_type(requester["type"])
+    scopes = requester.get("scopes", [])
+    if not isinstance(scopes, list) or not all(isinstance(s, str) for s in scopes):
+        raise IngestError("malformed-requester", "requester.scopes is a list of strings")
+    _critical(requester, "requester", understood_extensions)
+    delegation = requester.get("delegation")
+    if delegation is not None:
+        if not isinstance(delegation, dict):
+            raise IngestError("malformed-requester", "requester.delegation is an object")
+        _critical(delegation, "requester.delegation", understood_extensions)
+    return IngestedRequester(ident, domain, kind, tuple(scopes), delegation)
+
+
+def _invalid(detail: str) -> DelegationError:
+    return DelegationError("malformed-delegation", detail)
+
+
+def _optional_int(doc: Mapping[str, Any], name: str, *, string: bool) -> int | None:
+    value = doc.get(name)
+    if value is None:
+        return None
+    if string and isinstance(value, str) and re.fullmatch(r"0|[1-9][0-9]{0,18}", value):
+        return int(value)  # int64: a decimal string in proto-JSON
+    if not isinstance(value, bool) and isinstance(value, int) and value >= 0:
+        return value
+    raise _invalid(f"delegation.{name} is not a valid count")
+
+
+def read_delegation(doc: Mapping[str, Any]) -> DelegationIn:
+    """The Delegation message; ``DelegationError`` (DENIAL_REASON_DELEGATION_INVALID) when unusable."""
+    if doc.get("token_format", TOKEN_FORMAT_JWT) != TOKEN_FORMAT_JWT:
+        raise DelegationError("unsupported-token-format", "token_format jwt is the sole format")
+    raw = doc.get("token")
+    if not isinstance(raw, str) or not raw:
+        raise _invalid("delegation.token is required")
+    try:
+        token = base64.b64decode(raw, validate=True).decode("ascii")
+    except (binascii.Error, ValueError):
+        raise _invalid("delegation.token is standard base64 of the ~-joined compact JWS chain") from None
+    for name in ("principal_domain", "principal_id"):
+        if not isinstance(doc.get(name), str) or not doc[name]:
+            raise _invalid(f"delegation.{name} is required")
+    try:
+        expires_at = parse_rfc3339(doc.get("expires_at"))
+    except (KeyFormatError, ValueError, TypeError):
+        raise _invalid("delegation.expires_at is a required RFC 3339 timestamp") from None
+    scopes = doc.get("scopes", [])
+    if not isinstance(scopes, list) or not all(isinstance(s, str) for s in scopes):
+        raise _invalid("delegation.scopes is a list of strings")
+    period = doc.get("quota_period")
+    if period is not None and (not isinstance(period, str) or not re.fullmatch(r"[1-9][0-9]{0,11}s", period)):
+        raise _invalid('delegation.quota_period is a Duration "<seconds>s"')
+    issuer = doc.get("issuer")
+    return DelegationIn(
+        token=token,
+        principal_domain=doc["principal_domain"],
+        principal_id=doc["principal_id"],
+        expires_at=expires_at,
+        scopes=tuple(scopes),
+        max_accesses=_optional_int(doc, "max_accesses", string=False),
+        max_spend_cents=_optional_int(doc, "max_spend_cents", string=True),
+        quota_period_s=int(period[:-1]) if period is not None else None,
+        issuer=issuer if isinstance(issuer, str) else None,
+    )
+
+
+def _wider(mirror: int | None, claim: int | None) -> bool:
+    # an absent mirror mirrors nothing (the token decides); a present one must not exceed the claim
+    return mirror is not None and (claim is None or mirror > claim)
+
+
+def check_mirror(mirror: DelegationIn, verified: VerifiedDelegation, now: float) -> None:
+    """The mirrored fields are never wider than the verified claims; expired is expired."""
+    if mirror.expires_at <= now:
+        raise DelegationError("expired", "delegation.expires_at has passed")
+    if verified.expires_at is not None and mirror.expires_at > verified.expires_at:
+        raise DelegationError("mirror-wider", "delegation.expires_at is later than the token's exp")
+    if verified.scope is not None:
+        for scope in mirror.scopes:
+            if not scopes_cover(verified.scope, scope):
+                raise DelegationError("mirror-wider", "delegation.scopes is wider than the token's scope")
+    caps = verified.caps
+    if _wider(mirror.max_accesses, caps.max_accesses) or _wider(mirror.max_spend_cents, caps.max_spend_cents):
+        raise DelegationError("mirror-wider", "a mirrored cap is wider than the token's")
+    if mirror.quota_period_s is not None and mirror.quota_period_s != caps.quota_period_s:
+        raise DelegationError("mirror-wider", "delegation.quota_period differs from the token's")
+
+
+def quota_key(token: str, holder_jkt: str) -> str:
+    """The counter of one chain: its authority JWT and the terminal holder (hashed, fixed length)."""
+    authority = token.split("~", 1)[0]
+    digest = hashlib.sha256(authority.encode("ascii") + b"\x00" + holder_jkt.encode("ascii"))
+    return digest.hexdigest()

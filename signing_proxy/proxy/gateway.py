@@ -1,0 +1,147 @@
+"""Gateway mode: a verifying reverse proxy in front of one backend (``gateway.upstream``).
+
+Every request arrives in origin-form, is routed to the backend by the engine's ``Routes`` and
+reaches ``GatewayPipeline.prepare``, which rebuilds the URI the client signed (``http://`` + Host,
+or ``gateway.external_origin`` when TLS ends in front of us), runs ``verify.gateway`` (signatures,
+requester ingest, delegation, quota, replay) and forwards only a verified request. The backend
+gets the request as it arrived — minus any ``X-Verified-*`` field the client sent — plus the
+gateway's own ``X-Verified-*`` fields, which it may trust. A refusal is a problem+json answer with
+the step's status and stable reason; nothing refused reaches the backend.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..config import Config, GatewayConfig
+from ..core.fields import Fields
+from ..core.jwk import PublicKey
+from ..core.manifest import MANIFEST_MAX_BYTES
+from ..core.uri import Target, parse_absolute_uri
+from ..errors import ConfigError, ProxyError
+from ..net.client import HttpClient
+from ..net.egress import EgressPolicy
+from ..net.framing import Outgoing, drop_hop_by_hop, outgoing
+from ..verify.counters import CounterStore
+from ..verify.directory import http_fetcher
+from ..verify.gateway import HEADER_PREFIX, GatewayPolicy, GatewayRefusal
+from ..verify.gateway_build import build_gateway_verifier
+from ..verify.issuers import IssuerAnchor
+from ..verify.manifest_watch import ManifestWatcher
+from ..verify.stores import open_counter_store
+from ..verify.verifier import VerifierPolicy
+from .relay import load_public_key_file
+
+__all__ = ["GatewayPipeline", "gateway_upstream"]
+
+
+def gateway_upstream(section: GatewayConfig) -> str:
+    """The backend's origin (the one route of a gateway)."""
+    assert section.upstream is not None  # Config._check: mode gateway has one
+    target = parse_absolute_uri(section.upstream)
+    if target.path_query not in ("", "/"):
+        raise ConfigError("gateway.upstream: an origin only (http://host:port), without a path")
+    return f"{target.scheme}://{target.authority}"
+
+
+def _anchors(section: GatewayConfig) -> dict[str, IssuerAnchor]:
+    anchors = {}
+    for iss, entry in section.trusted_issuers.items():
+        keys: list[PublicKey] = []
+        for path in entry.keys:
+            try:
+                keys.append(load_public_key_file(Path(path).expanduser()))
+            except (OSError, ValueError) as exc:
+                raise ConfigError(
+                    f"gateway.trusted_issuers.{iss}: {exc}", reason="pinned-key-unusable"
+                ) from None
+        anchors[iss] = IssuerAnchor(tuple(keys), entry.directory)
+    return anchors
+
+
+class GatewayPipeline:
+    """Verify, strip client-sent ``X-Verified-*``, add ours, forward to the backend. One per gateway."""
+
+    def __init__(self, config: Config, *, store: CounterStore | None = None) -> None:
+        self.config = config
+        section = config.gateway
+        self.upstream = parse_absolute_uri(gateway_upstream(section))
+        self.client = HttpClient.standalone(config.upstream, config.timeouts)
+        try:
+            self.store = store if store is not None else open_counter_store(section.store, config.data_path)
+        except ValueError as exc:
+            raise ConfigError(f"gateway.store: {exc}") from None
+        self.verifier = build_gateway_verifier(
+            VerifierPolicy(
+                skew_s=config.verify.skew_s,
+                max_validity_s=config.verify.max_validity_s,
+                max_hops=section.max_hops,
+                broker_directories=section.broker_directories,
+            ),
+            GatewayPolicy(
+                understood_extensions=frozenset(section.understood_extensions),
+                replay_protection=section.replay_protection,
+                audience=section.audience,
+                leeway_s=section.delegation_leeway_s,
+            ),
+            store=self.store,
+            trusted_issuers=_anchors(section),
+            trusted_issuers_only=section.trusted_issuers_only,
+            issuer_key_grace_s=section.issuer_key_grace_s,
+            client=self.client,
+            egress=EgressPolicy.from_config(config.egress),
+            limits=config.verify,
+            fetch_timeout_s=config.egress.fetch_timeout_s,
+        )
+        self.watcher: ManifestWatcher | None = None
+        if section.providers:
+            assert section.exchange_domain is not None  # GatewayConfig._check
+            self.watcher = ManifestWatcher(
+                section.providers,
+                section.exchange_domain,
+                http_fetcher(
+                    self.client,
+                    egress=EgressPolicy.from_config(config.egress),
+                    max_bytes=MANIFEST_MAX_BYTES,
+                    timeout_s=config.egress.fetch_timeout_s,
+                ),
+                min_refresh_s=section.manifest_min_refresh_s,
+                max_refresh_s=section.manifest_max_refresh_s,
+            )
+        self.external_origin = section.external_origin.rstrip("/") if section.external_origin else None
+
+    def signed_uri(self, target: Target, lines: Sequence[tuple[str, str]]) -> str:
+        """The URI the client signed: our external origin, else ``http://`` + the Host it sent."""
+        if self.external_origin is not None:
+            return self.external_origin + target.path_query
+        hosts = [v for n, v in lines if n.lower() == "host"]
+        if len(hosts) != 1 or not hosts[0].strip():
+            raise ProxyError(400, "malformed-host", "a request to the gateway carries one Host")
+        return f"http://{hosts[0].strip()}{target.path_query}"
+
+    async def prepare(
+        self, method: str, target: Target, lines: Sequence[tuple[str, str]], body: bytes, *, framed: bool
+    ) -> Outgoing:
+        if (target.scheme, target.authority) != (self.upstream.scheme, self.upstream.authority):
+            raise ProxyError(404, "no-route", "a gateway forwards only to its backend (origin-form targets)")
+        uri = self.signed_uri(target, lines)
+        fields = drop_hop_by_hop(lines)
+        try:
+            verdict = await self.verifier.check(method, uri, fields, body)
+        except GatewayRefusal as refusal:
+            raise ProxyError(refusal.status, refusal.reason, refusal.detail, refusal.headers) from None
+        forwarded = Fields(
+            [(n, v) for n, v in fields if not n.lower().startswith(HEADER_PREFIX)] + verdict.headers()
+        )
+        # keyid: the verified agent's, for the access log (a gateway adds no signature)
+        agent = verdict.stack.agent.keyid
+        return outgoing(method, target, forwarded, body, framed=framed, keyid=agent, via=None)
+
+    def provider_states(self) -> list[dict[str, object]]:
+        """The manifest watcher's states, for the admin endpoint ``/providers``."""
+        return [s.as_json() for s in self.watcher.states()] if self.watcher is not None else []
+
+    async def close(self) -> None:
+        await self.verifier.close()  # and the store
+        await self.client.close()

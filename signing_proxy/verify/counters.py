@@ -1,0 +1,147 @@
+"""The gateway's shared state: access counters per delegation chain and signatures already seen.
+
+A ``CounterStore`` does two atomic things. ``take`` counts one access against a limit within a
+window that opens at the first access and closes ``window_s`` later (the spec's ``quota_period``;
+a lifetime quota passes the delegation's remaining life): below the limit it increments and
+admits, at ``count >= limit`` it refuses without counting and says when the window ends.
+``first_seen`` records a key for ``ttl_s`` and says whether it was new (replay protection).
+
+Two stores: ``SqliteCounterStore`` (the embedded default, a file in the data directory; every
+operation is one ``BEGIN IMMEDIATE`` transaction, so ``--workers`` processes sharing the file
+never lose or double a count) and ``verify.redis_counters.RedisCounterStore`` for several gateway
+replicas (one Lua script per ``take``, ``SET NX PX`` per ``first_seen``). ``now`` is given by the
+caller (wall-clock seconds): every process on the machine agrees on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+__all__ = ["SQLITE_FILE", "CounterStore", "SqliteCounterStore", "Taken"]
+
+SQLITE_FILE = "gateway-counters.sqlite3"  # in data_dir
+SQLITE_BUSY_TIMEOUT_MS = 5000  # our choice: a worker waits this long for another's transaction
+PRUNE_EVERY = 256  # our choice: expired rows are deleted once per this many writes
+
+
+@dataclass(frozen=True, slots=True)
+class Taken:
+    """The verdict of one ``take``: admitted or not, the count after it, when the window ends."""
+
+    allowed: bool
+    count: int
+    reset_at: float | None  # unix seconds; None: the counter never resets
+
+
+class CounterStore(Protocol):
+    async def take(self, key: str, limit: int, window_s: float | None, now: float) -> Taken:
+        """Count one access if ``count < limit`` in the key's current window (atomic)."""
+        ...
+
+    async def first_seen(self, key: str, ttl_s: float, now: float) -> bool:
+        """Record ``key`` for ``ttl_s``; True if it was not recorded already (atomic)."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS counters (key TEXT PRIMARY KEY, count INTEGER NOT NULL, expires_at REAL)",
+    "CREATE TABLE IF NOT EXISTS seen (key TEXT PRIMARY KEY, expires_at REAL NOT NULL)",
+)
+
+
+class SqliteCounterStore:
+    """Counters in one SQLite file, safe across processes; blocking calls run on one thread of our own."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="counters")
+        self._db: sqlite3.Connection | None = None
+        self._writes = 0
+
+    def _connect(self) -> sqlite3.Connection:
+        if self._db is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            db = sqlite3.connect(self.path, timeout=SQLITE_BUSY_TIMEOUT_MS / 1000, isolation_level=None)
+            db.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+            db.execute("PRAGMA journal_mode=WAL")  # readers never block the writer
+            # no fsync per count: a crash of the process loses nothing, a power cut the last moments
+            db.execute("PRAGMA synchronous=NORMAL")
+            for statement in _SCHEMA:
+                db.execute(statement)
+            self._db = db
+        return self._db
+
+    async def take(self, key: str, limit: int, window_s: float | None, now: float) -> Taken:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self._take, key, limit, window_s, now)
+
+    async def first_seen(self, key: str, ttl_s: float, now: float) -> bool:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self._first_seen, key, ttl_s, now)
+
+    async def close(self) -> None:
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._executor, self._close)
+        self._executor.shutdown(wait=True)
+
+    # --- on the store's thread ---
+    def _take(self, key: str, limit: int, window_s: float | None, now: float) -> Taken:
+        db = self._connect()
+        db.execute("BEGIN IMMEDIATE")  # the write lock first: no other process reads a stale count
+        try:
+            row = db.execute("SELECT count, expires_at FROM counters WHERE key = ?", (key,)).fetchone()
+            if row is None or (row[1] is not None and row[1] <= now):
+                count, expires_at = 0, (now + window_s if window_s is not None else None)
+            else:
+                count, expires_at = int(row[0]), row[1]
+            if count >= limit:
+                db.execute("COMMIT")
+                return Taken(False, count, expires_at)
+            db.execute(
+                "INSERT INTO counters (key, count, expires_at) VALUES (?, ?, ?) "
+                "ON CONFLICT(key) DO UPDATE SET count = excluded.count, expires_at = excluded.expires_at",
+                (key, count + 1, expires_at),
+            )
+            self._maybe_prune(db, now)
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        return Taken(True, count + 1, expires_at)
+
+    def _first_seen(self, key: str, ttl_s: float, now: float) -> bool:
+        db = self._connect()
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            row = db.execute("SELECT expires_at FROM seen WHERE key = ?", (key,)).fetchone()
+            fresh = row is None or row[0] <= now
+            if fresh:
+                db.execute(
+                    "INSERT INTO seen (key, expires_at) VALUES (?, ?) "
+                    "ON CONFLICT(key) DO UPDATE SET expires_at = excluded.expires_at",
+                    (key, now + ttl_s),
+                )
+                self._maybe_prune(db, now)
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        return fresh
+
+    def _maybe_prune(self, db: sqlite3.Connection, now: float) -> None:
+        self._writes += 1
+        if self._writes % PRUNE_EVERY == 0:
+            db.execute("DELETE FROM counters WHERE expires_at IS NOT NULL AND expires_at <= ?", (now,))
+            db.execute("DELETE FROM seen WHERE expires_at <= ?", (now,))
+
+    def _close(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None

@@ -1,0 +1,271 @@
+"""The gateway's verdict on one request: the five steps of a verifying exchange, in order.
+
+``GatewayVerifier.check`` runs, each step only if the previous one passed:
+
+1. **Signatures** (``RequestVerifier``: every label, each later one covering the previous one, keys
+   from each signer's directory, revocation, windows, ``Content-Digest``, the hop cap). 401.
+2. **Requester ingest** for exchange calls (``core.gateway_ingest``). 400.
+3. **Delegation** when ``requester.delegation`` is present: the chain verified offline against the
+   issuer's keys (``IssuerKeys``, grace included), bound to the terminal holder (the agent, or a
+   broker the agent delegated to by a child JWT: spec "Multi-hop forwarding" rule 5), mirrors never
+   wider than the claims. 403 ``DENIAL_REASON_DELEGATION_INVALID``.
+4. **Quota**: the chain's ``max_accesses`` within ``quota_period`` (lifetime when absent), counted
+   atomically in the ``CounterStore`` per authority JWT and holder. 429
+   ``DENIAL_REASON_QUOTA_EXCEEDED`` with ``Retry-After`` at the window's end.
+5. **Replay** (optional): the agent's signature seen before within its validity is refused. 401
+   ``signature-replayed``. Checked just before the count of step 4 (its ``now`` taken then, after
+   the keys were awaited), so that a replayed request never spends an access of the chain.
+
+A refusal is a ``GatewayRefusal`` (status, stable reason, headers); the result is a frozen
+``GatewayVerdict`` whose ``headers()`` are what a backend may trust.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from urllib.parse import quote
+
+from ..core.delegation import verify_chain
+from ..core.delegation_claims import parse_link
+from ..core.delegation_verify import VerifiedDelegation
+from ..core.errors import DelegationError, Error, VerificationError
+from ..core.fields import Fields
+from ..core.gateway_ingest import (
+    DelegationIn,
+    IngestedRequester,
+    IngestError,
+    check_mirror,
+    exchange_method,
+    ingest_requester,
+    quota_key,
+    read_delegation,
+)
+from ..core.scopes import format_scope_list
+from ..core.signatures import VerifiedStack
+from .counters import CounterStore
+from .issuers import IssuerKeys
+from .verifier import RequestVerifier
+
+__all__ = [
+    "DELEGATION_INVALID",
+    "HEADER_PREFIX",
+    "QUOTA_EXCEEDED",
+    "GatewayPolicy",
+    "GatewayRefusal",
+    "GatewayVerdict",
+    "GatewayVerifier",
+]
+
+log = logging.getLogger("signing_proxy.gateway")
+
+DELEGATION_INVALID = "DENIAL_REASON_DELEGATION_INVALID"  # spec "Failure handling"
+QUOTA_EXCEEDED = "DENIAL_REASON_QUOTA_EXCEEDED"  # spec "Failure handling"
+HEADER_PREFIX = "x-verified-"  # every header the gateway sets; client-sent copies are dropped
+_SAFE = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) not in '%",')  # percent-encode the rest
+
+
+class GatewayRefusal(Error):
+    """A request the gateway answers itself: status, stable reason, extra header fields."""
+
+    def __init__(self, status: int, reason: str, detail: str = "", headers: tuple[tuple[str, str], ...] = ()):
+        super().__init__(reason, detail)
+        self.status = status
+        self.headers = headers
+
+
+@dataclass(frozen=True)
+class GatewayPolicy:
+    understood_extensions: frozenset[str] = frozenset()
+    replay_protection: bool = False
+    audience: str | None = None  # this exchange's name in a token's aud
+    leeway_s: int = 0  # tolerated clock difference on exp/nbf of delegation links
+
+
+@dataclass(frozen=True)
+class GatewayVerdict:
+    """What the gateway verified; ``headers()`` is what it forwards to the backend."""
+
+    stack: VerifiedStack
+    requester: IngestedRequester | None = None
+    delegation: VerifiedDelegation | None = None
+    terminal_holder: str | None = None  # "agent" or "broker"
+    remaining_accesses: int | None = None
+
+    @property
+    def scopes(self) -> tuple[str, ...] | None:
+        """The effective scopes: the chain's narrowest (its last link's) or the declared ones."""
+        if self.delegation is not None:
+            return self.delegation.scope
+        return self.requester.scopes if self.requester is not None else None
+
+    def headers(self) -> list[tuple[str, str]]:
+        """``X-Verified-*`` header fields; values from the request body are percent-encoded."""
+        sigs = self.stack.signatures
+        out = [
+            ("X-Verified-Hops", str(self.stack.hops)),
+            ("X-Verified-Keyid", ", ".join(s.keyid for s in sigs)),
+            ("X-Verified-Directory", ", ".join(_safe(s.key_source or "pinned") for s in sigs)),
+        ]
+        if self.requester is not None:
+            out.append(("X-Verified-Requester-Id", _safe(self.requester.id)))
+            out.append(("X-Verified-Requester-Domain", _safe(self.requester.domain)))
+            out.append(("X-Verified-Requester-Type", self.requester.type))
+        chain = self.delegation
+        if chain is not None:
+            root = chain.links[0]
+            out.append(("X-Verified-Delegation-Issuer", _safe(root.iss)))
+            out.append(("X-Verified-Principal-Key", root.cnf_jkt))
+            if root.sub is not None:
+                out.append(("X-Verified-Principal", _safe(root.sub)))
+            out.append(("X-Verified-Holder", self.terminal_holder or "agent"))
+        scopes = self.scopes
+        if scopes is not None and (chain is not None or scopes):
+            out.append(("X-Verified-Scopes", _safe(format_scope_list(scopes)) if scopes else ""))
+        if self.remaining_accesses is not None:
+            out.append(("X-Verified-Remaining-Accesses", str(self.remaining_accesses)))
+        return out
+
+
+def _safe(value: str) -> str:
+    return quote(value, safe=_SAFE + " ")
+
+
+@dataclass
+class GatewayVerifier:
+    """Steps 1 to 5 over a ``RequestVerifier``, the issuers' keys and a counter store."""
+
+    verifier: RequestVerifier
+    issuers: IssuerKeys
+    store: CounterStore | None = None  # needed for quotas and replay protection
+    policy: GatewayPolicy = field(default_factory=GatewayPolicy)
+    clock: Callable[[], float] = time.time
+
+    async def check(self, method: str, target_uri: str, fields: Fields, body: bytes) -> GatewayVerdict:
+        """The verdict, or ``GatewayRefusal`` with the status and stable reason of the step that refused."""
+        try:
+            stack = await self.verifier.verify(method, target_uri, fields, body)
+        except VerificationError as exc:
+            where = f" (label {exc.label!r})" if exc.label else ""
+            raise GatewayRefusal(401, exc.reason, f"{exc.detail}{where}") from None
+        path = target_uri.split("://", 1)[-1]
+        path = "/" + path.split("/", 1)[1] if "/" in path else "/"
+        verdict = GatewayVerdict(stack)
+        mirror: DelegationIn | None = None
+        if exchange_method(method, path) is not None:
+            verdict, mirror = await self._exchange_call(stack, body)
+        # Replay before the count: a replayed request never spends one of the chain's accesses.
+        if self.policy.replay_protection:
+            await self._check_replay(stack)
+        if mirror is not None and verdict.delegation is not None:
+            remaining = await self._take_quota(mirror, verdict.delegation, self.clock())
+            verdict = replace(verdict, remaining_accesses=remaining)
+        return verdict
+
+    async def close(self) -> None:
+        """Close the verifier (pollers, fetches, an owned client) and the counter store."""
+        await self.verifier.close()
+        if self.store is not None:
+            await self.store.close()
+
+    async def _exchange_call(
+        self, stack: VerifiedStack, body: bytes
+    ) -> tuple[GatewayVerdict, DelegationIn | None]:
+        try:
+            requester = ingest_requester(body, self.policy.understood_extensions)
+        except IngestError as exc:
+            raise GatewayRefusal(400, exc.reason, exc.detail) from None
+        if requester.delegation is None:
+            return GatewayVerdict(stack, requester), None
+        now = self.clock()
+        try:
+            mirror = read_delegation(requester.delegation)
+            chain, holder = await self._verify_chain(mirror, stack, now)
+            check_mirror(mirror, chain, now)
+        except DelegationError as exc:
+            log.info("delegation refused: %s %s", exc.reason, exc.detail)
+            raise GatewayRefusal(403, DELEGATION_INVALID, f"{exc.reason}: {exc.detail}") from None
+        return GatewayVerdict(stack, requester, chain, holder), mirror
+
+    async def _verify_chain(
+        self, mirror: DelegationIn, stack: VerifiedStack, now: float
+    ) -> tuple[VerifiedDelegation, str]:
+        root = parse_link(mirror.token.split("~", 1)[0], 0)  # read iss only to choose the anchors
+        iss = root.claims.get("iss")
+        if not isinstance(iss, str):
+            raise DelegationError("missing-claim", "link 0: iss is required")
+        anchors = await self.issuers.keys_for(iss, now)
+        if not anchors:
+            raise DelegationError("untrusted-issuer-key", "no usable key of the token's issuer")
+        agent = stack.agent.keyid
+
+        def verify(holder: str) -> VerifiedDelegation:
+            return verify_chain(
+                mirror.token,
+                owner_keys=anchors,
+                holder_jkt=holder,
+                now=now,
+                leeway_s=self.policy.leeway_s,
+                audience=self.policy.audience,
+            )
+
+        try:
+            return verify(agent), "agent"
+        except DelegationError as exc:
+            if exc.reason != "holder-mismatch" or stack.hops < 2:
+                raise
+            mismatch = exc
+        # Rule 5: a broker is the terminal holder only if the agent delegated to its key by a child JWT.
+        for signature in stack.signatures[1:]:
+            try:
+                chain = verify(signature.keyid)
+            except DelegationError as exc:
+                if exc.reason != "holder-mismatch":
+                    raise
+                continue
+            if len(chain.links) >= 2 and chain.links[-2].cnf_jkt == agent:
+                return chain, "broker"
+        raise mismatch
+
+    async def _take_quota(self, mirror: DelegationIn, chain: VerifiedDelegation, now: float) -> int | None:
+        limit = chain.caps.max_accesses
+        if limit is None:
+            return None
+        if self.store is None:  # fail closed: a cap nobody counts is not a cap
+            raise GatewayRefusal(503, "quota-store-unavailable", "no counter store is configured")
+        period = chain.caps.quota_period_s
+        window: float | None = float(period) if period is not None else None
+        if window is None and chain.expires_at is not None:
+            window = max(1.0, chain.expires_at - now + self.policy.leeway_s)  # lifetime: until exp
+        try:
+            taken = await self.store.take(quota_key(mirror.token, chain.holder_jkt), limit, window, now)
+        except Exception as exc:  # the store's client errors: answered 503, one line in the log
+            log.warning("counter store failed: %s", type(exc).__name__)
+            raise GatewayRefusal(
+                503, "quota-store-unavailable", "the access counter is unavailable"
+            ) from None
+        if not taken.allowed:
+            headers: tuple[tuple[str, str], ...] = ()
+            if taken.reset_at is not None:
+                headers = (("Retry-After", str(max(1, math.ceil(taken.reset_at - now)))),)
+            raise GatewayRefusal(429, QUOTA_EXCEEDED, f"{limit} accesses used in this quota period", headers)
+        return limit - taken.count
+
+    async def _check_replay(self, stack: VerifiedStack) -> None:
+        if self.store is None:
+            raise GatewayRefusal(503, "replay-store-unavailable", "no counter store is configured")
+        agent = stack.agent
+        now = self.clock()
+        key = hashlib.sha256(f"{agent.keyid}\n{agent.signature_base}".encode()).hexdigest()
+        ttl = max(1.0, agent.expires - now + self.verifier.policy.skew_s)
+        try:
+            fresh = await self.store.first_seen(key, ttl, now)
+        except Exception as exc:  # the store's client errors: answered 503, one line in the log
+            log.warning("counter store failed: %s", type(exc).__name__)
+            raise GatewayRefusal(503, "replay-store-unavailable", "the replay store is unavailable") from None
+        if not fresh:
+            raise GatewayRefusal(401, "signature-replayed", "this signature was already accepted")

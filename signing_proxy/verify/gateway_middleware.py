@@ -1,0 +1,61 @@
+"""The gateway's steps inside an aiohttp exchange: a function and a middleware.
+
+``verify_gateway_request`` runs ``GatewayVerifier.check`` on a request as received (raw header
+lines, raw path, exact body); ``gateway_middleware`` answers a refusal with its status, stable
+reason and headers (``Retry-After`` on 429) as problem+json, and otherwise puts the
+``GatewayVerdict`` in ``request[GATEWAY]`` — stack, requester, verified delegation, effective
+scopes, remaining accesses — the only thing a handler should trust.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+
+from aiohttp import web
+
+from ..core.fields import Fields
+from ..errors import problem_body
+from .gateway import GatewayRefusal, GatewayVerdict, GatewayVerifier
+from .middleware import Handler
+
+__all__ = ["GATEWAY", "gateway_middleware", "gateway_refusal", "verify_gateway_request"]
+
+GATEWAY = web.RequestKey("gateway", GatewayVerdict)  # request[GATEWAY]: the verified result
+
+
+async def verify_gateway_request(
+    gateway: GatewayVerifier, request: web.Request, *, external_origin: str | None = None
+) -> GatewayVerdict:
+    """Steps 1-5 on an aiohttp request; ``GatewayRefusal`` with the status and reason of a refusal."""
+    body = await request.read()
+    lines = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.raw_headers]
+    origin = external_origin.rstrip("/") if external_origin else f"{request.scheme}://{request.host}"
+    return await gateway.check(request.method, origin + request.raw_path, Fields(lines), body)
+
+
+def gateway_refusal(refusal: GatewayRefusal) -> web.Response:
+    """The refusal as problem+json with its status and extra header fields."""
+    return web.Response(
+        status=refusal.status,
+        body=problem_body(refusal.status, refusal.reason, refusal.detail),
+        content_type="application/problem+json",
+        headers=dict(refusal.headers),
+    )
+
+
+def gateway_middleware(
+    gateway: GatewayVerifier, *, external_origin: str | None = None, exempt_paths: Sequence[str] = ()
+) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+    """aiohttp middleware: refuse what the gateway refuses; else ``request[GATEWAY]`` for the handler."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path in exempt_paths:
+            return await handler(request)
+        try:
+            request[GATEWAY] = await verify_gateway_request(gateway, request, external_origin=external_origin)
+        except GatewayRefusal as refusal:
+            return gateway_refusal(refusal)
+        return await handler(request)
+
+    return middleware

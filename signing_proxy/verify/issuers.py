@@ -1,0 +1,76 @@
+"""The trust anchors of delegation chains: the keys an authority JWT's issuer signs with.
+
+An issuer listed in ``trusted_issuers`` has pinned keys (always valid) or a pinned directory base;
+any other issuer whose ``iss`` is an http(s) URL publishes its keys at
+``{iss}/.well-known/http-message-signatures-directory`` (spec "Participant key location"), fetched
+through the resolver and its egress policy like any other directory. A directory key counts while
+its window covers ``now`` or ended less than ``grace_s`` ago (spec "Delegation verification": accept
+tokens signed by recently rotated issuer keys within a configurable grace period); a key revoked by
+the issuer's revocation list never counts.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from ..core.jwk import PublicKey
+from ..errors import DirectoryError, EgressError
+from ..net.egress import EgressPolicy
+from .directory import DirectoryResolver, directory_url
+from .revocation import RevocationPoller
+
+__all__ = ["IssuerAnchor", "IssuerKeys"]
+
+log = logging.getLogger("signing_proxy.gateway")
+
+
+@dataclass(frozen=True)
+class IssuerAnchor:
+    """One configured issuer: pinned keys, or the directory base its keys are read from."""
+
+    keys: tuple[PublicKey, ...] = ()
+    directory: str | None = None
+
+
+@dataclass
+class IssuerKeys:
+    """Keys an issuer may have signed an authority JWT with at ``now`` (grace included)."""
+
+    resolver: DirectoryResolver
+    revocations: RevocationPoller
+    egress: EgressPolicy
+    trusted: Mapping[str, IssuerAnchor] = field(default_factory=dict)
+    grace_s: int = 0
+    trusted_only: bool = False  # refuse issuers not in ``trusted`` instead of fetching their directory
+
+    async def keys_for(self, iss: str, now: float) -> tuple[PublicKey, ...]:
+        """The anchors of ``iss``; empty when it has none (the chain is then refused)."""
+        anchor = self.trusted.get(iss)
+        if anchor is not None and anchor.keys:
+            return anchor.keys
+        if anchor is not None and anchor.directory is not None:
+            base = anchor.directory
+        elif self.trusted_only or not iss.startswith(("https://", "http://")):
+            return ()
+        else:
+            base = iss.rstrip("/")
+            try:
+                self.egress.check_url(base, allow_query=False)
+            except (EgressError, ValueError):
+                log.info("issuer %.200r: its directory is not fetched (egress policy)", iss)
+                return ()
+        try:
+            directory = await self.resolver.get(base)
+            revoked: frozenset[str] | set[str] = frozenset()
+            if directory.revocation_url is not None:
+                revoked = await self.revocations.ensure(directory_url(base), directory.revocation_url)
+        except DirectoryError as exc:
+            log.info("issuer %.200r: key directory unavailable (%s)", iss, exc.reason)
+            return ()
+        return tuple(
+            key.public
+            for key in directory.keys
+            if key.not_before <= now < key.not_after + self.grace_s and key.thumbprint not in revoked
+        )

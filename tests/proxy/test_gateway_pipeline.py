@@ -1,0 +1,57 @@
+"""The gateway pipeline's own rules: the URI the client signed (Host, or the external origin), the
+one backend it forwards to, and the upstream it accepts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from signing_proxy.config import Config, parse_config
+from signing_proxy.core.uri import parse_absolute_uri
+from signing_proxy.errors import ConfigError, ProxyError
+from signing_proxy.proxy.gateway import GatewayPipeline
+
+
+def config(tmp_path: Path, **gateway: object) -> Config:
+    raw = {
+        "mode": "gateway",
+        "data_dir": str(tmp_path),
+        "gateway": {"upstream": "http://127.0.0.1:9000", **gateway},
+    }
+    return parse_config(raw)
+
+
+async def test_signed_uri_is_host_or_external_origin(tmp_path: Path) -> None:
+    target = parse_absolute_uri("http://127.0.0.1:9000/v1/x?a=1")
+    plain = GatewayPipeline(config(tmp_path))
+    behind = GatewayPipeline(config(tmp_path, external_origin="https://exchange.example/"))
+    try:
+        assert plain.signed_uri(target, [("Host", "gw.example:8080")]) == "http://gw.example:8080/v1/x?a=1"
+        assert behind.signed_uri(target, [("Host", "10.0.0.7")]) == "https://exchange.example/v1/x?a=1"
+        for hosts in ([], [("Host", "a"), ("host", "b")], [("Host", " ")]):
+            with pytest.raises(ProxyError) as caught:
+                plain.signed_uri(target, hosts)
+            assert (caught.value.status, caught.value.reason) == (400, "malformed-host")
+    finally:
+        await plain.close()
+        await behind.close()
+
+
+async def test_only_the_backend_is_a_target(tmp_path: Path) -> None:
+    pipeline = GatewayPipeline(config(tmp_path))
+    try:
+        with pytest.raises(ProxyError) as caught:
+            await pipeline.prepare(
+                "GET", parse_absolute_uri("http://elsewhere.example/"), [], b"", framed=False
+            )
+        assert (caught.value.status, caught.value.reason) == (404, "no-route")
+    finally:
+        await pipeline.close()
+
+
+def test_the_backend_is_an_origin(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="an origin only"):
+        GatewayPipeline(config(tmp_path, upstream="http://127.0.0.1:9000/api"))
+    with pytest.raises(ConfigError, match="exchange_domain"):
+        config(tmp_path, providers=["pub.example"])

@@ -1,0 +1,135 @@
+"""Counter stores: the quota window, refusal at count >= limit without counting, replay keys, and
+atomicity under concurrent clients — the embedded SQLite store and a real redis-server."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from signing_proxy.verify.counters import CounterStore, SqliteCounterStore
+from signing_proxy.verify.redis_counters import RedisCounterStore
+from signing_proxy.verify.stores import open_counter_store
+from tests.redis_server import RedisServer
+
+NOW = 1_800_000_000.0
+
+Factory = Callable[[], CounterStore]
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    with RedisServer(tmp_path_factory.mktemp("redis")) as server:
+        yield server
+
+
+@pytest.fixture(params=["sqlite", pytest.param("redis", marks=pytest.mark.integration)])
+async def factory(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Factory]:
+    made: list[CounterStore] = []
+    if request.param == "sqlite":
+
+        def make() -> CounterStore:
+            made.append(SqliteCounterStore(tmp_path / "counters.sqlite3"))
+            return made[-1]
+    else:
+        server: RedisServer = request.getfixturevalue("redis_server")
+        first = RedisCounterStore.from_url(server.url)
+        await first.client.flushdb()
+
+        def make() -> CounterStore:
+            made.append(RedisCounterStore.from_url(server.url) if made else first)
+            return made[-1]
+
+    yield make
+    for store in made:
+        await store.close()
+
+
+async def test_take_counts_up_to_the_limit_then_refuses_without_counting(factory: Factory) -> None:
+    store = factory()
+    results = [await store.take("chain", 3, 60, NOW) for _ in range(5)]
+    assert [r.allowed for r in results] == [True, True, True, False, False]
+    assert [r.count for r in results] == [1, 2, 3, 3, 3]  # a refusal is not an access
+    assert results[-1].reset_at is not None
+    assert NOW + 59 <= results[-1].reset_at <= NOW + 60
+
+
+async def test_keys_are_counted_apart(factory: Factory) -> None:
+    store = factory()
+    assert (await store.take("a", 1, 60, NOW)).allowed
+    assert (await store.take("b", 1, 60, NOW)).allowed
+    assert not (await store.take("a", 1, 60, NOW)).allowed
+
+
+async def test_sqlite_window_opens_again_at_its_end(tmp_path: Path) -> None:
+    store = SqliteCounterStore(tmp_path / "c.sqlite3")
+    try:
+        assert (await store.take("k", 1, 10, NOW)).allowed
+        assert not (await store.take("k", 1, 10, NOW + 9.99)).allowed
+        again = await store.take("k", 1, 10, NOW + 10)  # the window is [NOW, NOW + 10)
+        assert again.allowed
+        assert again.count == 1
+        assert again.reset_at == NOW + 20
+        lifetime = [await store.take("life", 2, None, NOW + t) for t in (0, 1e6, 2e6)]
+        assert [r.allowed for r in lifetime] == [True, True, False]
+        assert lifetime[-1].reset_at is None
+    finally:
+        await store.close()
+
+
+async def test_first_seen_once_within_its_ttl(factory: Factory) -> None:
+    store = factory()
+    assert await store.first_seen("sig", 30, NOW)
+    assert not await store.first_seen("sig", 30, NOW + 1)
+    assert await store.first_seen("other", 30, NOW)
+
+
+async def test_sqlite_seen_key_expires(tmp_path: Path) -> None:
+    store = SqliteCounterStore(tmp_path / "c.sqlite3")
+    try:
+        assert await store.first_seen("sig", 5, NOW)
+        assert not await store.first_seen("sig", 5, NOW + 4.9)
+        assert await store.first_seen("sig", 5, NOW + 5)
+    finally:
+        await store.close()
+
+
+async def test_concurrent_clients_never_exceed_the_limit(factory: Factory) -> None:
+    """Four clients (connections) race 40 takes against a limit of 7: exactly 7 are admitted."""
+    stores = [factory() for _ in range(4)]
+    results = await asyncio.gather(*(stores[i % 4].take("race", 7, 60, NOW) for i in range(40)))
+    assert sum(r.allowed for r in results) == 7
+    assert sorted(r.count for r in results if r.allowed) == list(range(1, 8))
+    seen = await asyncio.gather(*(stores[i % 4].first_seen("replayed", 60, NOW) for i in range(12)))
+    assert sum(seen) == 1
+
+
+@pytest.mark.integration
+async def test_redis_keys_expire_with_their_window(redis_server: RedisServer) -> None:
+    store = RedisCounterStore.from_url(redis_server.url)
+    try:
+        await store.client.flushdb()
+        taken = await store.take("w", 1, 0.2, NOW)
+        assert taken.allowed
+        ttl = await store.client.pttl("sp:gw:q:w")
+        assert 0 < ttl <= 200
+        assert await store.first_seen("s", 30, NOW)
+        assert 0 < await store.client.pttl("sp:gw:r:s") <= 30_000
+        lifetime = await store.take("life", 1, None, NOW)
+        assert lifetime.allowed
+        assert lifetime.reset_at is None
+        assert await store.client.pttl("sp:gw:q:life") == -1
+    finally:
+        await store.close()
+
+
+def test_store_urls(tmp_path: Path) -> None:
+    assert isinstance(open_counter_store("sqlite", tmp_path), SqliteCounterStore)
+    chosen = open_counter_store("sqlite://" + str(tmp_path / "x.db"), tmp_path)
+    assert isinstance(chosen, SqliteCounterStore)
+    assert chosen.path == tmp_path / "x.db"
+    assert isinstance(open_counter_store("redis://127.0.0.1:1/0", tmp_path), RedisCounterStore)
+    with pytest.raises(ValueError, match="memcached"):
+        open_counter_store("memcached://x", tmp_path)

@@ -1,0 +1,288 @@
+"""The gateway's five steps in process: each refusal's status and stable reason, and what passes.
+
+Keys come from directories answered by a fake fetcher (agent and issuer), the clock is injected,
+the counter store is the embedded SQLite one in a temp dir. Real processes: tests/proxy/test_gateway_e2e.py.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from signing_proxy.core.delegation import extend_chain, issue_authority
+from signing_proxy.core.jwk import SigningKey
+from signing_proxy.core.jws import sign_jwt
+from signing_proxy.core.keys import Directory, DirectoryKey, render_directory
+from signing_proxy.core.requester import DelegationDoc, RequesterDoc
+from signing_proxy.verify import DirectoryResolver, FetchResult, RequestVerifier, RevocationPoller
+from signing_proxy.verify.counters import SqliteCounterStore
+from signing_proxy.verify.gateway import (
+    DELEGATION_INVALID,
+    QUOTA_EXCEEDED,
+    GatewayPolicy,
+    GatewayRefusal,
+    GatewayVerdict,
+    GatewayVerifier,
+)
+from signing_proxy.verify.issuers import IssuerKeys
+from signing_proxy.verify.redis_counters import RedisCounterStore
+from tests.verify.fakes import NOW, Clock, FakeFetch
+from tests.verify.strangers import signed
+
+AGENT = "https://agent.example"
+OWNER = "https://owner.example"
+EXCHANGE = "https://exchange.example/v1/svc.v1.ExchangeService/DiscoverResources"
+
+
+def _directory(*keys: DirectoryKey) -> FetchResult:
+    return FetchResult(200, render_directory(Directory(keys)), "max-age=300")
+
+
+@dataclass
+class World:
+    gateway: GatewayVerifier
+    fetch: FakeFetch
+    clock: Clock
+    agent: SigningKey
+    owner: SigningKey
+    principal: SigningKey
+
+    def authority(self, owner: SigningKey | None = None, **claims: Any) -> str:
+        claims.setdefault("exp", NOW + 3600)
+        claims.setdefault("scope", ["dist:US:*"])
+        return issue_authority(owner or self.owner, iss=OWNER, holder_jkt=self.principal.thumbprint, **claims)
+
+    def chain(self, holder: str | None = None, **claims: Any) -> str:
+        caps = {k: claims.pop(k) for k in ("max_accesses", "quota_period_s") if k in claims}
+        authority = self.authority(claims.pop("owner", None), **caps)
+        return extend_chain(
+            authority,
+            self.principal,
+            holder_jkt=holder or self.agent.thumbprint,
+            now=NOW,
+            scope=claims.pop("scope", ["dist:US:CA"]),
+            exp=claims.pop("exp", NOW + 1800),
+            **caps,
+        )
+
+    def body(self, chain: str | None = None, **requester: Any) -> bytes:
+        delegation = None
+        if chain is not None:
+            delegation = DelegationDoc(
+                principal_domain="corp.example",
+                principal_id="alice",
+                expires_at=requester.pop("expires_at", NOW + 1800),
+                token=chain,
+                scopes=tuple(requester.pop("delegation_scopes", ("dist:US:CA",))),
+            )
+        doc = RequesterDoc(
+            id="agent-7", domain="agent.example", type="REQUESTER_TYPE_DELEGATED", delegation=delegation
+        ).proto_json()
+        doc.update(requester)
+        return json.dumps({"ver": "1.0", "uris": [], "requester": doc}).encode()
+
+    async def check(self, body: bytes, url: str = EXCHANGE) -> GatewayVerdict:
+        fields = signed(AGENT, self.agent, now=int(self.clock.now), url=url, body=body)
+        return await self.gateway.check("POST", url, fields, body)
+
+    async def refused(self, body: bytes) -> GatewayRefusal:
+        with pytest.raises(GatewayRefusal) as caught:
+            await self.check(body)
+        return caught.value
+
+
+@pytest.fixture
+async def world(tmp_path: Path) -> AsyncIterator[World]:
+    clock, fetch = Clock(), FakeFetch()
+    agent, owner, principal = SigningKey.generate(), SigningKey.generate(), SigningKey.generate()
+    fetch.answers[AGENT + "/.well-known/http-message-signatures-directory"] = _directory(
+        DirectoryKey(agent.public, NOW - 60, NOW + 3600)
+    )
+    resolver = DirectoryResolver(fetch, clock=clock)
+    revocations = RevocationPoller(fetch, clock=clock)
+    verifier = RequestVerifier(resolver, revocations=revocations, clock=clock)
+    store = SqliteCounterStore(tmp_path / "counters.sqlite3")
+    issuers = IssuerKeys(resolver, revocations, verifier.egress, grace_s=3600)
+    policy = GatewayPolicy(understood_extensions=frozenset({"acme:billing"}), replay_protection=True)
+    gateway = GatewayVerifier(verifier, issuers, store, policy, clock=clock)
+    w = World(gateway, fetch, clock, agent, owner, principal)
+    w.fetch.answers[OWNER + "/.well-known/http-message-signatures-directory"] = _directory(
+        DirectoryKey(owner.public, NOW - 60, NOW + 3600)
+    )
+    yield w
+    await verifier.close()
+    await store.close()
+
+
+async def test_a_plain_request_passes_with_its_hop_headers(world: World) -> None:
+    verdict = await world.check(b"{}", url="https://exchange.example/feed")
+    headers = dict(verdict.headers())
+    assert headers["X-Verified-Hops"] == "1"
+    assert headers["X-Verified-Keyid"] == world.agent.thumbprint
+    assert headers["X-Verified-Directory"] == AGENT
+    assert "X-Verified-Requester-Id" not in headers
+
+
+async def test_an_unsigned_request_is_refused_401(world: World) -> None:
+    with pytest.raises(GatewayRefusal) as caught:
+        await world.gateway.check("POST", EXCHANGE, signed(AGENT, SigningKey.generate(), now=NOW), b"x")
+    assert caught.value.status == 401
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        (b'{"ver":"1.0"}', "requester-missing"),
+        (b"[1]", "malformed-body"),
+        (b'{"requester":{"id":"a","domain":"d","type":"REQUESTER_TYPE_AGENT"}}', "envelope-version-missing"),
+        (b'{"ver":"2.0","requester":{}}', "envelope-version-unsupported"),
+        (b'{"ver":"1.0","requester":{"id":"a","domain":"d"}}', "requester-field-missing"),
+        (
+            b'{"ver":"1.0","requester":{"id":"a","domain":"d","type":"REQUESTER_TYPE_UNSPECIFIED"}}',
+            "requester-type-unspecified",
+        ),
+        (b'{"ver":"1.0","requester":{"id":"a","domain":"d","type":0}}', "requester-type-unspecified"),
+        (
+            b'{"ver":"1.0","requester":{"id":"a","domain":"d","type":"REQUESTER_TYPE_ROBOT"}}',
+            "requester-type-unknown",
+        ),
+        (
+            b'{"ver":"1.0","requester":{"id":"a","domain":"d","type":1,"ext":{"x:y":1},"ext_critical":["x:y"]}}',
+            "unknown-critical-extension",
+        ),
+    ],
+)
+async def test_ingest_refusals_are_400(world: World, body: bytes, reason: str) -> None:
+    refusal = await world.refused(body)
+    assert (refusal.status, refusal.reason) == (400, reason)
+
+
+async def test_understood_critical_extension_passes(world: World) -> None:
+    body = world.body(ext={"acme:billing": "x"}, ext_critical=["acme:billing"])
+    verdict = await world.check(body)
+    assert verdict.requester is not None
+    assert verdict.requester.id == "agent-7"
+
+
+async def test_a_good_chain_passes_with_the_narrowest_scopes(world: World) -> None:
+    verdict = await world.check(world.body(world.chain()))
+    headers = dict(verdict.headers())
+    assert headers["X-Verified-Delegation-Issuer"] == OWNER
+    assert headers["X-Verified-Principal-Key"] == world.principal.thumbprint
+    assert headers["X-Verified-Scopes"] == "dist:US:CA"
+    assert headers["X-Verified-Holder"] == "agent"
+    assert headers["X-Verified-Requester-Id"] == "agent-7"
+
+
+@pytest.mark.parametrize("case", ["wrong-holder", "expired-link", "mirror-wider", "untrusted-owner"])
+async def test_delegation_refusals_are_403_delegation_invalid(world: World, case: str) -> None:
+    if case == "wrong-holder":
+        body = world.body(world.chain(holder=SigningKey.generate().thumbprint))
+    elif case == "expired-link":
+        body = world.body(world.chain(exp=NOW + 30), expires_at=NOW + 30)
+        world.clock.now = NOW + 60
+    elif case == "mirror-wider":
+        body = world.body(world.chain(), delegation_scopes=("dist:US:*",))
+    else:
+        body = world.body(world.chain(owner=SigningKey.generate()))
+    refusal = await world.refused(body)
+    assert (refusal.status, refusal.reason) == (403, DELEGATION_INVALID)
+
+
+async def test_a_widened_child_scope_is_403(world: World) -> None:
+    authority = world.authority()
+    child = sign_jwt(
+        {"iss": "p", "cnf": {"jkt": world.agent.thumbprint}, "scope": "dist:EU", "exp": NOW + 60},
+        world.principal,
+        {"jwk": world.principal.public.jwk()},
+    )
+    refusal = await world.refused(world.body(authority + "~" + child, delegation_scopes=()))
+    assert (refusal.status, refusal.reason) == (403, DELEGATION_INVALID)
+    assert "scope-widened" in refusal.detail
+
+
+@pytest.mark.parametrize(("ended_ago", "accepted"), [(60, True), (7200, False)])
+async def test_rotated_issuer_key_within_and_after_grace(
+    world: World, ended_ago: int, accepted: bool
+) -> None:
+    old = SigningKey.generate()
+    world.fetch.answers[OWNER + "/.well-known/http-message-signatures-directory"] = _directory(
+        DirectoryKey(old.public, NOW - 86_400, NOW - ended_ago),
+        DirectoryKey(world.owner.public, NOW - 60, NOW + 3600),
+    )
+    body = world.body(world.chain(owner=old))
+    if accepted:
+        assert (await world.check(body)).delegation is not None
+    else:
+        refusal = await world.refused(body)
+        assert (refusal.status, refusal.reason) == (403, DELEGATION_INVALID)
+
+
+async def test_quota_counts_per_chain_and_refuses_with_retry_after(world: World) -> None:
+    chain = world.chain(max_accesses=2, quota_period_s=60)
+    remaining = []
+    for t in range(2):
+        world.clock.now = NOW + t  # a new created: not a replay
+        body = world.body(chain)
+        remaining.append((await world.check(body)).remaining_accesses)
+    assert remaining == [1, 0]
+    world.clock.now = NOW + 2
+    refusal = await world.refused(world.body(chain))
+    assert (refusal.status, refusal.reason) == (429, QUOTA_EXCEEDED)
+    assert dict(refusal.headers)["Retry-After"] == "58"
+
+
+async def test_replayed_signature_is_refused(world: World) -> None:
+    body = world.body()
+    await world.check(body)
+    refusal = await world.refused(body)
+    assert (refusal.status, refusal.reason) == (401, "signature-replayed")
+
+
+async def test_without_a_store_a_capped_chain_is_refused_not_waved_through(world: World) -> None:
+    store, world.gateway.store = world.gateway.store, None
+    try:
+        refusal = await world.refused(world.body(world.chain(max_accesses=5)))
+        assert (refusal.status, refusal.reason) == (503, "replay-store-unavailable")
+        world.gateway.policy = GatewayPolicy()  # no replay protection: the quota step is reached
+        refusal = await world.refused(world.body(world.chain(max_accesses=5)))
+        assert (refusal.status, refusal.reason) == (503, "quota-store-unavailable")
+    finally:
+        world.gateway.store = store
+
+
+async def test_declared_values_cannot_inject_header_lines(world: World) -> None:
+    body = world.body(id="x\r\nX-Verified-Holder: broker", domain="d\u00e9.example")
+    headers = dict((await world.check(body)).headers())
+    assert headers["X-Verified-Requester-Id"] == "x%0D%0AX-Verified-Holder: broker"
+    assert headers["X-Verified-Requester-Domain"] == "d%C3%A9.example"
+    assert all(v.isascii() and "\r" not in v and "\n" not in v for v in headers.values())
+
+
+async def test_a_replay_spends_no_access(world: World) -> None:
+    chain = world.chain(max_accesses=2, quota_period_s=60)
+    body = world.body(chain)
+    assert (await world.check(body)).remaining_accesses == 1
+    replayed = await world.refused(body)
+    assert (replayed.status, replayed.reason) == (401, "signature-replayed")
+    world.clock.now += 1
+    assert (await world.check(world.body(chain))).remaining_accesses == 0  # the replay was not counted
+
+
+async def test_an_unreachable_redis_store_fails_closed(world: World) -> None:
+    store, world.gateway.store = world.gateway.store, RedisCounterStore.from_url("redis://127.0.0.1:1/0")
+    try:
+        refusal = await world.refused(world.body())
+        assert (refusal.status, refusal.reason) == (503, "replay-store-unavailable")
+        world.gateway.policy = GatewayPolicy()
+        refusal = await world.refused(world.body(world.chain(max_accesses=5)))
+        assert (refusal.status, refusal.reason) == (503, "quota-store-unavailable")
+    finally:
+        assert world.gateway.store is not None
+        await world.gateway.store.close()
+        world.gateway.store = store
