@@ -29,8 +29,8 @@ def delegated(body: dict[str, Any]) -> bool:
 def test_delegated_calls_keep_the_bound_key_through_a_rotation_until_its_window_ends(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with Exchange([]) as exchange, delegated_setup(tmp_path, exchange.base) as setup:
-        exchange.owner_keys.append(setup.owner.public)
+    with Exchange(tmp_path) as exchange, delegated_setup(tmp_path, exchange.base) as setup:
+        exchange.trust_owner(setup.owner.public)
         setup.extend("--holder-config", str(setup.config_path))
         old = setup.store_key()
         url = exchange.base + "/svc.v1.ExchangeService/DiscoverResources"
