@@ -26,7 +26,6 @@ from ..core.jwk import SigningKey
 from ..core.keys import format_rfc3339
 from ..core.rotation import ROTATION_MARGIN_S, KeyRecord, activation_delay, choose_signing_key
 from ..errors import CliError, KeyFileError, KeyStoreError
-from ..service.publish import publications, render_publication
 from ..storage.keyfile import load_key_file, write_private_file
 from ..storage.keystore import KeyStore, StoreState, open_or_create
 from .common import add_config_flag, add_data_dir_flag, config_from, duration
@@ -279,6 +278,9 @@ def _write_public_file(path: Path, data: bytes) -> None:
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
+    # the publication listener's module (and its aiohttp) only for this command
+    from ..service.publish import publications, render_publication  # noqa: PLC0415
+
     config = config_from(args)
     overrides = {}
     if args.domain:

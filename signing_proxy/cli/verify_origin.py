@@ -13,14 +13,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from aiohttp import web
-
 from ..config import ConfigError, parse_host_port
 from ..core.errors import KeyFormatError
 from ..errors import CliError
 from ..net.egress import EgressPolicy
 from ..proxy.relay import load_public_key_file
-from ..verify import VerifierPolicy, build_verify_origin
+from ..verify import VerifierPolicy
 
 __all__ = ["add_parsers"]
 
@@ -56,6 +54,11 @@ def cmd_verify_origin(args: argparse.Namespace) -> int:
 async def _serve(
     host: str, port: int, policy: VerifierPolicy, external_origin: str | None, egress: EgressPolicy
 ) -> int:
+    # aiohttp only when this command runs: every other command's process stays without it
+    from aiohttp import web  # noqa: PLC0415
+
+    from ..verify.origin import build_verify_origin  # noqa: PLC0415
+
     runner = web.AppRunner(
         build_verify_origin(policy, external_origin=external_origin, egress=egress),
         access_log=None,

@@ -8,19 +8,14 @@ port answers only ``admin.allow_clients`` (loopback when empty) and refuses othe
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
-
-from aiohttp import web
+from collections.abc import Callable
 
 from .. import __version__
-from ..config import AccessConfig
-from ..errors import problem_body
 from ..metrics import CONTENT_TYPE
 from ..net.server import ClientConnection, Request
-from ..proxy.access import AccessControl
 from ..proxy.exchange import LocalEndpoint
 
-__all__ = ["HEALTH", "Readiness", "build_admin_app", "local_endpoints"]
+__all__ = ["HEALTH", "Readiness", "local_endpoints"]
 
 HEALTH = {"status": "ok", "version": __version__}
 Readiness = Callable[[], tuple[int, dict[str, object]]]
@@ -42,51 +37,3 @@ def local_endpoints(
 
     table: dict[str, LocalEndpoint] = {"/healthz": healthz, "/readyz": readyz, "/metrics": render}
     return table.get
-
-
-def build_admin_app(
-    readiness: Readiness,
-    metrics: Callable[[], bytes],
-    *,
-    allow_clients: Sequence[str] = (),
-    providers: Callable[[], object] | None = None,
-) -> web.Application:
-    """The admin listener's aiohttp application; clients outside ``allow_clients`` (CIDRs; loopback
-    when empty, as for the proxy port) get ``403 client-not-allowed``. ``providers``: the gateway's
-    manifest watcher states, served at ``/providers``."""
-    allowed = AccessControl(AccessConfig(allow_clients=tuple(allow_clients))).client_allowed
-    refusal = problem_body(
-        403, "client-not-allowed", "this address may not use the admin port (admin.allow_clients)"
-    )
-
-    @web.middleware
-    async def only_allowed(
-        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-    ) -> web.StreamResponse:
-        peer = request.transport.get_extra_info("peername") if request.transport is not None else None
-        if not peer or not allowed(str(peer[0])):  # the socket's peer, never a forwarded-for header
-            return web.Response(status=403, body=refusal, content_type="application/problem+json")
-        return await handler(request)
-
-    async def healthz(_r: web.Request) -> web.Response:
-        return web.json_response(HEALTH, headers={"Cache-Control": "no-store"})
-
-    async def readyz(_r: web.Request) -> web.Response:
-        status, doc = readiness()
-        return web.json_response(doc, status=status, headers={"Cache-Control": "no-store"})
-
-    async def render(_r: web.Request) -> web.Response:
-        return web.Response(body=metrics(), headers={"Content-Type": CONTENT_TYPE})
-
-    admin = web.Application(middlewares=[only_allowed])
-    admin.router.add_get("/healthz", healthz)
-    admin.router.add_get("/readyz", readyz)
-    admin.router.add_get("/metrics", render)
-    if providers is not None:
-        listing = providers
-
-        async def provider_states(_r: web.Request) -> web.Response:
-            return web.json_response(listing(), headers={"Cache-Control": "no-store"})
-
-        admin.router.add_get("/providers", provider_states)
-    return admin

@@ -14,9 +14,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Coroutine, Sequence
-from typing import Any
-
-from aiohttp import web
+from typing import TYPE_CHECKING, Any
 
 from ..config import Config, parse_host_port
 from ..core.challenge import RetryPlan
@@ -46,8 +44,11 @@ from ..proxy.profiles import ProfileSelector
 from ..proxy.relay import RelayPipeline
 from ..proxy.requester import RELOAD_CHECK_INTERVAL_S, RequesterInjector, injector_for
 from ..proxy.transactions import TransactionKeys
-from .admin import build_admin_app, local_endpoints
+from .admin import local_endpoints
 from .linewriter import CLOSE_WAIT_S, LineWriter
+
+if TYPE_CHECKING:
+    from aiohttp.web import AppRunner
 
 __all__ = ["ProxyApp"]
 
@@ -97,7 +98,7 @@ class ProxyApp:
         self.metrics = Metrics()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._servers: list[asyncio.Server] = []
-        self._admin_runner: web.AppRunner | None = None
+        self._admin_runner: AppRunner | None = None
         self.admin_address: tuple[str, int] | None = None
         self.reuse_port = False  # set by `run --workers N`: N processes share the listening ports
         self.draining = False  # set on SIGTERM: finish what is in flight, keep no connection alive
@@ -386,6 +387,9 @@ class ProxyApp:
                     log.exception("reloading the delegation token file failed")
 
     async def _start_admin(self, listen: str) -> tuple[str, int]:
+        # aiohttp only in a process that runs the admin listener (service/admin_app.py says why)
+        from .admin_app import build_admin_app, start_admin_listener  # noqa: PLC0415
+
         host, port = parse_host_port(listen, "admin.listen")
         app = build_admin_app(
             self.readiness,
@@ -393,14 +397,8 @@ class ProxyApp:
             allow_clients=self.config.admin.allow_clients,
             providers=self.gateway.provider_states if self.gateway is not None else None,
         )
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await runner.setup()
-        site = web.TCPSite(runner, host, port, reuse_port=self.reuse_port or None)
-        await site.start()
-        self._admin_runner = runner
-        addresses = runner.addresses
-        bound = addresses[0][:2] if addresses else (host, port)
-        return str(bound[0]), int(bound[1])
+        self._admin_runner, bound = await start_admin_listener(app, host, port, reuse_port=self.reuse_port)
+        return bound
 
     async def stop(self, drain_s: float = 5.0) -> None:
         """Stop accepting, let in-flight exchanges finish up to ``drain_s``, then close everything."""

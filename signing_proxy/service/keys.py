@@ -18,7 +18,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from ..config import Config
 from ..core.keys import KeyProvider, StaticKeyProvider, format_rfc3339
@@ -34,8 +34,10 @@ from ..storage.keystore import (
 )
 from ..storage.pkcs11 import Pkcs11KeyProvider
 from ..storage.tokenstore import TokenStoreKeyProvider
-from .publish import PublishServer
 from .tokenkeys import token_keys_for, token_provider_for
+
+if TYPE_CHECKING:
+    from .publish import PublishServer
 
 __all__ = ["EXPIRY_WARNING_S", "KeyServices", "key_provider_for", "start_key_services"]
 
@@ -197,6 +199,9 @@ async def start_key_services(config: Config, keys: KeyProvider, *, reuse_port: b
                     services.watchers[agent] = StoreWatcher(KeyStore(config.data_path, agent), private=False)
                 except KeyStoreError as exc:
                     raise ConfigError(f"publish.agents[{i}]: {exc}") from None
+        # aiohttp only in a process that publishes (service/admin_app.py says why)
+        from .publish import PublishServer  # noqa: PLC0415
+
         services.publisher = PublishServer(config, services.watchers)
         services.publish_addresses = await services.publisher.start(reuse_port=reuse_port)
     services.start_refresh()
