@@ -35,7 +35,7 @@ if TYPE_CHECKING:
         build_delivery_verifier,
         verify_delivery_request,
     )
-    from .gateway_middleware import GATEWAY, gateway_middleware, gateway_refusal, verify_gateway_request
+    from .gateway_aiohttp import GATEWAY, gateway_middleware, gateway_refusal, verify_gateway_request
     from .middleware import SIGNATURE, refusal, signature_middleware, verify_aiohttp_request
     from .origin import build_verify_origin
 
@@ -53,7 +53,7 @@ _ON_AIOHTTP = {
         "delivery",
     ),
     **dict.fromkeys(
-        ("GATEWAY", "gateway_middleware", "gateway_refusal", "verify_gateway_request"), "gateway_middleware"
+        ("GATEWAY", "gateway_middleware", "gateway_refusal", "verify_gateway_request"), "gateway_aiohttp"
     ),
     **dict.fromkeys(("SIGNATURE", "refusal", "signature_middleware", "verify_aiohttp_request"), "middleware"),
     "build_verify_origin": "origin",

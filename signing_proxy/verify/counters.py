@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,6 +57,23 @@ _SCHEMA = (
 )
 
 
+WAL_SWITCH_TRIES = 100  # our choice: 100 x 20 ms; the switch ignores busy_timeout while a peer holds the file
+
+
+def _set_wal(db: sqlite3.Connection) -> None:
+    """``PRAGMA journal_mode=WAL``, retried: on a new file, workers (or gateways) starting together
+    race to switch it, and the loser is told "database is locked" at once (the busy timeout does
+    not apply to the switch). Runs on the store's own thread, never on the event loop."""
+    for attempt in range(WAL_SWITCH_TRIES):
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or attempt == WAL_SWITCH_TRIES - 1:
+                raise
+            time.sleep(0.02)
+
+
 class SqliteCounterStore:
     """Counters in one SQLite file, safe across processes; blocking calls run on one thread of our own."""
 
@@ -70,7 +88,7 @@ class SqliteCounterStore:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             db = sqlite3.connect(self.path, timeout=SQLITE_BUSY_TIMEOUT_MS / 1000, isolation_level=None)
             db.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
-            db.execute("PRAGMA journal_mode=WAL")  # readers never block the writer
+            _set_wal(db)  # readers never block the writer
             # no fsync per count: a crash of the process loses nothing, a power cut the last moments
             db.execute("PRAGMA synchronous=NORMAL")
             for statement in _SCHEMA:

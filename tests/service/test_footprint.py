@@ -40,3 +40,19 @@ def test_the_run_path_does_not_import_aiohttp() -> None:
 )
 def test_the_listeners_and_the_middleware_still_bring_it(code: str) -> None:
     assert loaded_after(code)
+
+
+def test_no_public_name_turns_into_its_module_once_that_module_is_imported() -> None:
+    """The lazy names of ``signing_proxy.verify`` stay the functions and classes they name even when
+    a submodule of the same name was imported first (the import system sets a package attribute)."""
+    probe = (
+        "import importlib, pkgutil, types, signing_proxy.verify as v\n"
+        "for m in pkgutil.iter_modules(v.__path__):\n"
+        "    importlib.import_module(f'signing_proxy.verify.{m.name}')\n"
+        "bad = [n for n in v.__all__ if isinstance(getattr(v, n), types.ModuleType)]\n"
+        "print(bad)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.strip() == "[]"
