@@ -46,7 +46,8 @@ __all__ = [
 log = logging.getLogger("signing_proxy.proxy")
 
 LINGER_S = 2.0  # our choice (RFC 9112 section 9.6 gives none): how long a closing connection drains
-LINGER_MAX_BYTES = 1024 * 1024  # and how much it discards before closing anyway
+LINGER_MIN_BYTES = 1024 * 1024  # and how much it discards before closing anyway: limits.max_body_bytes,
+# at least this (a refused upload is read to its declared end, so its sender sees the answer, not a reset)
 
 
 class Handler(Protocol):
@@ -151,7 +152,7 @@ class ClientConnection(asyncio.Protocol):
         if self._closed:
             if self._linger is not None:
                 self._discarded += len(data)
-                if self._discarded > LINGER_MAX_BYTES:
+                if self._discarded > max(LINGER_MIN_BYTES, self.engine.limits.max_body_bytes):
                     self._end_linger()
             return
         limit = self.engine.limits.max_header_bytes

@@ -196,6 +196,35 @@ async def test_memory_in_total_is_bounded_by_max_buffered_bytes(rig: tuple[Engin
     assert engine.buffered <= 60
 
 
+@pytest.mark.parametrize(
+    "rig",
+    [
+        Limits(
+            max_header_bytes=4096, max_body_bytes=8 << 20, client_idle_s=5, read_s=5, max_buffered_bytes=100
+        )
+    ],
+    indirect=True,
+)
+async def test_a_refused_upload_is_read_to_its_end_and_answered_not_reset(
+    rig: tuple[Engine, Holding, int],
+) -> None:
+    """Over the budget, a 6 MiB upload is answered 503 at once; the connection then lingers until
+    the whole declared body has arrived (up to max_body_bytes), so its sender, writing first and
+    reading after as most clients do, reads the 503 instead of a reset."""
+    _, _, port = rig
+    reader, writer = await opened(port)
+    size = 6 << 20
+    writer.write(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % size)
+    chunk = b"a" * 65536
+    for _ in range(size // len(chunk)):
+        writer.write(chunk)
+        await asyncio.wait_for(writer.drain(), WAIT_S)
+    answer = await asyncio.wait_for(reader.read(-1), WAIT_S)
+    assert answer.startswith(b"HTTP/1.1 503 ")
+    assert b'"reason":"server-busy"' in answer
+    writer.close()
+
+
 # --- 3. chunked trailers are merged into the headers -------------------------------------------------
 
 
