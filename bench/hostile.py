@@ -431,8 +431,10 @@ def run(args: argparse.Namespace) -> int:
         origin = stack.enter_context(child([*pin(0), PY, "bench/origin.py", "--port", "0"], origin_log))
         dirs = stack.enter_context(
             child(
-                [*pin(0), PY, "bench/hostile.py", "--serve-directories", "--agent-x", agent.public.jwk()["x"],
-                 "--sites", "4", "--slow-s", str(args.slow_s), "--big-list", str(args.big_list),
+                # "=": a base64url value may start with "-", which argparse would take for an option
+                [*pin(0), PY, "bench/hostile.py", "--serve-directories",
+                 f"--agent-x={agent.public.jwk()['x']}", "--sites", "4", "--slow-s", str(args.slow_s),
+                 "--big-list", str(args.big_list),
                  "--lifetime-s", lifetime],
                 dirs_log,
             )
