@@ -113,7 +113,7 @@ class VerifyConfig:
     max_validity_s: int = 3600  # our choice (spec silent): expires - created above this is refused
     skew_s: int = 5  # tolerated for a created in the future only, never after expires
     directory_cache_entries: int = 1024  # directories kept (least recently used dropped, pollers with them)
-    directory_cache_bytes: int = 16 * 1024 * 1024  # and at most this many bytes of them
+    directory_cache_bytes: int = 8 * 1024 * 1024  # and at most this many bytes of them (memory, as charged)
     negative_cache_entries: int = 4096  # failed fetches remembered (with their reason only)
     keyid_refetch_s: int = 30  # an unknown keyid re-fetches its directory at most this often (rotation)
     web_bot_auth: bool = True  # also accept the IETF web-bot-auth profile (false: the spec's only)

@@ -166,6 +166,7 @@ class UpstreamConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.reusable = False
         self._cancel_timers()
+        self._parser = None  # it holds us (its callbacks): no cycle left for the full collector
         if self.sink is None:
             return
         if self._head_sent and self._close_delimited:
@@ -278,6 +279,7 @@ class UpstreamConnection(asyncio.Protocol):
 
     def _fail(self, error: ProxyError) -> None:
         sink, self.sink = self.sink, None
+        self._parser = None
         self.reusable = False
         self._cancel_timers()
         if sink is not None:

@@ -55,7 +55,7 @@ MAX_TTL_S = 6 * 3600.0  # ceiling: re-fetch at least every six hours, whatever t
 NEGATIVE_TTL_S = 30.0  # a failed fetch is retried after this long, not on every request
 FETCH_TIMEOUT_S = 5.0  # our choice (config egress.fetch_timeout_s): one document, connect included
 CACHE_ENTRIES = 1024  # config verify.directory_cache_entries
-CACHE_BYTES = 16 * 1024 * 1024  # config verify.directory_cache_bytes
+CACHE_BYTES = 8 * 1024 * 1024  # config verify.directory_cache_bytes (a 2-key directory: ~4 KiB charged)
 NEGATIVE_ENTRIES = 4096  # config verify.negative_cache_entries
 KEYID_REFETCH_S = 30.0  # config verify.keyid_refetch_s (issue 15: "at most once per 30 s")
 _MAX_AGE = re.compile(r"(?:^|[,\s])max-age\s*=\s*\"?(\d+)", re.IGNORECASE)

@@ -137,8 +137,12 @@ class RevocationPoller:
     def forget(self, directory_url: str) -> None:
         """The directory left the cache: stop its poller and drop its set."""
         state = self._states.pop(directory_url, None)
-        if state is not None and state.loop is not None:
-            state.loop.cancel()
+        loop = state.loop if state is not None else None
+        if state is not None and loop is not None:
+            # dropped, not only cancelled: a task cancelled before it ran holds its frame, which holds
+            # the state, which would hold the task (a cycle until a full collection; see ``_run``)
+            state.loop = None
+            loop.cancel()
 
     async def close(self) -> None:
         """Stop every poller and every poll in flight."""
@@ -150,11 +154,18 @@ class RevocationPoller:
             await asyncio.wait(tasks)
 
     async def _run(self, directory_url: str, state: _State) -> None:
-        while self._states.get(directory_url) is state:
-            await self.sleep(next_poll_delay(self.rand()))
-            if self._states.get(directory_url) is not state:
-                return
-            await self._poll_shared(directory_url, state)
+        try:
+            while self._states.get(directory_url) is state:
+                await self.sleep(next_poll_delay(self.rand()))
+                if self._states.get(directory_url) is not state:
+                    return
+                await self._poll_shared(directory_url, state)
+        except asyncio.CancelledError:
+            # The error keeps this frame (its traceback), and the sleep's cancelled future keeps the
+            # error: a cycle only a full collection frees. Without the state in the frame, the set
+            # of a forgotten directory goes at once.
+            del state
+            raise
 
     async def _poll_shared(self, directory_url: str, state: _State) -> bool:
         task = state.inflight
