@@ -82,6 +82,13 @@ def _return_large_buffers_to_the_os() -> None:
         ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
 
 
+def _announce(line: str) -> None:
+    """One status line on stderr in one write: ``print`` writes the line and its newline apart
+    (unbuffered stderr), and the lines of ``--workers`` processes sharing stderr ran together."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
 def _use_uvloop() -> None:
     with contextlib.suppress(ImportError):
         import uvloop  # noqa: PLC0415 (optional extra "fast": the stdlib loop serves without it)
@@ -160,19 +167,16 @@ async def _serve(
 
     loop.add_signal_handler(signal.SIGHUP, on_sighup)
     for host, port in services.publish_addresses:
-        line = f"signing-proxy {__version__} publishing on http://{show_host(host)}:{port}"
-        print(line, file=sys.stderr, flush=True)
+        _announce(f"signing-proxy {__version__} publishing on http://{show_host(host)}:{port}")
     key = keys.current(app.clock())
     if app.admin_address is not None:
         host, port = app.admin_address
-        print(f"signing-proxy {__version__} admin on http://{host}:{port}", file=sys.stderr, flush=True)
+        _announce(f"signing-proxy {__version__} admin on http://{host}:{port}")
     for host, port in addresses:
-        print(
+        _announce(
             f"signing-proxy {__version__} listening on http://{show_host(host)}:{port} "
             f"keyid={key.thumbprint if key is not None else 'none'}"
-            + (f" worker={worker}" if worker is not None else ""),
-            file=sys.stderr,
-            flush=True,
+            + (f" worker={worker}" if worker is not None else "")
         )
     await stop.wait()
     log.info("shutting down: draining in-flight requests for up to %g s", app.config.timeouts.drain_s)

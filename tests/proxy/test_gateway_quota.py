@@ -112,7 +112,7 @@ def test_embedded_store_with_two_workers(
     with ProxyProcess(tmp_path / "g", gateway(backend, "sqlite"), extra_args=("--workers", "2")) as g:
         check_quota(agent, [g], owner)
         workers = {line.rsplit("worker=", 1)[1] for line in g.stderr_lines if "listening on" in line}
-        assert workers == {"0", "1"}
+        assert workers == {"0", "1"}, "\n".join(g.stderr_lines)
 
 
 def test_the_same_signed_request_is_accepted_once(tmp_path: Path) -> None:
