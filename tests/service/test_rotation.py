@@ -415,7 +415,11 @@ def test_revoked_key_stops_signing_at_once_and_no_valid_key_means_503(tmp_path: 
         before = reloads(proxy)
         assert cli(proxy, "keys", "rotate").returncode == 0
         sighup_and_wait(proxy, before)
-        assert session().get(proxy.url + "/readyz", timeout=WAIT_S).status_code == 200
+
+        def ready() -> bool:  # the reload line awaited may be the previous step's late one: poll
+            return session().get(proxy.url + "/readyz", timeout=WAIT_S).status_code == 200
+
+        wait_for(ready, "readiness back after the rotation")
         assert through(proxy, origin.url("/d")).status_code == 200
         assert origin.arrivals[-1].verified
 
