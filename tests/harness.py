@@ -22,7 +22,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import aiohttp
 import yaml
@@ -103,6 +103,18 @@ def wait_port(port: int, limit_s: float = WAIT_S) -> None:
     wait_for(accepting, f"127.0.0.1:{port} to accept connections", limit_s)
 
 
+def stop_process(proc: subprocess.Popen[Any]) -> None:
+    """SIGTERM a process we started (by its PID), SIGKILL it if it has not ended in ``WAIT_S``."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(WAIT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(WAIT_S)
+
+
 def free_port() -> int:
     """A free loopback port, for addresses that must be known before a process starts."""
     with socket.socket() as sock:
@@ -133,8 +145,36 @@ class Arrival:
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-class VerifyingOrigin:
+class OnItsOwnLoop:
+    """``with``: start ``_run`` (which runs the server's own event loop and sets ``_loop``, then
+    ``_ready`` once it serves) on a thread, and stop that loop on exit. For test servers."""
+
+    thread_name = "server"
+    _loop: asyncio.AbstractEventLoop | None
+    _thread: threading.Thread | None
+    _ready: threading.Event
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        self._thread = threading.Thread(target=self._run, name=self.thread_name, daemon=True)
+        self._thread.start()
+        if not self._ready.wait(WAIT_S):
+            raise RuntimeError(f"{self.thread_name} did not start")
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        if self._thread is not None:
+            self._thread.join(WAIT_S)
+
+
+class VerifyingOrigin(OnItsOwnLoop):
     """An aiohttp origin on its own thread and loop that verifies every request it receives."""
+
+    thread_name = "origin"
 
     def __init__(
         self,
@@ -264,13 +304,6 @@ class VerifyingOrigin:
             }
         )
 
-    def __enter__(self) -> VerifyingOrigin:
-        self._thread = threading.Thread(target=self._run, name="verifying-origin", daemon=True)
-        self._thread.start()
-        if not self._ready.wait(WAIT_S):
-            raise RuntimeError("origin did not start")
-        return self
-
     def _run(self) -> None:
         loop = asyncio.new_event_loop()
         self._loop = loop
@@ -292,12 +325,6 @@ class VerifyingOrigin:
         assert self._runner is not None
         loop.run_until_complete(self._runner.cleanup())
         loop.close()
-
-    def __exit__(self, *_exc: object) -> None:
-        if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-        if self._thread is not None:
-            self._thread.join(WAIT_S)
 
 
 class ProxyProcess:
@@ -371,13 +398,8 @@ class ProxyProcess:
         return self
 
     def __exit__(self, *_exc: object) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(WAIT_S)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(WAIT_S)
+        if self.proc is not None:
+            stop_process(self.proc)
         if self._reader is not None:
             self._reader.join(WAIT_S)
         if self.proc is not None and self.proc.stderr is not None:

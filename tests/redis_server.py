@@ -12,7 +12,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from tests.harness import WAIT_S, free_port
+from tests.harness import WAIT_S, free_port, stop_process
 
 ATTEMPTS = 5
 
@@ -72,10 +72,5 @@ class RedisServer:
         raise RuntimeError("redis-server did not start")
 
     def __exit__(self, *_exc: object) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(WAIT_S)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(WAIT_S)
+        if self.proc is not None:
+            stop_process(self.proc)

@@ -9,32 +9,32 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 
 from ..config import Config
+from ..core.pkcs11_uri import Pkcs11Uri
 from ..errors import CliError, ConfigError, TokenError
 from ..service.tokenkeys import token_slot_for
-from ..storage.pkcs11 import TokenKey, generate_token_key, open_token_key
+from ..storage.pkcs11 import TokenKey, TokenSlot, generate_token_key, open_token_key
 from .common import config_from
 
 __all__ = ["cmd_token_generate", "cmd_token_show", "token_key_for_store"]
 
 
 def cmd_token_generate(args: argparse.Namespace) -> int:
-    config = config_from(args)
-    try:
-        slot = token_slot_for(config, args.pkcs11, where="--pkcs11")
-        key = generate_token_key(slot, slot.uri)
-    except (TokenError, ConfigError) as exc:
-        raise CliError(f"{exc} ({exc.reason})" if isinstance(exc, TokenError) else str(exc)) from None
-    print_token_key(key)
-    return 0
+    return _print_token_key(args, generate_token_key)
 
 
 def cmd_token_show(args: argparse.Namespace) -> int:
+    return _print_token_key(args, open_token_key)
+
+
+def _print_token_key(args: argparse.Namespace, get: Callable[[TokenSlot, Pkcs11Uri], TokenKey]) -> int:
+    """``keys generate|show --pkcs11 URI``: the key pair ``get`` finds (or makes) on the token."""
     config = config_from(args)
     try:
         slot = token_slot_for(config, args.pkcs11, where="--pkcs11")
-        key = open_token_key(slot, slot.uri)
+        key = get(slot, slot.uri)
     except (TokenError, ConfigError) as exc:
         raise CliError(f"{exc} ({exc.reason})" if isinstance(exc, TokenError) else str(exc)) from None
     print_token_key(key)

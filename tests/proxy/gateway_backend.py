@@ -16,15 +16,17 @@ from aiohttp import web
 from signing_proxy.core.jwk import SigningKey
 from signing_proxy.core.keys import Directory, DirectoryKey, render_directory
 from signing_proxy.core.requester import DelegationDoc, RequesterDoc
-from tests.harness import WAIT_S
+from tests.harness import OnItsOwnLoop
 
 DISCOVER = "/v1/svc.v1.ExchangeService/DiscoverResources"
 OWNER_ISS = "https://owner.example"
 
 
 @dataclass
-class Backend:
+class Backend(OnItsOwnLoop):
     """The service behind the gateway; also serves key directories: ``/<name>`` -> ``directories[name]``."""
+
+    thread_name = "backend"
 
     directories: dict[str, list[DirectoryKey]] = field(default_factory=dict)
     manifest: bytes | None = None  # served at /.well-known/svc.json (max-age=1)
@@ -83,19 +85,6 @@ class Backend:
         loop.run_forever()
         loop.run_until_complete(runner.cleanup())
         loop.close()
-
-    def __enter__(self) -> Backend:
-        self._thread = threading.Thread(target=self._run, name="backend", daemon=True)
-        self._thread.start()
-        if not self._ready.wait(WAIT_S):
-            raise RuntimeError("backend did not start")
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-        if self._thread is not None:
-            self._thread.join(WAIT_S)
 
 
 def issuer_key(key: SigningKey, *, ended_ago_s: int | None = None) -> DirectoryKey:

@@ -48,7 +48,7 @@ from signing_proxy.verify import (
     http_fetcher,
 )
 from signing_proxy.verify.issuers import IssuerKeys
-from tests.harness import WAIT_S, ProxyProcess, free_port, proxy_env
+from tests.harness import WAIT_S, OnItsOwnLoop, ProxyProcess, free_port, proxy_env
 
 pytestmark = pytest.mark.integration
 
@@ -87,10 +87,12 @@ class Received:
 
 
 @dataclass
-class Exchange:
+class Exchange(OnItsOwnLoop):
     """An exchange on the package's embedding API: ``gateway_middleware`` runs layer 1 (keys from the
     agent's directory), requester ingest and layer 3 (the owner key as the only anchor of the
     chain, bound to the request's signer), and ``apply_disclosure`` answers offers by scope."""
+
+    thread_name = "exchange"
 
     data_dir: Path
     received: list[Received] = field(default_factory=list)
@@ -166,19 +168,6 @@ class Exchange:
         loop.run_forever()
         loop.run_until_complete(stop())
         loop.close()
-
-    def __enter__(self) -> Exchange:
-        self._thread = threading.Thread(target=self._run, name="exchange", daemon=True)
-        self._thread.start()
-        if not self._ready.wait(WAIT_S):
-            raise RuntimeError("exchange did not start")
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-        if self._thread is not None:
-            self._thread.join(WAIT_S)
 
 
 def pricing(required: str) -> str:

@@ -31,7 +31,7 @@ import requests
 from signing_proxy.core.jwk import SigningKey
 from signing_proxy.storage.ca import CertificateAuthority
 from signing_proxy.storage.keystore import KeyStore
-from tests.harness import WAIT_S, ProxyProcess, proxy_env, wait_for
+from tests.harness import WAIT_S, ProxyProcess, proxy_env, stop_process, wait_for
 
 pytestmark = [
     pytest.mark.integration,
@@ -79,13 +79,8 @@ class NodeOrigin:
         return f"{self.scheme}://127.0.0.1:{self.port}{path}"
 
     def __exit__(self, *_exc: object) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(WAIT_S)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(WAIT_S)
+        if self.proc is not None:
+            stop_process(self.proc)
         if self.proc is not None:
             for stream in (self.proc.stdout, self.proc.stderr):
                 if stream is not None:
