@@ -28,15 +28,15 @@ from typing import Any, Final, Protocol, cast, runtime_checkable
 from ..config import Config, load_config, parse_config
 from ..config.profiles import ProfileName
 from ..core.errors import FieldError
-from ..core.keys import KeyProvider, StaticKeyProvider
+from ..core.keys import KeyProvider
+from ..core.profiles import PROFILES as SIGNING_PROFILES
 from ..core.uri import parse_absolute_uri
-from ..errors import ConfigError, KeyFileError, ProxyError
+from ..errors import ConfigError, ProxyError
 from ..proxy.pipeline import BearerStore, sign_fields
 from ..proxy.pipeline import Signer as PipelineSigner
 from ..proxy.profiles import ProfileSelector
 from ..proxy.requester import RequesterInjector, injector_for
-from ..service.keys import key_provider_for
-from ..storage.keyfile import load_key_file
+from ..service.keys import file_key_provider, key_provider_for
 from ..storage.keystore import RELOAD_CHECK_INTERVAL_S, KeyStore, StoreKeyProvider
 
 __all__ = [
@@ -58,7 +58,7 @@ OWNED: Final = frozenset(
     {"authorization", "content-digest", "signature-agent", "signature-input", "signature", "signature-key"}
 )
 # The signing profiles this signer knows (``profile=`` forces one for every host).
-PROFILES: Final = ("svc", "web-bot-auth")
+PROFILES: Final = tuple(SIGNING_PROFILES)
 
 
 class NotSigned(ProxyError):
@@ -83,10 +83,7 @@ class SignedRequest:
 
 def key_file(path: str | Path) -> KeyProvider:
     """One key from a PEM or private JWK file (owner-only), always valid: ``signing.key``."""
-    try:
-        return StaticKeyProvider(load_key_file(Path(path).expanduser()))
-    except KeyFileError as exc:
-        raise ConfigError(f"signing.key: {exc}") from None
+    return file_key_provider(path)
 
 
 def key_store(data_dir: str | Path, agent: str = "default") -> StoreKeyProvider:

@@ -33,7 +33,9 @@ class GatewayConfig:
     max_hops: int | None = None  # signatures in the stack (manifest max_intermediary_hops); None: no cap
     trusted_issuers: Mapping[str, TrustedIssuer] = field(default_factory=dict)
     trusted_issuers_only: bool = False  # true: no directory fetch for an iss not listed above
-    issuer_key_grace_s: int = 86_400  # a rotated issuer key still anchors tokens this long after not_after
+    # a rotated issuer key still anchors tokens this long after not_after (spec: "typically 24 to 48
+    # hours" of rotation grace; we take the lower)
+    issuer_key_grace_s: int = 86_400
     understood_extensions: tuple[str, ...] = ()  # ext_critical keys this exchange evaluates
     replay_protection: bool = False  # refuse a signature seen before within its validity
     store: str = "sqlite"  # counters: sqlite (in data_dir), sqlite:///PATH, redis://host:6379/0

@@ -42,8 +42,6 @@ HOP_BY_HOP = frozenset(
 )
 # Regenerated for every request: framing, Host (RFC 9112 section 3.2.2), Expect (we answer 100 ourselves).
 _REGENERATED = frozenset({"host", "content-length", "expect"})
-# Regenerated for every request: framing, Host (RFC 9112 section 3.2.2), Expect (we answer 100 ourselves).
-_REGENERATED = frozenset({"host", "content-length", "expect"})
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})  # a Content-Length is always sent for these
 
 

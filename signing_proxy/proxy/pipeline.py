@@ -12,7 +12,6 @@ current one. Nothing here awaits; the caller owns sockets and clocks.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -25,7 +24,7 @@ from ..core.errors import FieldError, SigningError
 from ..core.fields import Fields
 from ..core.jwk import SigningKey
 from ..core.keys import KeyProvider
-from ..core.profiles import SVC, SigningProfile, profile_components, profile_params, signature_agent_field
+from ..core.profiles import SVC, SigningProfile, profile_components, signature_agent_field
 from ..core.signature_components import signature_base, signing_params_value
 from ..core.signature_key import SIGNATURE_KEY, SIGNATURE_KEY_COMPONENT, signature_key_member
 from ..core.signatures import (
@@ -42,7 +41,7 @@ from ..errors import ProxyError, TokenError
 from ..net.framing import Outgoing, drop_hop_by_hop, outgoing
 from ..storage.pkcs11 import TokenKey
 from .credentials import BearerStore
-from .profiles import ProfileSelector
+from .profiles import ProfileSelector, fresh_params
 from .transactions import TransactionKeys
 
 if TYPE_CHECKING:
@@ -427,7 +426,6 @@ def _build_profiled(
     config: Config,
     label: str,
     retry: RetryPlan | None = None,
-    nonce: Callable[[int], bytes] = os.urandom,
 ) -> _ToSign:
     """A destination under another profile than the spec's (web-bot-auth): its components,
     parameters and Signature-Agent form. No Requester or transaction key: those are the spec's."""
@@ -451,6 +449,6 @@ def _build_profiled(
     if retry is not None and retry.nonce is not None:  # the origin's nonce, sent back as given
         params: tuple[tuple[str, str | int], ...] = (("nonce", retry.nonce), ("tag", profile.tag or ""))
     else:
-        params = profile_params(profile, nonce(profile.nonce_bytes) if profile.nonce_bytes else None)
+        params = fresh_params(profile)
     how = {"components": components, "extra_params": params, "max_validity_s": profile.max_validity_s}
     return _ToSign(message, body, how, profile.name)

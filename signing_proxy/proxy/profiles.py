@@ -10,12 +10,13 @@ the oldest forgotten first); a rule naming the host still wins over what was lea
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections import OrderedDict
 
 from ..config import ProfileRule, ProfilesConfig, host_matches
-from ..core.profiles import PROFILES, SVC, WEB_BOT_AUTH, SigningProfile
+from ..core.profiles import PROFILES, SVC, WEB_BOT_AUTH, SigningProfile, profile_params
 
-__all__ = ["ProfileSelector", "profile_for_rule"]
+__all__ = ["ProfileSelector", "fresh_params", "profile_for_rule"]
 
 
 def profile_for_rule(name: str, rule: ProfileRule | None) -> SigningProfile:
@@ -71,3 +72,8 @@ class ProfileSelector:
     @property
     def learned(self) -> int:
         return len(self._learned)
+
+
+def fresh_params(profile: SigningProfile) -> tuple[tuple[str, str | int], ...]:
+    """``profile``'s parameters after the spec's four, with a fresh random nonce when it has one."""
+    return profile_params(profile, os.urandom(profile.nonce_bytes) if profile.nonce_bytes else None)

@@ -11,8 +11,7 @@ exceed the hop cap (counted as signatures, ours included).
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,6 @@ from ..core.profiles import (
     SigningProfile,
     entry_profile,
     profile_components,
-    profile_params,
     signature_agent_field,
 )
 from ..core.signatures import Message, SignatureEntry, hop_components, parse_signature_stack
@@ -37,7 +35,7 @@ from ..verify.build import build_verifier
 from ..verify.revocation import RevocationPoller
 from ..verify.verifier import RequestVerifier, VerifierPolicy
 from .pipeline import Signer, next_hop_target
-from .profiles import ProfileSelector
+from .profiles import ProfileSelector, fresh_params
 
 __all__ = ["RelayPipeline", "load_public_key_file", "unique_label"]
 
@@ -78,7 +76,6 @@ class RelayPipeline:
         config: Config,
         signer: Signer,
         *,
-        spawn: Callable[[Coroutine[Any, Any, None]], object] | None = None,
         profiles: ProfileSelector | None = None,
     ) -> None:
         self.config = config
@@ -101,7 +98,6 @@ class RelayPipeline:
         self._client: HttpClient | None = None
         self.verifier: RequestVerifier | None = None
         self.poller: RevocationPoller | None = None
-        self._spawn = spawn  # unused: the verifier owns its pollers (they stop with their directory)
 
     def _get_verifier(self) -> RequestVerifier:
         if self.verifier is None:  # created lazily: relays that never verify open no pool
@@ -199,7 +195,7 @@ class RelayPipeline:
         components = profile_components(
             profile, previous=previous.label, agent=agent, inner=previous.components
         )
-        params = profile_params(profile, os.urandom(profile.nonce_bytes) if profile.nonce_bytes else None)
+        params = fresh_params(profile)
         return {
             "label": label,
             "components": components,

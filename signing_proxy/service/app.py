@@ -118,9 +118,7 @@ class ProxyApp:
         # requester injection; ConfigError (exit 2) for a delegation bound to another key or expired
         self.requester: RequesterInjector | None = injector_for(config, keys, clock=clock)
         self.relay = (
-            RelayPipeline(config, self.signer, spawn=self.spawn, profiles=self.profiles)
-            if config.mode == "relay"
-            else None
+            RelayPipeline(config, self.signer, profiles=self.profiles) if config.mode == "relay" else None
         )
         self.gateway = GatewayPipeline(config) if config.mode == "gateway" else None
         # one key per transaction: retrieval URLs bound by the ExecuteTransaction answers we forward

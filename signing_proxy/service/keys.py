@@ -39,7 +39,7 @@ from .tokenkeys import token_keys_for, token_provider_for
 if TYPE_CHECKING:
     from .publish import PublishServer
 
-__all__ = ["EXPIRY_WARNING_S", "KeyServices", "key_provider_for", "start_key_services"]
+__all__ = ["EXPIRY_WARNING_S", "KeyServices", "file_key_provider", "key_provider_for", "start_key_services"]
 
 log = logging.getLogger("signing_proxy")
 
@@ -53,6 +53,14 @@ class _NoKeys(KeyProvider):
         return None
 
 
+def file_key_provider(path: str | Path) -> KeyProvider:
+    """One key from a PEM or private JWK file (owner-only), always valid: ``signing.key``."""
+    try:
+        return StaticKeyProvider(load_key_file(Path(path).expanduser()))
+    except KeyFileError as exc:
+        raise ConfigError(f"signing.key: {exc}") from None
+
+
 def key_provider_for(config: Config) -> KeyProvider:
     """``signing.key`` set: that one key, always (no windows). Otherwise the agent's key store, created
     on first run (importing a legacy ``<data_dir>/agent-key.pem``), refreshed by ``KeyServices``.
@@ -62,10 +70,7 @@ def key_provider_for(config: Config) -> KeyProvider:
     if config.signing.key and is_pkcs11_uri(config.signing.key):
         return token_provider_for(config)
     if config.signing.key:
-        try:
-            return StaticKeyProvider(load_key_file(Path(config.signing.key).expanduser()))
-        except KeyFileError as exc:
-            raise ConfigError(f"signing.key: {exc}") from None
+        return file_key_provider(config.signing.key)
     now = time.time()
     agent = config.signing.agent
     try:

@@ -86,8 +86,9 @@ class SqliteCounterStore:
     def _connect(self) -> sqlite3.Connection:
         if self._db is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            db = sqlite3.connect(self.path, timeout=SQLITE_BUSY_TIMEOUT_MS / 1000, isolation_level=None)
-            db.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+            db = sqlite3.connect(  # timeout: SQLite's busy timeout
+                self.path, timeout=SQLITE_BUSY_TIMEOUT_MS / 1000, isolation_level=None
+            )
             _set_wal(db)  # readers never block the writer
             # no fsync per count: a crash of the process loses nothing, a power cut the last moments
             db.execute("PRAGMA synchronous=NORMAL")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 
-from ..config import VerifyConfig
+from ..config import GatewayConfig, VerifyConfig
 from ..net.client import HttpClient
 from ..net.egress import EgressPolicy
 from .build import build_verifier
@@ -22,7 +22,7 @@ from .verifier import VerifierPolicy
 
 __all__ = ["DEFAULT_ISSUER_KEY_GRACE_S", "build_gateway_verifier"]
 
-DEFAULT_ISSUER_KEY_GRACE_S = 86_400  # spec: "typically 24 to 48 hours" of rotation grace; we take the lower
+DEFAULT_ISSUER_KEY_GRACE_S = GatewayConfig.issuer_key_grace_s  # one default: gateway.issuer_key_grace_s
 
 
 def build_gateway_verifier(

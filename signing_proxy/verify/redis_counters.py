@@ -52,8 +52,5 @@ class RedisCounterStore:
         ttl_ms = max(1, math.ceil(ttl_s * 1000))
         return bool(await self.client.set(KEY_PREFIX + "r:" + key, b"1", nx=True, px=ttl_ms))
 
-    async def ping(self) -> bool:
-        return bool(await self.client.ping())
-
     async def close(self) -> None:
         await self.client.aclose()
