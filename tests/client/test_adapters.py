@@ -167,8 +167,10 @@ async def test_the_adapters_add_the_bytes_the_proxy_would_add(
     the same key: the same Content-Digest, Authorization, Signature-Agent, Signature-Input, Signature."""
     key = SigningKey.from_seed(b"\x33" * 32)
     origin.trust(key)
-    config = parse_config(settings())
-    driver = driver_class(Signer(StaticKeyProvider(key), config))
+    rule = {"hosts": ["127.0.0.1"], "bearer_env": "ORIGIN_TOKEN", "allow_plaintext": True}
+    config = parse_config(settings(credentials=[rule]))
+    environ = {"ORIGIN_TOKEN": "t0ken"}  # a bearer credential: Authorization is compared, not empty
+    driver = driver_class(Signer(StaticKeyProvider(key), config, environ=environ))
     await driver.open()
     try:
         body = {"query": "a b", "n": 1}
@@ -188,11 +190,12 @@ async def test_the_adapters_add_the_bytes_the_proxy_would_add(
         framed=True,
         config=config,
         signer=proxy_signer,
-        bearers=BearerStore(()),
+        bearers=BearerStore(config.credentials, environ),
         requester=injector_for(config, StaticKeyProvider(key)),
     )
     head = out.head.decode("latin-1").split("\r\n")
     proxied = Fields(tuple(line.split(": ", 1)) for line in head[1:] if ": " in line)  # type: ignore[misc]
+    assert arrival.header("authorization") == "Bearer t0ken"
     for name in ("content-digest", "authorization", "signature-agent", "signature-input", "signature"):
         assert arrival.header(name) == proxied.combined(name), name
     assert out.body == arrival.body

@@ -168,3 +168,24 @@ def test_wrong_lengths_are_refused() -> None:
     for bad in (b"", signature[:63], signature + b"\x00"):
         assert not key.public.verify(bad, b"m")
     assert len(signature) == ed25519.SIGNATURE_BYTES
+
+
+class _OpenSSLNotAsked:
+    """Stands in for OpenSSL's key: a valid signature must be settled before it is asked."""
+
+    asked = 0
+
+    def verify(self, _signature: bytes, _data: bytes) -> None:
+        self.asked += 1
+        raise InvalidSignature
+
+
+def test_a_valid_signature_is_accepted_by_libsodium_alone() -> None:
+    """The fast path is taken (a broken one would fall back to OpenSSL silently, slowly)."""
+    key = SigningKey.from_seed(bytes(range(32)))
+    openssl = _OpenSSLNotAsked()
+    signature = key.sign(b"m")
+    assert ed25519.verify(openssl, key.public.raw, signature, b"m")  # type: ignore[arg-type]
+    assert openssl.asked == 0
+    assert not ed25519.verify(openssl, key.public.raw, signature, b"other")  # type: ignore[arg-type]
+    assert openssl.asked == 1  # what libsodium refuses, OpenSSL decides

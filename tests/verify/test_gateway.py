@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from signing_proxy.core.delegation import extend_chain, issue_authority
+from signing_proxy.core.fields import Fields
 from signing_proxy.core.jwk import SigningKey
 from signing_proxy.core.jws import sign_jwt
 from signing_proxy.core.keys import Directory, DirectoryKey, render_directory
@@ -128,10 +129,17 @@ async def test_a_plain_request_passes_with_its_hop_headers(world: World) -> None
     assert "X-Verified-Requester-Id" not in headers
 
 
+async def test_a_request_signed_by_a_key_its_directory_does_not_hold_is_refused_401(world: World) -> None:
+    with pytest.raises(GatewayRefusal) as caught:
+        stranger = signed(AGENT, SigningKey.generate(), now=NOW, url=EXCHANGE, body=b"x")
+        await world.gateway.check("POST", EXCHANGE, stranger, b"x")
+    assert (caught.value.status, caught.value.reason) == (401, "unknown-keyid")
+
+
 async def test_an_unsigned_request_is_refused_401(world: World) -> None:
     with pytest.raises(GatewayRefusal) as caught:
-        await world.gateway.check("POST", EXCHANGE, signed(AGENT, SigningKey.generate(), now=NOW), b"x")
-    assert caught.value.status == 401
+        await world.gateway.check("POST", EXCHANGE, Fields([("Content-Type", "application/json")]), b"x")
+    assert (caught.value.status, caught.value.reason) == (401, "missing-signature")
 
 
 @pytest.mark.parametrize(
