@@ -1,0 +1,69 @@
+"""core.gateway_ingest.check_mirror: a Delegation's mirrored fields are never wider than the verified
+token (spec: the token's claims are authoritative). One case per rule, each refused with its reason,
+beside a mirror that equals the claims and one that is narrower (both accepted)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from signing_proxy.core.delegation_claims import Caps
+from signing_proxy.core.delegation_verify import VerifiedDelegation
+from signing_proxy.core.errors import DelegationError
+from signing_proxy.core.gateway_ingest import DelegationIn, check_mirror
+
+NOW = 1_800_000_000
+VERIFIED = VerifiedDelegation(
+    links=(),
+    scope=("dist:US:*", "subscription:news"),
+    caps=Caps(max_spend_cents=1000, max_accesses=10, quota_period_s=86_400),
+    holder_jkt="holder",
+    expires_at=NOW + 3600,
+    owner_jkt="owner",
+)
+MIRROR = DelegationIn(
+    token="t",
+    principal_domain="principal.example",
+    principal_id="p",
+    expires_at=NOW + 3600,
+    scopes=("dist:US:*", "subscription:news"),
+    max_accesses=10,
+    max_spend_cents=1000,
+    quota_period_s=86_400,
+    issuer=None,
+)
+
+
+@pytest.mark.parametrize(
+    "mirror",
+    [
+        MIRROR,
+        dataclasses.replace(
+            MIRROR, expires_at=NOW + 60, scopes=("dist:US:CA",), max_accesses=3, max_spend_cents=None
+        ),
+        dataclasses.replace(MIRROR, quota_period_s=None, max_accesses=None),  # absent: the token decides
+    ],
+)
+def test_a_mirror_no_wider_than_the_token_is_accepted(mirror: DelegationIn) -> None:
+    check_mirror(mirror, VERIFIED, NOW)
+
+
+@pytest.mark.parametrize(
+    ("change", "reason", "detail"),
+    [
+        ({"expires_at": NOW}, "expired", "expires_at has passed"),
+        ({"expires_at": NOW + 3601}, "mirror-wider", "later than the token's exp"),
+        ({"scopes": ("dist:*",)}, "mirror-wider", "scopes is wider"),
+        ({"max_accesses": 11}, "mirror-wider", "cap is wider"),
+        ({"max_spend_cents": 1001}, "mirror-wider", "cap is wider"),
+        ({"quota_period_s": 3600}, "mirror-wider", "quota_period differs"),
+    ],
+)
+def test_each_wider_mirror_is_refused_with_its_reason(
+    change: dict[str, object], reason: str, detail: str
+) -> None:
+    with pytest.raises(DelegationError) as caught:
+        check_mirror(dataclasses.replace(MIRROR, **change), VERIFIED, NOW)  # type: ignore[arg-type]
+    assert caught.value.reason == reason
+    assert detail in caught.value.detail
