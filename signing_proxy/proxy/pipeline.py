@@ -34,7 +34,6 @@ from ..core.signatures import (
     SignedMember,
     attach_signature,
     serialize_sf_string,
-    sign_message,
 )
 from ..core.uri import Target, parse_absolute_uri
 from ..errors import ProxyError, TokenError
@@ -103,32 +102,10 @@ class Signer:
         ``extra_params`` follow the spec's four (a profile's ``nonce``, ``tag``); ``max_validity_s``
         caps ``signing.validity_s`` (a profile's longest validity).
         """
-        now = self.clock()
-        key = self._key(now, keyid, missing)
-        label = label or self.label
-        if present:
-            message.fields.add(SIGNATURE_KEY, signature_key_member(label, key.public))
-            components = (*components, SIGNATURE_KEY_COMPONENT)
-        created = int(now)
-        validity = self.validity_s if max_validity_s is None else min(self.validity_s, max_validity_s)
-        try:
-            member = sign_message(
-                message,
-                key,
-                created=created,
-                expires=created + validity,
-                label=label,
-                components=components,
-                extra_params=extra_params,
-            )
-        except SigningError as exc:
-            if self.metrics is not None:
-                self.metrics.signing_failure(exc.reason)
-            raise ProxyError(400, exc.reason, f"cannot sign this request: {exc.detail}") from None
-        attach_signature(message.fields, member)
-        if self.metrics is not None:
-            self.metrics.signed(member.label)
-        return key.thumbprint
+        key, label, params, base = self._prepare(
+            message, label, components, keyid, present, missing, extra_params, max_validity_s
+        )
+        return self._attach(message, key, SignedMember(label, params, key.sign(base), base))
 
     async def sign_off_loop(
         self,
@@ -146,34 +123,11 @@ class Signer:
         is made on the token's thread, so the loop serves other requests meanwhile. A token that
         fails or does not answer in time raises ProxyError 503 ``signing-token-unavailable``: the
         request is refused, never forwarded unsigned. Other keys sign in-line, as ``sign`` does."""
-        now = self.clock()
-        key = self._key(now, keyid, missing)
+        key, label, params, base = self._prepare(
+            message, label, components, keyid, present, missing, extra_params, max_validity_s
+        )
         if not isinstance(key, TokenKey):
-            return self.sign(
-                message,
-                label=label,
-                components=components,
-                keyid=keyid,
-                present=present,
-                missing=missing,
-                extra_params=extra_params,
-                max_validity_s=max_validity_s,
-            )
-        label = label or self.label
-        if present:
-            message.fields.add(SIGNATURE_KEY, signature_key_member(label, key.public))
-            components = (*components, SIGNATURE_KEY_COMPONENT)
-        created = int(now)
-        validity = self.validity_s if max_validity_s is None else min(self.validity_s, max_validity_s)
-        try:
-            params = signing_params_value(
-                components, key.thumbprint, created, created + validity, extra_params
-            )
-            base = signature_base(message, components, params)
-        except SigningError as exc:
-            if self.metrics is not None:
-                self.metrics.signing_failure(exc.reason)
-            raise ProxyError(400, exc.reason, f"cannot sign this request: {exc.detail}") from None
+            return self._attach(message, key, SignedMember(label, params, key.sign(base), base))
         try:
             signature = await key.sign_async(base)
         except TokenError as exc:
@@ -182,7 +136,42 @@ class Signer:
             raise ProxyError(
                 503, "signing-token-unavailable", f"the signing key's token did not sign ({exc.reason})"
             ) from None
-        member = SignedMember(label, params, signature, base)
+        return self._attach(message, key, SignedMember(label, params, signature, base))
+
+    def _prepare(  # noqa: PLR0917 - the keyword arguments of sign, passed on
+        self,
+        message: Message,
+        label: str | None,
+        components: Sequence[Component],
+        keyid: str | None,
+        present: bool,
+        missing: Callable[[], ProxyError] | None,
+        extra_params: Sequence[tuple[str, str | int]],
+        max_validity_s: int | None,
+    ) -> tuple[SigningKey, str, str, bytes]:
+        """The key, label, ``@signature-params`` value and signature base of one signature."""
+        now = self.clock()
+        key = self._key(now, keyid, missing)
+        label = label or self.label
+        if present:
+            message.fields.add(SIGNATURE_KEY, signature_key_member(label, key.public))
+            components = (*components, SIGNATURE_KEY_COMPONENT)
+        created = int(now)
+        validity = self.validity_s if max_validity_s is None else min(self.validity_s, max_validity_s)
+        try:
+            if validity <= 0:
+                raise SigningError("bad-signature-window", "expires must be after created")
+            params = signing_params_value(
+                components, key.thumbprint, created, created + validity, extra_params
+            )
+            base = signature_base(message, components, params)
+        except SigningError as exc:
+            if self.metrics is not None:
+                self.metrics.signing_failure(exc.reason)
+            raise ProxyError(400, exc.reason, f"cannot sign this request: {exc.detail}") from None
+        return key, label, params, base
+
+    def _attach(self, message: Message, key: SigningKey, member: SignedMember) -> str:
         attach_signature(message.fields, member)
         if self.metrics is not None:
             self.metrics.signed(member.label)
