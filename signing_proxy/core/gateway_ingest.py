@@ -15,8 +15,6 @@ Errors: ``IngestError`` (a ``ProtocolError``; the gateway answers 400) and ``Del
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hashlib
 import json
 import re
@@ -24,8 +22,10 @@ from collections.abc import Container, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .b64 import b64_decode
 from .delegation_verify import VerifiedDelegation
 from .errors import DelegationError, KeyFormatError, ProtocolError
+from .jws import unique_members
 from .keys import parse_rfc3339
 from .requester import EXCHANGE_SERVICE, REQUESTER_MEMBER, REQUESTER_TYPES, TOKEN_FORMAT_JWT
 from .scopes import scopes_cover
@@ -88,13 +88,6 @@ def exchange_method(method: str, path: str) -> str | None:
     return name
 
 
-def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    obj = dict(pairs)
-    if len(obj) != len(pairs):
-        raise ValueError("duplicate member name")
-    return obj
-
-
 def _string(doc: Mapping[str, Any], name: str, where: str) -> str:
     value = doc.get(name)
     if not isinstance(value, str) or not value:
@@ -125,7 +118,7 @@ def _requester_type(value: object) -> str:
 def ingest_requester(body: bytes, understood_extensions: Container[str]) -> IngestedRequester:
     """The ingest rules of an exchange call's body; ``IngestError`` with a stable reason."""
     try:
-        doc = json.loads(body.decode("utf-8"), object_pairs_hook=_unique)
+        doc = json.loads(body.decode("utf-8"), object_pairs_hook=unique_members)
     except (UnicodeDecodeError, ValueError, RecursionError):
         raise IngestError("malformed-body", "an exchange call's body is a proto-JSON object") from None
     if not isinstance(doc, dict):
@@ -181,8 +174,8 @@ def read_delegation(doc: Mapping[str, Any]) -> DelegationIn:
     if not isinstance(raw, str) or not raw:
         raise _invalid("delegation.token is required")
     try:
-        token = base64.b64decode(raw, validate=True).decode("ascii")
-    except (binascii.Error, ValueError):
+        token = b64_decode(raw).decode("ascii")
+    except ValueError:  # invalid base64, or bytes that are not ASCII
         raise _invalid("delegation.token is standard base64 of the ~-joined compact JWS chain") from None
     for name in ("principal_domain", "principal_id"):
         if not isinstance(doc.get(name), str) or not doc[name]:

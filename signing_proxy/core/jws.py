@@ -34,6 +34,7 @@ __all__ = [
     "parse_jwt",
     "sign_jws",
     "sign_jwt",
+    "unique_members",
     "verify_jws",
 ]
 
@@ -75,8 +76,9 @@ def _malformed(detail: str) -> DelegationError:
     return DelegationError("malformed-token", detail)
 
 
-def _unique_members(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    # RFC 7515 section 5.2 / RFC 7519 section 4: duplicate names are rejected, never "last wins".
+def unique_members(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object hook: duplicate member names are refused (ValueError), never "last wins"
+    (RFC 7515 section 5.2, RFC 7519 section 4)."""
     obj = dict(pairs)
     if len(obj) != len(pairs):
         raise ValueError("duplicate member name")
@@ -100,7 +102,7 @@ def _loads_strict(data: bytes, what: str) -> Any:
     try:
         return json.loads(
             data.decode("utf-8"),
-            object_pairs_hook=_unique_members,
+            object_pairs_hook=unique_members,
             parse_float=_finite_float,
             parse_constant=_no_constants,
         )
