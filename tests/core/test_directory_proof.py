@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import base64
 
+import pytest
+
 from signing_proxy.core.digest import content_digest
 from signing_proxy.core.directory_proof import (
     directory_proof_base,
@@ -77,3 +79,42 @@ def test_a_response_without_directory_proofs_is_not_judged() -> None:
         (("Signature-Input", 'sig=("@authority");tag="web-bot-auth"'), ("Signature", "sig=:AA==:"))
     )
     assert proven_keys(b"{}", "dir.example", other, [key.public], now=1500) is None
+
+
+def _proof(key: SigningKey, params: str, body: bytes = b'{"keys":[]}') -> Fields:
+    """A proof of ``key`` with ``params`` as its Signature-Input member, signed correctly over it."""
+    digest = content_digest(body)
+    signature = base64.b64encode(key.sign(directory_proof_base("dir.example", digest, params))).decode()
+    member = f"binding=:{signature}:"
+    return Fields(
+        [("Content-Digest", digest), ("Signature-Input", f"binding={params}"), ("Signature", member)]
+    )
+
+
+PROOF_KEY = SigningKey.from_seed(bytes(range(32)))
+PROVEN = frozenset({PROOF_KEY.thumbprint})
+TAG = ';tag="http-message-signatures-directory"'
+WINDOW = f';created=1000;expires=2000;keyid="{PROOF_KEY.thumbprint}"'
+COVERED = '("@authority";req "content-digest")'
+
+
+@pytest.mark.parametrize(
+    ("params", "expected"),
+    [
+        (f"{COVERED}{WINDOW}{TAG}", PROVEN),
+        (f'{COVERED}{WINDOW};alg="ed25519"{TAG}', PROVEN),
+        (f'("@authority" "content-digest"){WINDOW}{TAG}', frozenset()),  # @authority without ;req
+        (f'("@authority";req "content-digest" "@method"){WINDOW}{TAG}', frozenset()),  # one more
+        (f'("@authority";req){WINDOW}{TAG}', frozenset()),  # the body not covered
+        (f'{COVERED}{WINDOW}{TAG};foo="x"', frozenset()),  # an unknown parameter
+        (f'{COVERED}{WINDOW};alg="rsa-pss-sha512"{TAG}', frozenset()),
+        (f'{COVERED};created="1000";expires=2000;keyid="{PROOF_KEY.thumbprint}"{TAG}', frozenset()),
+        (f"{COVERED}{WINDOW}", None),  # no directory tag: not a directory proof, nothing judged
+        (f'{COVERED}{WINDOW};tag="web-bot-auth"', None),
+    ],
+)
+def test_a_correctly_signed_proof_of_the_wrong_shape_proves_nothing(
+    params: str, expected: frozenset[str] | None
+) -> None:
+    fields = _proof(PROOF_KEY, params)
+    assert proven_keys(b'{"keys":[]}', "dir.example", fields, [PROOF_KEY.public], now=1500) == expected
