@@ -318,7 +318,9 @@ def check_stack(
     refusal.
 
     ``body`` is the received content; pass None only when the caller checks Content-Digest itself.
-    ``allow_web``: accept web-bot-auth stacks (their own rules; ``required`` is the spec's profile's).
+    ``allow_web``: accept web-bot-auth stacks (their own rules). ``required`` is what the spec's
+    profile must cover; a caller that requires anything else (a bound retrieval fetch) accepts the
+    spec's profile only, since a web-bot-auth label is judged by its own rules, not by ``required``.
     ``entries``: ``parse_signature_stack(message.fields)``, when the caller holds it already.
     """
     if entries is None:
@@ -326,7 +328,7 @@ def check_stack(
     if max_hops is not None and len(entries) > max_hops:
         raise VerificationError("too-many-hops", f"{len(entries)} signatures exceed the cap of {max_hops}")
     profile = entry_profile(entries[0].param("tag"), entries[0].label)
-    if profile is not SVC and not allow_web:
+    if profile is not SVC and not (allow_web and tuple(required) == SPEC_COMPONENTS):
         raise VerificationError(
             "unsupported-tag", "only the spec's profile is accepted here", entries[0].label
         )

@@ -138,8 +138,7 @@ class DeliveryVerifier:
             skew_s=self.policy.skew_s,
             max_validity_s=self.policy.max_validity_s,
             max_hops=1,
-            required=RETRIEVAL_COMPONENTS,
-            allow_web=False,  # a bound fetch is the spec's: it covers the URL, the body and the key
+            required=RETRIEVAL_COMPONENTS,  # the spec's profile only: the URL, the body and the key
         )
         key = VerificationKey(presented, source=PRESENTED)
         stack = verify_checked(
