@@ -47,6 +47,7 @@ from ..net.client import HttpClient
 from ..net.egress import EgressPolicy
 from .build import build_verifier
 from .directory import DirectoryError, directory_url
+from .middleware import as_received
 from .verifier import PINNED, RequestVerifier, VerifierPolicy
 
 __all__ = [
@@ -225,7 +226,4 @@ async def verify_delivery_request(
     ``external_origin`` (``https://cdn.example``): the origin clients used when a TLS-terminating
     load balancer sits in front; otherwise scheme and Host of the request.
     """
-    body = await request.read()
-    lines = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.raw_headers]
-    origin = external_origin.rstrip("/") if external_origin else f"{request.scheme}://{request.host}"
-    return await verifier.verify(request.method, origin + request.raw_path, Fields(lines), body)
+    return await verifier.verify(*await as_received(request, external_origin))

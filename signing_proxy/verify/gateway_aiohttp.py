@@ -13,10 +13,9 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from aiohttp import web
 
-from ..core.fields import Fields
 from ..errors import problem_body
 from .gateway import GatewayRefusal, GatewayVerdict, GatewayVerifier
-from .middleware import Handler
+from .middleware import Handler, as_received
 
 __all__ = ["GATEWAY", "gateway_middleware", "gateway_refusal", "verify_gateway_request"]
 
@@ -27,10 +26,7 @@ async def verify_gateway_request(
     gateway: GatewayVerifier, request: web.Request, *, external_origin: str | None = None
 ) -> GatewayVerdict:
     """Steps 1-5 on an aiohttp request; ``GatewayRefusal`` with the status and reason of a refusal."""
-    body = await request.read()
-    lines = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.raw_headers]
-    origin = external_origin.rstrip("/") if external_origin else f"{request.scheme}://{request.host}"
-    return await gateway.check(request.method, origin + request.raw_path, Fields(lines), body)
+    return await gateway.check(*await as_received(request, external_origin))
 
 
 def gateway_refusal(refusal: GatewayRefusal) -> web.Response:

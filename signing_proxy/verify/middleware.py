@@ -18,7 +18,7 @@ from ..core.signatures import VerifiedStack
 from ..errors import problem_body
 from .verifier import RequestVerifier
 
-__all__ = ["SIGNATURE", "Handler", "refusal", "signature_middleware", "verify_aiohttp_request"]
+__all__ = ["SIGNATURE", "Handler", "as_received", "refusal", "signature_middleware", "verify_aiohttp_request"]
 
 SIGNATURE = web.RequestKey("signature", VerifiedStack)  # request[SIGNATURE]: the verified result
 
@@ -31,10 +31,16 @@ async def verify_aiohttp_request(
     ``external_origin`` (``https://exchange.example``) is the origin clients used when a TLS-terminating
     load balancer sits in front (RFC 9421 section 7.4.3); otherwise scheme and Host of the request.
     """
+    return await verifier.verify(*await as_received(request, external_origin))
+
+
+async def as_received(request: web.Request, external_origin: str | None) -> tuple[str, str, Fields, bytes]:
+    """Method, target URI, header field lines and body of ``request`` exactly as they arrived (raw
+    lines, raw path, the bytes read): what every aiohttp face of the verifier checks."""
     body = await request.read()
     lines = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.raw_headers]
     origin = external_origin.rstrip("/") if external_origin else f"{request.scheme}://{request.host}"
-    return await verifier.verify(request.method, origin + request.raw_path, Fields(lines), body)
+    return request.method, origin + request.raw_path, Fields(lines), body
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
