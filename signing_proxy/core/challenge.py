@@ -17,17 +17,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import FieldError
-from .profiles import WEB_BOT_AUTH, WEB_BOT_AUTH_TAG, SigningProfile
+from .profiles import WEB_BOT_AUTH, WEB_BOT_AUTH_TAG, WEB_COVERABLE, SigningProfile
 from .signature_components import Component, parse_field_dictionary
 
 __all__ = ["CHALLENGE_STATUSES", "RetryPlan", "plan_retry"]
 
 CHALLENGE_STATUSES = frozenset({401, 403, 429})
-# What a web-bot-auth signature of ours can cover beyond @authority (and our Signature-Agent member).
-_PRODUCIBLE = frozenset(
-    Component(name)
-    for name in ("@authority", "@method", "@path", "@query", "@scheme", "@request-target", "@target-uri")
-)
 _CONTENT_DIGEST = Component("content-digest")
 _MAX_NONCE_CHARS = 256  # our choice: far above a 64-byte base64 nonce
 
@@ -98,7 +93,7 @@ def _components(items: Sequence[tuple[Any, Any]]) -> tuple[Component, ...] | Non
         if item_params:
             return None
         component = Component(value)
-        if component not in _PRODUCIBLE and component != _CONTENT_DIGEST:
+        if component not in WEB_COVERABLE:  # what a web-bot-auth signature of ours can cover
             return None
         if component not in out:
             out.append(component)

@@ -38,6 +38,7 @@ __all__ = [
     "SVC",
     "WEB_BOT_AUTH",
     "WEB_BOT_AUTH_TAG",
+    "WEB_COVERABLE",
     "SignatureAgentForm",
     "SigningProfile",
     "check_web_components",
@@ -64,6 +65,7 @@ _WEB_OPTIONAL = frozenset(
     Component(name)
     for name in ("@method", "@path", "@query", "@scheme", "@request-target", "@target-uri", "content-digest")
 )
+WEB_COVERABLE = _WEB_OPTIONAL | {_AUTHORITY}  # all a web-bot-auth label may cover (and Signature-Agent)
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,7 +187,7 @@ def check_web_components(
             f'label {label!r} covers neither "@authority" nor "@target-uri"',
             label,
         )
-    allowed = set(_WEB_OPTIONAL) | {_AUTHORITY}
+    allowed = set(WEB_COVERABLE)
     if previous is not None:
         prev_label, prev_components = previous
         chained = (Component("signature", key=prev_label), Component("signature-input", key=prev_label))

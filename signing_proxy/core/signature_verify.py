@@ -52,6 +52,7 @@ __all__ = [
     "verify_stack",
 ]
 
+_CONTENT_DIGEST = Component("content-digest")  # built once: checked on every web-bot-auth stack
 DEFAULT_SKEW_S = 5  # our choice: the spec gives no clock-skew tolerance (README, "Where the spec is silent")
 # our choice (spec silent, config verify.max_validity_s): a leaked request is replayable for at most an hour
 DEFAULT_MAX_VALIDITY_S = 3600
@@ -354,7 +355,7 @@ def check_stack(
         first = entries[0]
         directory = web_signature_agent(message.fields, first.label, first.components)
         raw_agent = message.fields.combined("signature-agent") or ""
-        digest_covered = any(Component("content-digest") in e.components for e in entries)
+        digest_covered = any(_CONTENT_DIGEST in e.components for e in entries)
     else:
         raw_agent_field = message.fields.combined("signature-agent")
         if raw_agent_field is None:
