@@ -130,8 +130,8 @@ async def test_a_plain_request_passes_with_its_hop_headers(world: World) -> None
 
 
 async def test_a_request_signed_by_a_key_its_directory_does_not_hold_is_refused_401(world: World) -> None:
+    stranger = signed(AGENT, SigningKey.generate(), now=NOW, url=EXCHANGE, body=b"x")
     with pytest.raises(GatewayRefusal) as caught:
-        stranger = signed(AGENT, SigningKey.generate(), now=NOW, url=EXCHANGE, body=b"x")
         await world.gateway.check("POST", EXCHANGE, stranger, b"x")
     assert (caught.value.status, caught.value.reason) == (401, "unknown-keyid")
 
