@@ -250,8 +250,8 @@ class GatewayVerifier:
             ) from None
         if not taken.allowed:
             headers: tuple[tuple[str, str], ...] = ()
-            if taken.reset_at is not None:
-                headers = (("Retry-After", str(max(1, math.ceil(taken.reset_at - now)))),)
+            if taken.reset_at is not None:  # from the clock now: the take may have waited for a lock
+                headers = (("Retry-After", str(max(1, math.ceil(taken.reset_at - self.clock())))),)
             raise GatewayRefusal(429, QUOTA_EXCEEDED, f"{limit} accesses used in this quota period", headers)
         return limit - taken.count
 

@@ -21,7 +21,7 @@ from signing_proxy.core.jws import sign_jwt
 from signing_proxy.core.keys import Directory, DirectoryKey, render_directory
 from signing_proxy.core.requester import DelegationDoc, RequesterDoc
 from signing_proxy.verify import DirectoryResolver, FetchResult, RequestVerifier, RevocationPoller
-from signing_proxy.verify.counters import SqliteCounterStore
+from signing_proxy.verify.counters import SqliteCounterStore, Taken
 from signing_proxy.verify.gateway import (
     DELEGATION_INVALID,
     QUOTA_EXCEEDED,
@@ -242,6 +242,28 @@ async def test_quota_counts_per_chain_and_refuses_with_retry_after(world: World)
     world.clock.now = NOW + 2
     refusal = await world.refused(world.body(chain))
     assert (refusal.status, refusal.reason) == (429, QUOTA_EXCEEDED)
+    assert dict(refusal.headers)["Retry-After"] == "58"
+
+
+async def test_retry_after_counts_from_the_refusal_not_from_the_request(world: World) -> None:
+    """A take that waits (another worker holds the store's lock and opens the window meanwhile) must
+    not announce more than the window's remaining time: the wait is counted from the refusal."""
+    inner = world.gateway.store
+    assert inner is not None
+
+    class WaitingStore:
+        async def take(self, key: str, limit: int, window_s: float | None, now: float) -> Taken:
+            world.clock.now += 0.5  # the lock was held this long; the window opens at the later time
+            return await inner.take(key, limit, window_s, world.clock.now)
+
+        async def first_seen(self, key: str, ttl_s: float, now: float) -> bool:
+            return await inner.first_seen(key, ttl_s, now)
+
+    world.gateway.store = WaitingStore()  # type: ignore[assignment]
+    chain = world.chain(max_accesses=1, quota_period_s=60)
+    await world.check(world.body(chain))  # the window: NOW + 0.5 .. NOW + 60.5
+    world.clock.now = NOW + 2
+    refusal = await world.refused(world.body(chain))  # refused at NOW + 2.5: 58 s remain
     assert dict(refusal.headers)["Retry-After"] == "58"
 
 
