@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import contextlib
 import ctypes
+import gc
 import logging
 import signal
 import sys
@@ -69,6 +70,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     return asyncio.run(_serve(config, keys, args))
 
 
+GC_GEN0_THRESHOLD = 10_000  # allocations between young-generation passes (Python's default: 700)
 MMAP_THRESHOLD_BYTES = 128 * 1024  # glibc's initial M_MMAP_THRESHOLD, kept fixed
 _M_MMAP_THRESHOLD = -3  # mallopt parameter number (glibc malloc.h)
 
@@ -166,6 +168,7 @@ async def _serve(
             _reload_config(app, args)
 
     loop.add_signal_handler(signal.SIGHUP, on_sighup)
+    _settle_heap()
     for host, port in services.publish_addresses:
         _announce(f"signing-proxy {__version__} publishing on http://{show_host(host)}:{port}")
     key = keys.current(app.clock())
@@ -183,6 +186,18 @@ async def _serve(
     await services.stop()
     await app.stop(drain_s=app.config.timeouts.drain_s)
     return 0
+
+
+def _settle_heap() -> None:
+    """Before the first request: what start-up made (modules, configuration, keys; about 40,000
+    objects) is collected once and frozen, so no later collection walks it again (a full pass over
+    it took about 15 ms, a pause every request in flight would wait out), and the youngest
+    generation is collected every ``GC_GEN0_THRESHOLD`` allocations instead of Python's 700:
+    a request's objects die young, and each pass walks every live young object again."""
+    gc.collect()
+    gc.freeze()
+    _, gen1, gen2 = gc.get_threshold()
+    gc.set_threshold(GC_GEN0_THRESHOLD, gen1, gen2)
 
 
 def _reload_config(app: ProxyApp, args: argparse.Namespace) -> None:

@@ -129,7 +129,7 @@ class ResponseStream:
         on_latency: Callable[[float], None] | None,
         tap: BodyTap | None = None,
     ) -> None:
-        loop = asyncio.get_running_loop()
+        loop = client.loop
         self.client = client
         self.upstream = upstream
         self.head_only = head_only
@@ -150,7 +150,7 @@ class ResponseStream:
     def on_head(self, head: ResponseHead) -> None:
         client = self.client
         if self.on_latency is not None:
-            self.on_latency(asyncio.get_running_loop().time() - self.started)
+            self.on_latency(self.client.loop.time() - self.started)
         self.status = head.status
         if self.hold is not None and self.hold(head, self.target):
             self.held = head

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 
 from ..core.errors import FieldError
@@ -17,7 +16,6 @@ __all__ = [
     "busy",
     "full",
     "parse_connect_target",
-    "resolve_future",
 ]
 
 RETRY_AFTER_S = 1  # our choice: when the proxy is full, a client may try again this soon
@@ -121,9 +119,3 @@ def parse_connect_target(raw: str) -> tuple[str, int]:
         return parse_authority(raw, "https")
     except FieldError as exc:
         raise ProxyError.of(exc) from None
-
-
-def resolve_future(future: asyncio.Future[None]) -> None:
-    """Wake a waiter (a timer's callback: cheaper than ``wait_for``'s task per request)."""
-    if not future.done():
-        future.set_result(None)

@@ -30,8 +30,8 @@ from .request import (
     busy,
     full,
     parse_connect_target,
-    resolve_future,
 )
+from .timers import TIMER_SLACK_S, Deadline
 
 __all__ = [
     "AbortConnection",
@@ -112,6 +112,8 @@ class ClientConnection(asyncio.Protocol):
         self._current: Request | None = None
         self._ready: deque[Request] = deque()
         self._waiter: asyncio.Future[None] | None = None
+        self.loop = asyncio.get_running_loop()  # once: each call is a getpid(2)
+        self._timer = Deadline(self.loop)  # every wait's limit, without a timer per wait
         self._closed = False
         self._header_bytes = 0
         self._in_head = True  # between requests, or inside a head: what arrives is bounded by head limits
@@ -199,6 +201,7 @@ class ClientConnection(asyncio.Protocol):
         if self._linger is not None:
             self._linger.cancel()
             self._linger = None
+        self._timer.cancel()
         self.engine.connections.discard(self)
         for req in (*self._ready, *((self._current,) if self._current is not None else ())):
             self.engine.release(req)
@@ -321,22 +324,19 @@ class ClientConnection(asyncio.Protocol):
 
     async def _wait(self, condition: Callable[[], bool], limit_s: float) -> bool:
         """Wait until ``condition()`` holds or the connection closes; False on timeout or close."""
-        loop = asyncio.get_running_loop()
+        loop = self.loop
         deadline = loop.time() + limit_s
-        while not condition():
-            if self._closed or self._eof:
-                return False
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                return False
-            waiter = self._waiter = loop.create_future()
-            timer = loop.call_later(remaining, resolve_future, waiter)  # cheaper than wait_for's task
-            try:
-                await waiter
-            finally:
-                timer.cancel()
-                self._waiter = None
-        return True
+        try:
+            while not condition():
+                if self._closed or self._eof or loop.time() >= deadline - TIMER_SLACK_S:
+                    return False
+                self._timer.set(deadline, self._wake)
+                self._waiter = loop.create_future()
+                await self._waiter
+            return True
+        finally:
+            self._waiter = None
+            self._timer.clear()
 
     def write(self, data: bytes) -> None:
         if self.transport is not None and not self.transport.is_closing():
@@ -345,7 +345,7 @@ class ClientConnection(asyncio.Protocol):
 
     async def drain(self) -> None:
         if self._write_paused and not self._closed:
-            self._drain_waiter = asyncio.get_running_loop().create_future()
+            self._drain_waiter = self.loop.create_future()
             await self._drain_waiter
 
     def close(self) -> None:
@@ -369,7 +369,7 @@ class ClientConnection(asyncio.Protocol):
         if self._reading_paused:
             self._reading_paused = False
             transport.resume_reading()
-        self._linger = asyncio.get_running_loop().call_later(LINGER_S, self._end_linger)
+        self._linger = self.loop.call_later(LINGER_S, self._end_linger)
 
     def _end_linger(self) -> None:
         if self._linger is not None:

@@ -215,9 +215,13 @@ class TlsSession(asyncio.Protocol):
                 return
             assert isinstance(app, asyncio.Protocol)
             app.data_received(data)
+            if not self._incoming.pending and not self.sslobj.pending():
+                break  # nothing left to decrypt: another read would only raise SSLWantReadError
         self._flush()
 
     def _flush(self) -> None:
+        if not self._outgoing.pending:
+            return
         data = self._outgoing.read()
         if data and not self.raw.is_closing():
             self.answered = True

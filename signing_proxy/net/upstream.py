@@ -14,7 +14,6 @@ import functools
 import os
 import socket
 import ssl
-import time
 import typing
 from collections import deque
 from collections.abc import Callable
@@ -26,6 +25,7 @@ import httptools
 from ..config import UpstreamConfig
 from ..core.uri import Target
 from ..errors import ProxyError
+from .timers import Deadline
 
 __all__ = [
     "ResponseHead",
@@ -116,9 +116,10 @@ class UpstreamConnection(asyncio.Protocol):
         self._head_sent = False
         self._got_bytes = False
         self._close_delimited = False
-        self._last_activity = 0.0
-        self._timer: asyncio.TimerHandle | None = None
-        self._idle_timer: asyncio.TimerHandle | None = None
+        # One deadline serves the read timeout while an exchange is in flight, then the pool's expiry.
+        self._loop = asyncio.get_running_loop()  # once (made by the loop's factory): each call is a getpid(2)
+        self._timer = Deadline(self._loop)
+        self._on_expire: Callable[[UpstreamConnection], None] | None = None
         self.bytes_in = 0
 
     # --- transport callbacks ---
@@ -130,7 +131,8 @@ class UpstreamConnection(asyncio.Protocol):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def data_received(self, data: bytes) -> None:
-        self._last_activity = time.monotonic()
+        if self.sink is not None:  # the read timeout counts from now (moving it later costs no timer)
+            self._timer.deadline = self._loop.time() + self.read_timeout_s
         self._got_bytes = True
         self.bytes_in += len(data)
         if self._parser is None:  # bytes while idle: the server is confused; never reuse
@@ -165,7 +167,7 @@ class UpstreamConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.reusable = False
-        self._cancel_timers()
+        self._timer.cancel()
         self._parser = None  # it holds us (its callbacks): no cycle left for the full collector
         if self.sink is None:
             return
@@ -239,7 +241,6 @@ class UpstreamConnection(asyncio.Protocol):
     def start(self, head: bytes, body: bytes, sink: ResponseSink, *, head_only: bool) -> None:
         """Send one request (head, then body); the response goes to ``sink``."""
         assert self.transport is not None
-        self._cancel_timers()
         self.sink = sink
         self._parser = httptools.HttpResponseParser(self)
         self._head_only = head_only
@@ -249,31 +250,23 @@ class UpstreamConnection(asyncio.Protocol):
         self._head_fed = 0
         self._got_bytes = False
         self._close_delimited = False
-        self._last_activity = time.monotonic()
-        self._timer = asyncio.get_running_loop().call_later(self.read_timeout_s, self._check_timeout)
+        self._timer.set(self._loop.time() + self.read_timeout_s, self._timed_out)
         if len(body) <= COALESCE_MAX_BYTES:
             self.transport.write(head + body if body else head)  # one segment for small requests
         else:
             self.transport.write(head)  # a large body is not copied once more to join it to its head
             self.transport.write(body)
 
-    def _check_timeout(self) -> None:
-        idle = time.monotonic() - self._last_activity
-        if idle < self.read_timeout_s:
-            self._timer = asyncio.get_running_loop().call_later(
-                self.read_timeout_s - idle, self._check_timeout
-            )
-            return
+    def _timed_out(self) -> None:
         self.reusable = False
         self._fail(
             ProxyError(504, "upstream-timeout", f"no data from upstream for {self.read_timeout_s:g} s")
         )
-        self.close()
 
     def _complete(self) -> None:
         sink, self.sink = self.sink, None
         self._parser = None
-        self._cancel_timers()
+        self._timer.clear()
         if sink is not None:
             sink.on_complete()
 
@@ -281,19 +274,19 @@ class UpstreamConnection(asyncio.Protocol):
         sink, self.sink = self.sink, None
         self._parser = None
         self.reusable = False
-        self._cancel_timers()
+        self._timer.cancel()
         if sink is not None:
             sink.on_fail(error)
         self.close()
 
-    def _cancel_timers(self) -> None:
-        for timer in (self._timer, self._idle_timer):
-            if timer is not None:
-                timer.cancel()
-        self._timer = self._idle_timer = None
+    def pooled(self, idle_s: float, on_expire: Callable[[UpstreamConnection], None]) -> None:
+        """Idle in a pool from now: ``on_expire(self)`` after ``idle_s`` unless taken first."""
+        self._on_expire = on_expire
+        self._timer.set(self._loop.time() + idle_s, self._expire)
 
-    def set_idle_timer(self, seconds: float, on_expire: Callable[[], None]) -> None:
-        self._idle_timer = asyncio.get_running_loop().call_later(seconds, on_expire)
+    def _expire(self) -> None:
+        if self._on_expire is not None:
+            self._on_expire(self)
 
     def pause_reading(self) -> None:
         if self.transport is not None and not self.transport.is_closing():
@@ -394,7 +387,7 @@ class UpstreamPool:
         queue = self._idle.get((target.scheme, target.host, target.port))
         while queue:
             conn = queue.pop()
-            conn._cancel_timers()
+            conn._timer.clear()
             if conn.is_usable:
                 return conn
         return None
@@ -452,17 +445,17 @@ class UpstreamPool:
             conn.close()
             return
         queue.append(conn)
+        conn.pooled(POOL_IDLE_S, self._expire)
 
-        def expire() -> None:
+    def _expire(self, conn: UpstreamConnection) -> None:
+        queue = self._idle.get(conn.key)
+        if queue is not None:
             with contextlib.suppress(ValueError):
                 queue.remove(conn)
-            conn.close()
-
-        conn.set_idle_timer(POOL_IDLE_S, expire)
+        conn.close()
 
     def close(self) -> None:
         for queue in self._idle.values():
             for conn in queue:
-                conn._cancel_timers()
                 conn.close()
         self._idle.clear()
