@@ -6,6 +6,7 @@ the fetch; a fetch presenting another key is refused by the delivery check."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import time
@@ -32,7 +33,7 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 EXCHANGE_KEY = SigningKey.generate()
 EXECUTE = "/v1/svc.v1.ExchangeService/ExecuteTransaction"
-GRACE_S = 10  # the old key's window after the rotation: long enough to fetch, short enough to wait out
+GRACE_S = 30  # the old key's window after the rotation: long enough to fetch, short enough to wait out
 
 
 def direct_fetch(url: str, signer: SigningKey) -> requests.Response:
@@ -95,12 +96,17 @@ def test_a_retrieval_fetch_after_a_rotation_uses_the_transactions_key(tmp_path: 
                 new, _moved = store.rotate(time.time(), grace_s=GRACE_S)
                 state = store.load()
                 origin.trust(state.publics[new.thumbprint])
+                assert proxy.proc is not None
+                proxy.proc.send_signal(signal.SIGHUP)  # the rotation picked up now, not at the next poll
 
                 def signs_with_the_new_key() -> bool:
                     requests.get(origin.url("/ping"), proxies=via, timeout=WAIT_S)
                     return origin.arrivals[-1].keyids == [new.thumbprint]
 
-                wait_for(signs_with_the_new_key, "the proxy to pick up the rotation", limit_s=30)
+                # at most a third of the grace: the fetch below runs well inside the old key's window
+                wait_for(
+                    signs_with_the_new_key, "the proxy to pick up the rotation (SIGHUP)", limit_s=GRACE_S / 3
+                )
                 fetched = requests.get(retrieval, proxies=via, timeout=WAIT_S)
                 assert fetched.status_code == 200, fetched.text  # the example accepted it
                 assert fetched.headers["X-Bound-Key"] == first

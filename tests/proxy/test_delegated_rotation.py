@@ -5,6 +5,7 @@ then the proxy refuses them with 503 ``delegation-key-expired`` until the chain 
 
 from __future__ import annotations
 
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from tests.proxy.test_delegation_e2e import Exchange, delegated_setup, discover_
 
 pytestmark = pytest.mark.integration
 
-GRACE_S = 12  # the bound key's window after the rotation: long enough to be seen working, short to wait out
+GRACE_S = 30  # the bound key's window after the rotation: long enough to be seen working, short to wait out
 PUBLIC = {"id": "public-bot", "domain": "bot.example", "type": "REQUESTER_TYPE_AGENT"}  # no delegation
 
 
@@ -41,6 +42,8 @@ def test_delegated_calls_keep_the_bound_key_through_a_rotation_until_its_window_
         with ProxyProcess(tmp_path, setup.config) as proxy, proxy_env(monkeypatch, proxy.url):
             assert post(discover_body()).status_code == 200
             KeyStore(tmp_path / "data").rotate(time.time(), grace_s=GRACE_S)
+            assert proxy.proc is not None
+            proxy.proc.send_signal(signal.SIGHUP)  # the rotation picked up now, not at the next poll
             new = setup.store_key()
             assert new != old
 
@@ -48,7 +51,8 @@ def test_delegated_calls_keep_the_bound_key_through_a_rotation_until_its_window_
                 post(discover_body(requester=PUBLIC))
                 return exchange.received[-1].keyid == new
 
-            wait_for(moved, "the proxy to sign with the new key", limit_s=30)
+            # at most a third of the grace: the checks below run well inside the bound key's window
+            wait_for(moved, "the proxy to sign with the new key (SIGHUP)", limit_s=GRACE_S / 3)
             resp = post(discover_body())
             assert resp.status_code == 200, resp.text  # the exchange checked the holder binding
             assert delegated(exchange.received[-1].body)

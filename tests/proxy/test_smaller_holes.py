@@ -29,9 +29,9 @@ pytestmark = pytest.mark.integration
 
 AGENT = SigningKey.generate()
 RELAY = SigningKey.generate()
-IDLE_S = 1.0  # timeouts.client_idle_s of the tunnel test
-STEP_S = 0.2  # traffic every STEP_S keeps a tunnel alive well past IDLE_S
-STEPS = 7
+IDLE_S = 2.5  # timeouts.client_idle_s of the tunnel test
+STEP_S = 0.2  # traffic every STEP_S keeps a tunnel alive well past IDLE_S (IDLE_S - STEP_S of slack)
+STEPS = 16  # each one-way phase (STEPS - 1) * STEP_S = 3.0 s, over IDLE_S: a one-way-blind timer fires
 
 
 class TickServer:
