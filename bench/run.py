@@ -244,6 +244,7 @@ DEFAULT_ROW = "default"  # the headline: what a user runs
 TUNED_ROW = "tuned"
 NAIVE_SIGN_ROW = "naive-sign"  # bench/naive.py: aiohttp + pyauth, signing
 NAIVE_PASS_ROW = "naive-pass"  # bench/naive.py: aiohttp, no signing
+FLOOR_ROW = "floor-pass"  # bench/floor.py: uvloop + llhttp forwarding and nothing else
 Wrk = tuple[float, float, float, int]  # requests/s, p50 ms, p99 ms, requests
 Row = tuple[str, str, int, Wrk, Wrk, float]  # config, method, conns, direct, through it, CPU us/request
 DIRECT: dict[tuple[str, int], Wrk] = {}  # the origin alone, per method and connections
@@ -436,15 +437,19 @@ def main() -> int:
                     DIRECT[method, conns] = direct
                     for name, pid, port in proxies:
                         rows += load_rows(wrk, name, pid, port, origin_port, method, [conns], duration, tmp)
-            # in-run references on the proxy's core, one at a time: a naive signer and passthrough
-            for name, mode in ((NAIVE_SIGN_ROW, "sign"), (NAIVE_PASS_ROW, "pass")):
+            # in-run references on the proxy's core, one at a time: a naive signer and passthrough, and
+            # the floor (the least an HTTP/1.1 forwarder on uvloop and llhttp does)
+            references = (
+                (NAIVE_SIGN_ROW, "bench/naive.py", "--mode", "sign", "--key", str(key_path)),
+                (NAIVE_PASS_ROW, "bench/naive.py", "--mode", "pass", "--key", str(key_path)),
+                (FLOOR_ROW, "bench/floor.py"),
+            )
+            for name, script, *extra in references:
                 port = free_port()
-                naive_cmd = [*pin(1), PY, str(ROOT / "bench/naive.py"), "--port", str(port)]
-                naive_cmd += ["--mode", mode, "--key", str(key_path)]
-                with process(naive_cmd) as naive:
+                with process([*pin(1), PY, str(ROOT / script), "--port", str(port), *extra]) as ref:
                     wait_port(port)
                     rows += load_rows(
-                        wrk, name, naive.pid, port, origin_port, "POST", conn_counts, duration, tmp
+                        wrk, name, ref.pid, port, origin_port, "POST", conn_counts, duration, tmp
                     )
             if args.workers > 1:  # scaling: the default configuration with N workers
                 port = free_port()
@@ -473,6 +478,8 @@ def main() -> int:
         f"  {DEFAULT_ROW}: the default configuration (log.access_log: true, log.format: text, level info)\n"
         f"  {TUNED_ROW}: log.access_log: false, log.level: warning\n"
         f"  {NAIVE_SIGN_ROW}, {NAIVE_PASS_ROW}: bench/naive.py (aiohttp on uvloop; signing by hand / none)\n"
+        f"  {FLOOR_ROW}: bench/floor.py (uvloop + llhttp forwarding, nothing else: the floor under any "
+        f"Python proxy)\n"
         f"  workers=N: the default configuration with run --workers N, unpinned (shares the cores with "
         f"wrk and the origin; CPU summed over the workers)\n"
     )

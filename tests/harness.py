@@ -42,6 +42,7 @@ from signing_proxy.core.uri import parse_absolute_uri
 from tests.oracle import SPEC_FIVE, WEB_BOT_AUTH_REQUIRED, oracle_verify
 
 WAIT_S = 15.0
+DIRECT = {"http": "", "https": ""}  # requests' proxies= for "not through HTTP_PROXY" ({} merges it back in)
 
 
 def run_cli(

@@ -14,7 +14,7 @@ import pytest
 import requests
 
 from signing_proxy.storage.keystore import KeyStore
-from tests.harness import WAIT_S, ProxyProcess, proxy_env, wait_for
+from tests.harness import DIRECT, WAIT_S, ProxyProcess, proxy_env, wait_for
 from tests.proxy.test_delegation_e2e import Exchange, delegated_setup, discover_body
 
 pytestmark = pytest.mark.integration
@@ -57,10 +57,10 @@ def test_delegated_calls_keep_the_bound_key_through_a_rotation_until_its_window_
             assert resp.status_code == 200, resp.text  # the exchange checked the holder binding
             assert delegated(exchange.received[-1].body)
             assert exchange.received[-1].keyid == old
-            ready = requests.get(proxy.url + "/readyz", timeout=WAIT_S, proxies={}).json()
+            ready = requests.get(proxy.url + "/readyz", timeout=WAIT_S, proxies=DIRECT).json()
             assert ready["delegation_key"]["keyid"] == old
             assert ready["delegation_key"]["state"] == "expiring"
-            metrics = requests.get(proxy.url + "/metrics", timeout=WAIT_S, proxies={}).text
+            metrics = requests.get(proxy.url + "/metrics", timeout=WAIT_S, proxies=DIRECT).text
             assert "signing_proxy_delegation_key_remaining_seconds " in metrics
 
             def refused() -> bool:

@@ -22,7 +22,7 @@ import pytest
 import requests
 
 from signing_proxy.core.jwk import SigningKey
-from tests.harness import WAIT_S, ProxyProcess, VerifyingOrigin, proxy_env, wait_for
+from tests.harness import DIRECT, WAIT_S, ProxyProcess, VerifyingOrigin, proxy_env, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -299,9 +299,8 @@ def _read_all(sock: socket.socket) -> bytes:
 
 
 def test_health_and_readiness_are_origin_form_paths(proxy: ProxyProcess) -> None:
-    direct = {"http": "", "https": ""}  # not through HTTP_PROXY (a bare {} merges it back in)
-    assert requests.get(f"{proxy.url}/healthz", timeout=WAIT_S, proxies=direct).json()["status"] == "ok"
-    ready = requests.get(f"{proxy.url}/readyz", timeout=WAIT_S, proxies=direct)
+    assert requests.get(f"{proxy.url}/healthz", timeout=WAIT_S, proxies=DIRECT).json()["status"] == "ok"
+    ready = requests.get(f"{proxy.url}/readyz", timeout=WAIT_S, proxies=DIRECT)
     assert ready.status_code == 200
     assert ready.json()["checks"]["signing_key"] == "ok"
 
@@ -383,7 +382,7 @@ def test_upstream_refused_is_502(proxy: ProxyProcess) -> None:
 
 
 def test_non_proxy_origin_form_request_is_404(proxy: ProxyProcess) -> None:
-    doc = problem(requests.get(f"{proxy.url}/not-a-route", timeout=WAIT_S, proxies={}))
+    doc = problem(requests.get(f"{proxy.url}/not-a-route", timeout=WAIT_S, proxies=DIRECT))
     assert doc["reason"] == "no-route"
 
 
@@ -528,7 +527,7 @@ def test_sidecar_route_signs_for_the_upstream_url(tmp_path: Path, origin: Verify
             f"{sidecar.url}/exchange/svc.v1.ExchangeService/DiscoverResources?a=%2F",
             data=b"{}",
             timeout=WAIT_S,
-            proxies={},
+            proxies=DIRECT,
         )
         assert r.status_code == 200
     arrival = last(origin)
