@@ -49,7 +49,7 @@ from ..core.scopes import format_scope_list
 from ..core.signatures import VerifiedStack
 from .counters import CounterStore
 from .issuers import IssuerKeys
-from .verifier import RequestVerifier
+from .verifier import SIGNATURE_CHALLENGE, RequestVerifier
 
 __all__ = [
     "DELEGATION_INVALID",
@@ -151,7 +151,7 @@ class GatewayVerifier:
             stack = await self.verifier.verify(method, target_uri, fields, body)
         except VerificationError as exc:
             where = f" (label {exc.label!r})" if exc.label else ""
-            raise GatewayRefusal(401, exc.reason, f"{exc.detail}{where}") from None
+            raise GatewayRefusal(401, exc.reason, f"{exc.detail}{where}", (SIGNATURE_CHALLENGE,)) from None
         path = target_uri.split("://", 1)[-1]
         path = "/" + path.split("/", 1)[1] if "/" in path else "/"
         verdict = GatewayVerdict(stack)
@@ -268,4 +268,6 @@ class GatewayVerifier:
             log.warning("counter store failed: %s", type(exc).__name__)
             raise GatewayRefusal(503, "replay-store-unavailable", "the replay store is unavailable") from None
         if not fresh:
-            raise GatewayRefusal(401, "signature-replayed", "this signature was already accepted")
+            raise GatewayRefusal(
+                401, "signature-replayed", "this signature was already accepted", (SIGNATURE_CHALLENGE,)
+            )

@@ -16,7 +16,7 @@ from ..core.errors import VerificationError
 from ..core.fields import Fields
 from ..core.signatures import VerifiedStack
 from ..errors import problem_body
-from .verifier import RequestVerifier
+from .verifier import SIGNATURE_CHALLENGE, RequestVerifier
 
 __all__ = ["SIGNATURE", "Handler", "as_received", "refusal", "signature_middleware", "verify_aiohttp_request"]
 
@@ -74,5 +74,5 @@ def refusal(exc: VerificationError) -> web.Response:
         status=401,
         body=problem_body(401, exc.reason, exc.detail, **extra),
         content_type="application/problem+json",
-        headers={"WWW-Authenticate": 'Signature realm="signing-proxy"'},
+        headers=dict([SIGNATURE_CHALLENGE]),
     )

@@ -41,11 +41,13 @@ from ..net.egress import EgressPolicy
 from .directory import DirectoryError, DirectoryResolver, directory_url
 from .revocation import RevocationPoller
 
-__all__ = ["PINNED", "RequestVerifier", "VerifierPolicy", "stack_summary"]
+__all__ = ["PINNED", "SIGNATURE_CHALLENGE", "RequestVerifier", "VerifierPolicy", "stack_summary"]
 
 log = logging.getLogger("signing_proxy.verifier")
 
 PINNED = "pinned"  # the key source of pinned keys (no directory)
+# Every 401 for a signature names the scheme it wants (RFC 9110 section 11.6.1; the spec names none)
+SIGNATURE_CHALLENGE = ("WWW-Authenticate", 'Signature realm="signing-proxy"')
 _FOREVER = (0, 2**62)
 
 

@@ -30,6 +30,7 @@ from tests.proxy.gateway_backend import DISCOVER, OWNER_ISS, Backend, exchange_b
 pytestmark = pytest.mark.integration
 
 GRACE_S = 3600
+CHALLENGE = 'Signature realm="signing-proxy"'  # WWW-Authenticate of every 401
 
 
 def hop(tmp: Path, *, mode: str, label: str, next_hop: int | None = None, **extra: Any) -> dict[str, Any]:
@@ -147,6 +148,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
 def refused(resp: requests.Response, status: int, reason: str) -> dict[str, Any]:
     assert resp.status_code == status, resp.text
     assert resp.headers["Content-Type"] == "application/problem+json"
+    # a 401 names the scheme it wants (RFC 9110 section 11.6.1); no other refusal does
+    assert resp.headers.get("WWW-Authenticate") == (CHALLENGE if status == 401 else None)
     doc: dict[str, Any] = resp.json()
     assert doc["reason"] == reason, doc
     return doc

@@ -140,6 +140,7 @@ async def test_an_unsigned_request_is_refused_401(world: World) -> None:
     with pytest.raises(GatewayRefusal) as caught:
         await world.gateway.check("POST", EXCHANGE, Fields([("Content-Type", "application/json")]), b"x")
     assert (caught.value.status, caught.value.reason) == (401, "missing-signature")
+    assert caught.value.headers == (("WWW-Authenticate", 'Signature realm="signing-proxy"'),)
 
 
 @pytest.mark.parametrize(
@@ -272,6 +273,7 @@ async def test_replayed_signature_is_refused(world: World) -> None:
     await world.check(body)
     refusal = await world.refused(body)
     assert (refusal.status, refusal.reason) == (401, "signature-replayed")
+    assert refusal.headers == (("WWW-Authenticate", 'Signature realm="signing-proxy"'),)
 
 
 async def test_without_a_store_a_capped_chain_is_refused_not_waved_through(world: World) -> None:
