@@ -9,18 +9,43 @@ that live elsewhere (key validity, caches, revocation ages) are read the same wa
 
 from __future__ import annotations
 
+import math
 import time
+from bisect import bisect_left
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 __all__ = ["CONTENT_TYPE", "Metrics"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class _Histogram:
+    """A Prometheus histogram counted like the other per-request figures: a list update per
+    observation (one event loop per process: no lock), cumulative buckets made at scrape time."""
+
+    __slots__ = ("bounds", "counts", "doc", "name", "total")
+
+    def __init__(self, name: str, doc: str, bounds: tuple[float, ...]) -> None:
+        self.name, self.doc, self.bounds = name, doc, bounds
+        self.counts = [0] * (len(bounds) + 1)  # the last: above every bound (+Inf)
+        self.total = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1  # a bucket counts values <= its bound
+        self.total += value
+
+    def family(self) -> HistogramMetricFamily:
+        running, buckets = 0, []
+        for bound, count in zip((*self.bounds, math.inf), self.counts, strict=True):
+            running += count
+            buckets.append(("+Inf" if bound == math.inf else repr(float(bound)), running))  # Go's form
+        return HistogramMetricFamily(self.name, self.doc, buckets=buckets, sum_value=self.total)
 
 
 class _Callbacks(Collector):
@@ -39,8 +64,11 @@ class _Callbacks(Collector):
         self.signatures: dict[str, int] = {}
         self.connects: dict[str, int] = {}
         self.bytes = [0, 0]  # request bytes in, response bytes out
+        self.histograms: list[_Histogram] = []
 
-    def collect(self) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:
+    def collect(self) -> Iterable[GaugeMetricFamily | CounterMetricFamily | HistogramMetricFamily]:
+        for histogram in self.histograms:
+            yield histogram.family()
         yield _counter(
             "signing_proxy_requests",
             "Requests served, by mode and outcome",
@@ -167,15 +195,15 @@ class Metrics:
             ["reason"],
             registry=r,
         )
-        self.upstream_latency = Histogram(
+        self.upstream_latency = _Histogram(
             "signing_proxy_upstream_latency_seconds",
             "Time from sending upstream to the response head",
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
+            _LATENCY_BUCKETS,
         )
         self.manifest_fetches = Counter("signing_proxy_manifest_fetches", "Manifest fetches", registry=r)
         self.manifest_hits = Counter("signing_proxy_manifest_cache_hits", "Manifest cache hits", registry=r)
         self.callbacks = _Callbacks()
+        self.callbacks.histograms.append(self.upstream_latency)
         r.register(self.callbacks)
         self._requests = self.callbacks.requests
         self._signatures = self.callbacks.signatures
