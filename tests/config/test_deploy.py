@@ -131,8 +131,22 @@ def test_probes_hit_the_admin_port_and_mounts_match_the_config(manifest: str) ->
     if config.signing.key:
         key_dir = os.path.dirname(config.signing.key)
         assert m[key_dir]["readOnly"] is True
-        secret = next(v for v in pod["volumes"] if v["name"] == m[key_dir]["name"])
-        assert secret["secret"]["defaultMode"] in (0o400, 0o600)
+        # Under fsGroup a Secret's files are root-owned and group-readable (0440): the proxy refuses
+        # such a key. It reaches the proxy through memory, copied owner-only by an init container.
+        volume = next(v for v in pod["volumes"] if v["name"] == m[key_dir]["name"])
+        assert volume == {"name": m[key_dir]["name"], "emptyDir": {"medium": "Memory"}}
+        (copier,) = [c for c in pod["initContainers"] if key_dir in mounts(c)]
+        script = " ".join(copier["args"])
+        assert "install -m 0600 " in script
+        assert script.split("install -m 0600 ", 1)[1].split()[1] == config.signing.key
+        source = script.split("install -m 0600 ", 1)[1].split()[0]
+        secret_mount = mounts(copier)[os.path.dirname(source)]
+        secret = next(v for v in pod["volumes"] if v["name"] == secret_mount["name"])
+        assert secret["secret"]["secretName"]
+        assert all(
+            secret_mount["name"] not in {x["name"] for x in c.get("volumeMounts", [])}
+            for c in pod["containers"]
+        )  # the Secret itself is mounted in no long-lived container
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["runAsUser"] == int(dict(dockerfile())["USER"].split(":")[0])
 
