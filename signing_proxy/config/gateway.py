@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ..errors import ConfigError
-from .checks import positive
+from .checks import check_url, positive
 
 __all__ = ["GatewayConfig", "TrustedIssuer"]
 
@@ -23,8 +23,7 @@ class TrustedIssuer:
     def _check(self, path: str) -> None:
         if bool(self.keys) == (self.directory is not None):
             raise ConfigError(f"{path}: give keys or directory (one of them)")
-        if self.directory is not None and not self.directory.startswith(("https://", "http://")):
-            raise ConfigError(f"{path}.directory: must be an http(s) URL")
+        check_url(self.directory, f"{path}.directory")
 
 
 @dataclass(frozen=True)
@@ -50,8 +49,7 @@ class GatewayConfig:
     manifest_max_refresh_s: int = 86_400
 
     def _check(self, path: str) -> None:
-        if self.upstream is not None and not self.upstream.startswith(("http://", "https://")):
-            raise ConfigError(f"{path}.upstream: must be an http(s) URL, got {self.upstream!r}")
+        check_url(self.upstream, f"{path}.upstream")
         if self.max_hops is not None:
             positive(self.max_hops, f"{path}.max_hops")
         if not 0 <= self.issuer_key_grace_s <= MAX_ISSUER_KEY_GRACE_S:
@@ -61,15 +59,11 @@ class GatewayConfig:
         store = self.store
         if store != "sqlite" and not store.startswith(("sqlite:///", "redis://", "rediss://", "unix://")):
             raise ConfigError(f"{path}.store: sqlite, sqlite:///PATH or a redis:// URL, got {store!r}")
-        for name in ("external_origin",):
-            value = getattr(self, name)
-            if value is not None and not value.startswith(("http://", "https://")):
-                raise ConfigError(f"{path}.{name}: must be an http(s) origin")
+        check_url(self.external_origin, f"{path}.external_origin")
         if self.providers and not self.exchange_domain:
             raise ConfigError(f"{path}.exchange_domain: needed to watch providers' manifests")
         positive(self.manifest_min_refresh_s, f"{path}.manifest_min_refresh_s")
         if self.manifest_max_refresh_s < self.manifest_min_refresh_s:
             raise ConfigError(f"{path}.manifest_max_refresh_s: must be at least manifest_min_refresh_s")
         for i, base in enumerate(self.broker_directories):
-            if not base.startswith(("https://", "http://")):
-                raise ConfigError(f"{path}.broker_directories[{i}]: must be an http(s) URL")
+            check_url(base, f"{path}.broker_directories[{i}]")

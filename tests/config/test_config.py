@@ -59,6 +59,18 @@ def test_every_example_config_is_valid(path: Path) -> None:
         ({"credentials": [{"bearer_env": "X"}]}, "credentials[0]:"),
         ({"hosts": {"unsigned": ["a.*.b"]}}, "hosts.unsigned[0]: host patterns are"),
         ({"routes": {"prefix": "/x/"}}, "routes: must be a list"),
+        (
+            {"gateway": {"upstream": "http://127.0.0.1:9000/#x"}},
+            "gateway.upstream: must be an absolute http(s) URL",
+        ),
+        (
+            {"gateway": {"broker_directories": ["https://broker.example/ a"]}},
+            "gateway.broker_directories[0]: must be an absolute http(s) URL",
+        ),
+        (
+            {"gateway": {"trusted_issuers": {"iss": {"directory": "http:///x"}}}},
+            "gateway.trusted_issuers.iss.directory: must be an absolute http(s) URL",
+        ),
         (["not", "a", "mapping"], "config: must be a mapping"),
     ],
 )
