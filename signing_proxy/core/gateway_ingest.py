@@ -27,7 +27,13 @@ from .delegation_verify import VerifiedDelegation
 from .errors import DelegationError, KeyFormatError, ProtocolError
 from .jws import unique_members
 from .keys import parse_rfc3339
-from .requester import EXCHANGE_SERVICE, REQUESTER_MEMBER, REQUESTER_TYPES, TOKEN_FORMAT_JWT
+from .requester import (
+    EXCHANGE_SERVICE,
+    REQUESTER_MEMBER,
+    REQUESTER_TYPES,
+    TOKEN_FORMAT_JWT,
+    requester_type_name,
+)
 from .scopes import scopes_cover
 
 __all__ = [
@@ -45,7 +51,6 @@ __all__ = [
 ENVELOPE_MAJOR = 1  # spec "Versioning": the request envelope ver is 1.0; our rule: any 1.x is read
 _VERSION = re.compile(r"(0|[1-9][0-9]{0,8})\.(0|[1-9][0-9]{0,8})")
 _METHOD = re.compile(r"[A-Za-z][A-Za-z0-9]{0,63}")
-_TYPES_BY_NAME = {name: number for number, name in REQUESTER_TYPES.items()}
 
 
 class IngestError(ProtocolError):
@@ -105,14 +110,14 @@ def _critical(doc: Mapping[str, Any], where: str, understood: Container[str]) ->
 
 
 def _requester_type(value: object) -> str:
-    if isinstance(value, bool):
-        raise IngestError("requester-type-unknown", "requester.type is a RequesterType name or number")
-    name = REQUESTER_TYPES.get(value) if isinstance(value, int) else value
-    if name == REQUESTER_TYPES[0]:
-        raise IngestError("requester-type-unspecified", "REQUESTER_TYPE_UNSPECIFIED is rejected at ingest")
-    if not isinstance(name, str) or name not in _TYPES_BY_NAME:
-        raise IngestError("requester-type-unknown", "requester.type is not a known RequesterType")
-    return name
+    """The proxy's own rule (``requester_type_name``: a name, or its number as a JSON number or
+    digits), with the ingest reasons."""
+    try:
+        return requester_type_name(value)
+    except ValueError as exc:
+        unspecified = not isinstance(value, bool) and value in (0, "0", REQUESTER_TYPES[0])
+        reason = "requester-type-unspecified" if unspecified else "requester-type-unknown"
+        raise IngestError(reason, f"requester.type: {exc}") from None
 
 
 def ingest_requester(body: bytes, understood_extensions: Container[str]) -> IngestedRequester:

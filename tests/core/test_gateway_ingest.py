@@ -5,13 +5,14 @@ beside a mirror that equals the claims and one that is narrower (both accepted).
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
 from signing_proxy.core.delegation_claims import Caps
 from signing_proxy.core.delegation_verify import VerifiedDelegation
 from signing_proxy.core.errors import DelegationError
-from signing_proxy.core.gateway_ingest import DelegationIn, check_mirror
+from signing_proxy.core.gateway_ingest import DelegationIn, check_mirror, ingest_requester
 
 NOW = 1_800_000_000
 VERIFIED = VerifiedDelegation(
@@ -67,3 +68,10 @@ def test_each_wider_mirror_is_refused_with_its_reason(
         check_mirror(dataclasses.replace(MIRROR, **change), VERIFIED, NOW)  # type: ignore[arg-type]
     assert caught.value.reason == reason
     assert detail in caught.value.detail
+
+
+@pytest.mark.parametrize("given", ["REQUESTER_TYPE_AGENT", 1, "1"])
+def test_a_requester_type_is_read_as_the_proxy_writes_it(given: object) -> None:
+    """The gateway reads a RequesterType by the proxy's own rule: its name, or its number."""
+    body = json.dumps({"ver": "1.0", "requester": {"id": "a", "domain": "d", "type": given}}).encode()
+    assert ingest_requester(body, ()).type == "REQUESTER_TYPE_AGENT"

@@ -156,6 +156,9 @@ async def test_an_unsigned_request_is_refused_401(world: World) -> None:
             "requester-type-unspecified",
         ),
         (b'{"ver":"1.0","requester":{"id":"a","domain":"d","type":0}}', "requester-type-unspecified"),
+        (b'{"ver":"1.0","requester":{"id":"a","domain":"d","type":"0"}}', "requester-type-unspecified"),
+        (b'{"ver":"1.0","requester":{"id":"a","domain":"d","type":9}}', "requester-type-unknown"),
+        (b'{"ver":"1.0","requester":{"id":"a","domain":"d","type":true}}', "requester-type-unknown"),
         (
             b'{"ver":"1.0","requester":{"id":"a","domain":"d","type":"REQUESTER_TYPE_ROBOT"}}',
             "requester-type-unknown",
