@@ -113,7 +113,9 @@ def _print_state(state: StoreState, now: float) -> None:
     print(f"{'THUMBPRINT':<44} {'STATE':<9} {'NOT_BEFORE':<21} {'NOT_AFTER':<21} NEXT")
     for r in state.records:
         window = f"{format_rfc3339(r.not_before):<21} {format_rfc3339(r.not_after):<21}"
-        print(f"{r.thumbprint:<44} {state.state_of(r, now):<9} {window} {_next(state, r, now)}")
+        token = state.tokens.get(r.thumbprint)
+        where = "" if token is None else f" (on a token: {token})"  # the URI names no PIN
+        print(f"{r.thumbprint:<44} {state.state_of(r, now):<9} {window} {_next(state, r, now)}{where}")
     for thumbprint in sorted(state.revocations.revoked - listed):
         print(f"{thumbprint:<44} {'revoked':<9} {'-':<21} {'-':<21} - (pruned)")
     revoked = len(state.revocations.revoked)
@@ -135,6 +137,7 @@ def _state_json(state: StoreState, now: float) -> dict[str, Any]:
                 "created_at": format_rfc3339(r.created_at),
                 "activates_at": format_rfc3339(r.activation),
                 "next_change": _change_json(state, r, now),
+                "pkcs11": state.tokens.get(r.thumbprint),  # None: a key file in the store
             }
             for r in state.records
         ],

@@ -104,6 +104,7 @@ class StoreState:
     publics: Mapping[str, PublicKey]
     revocations: RevocationList
     private: Mapping[str, SigningKey] = field(default_factory=lambda: MappingProxyType({}))
+    tokens: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))  # thumbprint -> URI
 
     def record(self, thumbprint: str) -> KeyRecord | None:
         return next((r for r in self.records if r.thumbprint == thumbprint), None)

@@ -149,9 +149,9 @@ class KeyStore:
                 keys[record.thumbprint] = self._read_private(record.thumbprint)
             elif self.tokens is not None:  # on a token: opened when it first signs
                 keys[record.thumbprint] = self.tokens(entry.pkcs11, publics[record.thumbprint])
-        state = StoreState(
-            self.agent, self.path, records, MappingProxyType(publics), revocations, MappingProxyType(keys)
-        )
+        tokens = MappingProxyType({e.thumbprint: e.pkcs11 for e in entries if e.pkcs11 is not None})
+        publics_view, keys_view = MappingProxyType(publics), MappingProxyType(keys)
+        state = StoreState(self.agent, self.path, records, publics_view, revocations, keys_view, tokens)
         return state, entries
 
     def _refusal(self, exc: PrivateFileError, *, directory: bool) -> KeyStoreError:

@@ -123,6 +123,16 @@ def test_a_store_rotates_to_a_token_key_that_signs_and_is_published(tmp_path: Pa
     assert "generated " in rotated.stdout
     public = shown_public(tmp_path, hsm)
     assert f"new key {public.thumbprint}: published now, signs now" in rotated.stdout
+    listed = run_cli("keys", "list", "--json", "--config", str(config), env=hsm.env())
+    assert listed.returncode == 0, listed.stderr
+    where = {k["thumbprint"]: k["pkcs11"] for k in json.loads(listed.stdout)["keys"]}
+    recorded = where[public.thumbprint]  # the token key is marked, by its URI (with the object's id)
+    assert recorded is not None
+    assert recorded.startswith(hsm.uri("agent") + ";id=")
+    assert [uri for thumbprint, uri in where.items() if thumbprint != public.thumbprint] == [None]
+    text = run_cli("keys", "list", "--config", str(config), env=hsm.env()).stdout
+    assert f"(on a token: {recorded})" in text
+    assert PIN not in listed.stdout + text
 
     out = tmp_path / "site"
     published = run_cli("publish", "--config", str(config), "--out", str(out), "--domain", "agent.example")
