@@ -14,10 +14,10 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping, Set
+from collections.abc import Collection, Mapping, Set
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta, timezone
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 from .errors import KeyFormatError
@@ -77,6 +77,8 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # 32 bytes in unpadded base64url: 42 characters, then one whose two low bits are zero (canonical
 # form, as b64url_decode demands). A regex, not a decode: a 4 MiB revocation list names ~90,000.
 _THUMBPRINT = re.compile(r"[A-Za-z0-9_-]{42}[AEIMQUYcgkosw048]")
+# Many at once (a revocation list): one match over the lines, in C, instead of one call each.
+_THUMBPRINT_LINES = re.compile(f"{_THUMBPRINT.pattern}(?:\n{_THUMBPRINT.pattern})*")
 # RFC 8037 `EdDSA` (the spec's value), RFC 9864 `Ed25519` (its fully-specified successor) and the
 # HTTP Signature Algorithms registry's `ed25519` (web-bot-auth drafts) all name Ed25519 here.
 _ACCEPTED_ALGS = frozenset({"EdDSA", "Ed25519", "ed25519"})
@@ -178,6 +180,21 @@ def _check_http_url(url: str) -> None:
 def is_thumbprint(value: object) -> bool:
     """True for a canonical RFC 7638 SHA-256 thumbprint: 43 base64url characters naming 32 bytes."""
     return isinstance(value, str) and _THUMBPRINT.fullmatch(value) is not None
+
+
+def all_thumbprints(values: Collection[object]) -> bool:
+    """``all(is_thumbprint(v) for v in values)``, for thousands of values in one regex pass.
+
+    The lines match only if each is a thumbprint; with exactly ``len(values)`` lines (the length
+    says so: 43 characters and a separator each) no value hid a line break, so each line is a value.
+    """
+    if not values:
+        return True
+    try:
+        text = "\n".join(cast("Collection[str]", values))  # TypeError: a value is not a string
+    except TypeError:
+        return False
+    return len(text) == 44 * len(values) - 1 and _THUMBPRINT_LINES.fullmatch(text) is not None
 
 
 # --------------------------------------------------------------------------------------------
@@ -334,8 +351,8 @@ class RevocationList:
 
     def __post_init__(self) -> None:
         revoked = frozenset(self.revoked)
-        bad = min((t for t in revoked if not is_thumbprint(t)), default=None)  # the first, sorted
-        if bad is not None:
+        if not all_thumbprints(revoked):
+            bad = min(t for t in revoked if not is_thumbprint(t))  # the first, sorted
             raise KeyFormatError("malformed-thumbprint", f"{bad!r} is not an RFC 7638 thumbprint")
         object.__setattr__(self, "revoked", revoked)
 
@@ -364,9 +381,9 @@ def parse_revocation_list(
         raise KeyFormatError(reason, "member 'revoked' must be an array")
     if len(entries) > max_entries:
         raise KeyFormatError("revocation-list-too-large", f"more than {max_entries} revoked thumbprints")
-    for i, entry in enumerate(entries):
-        if not is_thumbprint(entry):
-            raise KeyFormatError("malformed-thumbprint", f"revoked[{i}] is not an RFC 7638 thumbprint")
+    if not all_thumbprints(entries):
+        i = next(i for i, entry in enumerate(entries) if not is_thumbprint(entry))
+        raise KeyFormatError("malformed-thumbprint", f"revoked[{i}] is not an RFC 7638 thumbprint")
     return RevocationList(as_of, frozenset(entries))
 
 

@@ -7,6 +7,8 @@ import json
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from signing_proxy.core.b64 import b64url_decode
 from signing_proxy.core.errors import KeyFormatError
@@ -20,6 +22,7 @@ from signing_proxy.core.keys import (
     DirectoryKey,
     KeyRecord,
     RevocationList,
+    all_thumbprints,
     choose_signing_key,
     format_rfc3339,
     is_thumbprint,
@@ -558,3 +561,21 @@ def test_publishable_keeps_current_and_next_keys_in_stable_order() -> None:
     assert publishable(ALL, T0) == (OLD, NEW, NEXT)
     assert publishable(list(reversed(ALL)), T0) == (OLD, NEW, NEXT)
     assert publishable(ALL, OLD.not_after) == (NEW, NEXT)
+
+
+_B64URL = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+_near_thumbprints = st.one_of(
+    st.text(alphabet=_B64URL, min_size=43, max_size=43),  # canonical or not, by its last character
+    st.text(alphabet=_B64URL + "\n=+/ ", min_size=0, max_size=90),  # line breaks, padding, lengths
+    st.builds(lambda a, b: a + "\n" + b, st.text(_B64URL, min_size=43, max_size=43),
+              st.text(_B64URL, min_size=43, max_size=43)),  # two thumbprints in one value
+    st.integers(),
+)  # fmt: skip
+
+
+@given(st.lists(_near_thumbprints, max_size=6))
+@settings(max_examples=500, deadline=None)
+def test_all_thumbprints_agrees_with_checking_each(values: list[object]) -> None:
+    """The one-pass check of a revocation list accepts exactly what ``is_thumbprint`` does, value by
+    value: a value hiding a line break between two thumbprints included."""
+    assert all_thumbprints(values) == all(is_thumbprint(v) for v in values)
