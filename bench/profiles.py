@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/profiles.py [--n 5000]
 
-``prepare_request`` for a GET: the spec's ``svc`` without a profile selector (before profiles
+``SigningPipeline.prepare`` for a GET: the spec's ``svc`` without a profile selector (before profiles
 existed), with the default selector (no rules), with rules that do not name the host, and a
 ``web-bot-auth`` destination. Prints microseconds per request (best of five runs).
 """
@@ -16,7 +16,7 @@ from signing_proxy.config import parse_config
 from signing_proxy.core.jwk import SigningKey
 from signing_proxy.core.keys import StaticKeyProvider
 from signing_proxy.core.uri import parse_absolute_uri
-from signing_proxy.proxy.pipeline import BearerStore, Signer, prepare_request
+from signing_proxy.proxy.pipeline import BearerStore, Signer, SigningPipeline
 from signing_proxy.proxy.profiles import ProfileSelector
 
 LINES = [("Accept", "*/*"), ("User-Agent", "bench")]
@@ -41,12 +41,10 @@ def main() -> None:
         "web-bot-auth destination": (web_target, ProfileSelector(config.profiles)),
     }
     for name, (target, selector) in cases.items():
+        pipeline = SigningPipeline(config, signer, bearers, profiles=selector)
 
-        def once(target: object = target, selector: ProfileSelector | None = selector) -> None:
-            prepare_request(
-                "GET", target, LINES, b"", framed=False, config=config, signer=signer, bearers=bearers,
-                profiles=selector,
-            )  # fmt: skip
+        def once(target: object = target, pipeline: SigningPipeline = pipeline) -> None:
+            pipeline.prepare("GET", target, LINES, b"", framed=False)  # type: ignore[arg-type]
 
         per = min(timeit.repeat(once, number=n, repeat=5)) / n * 1e6
         print(f"{name:<34} {per:8.1f} us/request")

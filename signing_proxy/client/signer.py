@@ -1,6 +1,6 @@
 """One in-process signer for the HTTP library adapters: the proxy's pipeline, without the proxy.
 
-``Signer.sign`` runs ``proxy.pipeline.sign_fields``, the function the proxy signs every agent request
+``Signer.sign`` runs ``proxy.pipeline.SigningPipeline``, what the proxy signs every agent request
 with, so a request signed here carries the same ``Content-Digest``, ``Authorization``,
 ``Signature-Agent``, ``Signature-Input`` and ``Signature`` bytes the proxy would have added to it:
 the same profile, bearer credentials, Requester injection and key choice. What an adapter gets back
@@ -32,7 +32,7 @@ from ..core.keys import KeyProvider
 from ..core.profiles import PROFILES as SIGNING_PROFILES
 from ..core.uri import parse_absolute_uri
 from ..errors import ConfigError, ProxyError
-from ..proxy.pipeline import BearerStore, sign_fields
+from ..proxy.pipeline import BearerStore, SigningPipeline
 from ..proxy.pipeline import Signer as PipelineSigner
 from ..proxy.profiles import ProfileSelector
 from ..proxy.requester import RequesterInjector, injector_for
@@ -155,16 +155,18 @@ class Signer:
         section = config.profiles
         if profile is not None:  # one profile for every destination, whatever the rules say
             section = replace(section, default=cast("ProfileName", profile), rules=(), learn=False)
-        self._profiles = ProfileSelector(section)
         self.max_body_bytes = config.limits.max_body_bytes
         self.refresh_every_s = refresh_every_s
         self._monotonic = monotonic
         self._next_refresh = monotonic() + refresh_every_s
-        self._signer = PipelineSigner(
+        self._requester: RequesterInjector | None = injector_for(config, keys, clock=clock)
+        signer = PipelineSigner(
             keys, label=config.signing.label, validity_s=config.signing.validity_s, clock=clock
         )
-        self._bearers = BearerStore(config.credentials, environ)
-        self._requester: RequesterInjector | None = injector_for(config, keys, clock=clock)
+        bearers = BearerStore(config.credentials, environ)
+        self._pipeline = SigningPipeline(
+            config, signer, bearers, self._requester, profiles=ProfileSelector(section)
+        )
 
     @classmethod
     def from_config(
@@ -217,17 +219,7 @@ class Signer:
         except FieldError as exc:
             raise NotSigned(400, exc.reason, f"cannot sign a request to this URL: {exc.detail}") from None
         try:
-            signed = sign_fields(
-                method.upper(),
-                target,
-                lines,
-                body,
-                config=self.config,
-                signer=self._signer,
-                bearers=self._bearers,
-                requester=self._requester,
-                profiles=self._profiles,
-            )
+            signed = self._pipeline.sign_fields(method.upper(), target, lines, body)
         except ProxyError as exc:
             raise NotSigned(exc.status, exc.reason, exc.detail, exc.headers) from None
         if signed.keyid is None:

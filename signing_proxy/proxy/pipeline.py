@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -51,10 +52,8 @@ __all__ = [
     "BearerStore",
     "SignedFields",
     "Signer",
+    "SigningPipeline",
     "next_hop_target",
-    "prepare_request",
-    "prepare_request_off_loop",
-    "sign_fields",
 ]
 
 log = logging.getLogger(__name__)
@@ -201,76 +200,6 @@ def next_hop_target(config: Config) -> Target | None:
     return parse_absolute_uri(config.upstream.next_hop.rstrip("/") + "/")
 
 
-def prepare_request(
-    method: str,
-    target: Target,
-    lines: Sequence[tuple[str, str]],
-    body: bytes,
-    *,
-    framed: bool,
-    config: Config,
-    signer: Signer,
-    bearers: BearerStore,
-    requester: RequesterInjector | None = None,
-    transactions: TransactionKeys | None = None,
-    profiles: ProfileSelector | None = None,
-    retry: RetryPlan | None = None,
-) -> Outgoing:
-    """Apply the signing pipeline (agent mode) and serialize the request for ``target``.
-
-    ``profiles`` picks the destination's signing profile; without it (or for ``svc``) the spec's.
-    ``retry``: sign as an origin's Accept-Signature challenge asked (its profile, components, nonce).
-    """
-    signed = sign_fields(
-        method,
-        target,
-        lines,
-        body,
-        config=config,
-        signer=signer,
-        bearers=bearers,
-        requester=requester,
-        transactions=transactions,
-        profiles=profiles,
-        retry=retry,
-    )
-    return _serialized(method, target, signed, framed=framed, config=config)
-
-
-async def prepare_request_off_loop(
-    method: str,
-    target: Target,
-    lines: Sequence[tuple[str, str]],
-    body: bytes,
-    *,
-    framed: bool,
-    config: Config,
-    signer: Signer,
-    bearers: BearerStore,
-    requester: RequesterInjector | None = None,
-    transactions: TransactionKeys | None = None,
-    profiles: ProfileSelector | None = None,
-    retry: RetryPlan | None = None,
-) -> Outgoing:
-    """``prepare_request`` whose signature is made off the event loop (keys on a token)."""
-    built = _build(
-        method,
-        target,
-        lines,
-        body,
-        config=config,
-        label=signer.label,
-        bearers=bearers,
-        requester=requester,
-        transactions=transactions,
-        profiles=profiles,
-        retry=retry,
-    )
-    if not isinstance(built, SignedFields):
-        built = built.signed(await signer.sign_off_loop(built.message, **built.how))
-    return _serialized(method, target, built, framed=framed, config=config)
-
-
 class SignedFields(NamedTuple):
     """What the pipeline made of a request: the fields and body to send, the keyid that signed them
     and the profile it signed under (both None: a ``hosts.unsigned`` host, fields minus hop-by-hop)."""
@@ -281,53 +210,102 @@ class SignedFields(NamedTuple):
     profile: str | None
 
 
-def sign_fields(
-    method: str,
-    target: Target,
-    lines: Sequence[tuple[str, str]],
-    body: bytes,
-    *,
-    config: Config,
-    signer: Signer,
-    bearers: BearerStore,
-    requester: RequesterInjector | None = None,
-    transactions: TransactionKeys | None = None,
-    profiles: ProfileSelector | None = None,
-    retry: RetryPlan | None = None,
-) -> SignedFields:
-    """The pipeline without the wire. The in-process adapters (``signing_proxy.client``) sign
-    through this too, so both produce the same bytes."""
-    built = _build(
-        method,
-        target,
-        lines,
-        body,
-        config=config,
-        label=signer.label,
-        bearers=bearers,
-        requester=requester,
-        transactions=transactions,
-        profiles=profiles,
-        retry=retry,
-    )
-    if isinstance(built, SignedFields):
-        return built
-    return built.signed(signer.sign(built.message, **built.how))
+@dataclass(frozen=True, slots=True)
+class SigningPipeline:
+    """What signs an agent request: the configuration and its live parts. ``ProxyApp`` rebuilds it
+    on a reload; the in-process adapters (``signing_proxy.client``) sign through it too, so both
+    produce the same bytes.
 
+    ``profiles`` picks the destination's signing profile; without it (or for ``svc``) the spec's.
+    A ``retry`` signs as an origin's Accept-Signature challenge asked (its profile, components, nonce).
+    """
 
-def _serialized(
-    method: str, target: Target, signed: SignedFields, *, framed: bool, config: Config
-) -> Outgoing:
-    return outgoing(
-        method,
-        target,
-        signed.fields,
-        signed.body,
-        framed=framed,
-        keyid=signed.keyid,
-        via=next_hop_target(config),
-        profile=signed.profile,
-    )
+    config: Config
+    signer: Signer
+    bearers: BearerStore
+    requester: RequesterInjector | None = None
+    transactions: TransactionKeys | None = None
+    profiles: ProfileSelector | None = None
+
+    def sign_fields(
+        self,
+        method: str,
+        target: Target,
+        lines: Sequence[tuple[str, str]],
+        body: bytes,
+        *,
+        retry: RetryPlan | None = None,
+    ) -> SignedFields:
+        """The pipeline without the wire."""
+        built = self._build(method, target, lines, body, retry)
+        if isinstance(built, SignedFields):
+            return built
+        return built.signed(self.signer.sign(built.message, **built.how))
+
+    def prepare(
+        self,
+        method: str,
+        target: Target,
+        lines: Sequence[tuple[str, str]],
+        body: bytes,
+        *,
+        framed: bool,
+        retry: RetryPlan | None = None,
+    ) -> Outgoing:
+        """Sign and serialize the request for ``target`` (or the next-hop relay)."""
+        return self._serialized(
+            method, target, self.sign_fields(method, target, lines, body, retry=retry), framed
+        )
+
+    async def prepare_off_loop(
+        self,
+        method: str,
+        target: Target,
+        lines: Sequence[tuple[str, str]],
+        body: bytes,
+        *,
+        framed: bool,
+        retry: RetryPlan | None = None,
+    ) -> Outgoing:
+        """``prepare`` whose signature is made off the event loop (keys on a token)."""
+        built = self._build(method, target, lines, body, retry)
+        if not isinstance(built, SignedFields):
+            built = built.signed(await self.signer.sign_off_loop(built.message, **built.how))
+        return self._serialized(method, target, built, framed)
+
+    def _build(
+        self,
+        method: str,
+        target: Target,
+        lines: Sequence[tuple[str, str]],
+        body: bytes,
+        retry: RetryPlan | None,
+    ) -> _ToSign | SignedFields:
+        return _build(
+            method,
+            target,
+            lines,
+            body,
+            config=self.config,
+            label=self.signer.label,
+            bearers=self.bearers,
+            requester=self.requester,
+            transactions=self.transactions,
+            profiles=self.profiles,
+            retry=retry,
+        )
+
+    def _serialized(self, method: str, target: Target, signed: SignedFields, framed: bool) -> Outgoing:
+        return outgoing(
+            method,
+            target,
+            signed.fields,
+            signed.body,
+            framed=framed,
+            keyid=signed.keyid,
+            via=next_hop_target(self.config),
+            profile=signed.profile,
+        )
 
 
 _CURRENT_KEY: dict[str, Any] = {}  # sign with the current key (shared, never changed)

@@ -36,9 +36,8 @@ from ..proxy.gateway import GatewayPipeline, gateway_upstream
 from ..proxy.pipeline import (
     BearerStore,
     Signer,
+    SigningPipeline,
     next_hop_target,
-    prepare_request,
-    prepare_request_off_loop,
 )
 from ..proxy.profiles import ProfileSelector
 from ..proxy.relay import RelayPipeline
@@ -123,6 +122,7 @@ class ProxyApp:
         self.gateway = GatewayPipeline(config) if config.mode == "gateway" else None
         # one key per transaction: retrieval URLs bound by the ExecuteTransaction answers we forward
         self.transactions = TransactionKeys(keys, clock=clock) if config.mode == "agent" else None
+        self.pipeline = self._pipeline()
         self.discovery = (  # 403 + X-Content-Rules; the agent's own proxy discovers, never a relay
             Discovery(
                 lambda: self.config.discovery,
@@ -240,6 +240,7 @@ class ProxyApp:
         self.config = config
         self.bearers, self.signer, self.requester = bearers, signer, requester
         self.profiles.configure(config.profiles)
+        self.pipeline = self._pipeline()
         self.handler.policy = policy
         self.engine.limits = _limits(config)
         self.client.timeouts = config.timeouts
@@ -256,6 +257,12 @@ class ProxyApp:
         return task
 
     # --- the pipeline ---
+    def _pipeline(self) -> SigningPipeline:
+        """The agent's signing pipeline from the live parts (rebuilt whole on a reload)."""
+        return SigningPipeline(
+            self.config, self.signer, self.bearers, self.requester, self.transactions, self.profiles
+        )
+
     def _learn(self, host: str) -> bool:
         """An Accept-Signature challenge asked ``host`` for web-bot-auth (kept when profiles.learn)."""
         return self.profiles.learn(host, WEB_BOT_AUTH)
@@ -276,34 +283,10 @@ class ProxyApp:
         if self.gateway is not None:
             return await self.gateway.prepare(method, target, lines, body, framed=framed)
         if self.keys.blocking:  # a key on a token (PKCS#11): its signature is made off the loop
-            return await prepare_request_off_loop(
-                method,
-                target,
-                lines,
-                body,
-                framed=framed,
-                config=self.config,
-                signer=self.signer,
-                bearers=self.bearers,
-                requester=self.requester,
-                transactions=self.transactions,
-                profiles=self.profiles,
-                retry=retry,
+            return await self.pipeline.prepare_off_loop(
+                method, target, lines, body, framed=framed, retry=retry
             )
-        return prepare_request(
-            method,
-            target,
-            lines,
-            body,
-            framed=framed,
-            config=self.config,
-            signer=self.signer,
-            bearers=self.bearers,
-            requester=self.requester,
-            transactions=self.transactions,
-            profiles=self.profiles,
-            retry=retry,
-        )
+        return self.pipeline.prepare(method, target, lines, body, framed=framed, retry=retry)
 
     async def signed_fetch(
         self,

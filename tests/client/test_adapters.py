@@ -20,7 +20,7 @@ from signing_proxy.core.fields import Fields
 from signing_proxy.core.jwk import SigningKey
 from signing_proxy.core.keys import StaticKeyProvider
 from signing_proxy.core.uri import parse_absolute_uri
-from signing_proxy.proxy.pipeline import BearerStore, prepare_request
+from signing_proxy.proxy.pipeline import BearerStore, SigningPipeline
 from signing_proxy.proxy.pipeline import Signer as PipelineSigner
 from signing_proxy.proxy.requester import injector_for
 from signing_proxy.storage.keystore import KeyStore, StoreKeyProvider
@@ -163,7 +163,7 @@ async def test_a_key_store_rotation_is_picked_up_while_the_session_stays_open(
 async def test_the_adapters_add_the_bytes_the_proxy_would_add(
     driver_class: type[Driver], tmp_path: Path, origin: VerifyingOrigin
 ) -> None:
-    """What arrived, run again through the proxy's own ``prepare_request`` at the same second with
+    """What arrived, run again through the proxy's own ``SigningPipeline.prepare`` at the same second with
     the same key: the same Content-Digest, Authorization, Signature-Agent, Signature-Input, Signature."""
     key = SigningKey.from_seed(b"\x33" * 32)
     origin.trust(key)
@@ -182,16 +182,17 @@ async def test_the_adapters_add_the_bytes_the_proxy_would_add(
     proxy_signer = PipelineSigner(
         StaticKeyProvider(key), label="agent", validity_s=300, clock=lambda: created
     )
-    out = prepare_request(
+    out = SigningPipeline(
+        config=config,
+        signer=proxy_signer,
+        bearers=BearerStore(config.credentials, environ),
+        requester=injector_for(config, StaticKeyProvider(key)),
+    ).prepare(
         "POST",
         parse_absolute_uri(arrival.target_uri),
         [(n, v) for n, v in arrival.lines if n.lower() not in ("signature", "signature-input")],
         arrival.body,
         framed=True,
-        config=config,
-        signer=proxy_signer,
-        bearers=BearerStore(config.credentials, environ),
-        requester=injector_for(config, StaticKeyProvider(key)),
     )
     head = out.head.decode("latin-1").split("\r\n")
     proxied = Fields(tuple(line.split(": ", 1)) for line in head[1:] if ": " in line)  # type: ignore[misc]

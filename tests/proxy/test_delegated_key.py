@@ -18,7 +18,7 @@ from signing_proxy.core.signatures import Message, VerificationKey, verify_stack
 from signing_proxy.core.uri import parse_absolute_uri
 from signing_proxy.errors import ConfigError, ProxyError
 from signing_proxy.net.framing import Outgoing
-from signing_proxy.proxy.pipeline import BearerStore, Signer, prepare_request
+from signing_proxy.proxy.pipeline import BearerStore, Signer, SigningPipeline
 from signing_proxy.proxy.requester import RequesterInjector, injector_for
 from signing_proxy.service.app import ProxyApp
 from signing_proxy.storage.keystore import KeyStore, StoreKeyProvider
@@ -64,17 +64,9 @@ class Rig:
         return self.keys.state().private[new.thumbprint]
 
     def send(self, url: str = DISCOVER, body: bytes = BODY) -> Outgoing:
-        return prepare_request(
-            "POST",
-            parse_absolute_uri(url),
-            JSON_LINES,
-            body,
-            framed=True,
-            config=self.config,
-            signer=self.signer,
-            bearers=BearerStore(()),
-            requester=self.injector,
-        )
+        return SigningPipeline(
+            config=self.config, signer=self.signer, bearers=BearerStore(()), requester=self.injector
+        ).prepare("POST", parse_absolute_uri(url), JSON_LINES, body, framed=True)
 
 
 def verified_keyid(out: Outgoing, now: float, *keys: SigningKey) -> str:

@@ -18,7 +18,7 @@ from signing_proxy.core.signatures import Message, VerificationKey, verify_stack
 from signing_proxy.core.uri import parse_absolute_uri
 from signing_proxy.errors import ProxyError
 from signing_proxy.net.framing import Outgoing
-from signing_proxy.proxy.pipeline import BearerStore, Signer, prepare_request
+from signing_proxy.proxy.pipeline import BearerStore, Signer, SigningPipeline
 from signing_proxy.proxy.profiles import ProfileSelector
 from signing_proxy.proxy.relay import RelayPipeline
 from tests.oracle import WEB_BOT_AUTH_REQUIRED, oracle_verify
@@ -45,17 +45,9 @@ def _signer(key: SigningKey = AGENT, label: str = "agent") -> Signer:
 
 def _prepare(url: str, selector: ProfileSelector | None, config: Any = None, method: str = "GET") -> Outgoing:
     config = config or _config(profiles=RULES)
-    return prepare_request(
-        method,
-        parse_absolute_uri(url),
-        [("Accept", "*/*")],
-        b"",
-        framed=False,
-        config=config,
-        signer=_signer(),
-        bearers=BearerStore(()),
-        profiles=selector,
-    )
+    return SigningPipeline(
+        config=config, signer=_signer(), bearers=BearerStore(()), profiles=selector
+    ).prepare(method, parse_absolute_uri(url), [("Accept", "*/*")], b"", framed=False)
 
 
 def _fields(out: Outgoing) -> Fields:

@@ -20,7 +20,7 @@ from signing_proxy.core.keys import KeyProvider
 from signing_proxy.core.signatures import Message, VerificationKey, verify_stack
 from signing_proxy.core.uri import parse_absolute_uri
 from signing_proxy.errors import ConfigError, ProxyError
-from signing_proxy.proxy.pipeline import BearerStore, Signer, prepare_request
+from signing_proxy.proxy.pipeline import BearerStore, Signer, SigningPipeline
 from signing_proxy.proxy.requester import RequesterInjector, injector_for
 from signing_proxy.service.app import ProxyApp
 
@@ -439,22 +439,14 @@ def test_a_bad_new_token_file_is_refused_and_the_old_one_kept(
 # --- in the pipeline: digest and signature cover the final body -----------------------------------
 
 
-def test_prepare_request_signs_the_body_with_the_requester(tmp_path: Path) -> None:
+def test_the_pipeline_signs_the_body_with_the_requester(tmp_path: Path) -> None:
     clock = Clock()
     inj = injector(tmp_path, clock=clock)
     cfg = config(tmp_path)
     signer = Signer(Keys(PROXY), label="agent", validity_s=300, clock=clock)
     target = parse_absolute_uri(DISCOVER)
-    out = prepare_request(
-        "POST",
-        target,
-        JSON_LINES,
-        BODY,
-        framed=True,
-        config=cfg,
-        signer=signer,
-        bearers=BearerStore(()),
-        requester=inj,
+    out = SigningPipeline(config=cfg, signer=signer, bearers=BearerStore(()), requester=inj).prepare(
+        "POST", target, JSON_LINES, BODY, framed=True
     )
     assert json.loads(out.body)["requester"] == inj.document()
     head = out.head.decode("latin-1").split("\r\n")[1:]

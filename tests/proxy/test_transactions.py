@@ -20,7 +20,7 @@ from signing_proxy.core.uri import Target, parse_absolute_uri
 from signing_proxy.errors import ProxyError
 from signing_proxy.net.framing import Outgoing
 from signing_proxy.net.upstream import ResponseHead
-from signing_proxy.proxy.pipeline import BearerStore, Signer, prepare_request
+from signing_proxy.proxy.pipeline import BearerStore, Signer, SigningPipeline
 from signing_proxy.proxy.transactions import MAX_TTL_S, TransactionKeys
 from signing_proxy.storage.keystore import KeyStore, StoreKeyProvider
 from signing_proxy.verify import DeliveryPolicy, DeliveryVerifier, DirectoryResolver, RequestVerifier
@@ -77,17 +77,9 @@ class Rig:
         return len(self.transactions) - before
 
     def send(self, url: str, lines: list[tuple[str, str]] | None = None) -> Outgoing:
-        return prepare_request(
-            "GET",
-            parse_absolute_uri(url),
-            lines or [],
-            b"",
-            framed=False,
-            config=self.config,
-            signer=self.signer,
-            bearers=BearerStore(()),
-            transactions=self.transactions,
-        )
+        return SigningPipeline(
+            config=self.config, signer=self.signer, bearers=BearerStore(()), transactions=self.transactions
+        ).prepare("GET", parse_absolute_uri(url), lines or [], b"", framed=False)
 
 
 def bound(agent: str, *, path: str = OBJECT, expires: int = T + 600) -> str:
