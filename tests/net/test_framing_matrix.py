@@ -22,7 +22,7 @@ import h11
 import pytest
 
 from signing_proxy.core.jwk import SigningKey
-from tests.harness import WAIT_S, ProxyProcess, VerifyingOrigin
+from tests.harness import WAIT_S, OnItsOwnLoop, ProxyProcess, VerifyingOrigin
 
 pytestmark = pytest.mark.integration
 
@@ -69,9 +69,11 @@ class Seen:
     body: bytes
 
 
-class RawOrigin:
+class RawOrigin(OnItsOwnLoop):
     """An asyncio origin on its own thread: it reads requests (Content-Length bodies, which is all the
     proxy sends) and answers each with the ``Reply`` registered for its path."""
+
+    thread_name = "raw-origin"
 
     def __init__(self) -> None:
         self.replies: dict[str, Reply] = {"/probe": ok(b"probe")}
@@ -122,27 +124,14 @@ class RawOrigin:
         await asyncio.gather(*tasks, return_exceptions=True)
         await server.wait_closed()
 
-    def __enter__(self) -> RawOrigin:
-        def run() -> None:
-            loop = self._loop = asyncio.new_event_loop()
-            server = loop.run_until_complete(asyncio.start_server(self._serve, "127.0.0.1", 0))
-            self.port = server.sockets[0].getsockname()[1]
-            self._ready.set()
-            loop.run_forever()
-            loop.run_until_complete(self._shutdown(server))
-            loop.close()
-
-        self._thread = threading.Thread(target=run, name="raw-origin", daemon=True)
-        self._thread.start()
-        if not self._ready.wait(WAIT_S):
-            raise RuntimeError("origin did not start")
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-        if self._thread is not None:
-            self._thread.join(WAIT_S)
+    def _run(self) -> None:
+        loop = self._loop = asyncio.new_event_loop()
+        server = loop.run_until_complete(asyncio.start_server(self._serve, "127.0.0.1", 0))
+        self.port = server.sockets[0].getsockname()[1]
+        self._ready.set()
+        loop.run_forever()
+        loop.run_until_complete(self._shutdown(server))
+        loop.close()
 
 
 # --- the client: raw bytes out, h11 in -------------------------------------------------------------
