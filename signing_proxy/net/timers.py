@@ -35,6 +35,11 @@ class Deadline:
         if self._handle is None or self._at > deadline:  # an earlier timer re-arms when it fires
             self._arm(deadline)
 
+    def push(self, deadline: float) -> None:
+        """Move a pending deadline later (bytes moved): a number changes, no timer."""
+        if self.deadline is not None:
+            self.deadline = deadline
+
     def clear(self) -> None:
         """Nothing is due (the timer, if armed, fires once more and does nothing). ``on_due`` is let go:
         it is often a method of the owner, which holds this, and a cycle would outlive the owner."""

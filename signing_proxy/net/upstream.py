@@ -131,8 +131,8 @@ class UpstreamConnection(asyncio.Protocol):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def data_received(self, data: bytes) -> None:
-        if self.sink is not None:  # the read timeout counts from now (moving it later costs no timer)
-            self._timer.deadline = self._loop.time() + self.read_timeout_s
+        if self.sink is not None:  # the read timeout counts from now
+            self._timer.push(self._loop.time() + self.read_timeout_s)
         self._got_bytes = True
         self.bytes_in += len(data)
         if self._parser is None:  # bytes while idle: the server is confused; never reuse

@@ -43,7 +43,7 @@ async def test_a_deadline_moved_later_fires_once_at_the_new_time() -> None:
     deadline.set(loop.time() + STEP_S, lambda: fired.append(loop.time()))
     await asyncio.sleep(STEP_S / 2)
     later = loop.time() + STEP_S * 2  # past the armed timer: it fires early and re-arms
-    deadline.deadline = later
+    deadline.push(later)
     await asyncio.sleep(STEP_S * 1.2)
     assert fired == []  # the first timer fired and found the deadline moved
     await asyncio.sleep(STEP_S * 2)
@@ -76,6 +76,7 @@ async def test_cleared_and_cancelled_deadlines_call_nothing_and_hold_nothing() -
     cleared.deadline.set(loop.time() + STEP_S, cleared.due)
     cancelled.deadline.set(loop.time() + STEP_S, cancelled.due)
     cleared.deadline.clear()
+    cleared.deadline.push(loop.time() + STEP_S / 2)  # bytes after the exchange ended: nothing is due
     cancelled.deadline.cancel()
     await asyncio.sleep(STEP_S * 3)
     assert (cleared.calls, cancelled.calls) == (0, 0)
