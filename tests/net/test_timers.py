@@ -77,6 +77,7 @@ async def test_cleared_and_cancelled_deadlines_call_nothing_and_hold_nothing() -
     cancelled.deadline.set(loop.time() + STEP_S, cancelled.due)
     cleared.deadline.clear()
     cleared.deadline.push(loop.time() + STEP_S / 2)  # bytes after the exchange ended: nothing is due
+    assert cleared.deadline.deadline is None
     cancelled.deadline.cancel()
     await asyncio.sleep(STEP_S * 3)
     assert (cleared.calls, cancelled.calls) == (0, 0)
