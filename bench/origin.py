@@ -1,8 +1,9 @@
 """A fast loopback origin for the benchmark: a fixed 200 answer, and a sample of requests verified.
 
 Every ``--verify-every``-th request is checked with the core verifier (key pinned by thumbprint);
-``GET /stats`` returns the counts, ``GET /stream?mib=N`` streams N MiB. Plain asyncio protocol with
-llhttp so the origin costs far less CPU than the proxy in front of it.
+``GET /stats`` returns the counts, ``GET /stream?mib=N`` streams N MiB, and the key directory
+(``/.well-known/http-message-signatures-directory``) holds the ``--public-key-pem`` key. Plain
+asyncio protocol with llhttp so the origin costs far less CPU than the proxy in front of it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import httptools
 from signing_proxy.core.errors import VerificationError
 from signing_proxy.core.fields import Fields
 from signing_proxy.core.jwk import PublicKey
+from signing_proxy.core.keys import DIRECTORY_PATH, Directory, DirectoryKey, render_directory
 from signing_proxy.core.signatures import Message, VerificationKey, verify_stack
 from signing_proxy.core.uri import parse_absolute_uri
 
@@ -30,6 +32,12 @@ class Stats:
     failed = 0
     unsigned = 0
     reasons: dict[str, int] = {}  # noqa: RUF012 - process-wide counters
+
+
+def directory_for(key: PublicKey) -> bytes:
+    """A key directory holding ``key``, valid from a minute ago for a day (no revocation list)."""
+    now = int(time.time())
+    return render_directory(Directory((DirectoryKey(key, now - 60, now + 86_400),), None))
 
 
 class Origin(asyncio.Protocol):
@@ -73,6 +81,13 @@ class Origin(asyncio.Protocol):
             doc = {k: getattr(Stats, k) for k in ("requests", "verified", "failed", "unsigned", "reasons")}
             body = json.dumps(doc).encode()
             self.transport.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%b" % (len(body), body))
+            return
+        if path == DIRECTORY_PATH and self.key is not None:  # the key, for a gateway that fetches it
+            body = directory_for(self.key)
+            self.transport.write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nCache-Control: max-age=3600\r\n"
+                b"Content-Length: %d\r\n\r\n%b" % (len(body), body)
+            )
             return
         if path.startswith("/stream"):
             mib = int(path.split("mib=", 1)[1]) if "mib=" in path else 100

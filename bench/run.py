@@ -273,8 +273,9 @@ def load_rows(  # noqa: PLR0917
     return rows
 
 
-def agent_signed_headers(key: Any, url: str) -> dict[str, str]:
-    """What an agent hop sends a relay for POST 1 KiB to ``url`` (Signature-Agent empty: key pinned)."""
+def agent_signed_headers(key: Any, url: str, agent: str = "") -> dict[str, str]:
+    """What an agent hop sends for POST 1 KiB to ``url``: ``Signature-Agent`` names ``agent`` (empty:
+    a relay with the key pinned)."""
     from signing_proxy.core.digest import content_digest
     from signing_proxy.core.fields import Fields
     from signing_proxy.core.signatures import Message, attach_signature, sign_message
@@ -284,7 +285,7 @@ def agent_signed_headers(key: Any, url: str) -> dict[str, str]:
         [
             ("Content-Digest", content_digest(BODY_1K.encode())),
             ("Authorization", ""),
-            ("Signature-Agent", ""),
+            ("Signature-Agent", f'"{agent}"' if agent else ""),
         ]
     )
     created = int(time.time())
@@ -330,6 +331,72 @@ def relay_rows(  # noqa: PLR0917
             wrk, "naive-relay", naive.pid, port, origin_port, "POST", conn_counts, duration, tmp, headers
         )
     return rows
+
+
+def gateway_rows(  # noqa: PLR0917
+    wrk: str,
+    stack: contextlib.ExitStack,
+    tmp: Path,
+    key: Any,
+    origin_port: int,
+    conn_counts: list[int],
+    duration: int,
+) -> list[Row]:
+    """``signing-proxy gateway`` at its defaults in front of the origin: each pre-signed request's
+    label verified with the key from its Signature-Agent's directory (served by the origin, fetched
+    once and cached), Content-Digest checked, then forwarded with X-Verified-* headers."""
+    origin = f"http://127.0.0.1:{origin_port}"
+    config = tmp / "gateway.yaml"
+    config.write_text(
+        f"mode: gateway\ndata_dir: {tmp / 'gateway-data'}\n"
+        f"gateway:\n  upstream: {origin}\n  external_origin: {origin}\n"  # what the origin re-verifies
+        'egress:\n  allow_private: ["127.0.0.1/32"]\n'  # the directory is on loopback
+    )
+    headers = agent_signed_headers(key, f"{origin}/bench", agent=origin)
+    port = free_port()
+    log_file = stack.enter_context((tmp / "gateway.log").open("wb"))
+    command = [*pin(1), PY, "-m", "signing_proxy", "gateway", "--config", str(config)]
+    with process([*command, "--listen", f"127.0.0.1:{port}"], stderr=log_file) as gateway:
+        wait_port(port)
+        rows: list[Row] = []
+        for conns in conn_counts:
+            cpu0 = cpu_seconds(gateway.pid)
+            via = run_wrk(wrk, port, "/bench", "POST", conns, duration, tmp, headers)
+            rows.append(
+                (
+                    "gateway",
+                    "POST",
+                    conns,
+                    DIRECT["POST", conns],
+                    via,
+                    (cpu_seconds(gateway.pid) - cpu0) / via[3] * 1e6,
+                )
+            )
+    return rows
+
+
+def side_table(rows: list[Row]) -> list[dict[str, object]]:
+    """A side benchmark's rows (relay, gateway) for the JSON output."""
+    return [
+        {
+            "config": r[0],
+            "connections": r[2],
+            "rps": r[4][0],
+            "p50_ms": r[4][1],
+            "p99_ms": r[4][2],
+            "cpu_us_per_request": r[5],
+        }
+        for r in rows
+    ]
+
+
+def print_side(title: str, rows: list[Row]) -> None:
+    print(f"\n{title}")
+    for name, _method, conns, _direct, via, cpu_us in rows:
+        print(
+            f"  {name:12} {conns:>3} conns: {via[0]:>7.0f} req/s  p50 {via[1]:.2f} ms  p99 {via[2]:.2f} ms  "
+            f"cpu {cpu_us:.1f} us/req"
+        )
 
 
 def access_log_figures(port: int, log_path: Path) -> dict[str, int]:
@@ -465,6 +532,7 @@ def main() -> int:
             results["relay"] = relay_rows(
                 wrk, start_proxy, tmp, key, key_path, pub_path, origin_port, conn_counts, duration, needed
             )
+            results["gateway"] = gateway_rows(wrk, stack, tmp, key, origin_port, conn_counts, duration)
             results["access log"] = access_log_figures(default_port, tmp / "default.log")
             idle_mib, growth_mib = stream_rss(proxy.pid, proxy_port, origin_port)
             results["https"] = https_rows(proxy.pid, proxy_port, tls_port, tmp, duration, conn_counts)
@@ -511,12 +579,14 @@ def main() -> int:
         )
     results["table"] = table
     relay: list[Row] = results["relay"]  # type: ignore[assignment]
-    print("\nRelay hop (verify the agent's label, stack ours), POST 1 KiB, the same pre-signed requests")
-    for name, _method, conns, _direct, via, cpu_us in relay:
-        print(
-            f"  {name:12} {conns:>3} conns: {via[0]:>7.0f} req/s  p50 {via[1]:.2f} ms  p99 {via[2]:.2f} ms  "
-            f"cpu {cpu_us:.1f} us/req"
-        )
+    print_side(
+        "Relay hop (verify the agent's label, stack ours), POST 1 KiB, the same pre-signed requests", relay
+    )
+    gateway: list[Row] = results["gateway"]  # type: ignore[assignment]
+    print_side(
+        "Gateway (verify the agent's label with its directory's key, forward), POST 1 KiB, pre-signed",
+        gateway,
+    )
     by_name = {(row[0], row[1], row[2]): row for row in rows + relay}
     print("\nRatios in this run (requests/s; CPU per request), POST 1 KiB:")
     for conns in conn_counts:
@@ -528,18 +598,10 @@ def main() -> int:
                     f"  {conns:>3} conns: {ours} / {theirs}: {a[4][0] / b[4][0]:.2f}x req/s, "
                     f"{a[5]:.1f} vs {b[5]:.1f} us/req"
                 )
-    results["relay_table"] = [
-        {
-            "config": r[0],
-            "connections": r[2],
-            "rps": r[4][0],
-            "p50_ms": r[4][1],
-            "p99_ms": r[4][2],
-            "cpu_us_per_request": r[5],
-        }
-        for r in relay
-    ]
+    results["relay_table"] = side_table(relay)
     del results["relay"]
+    results["gateway_table"] = side_table(gateway)
+    del results["gateway"]
     access: dict[str, int] = results["access log"]  # type: ignore[assignment]
     print(
         f"\n{DEFAULT_ROW}: {access['lines']} access-log lines written, {access['dropped']} dropped "

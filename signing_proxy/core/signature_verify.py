@@ -16,8 +16,10 @@ both. Refusals are VerificationError with the spec's reason codes. Import the pu
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from .digest import verify_content_digest
@@ -121,7 +123,7 @@ def _entry(label: str, member: Any, sig_member: Any) -> SignatureEntry:
             raise VerificationError(
                 "unsupported-component-parameter", f"component {item_value!r} has parameters {unknown}", label
             )
-        components.append(Component(item_value, key))
+        components.append(_component(item_value, key))
     if not (isinstance(sig_member, tuple) and isinstance(sig_member[0], bytes)):
         raise VerificationError("malformed-signature", f"member {label!r} is not a Byte Sequence", label)
     return SignatureEntry(
@@ -133,6 +135,16 @@ def _entry(label: str, member: Any, sig_member: Any) -> SignatureEntry:
     )
 
 
+@lru_cache(maxsize=256)
+def _component(name: str, key: str | None) -> Component:
+    # the same few identifiers on every request: built (and serialized) once; immutable, so shared
+    return Component(str(name), key)
+
+
+# An sf-string without escapes or parameters, which is what a Signature-Agent URL is: read in C
+_PLAIN_SF_STRING = re.compile(r'"[ !#-\[\]-~]*"')
+
+
 def parse_signature_agent(value: str | None) -> str | None:
     """The directory base named by Signature-Agent: a bare URL or an RFC 8941 String; empty -> None."""
     if value is None:
@@ -140,7 +152,9 @@ def parse_signature_agent(value: str | None) -> str | None:
     value = value.strip()
     if not value:
         return None
-    if value.startswith('"'):
+    if _PLAIN_SF_STRING.fullmatch(value):
+        url = value[1:-1]
+    elif value.startswith('"'):
         try:
             url, params = parse_item(value)
         except (ValueError, UnicodeEncodeError) as exc:

@@ -31,6 +31,7 @@ Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 # Spec silent. 2048 is the common practical URL limit; a directory base or revocation URL is far shorter.
 MAX_URL_CHARS: Final = 2048
+CHECKED_URLS_MAX: Final = 1024  # check_url's remembered answers (accepted URLs only), oldest dropped first
 _MAX_HOST_CHARS: Final = 253  # RFC 1035 section 2.3.4 (255 octets on the wire, 253 as text)
 _MAX_LABEL_CHARS: Final = 63  # RFC 1035 section 2.3.4
 _LDH: Final = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-")  # RFC 1123 section 2.1 host names
@@ -161,7 +162,7 @@ def _authority(authority: str, scheme: str) -> tuple[str, int]:
 class EgressPolicy:
     """Decides whether, and at which address, a URL named by a remote party may be fetched."""
 
-    __slots__ = ("allow_private",)
+    __slots__ = ("_checked", "allow_private")
 
     def __init__(self, allow_private: Sequence[str] = ()) -> None:
         if isinstance(allow_private, str):
@@ -173,6 +174,9 @@ class EgressPolicy:
             except (TypeError, ValueError):
                 raise ConfigError(f"allow_private[{i}]: {cidr!r} is not an address or CIDR") from None
         self.allow_private: tuple[Network, ...] = tuple(nets)
+        # check_url is a pure function of the URL under a fixed policy: a verifier asks it about the
+        # same Signature-Agent on every request, so accepted URLs are remembered (bounded)
+        self._checked: dict[tuple[str, bool], Target] = {}
 
     @classmethod
     def from_config(cls, config: EgressConfig) -> EgressPolicy:
@@ -192,11 +196,22 @@ class EgressPolicy:
 
         ``allow_query=False`` is for ``Signature-Agent`` bases, to which a suffix is appended.
         """
+        known = self._checked.get((url, allow_query)) if isinstance(url, str) else None
+        if known is not None:
+            return known
+        target = self._check_url(url, allow_query)
+        checked = self._checked
+        if len(checked) >= CHECKED_URLS_MAX:
+            del checked[next(iter(checked))]
+        checked[url, allow_query] = target
+        return target
+
+    def _check_url(self, url: str, allow_query: bool) -> Target:
         if not isinstance(url, str) or len(url) > MAX_URL_CHARS:
             raise EgressError("egress-url", f"the URL must be a string of at most {MAX_URL_CHARS} characters")
         if "#" in url:  # '…/role#' would turn the appended well-known suffix into a fragment
             raise EgressError("egress-fragment", "the URL may not contain '#'")
-        if not all("!" <= c <= "~" for c in url):
+        if not (url.isascii() and url.isprintable()) or " " in url:  # "!" to "~" only, in C
             raise EgressError("egress-url", "the URL has whitespace, control or non-ASCII characters")
         scheme, sep, rest = url.partition("://")
         scheme = scheme.lower()

@@ -25,6 +25,7 @@ from signing_proxy.core.signatures import (
     attach_signature,
     hop_components,
     parse_signature_agent,
+    parse_signature_stack,
     serialize_params_value,
     sign_message,
     signature_base,
@@ -375,6 +376,13 @@ def test_tampered_agent_signature_breaks_the_broker_label_too() -> None:
     message.fields.set("Signature", f"{flipped}, {broker_part}")
     err = refused(message, "bad-signature")
     assert err.label == "agent"
+
+
+def test_component_identifiers_are_built_once_and_shared() -> None:
+    first = parse_signature_stack(signed().fields)[0].components
+    again = parse_signature_stack(signed().fields)[0].components
+    assert first == SPEC_COMPONENTS
+    assert all(a is b for a, b in zip(first, again, strict=True))  # immutable: one object per identifier
 
 
 def test_signature_agent_must_be_a_url() -> None:

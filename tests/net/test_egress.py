@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from signing_proxy.config import EgressConfig
 from signing_proxy.core.uri import Target
 from signing_proxy.errors import ConfigError, EgressError, http_status
-from signing_proxy.net.egress import MAX_URL_CHARS, EgressPolicy, forbidden_class
+from signing_proxy.net.egress import CHECKED_URLS_MAX, MAX_URL_CHARS, EgressPolicy, forbidden_class
 
 POLICY = EgressPolicy()
 REASONS = {f"egress-{r}" for r in ("scheme", "userinfo", "query", "fragment", "host", "url", "address")}
@@ -172,6 +172,20 @@ def test_a_public_https_url_passes(url: str) -> None:
 def test_check_url_returns_the_canonical_target() -> None:
     target = POLICY.check_url("HTTPS://Agent.Example:443")
     assert target == Target("https", "agent.example", 443, "/")
+
+
+def test_check_url_remembers_accepted_urls_only_and_boundedly() -> None:
+    policy = EgressPolicy()
+    first = policy.check_url("https://Agent.Example/a", allow_query=False)
+    assert policy.check_url("https://Agent.Example/a", allow_query=False) is first  # remembered
+    assert policy.check_url("https://agent.example/a?x", allow_query=True).path_query == "/a?x"
+    for _ in range(2):  # a refusal is decided again each time, never remembered
+        assert refused(policy, "https://agent.example/a?x", allow_query=False).reason == "egress-query"
+        assert refused(policy, "https://127.0.0.1/").reason == "egress-address"
+    for n in range(CHECKED_URLS_MAX + 500):  # a stranger naming a new URL each time
+        policy.check_url(f"https://agent{n}.example/")
+    assert len(policy._checked) == CHECKED_URLS_MAX
+    assert policy.check_url("https://agent.example/a", allow_query=False) == first  # still the answer
 
 
 def test_allow_private_admits_its_addresses_also_over_http() -> None:

@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from signing_proxy.core.digest import content_digest, parse_content_digest, verify_content_digest
-from signing_proxy.core.errors import SigningError
+from signing_proxy.core.errors import FieldError, SigningError
 from signing_proxy.core.fields import Fields
 from signing_proxy.core.jwk import SigningKey
 from signing_proxy.core.keys import (
@@ -37,6 +37,7 @@ from signing_proxy.core.keys import (
     render_directory,
     render_revocation_list,
 )
+from signing_proxy.core.sfv import parse_item
 from signing_proxy.core.signatures import (
     Message,
     VerifiedStack,
@@ -561,6 +562,40 @@ def test_fuzz_parse_signature_stack(lines: list[tuple[str, str]]) -> None:
 @given(value=signature_agent)
 def test_fuzz_parse_signature_agent(value: str) -> None:
     _only_package_errors(lambda: parse_signature_agent(value))
+
+
+def _agent_by_the_sf_parser(value: str) -> str | None:
+    """parse_signature_agent as it reads every quoted value: the full RFC 8941 Item parser."""
+    value = value.strip()
+    if not value:
+        return None
+    if not value.startswith('"'):
+        return parse_signature_agent(value)  # a bare URL: no structured field involved
+    try:
+        url, params = parse_item(value)
+    except (ValueError, UnicodeEncodeError):
+        return "refused"
+    if not isinstance(url, str) or params:
+        return "refused"
+    if not url.startswith(("https://", "http://")) or any(c in url for c in ' "<>\\'):
+        return "refused"
+    return str(url)
+
+
+@FUZZ
+@given(value=signature_agent)
+def test_the_plain_string_reading_of_signature_agent_is_the_sf_parsers(value: str) -> None:
+    # a quoted value without escapes or parameters is read by a regular expression; any other
+    # quoted value by http-sf: both must give the same URL, or both refuse
+    try:
+        fast: str | None = parse_signature_agent(value)
+    except FieldError:
+        fast = "refused"
+    try:
+        slow = _agent_by_the_sf_parser(value)
+    except FieldError:
+        slow = "refused"
+    assert fast == slow
 
 
 @FUZZ
