@@ -21,10 +21,11 @@ from cryptography.hazmat.primitives import serialization
 from signing_proxy.core.digest import content_digest
 from signing_proxy.core.fields import Fields
 from signing_proxy.core.jwk import SigningKey
+from signing_proxy.core.keys import DIRECTORY_PATH, parse_directory
 from signing_proxy.core.signatures import Message, attach_signature, sign_message
 from signing_proxy.core.uri import parse_absolute_uri
 
-from .harness import WAIT_S, VerifyingOrigin
+from .harness import WAIT_S, VerifyingOrigin, started_run
 
 pytestmark = pytest.mark.integration
 
@@ -76,9 +77,13 @@ def test_the_naive_signer_emits_what_both_verifiers_accept(tmp_path: Path) -> No
     assert (arrival.verified, arrival.oracle, arrival.labels) == (True, "ok", ["agent"])
 
 
-def agent_signed(key: SigningKey, url: str, body: bytes) -> dict[str, str]:
+def agent_signed(key: SigningKey, url: str, body: bytes, agent: str = "") -> dict[str, str]:
     fields = Fields(
-        [("Content-Digest", content_digest(body)), ("Authorization", ""), ("Signature-Agent", "")]
+        [
+            ("Content-Digest", content_digest(body)),
+            ("Authorization", ""),
+            ("Signature-Agent", f'"{agent}"' if agent else ""),
+        ]
     )
     created = int(time.time())
     message = Message("POST", parse_absolute_uri(url), fields)
@@ -126,3 +131,55 @@ def test_the_floor_forwards_each_request_whole_on_a_kept_alive_connection() -> N
         proc.wait(WAIT_S)
         if proc.stdout is not None:
             proc.stdout.close()
+
+
+@contextlib.contextmanager
+def bench_origin(public_pem: Path) -> Iterator[str]:
+    """bench/origin.py on port 0 (read back), verifying with ``public_pem``: yields its URL."""
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(ROOT / "bench/origin.py"),
+            "--public-key-pem",
+            str(public_pem),
+            "--verify-every",
+            "1",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # "origin listening on PORT"
+        assert line.startswith("origin listening on "), f"bench/origin.py did not start: {line!r}"
+        yield f"http://127.0.0.1:{line.split()[-1]}"
+    finally:
+        proc.terminate()
+        proc.wait(WAIT_S)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def test_the_bench_origin_serves_its_key_for_the_gateway_row(tmp_path: Path) -> None:
+    # bench/run.py's gateway row: signing-proxy gateway in front of the origin, the agent's key
+    # fetched from the origin's directory; a request signed by another key must not pass
+    key, stranger = SigningKey.generate(), SigningKey.generate()
+    _, public = write_key(tmp_path, key, "agent")
+    with bench_origin(public) as origin:
+        directory = parse_directory(requests.get(origin + DIRECTORY_PATH, timeout=WAIT_S).content)
+        assert [k.thumbprint for k in directory.keys] == [key.public.thumbprint]
+        config = tmp_path / "gateway.yaml"
+        config.write_text(
+            f"mode: gateway\ndata_dir: {tmp_path / 'data'}\n"
+            f"gateway:\n  upstream: {origin}\n  external_origin: {origin}\n"
+            'egress:\n  allow_private: ["127.0.0.1/32"]\n'
+        )
+        with started_run("--config", str(config), "--listen", "127.0.0.1:0") as lines:
+            gateway = next(w for line in lines for w in line.split() if w.startswith("http://127.0.0.1:"))
+            for signer, expected in ((key, 200), (stranger, 401)):
+                headers = agent_signed(signer, origin + "/bench", b"x" * 1024, agent=origin)
+                resp = requests.post(gateway + "/bench", data=b"x" * 1024, headers=headers, timeout=WAIT_S)
+                assert resp.status_code == expected, resp.text
+        stats = requests.get(origin + "/stats", timeout=WAIT_S).json()
+    assert (stats["verified"], stats["failed"]) == (1, 0)  # the accepted one re-verified at the origin
