@@ -11,7 +11,9 @@ quiet run, then the same traffic while an attacker (this script with ``--attack`
 requests, each validly shaped and signed but naming its own ``Signature-Agent``: directories that
 are valid, garbage, too large, slow, redirecting, with an object as ``alg``, with a key the request
 does not use, and revocation lists that name the legitimate agent's key, are huge, slow or garbage.
-Then a quiet run again.
+Then a quiet run again. The relay runs its default configuration (access log on, the fetch
+budget ``verify.fetches_per_s``); ``--fetches-per-s 0`` shows it without the budget, where every
+attacker request costs a fetch.
 
 Prints the relay's RSS before and after (issue 15 target: growth <= 20 MiB), the legitimate
 requests' p50/p99 under attack against the quiet run (target <= 1.5x) and how many legitimate
@@ -454,8 +456,9 @@ def run(args: argparse.Namespace) -> int:
         config = tmp / "relay.yaml"
         config.write_text(
             f"mode: relay\nlisten: 127.0.0.1:0\ndata_dir: {tmp / 'data'}\nsigning:\n  label: broker\n"
-            "relay:\n  max_hops: 3\nlog:\n  access_log: false\n  level: error\n"
+            "relay:\n  max_hops: 3\n"  # the default log: access log on, info
             f'egress:\n  allow_private: ["127.0.0.1/32"]\n  fetch_timeout_s: {FETCH_TIMEOUT_S}\n'
+            + ("" if args.fetches_per_s is None else f"verify:\n  fetches_per_s: {args.fetches_per_s}\n")
         )
         relay = stack.enter_context(
             child(
@@ -540,7 +543,8 @@ def report(
     elapsed_s = float(figures["attacker"]["elapsed_s"])  # type: ignore[index]
     print(
         f"\nhostile verifier — {figures['machine']}; relay on core 1, origin + directory host + attacker "
-        f"+ legitimate client on core 0; relay fetch timeout {FETCH_TIMEOUT_S:g} s\n"
+        f"+ legitimate client on core 0; relay fetch timeout {FETCH_TIMEOUT_S:g} s, fetch budget "
+        f"{'the default (verify.fetches_per_s)' if args.fetches_per_s is None else args.fetches_per_s}\n"
         f"attacker: {args.count} requests naming unique Signature-Agent directories, {args.concurrency} "
         f"connections, paced at {args.rate:g}/s: sent in {elapsed_s:.1f} s; relay CPU during the attack "
         f"{float(figures['relay_cpu_during_attack']) * 100:.0f} % of a core; cores busy (any process): "  # type: ignore[arg-type]
@@ -613,6 +617,11 @@ def main() -> int:
     parser.add_argument("--slow-s", type=float, default=FETCH_TIMEOUT_S + 1, help="delay of slow documents")
     parser.add_argument("--big-list", type=int, default=2000, help="thumbprints in a poison-big list")
     parser.add_argument("--time-limit-s", type=float, default=600, help="the attack stops after this long")
+    parser.add_argument(
+        "--fetches-per-s",
+        type=float,
+        help="the relay's verify.fetches_per_s (default: the relay's own default; 0: unbounded)",
+    )
     parser.add_argument("--quick", action="store_true", help="300 attacker requests, short quiet runs")
     parser.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     parser.add_argument("--serve-directories", action="store_true", help=argparse.SUPPRESS)

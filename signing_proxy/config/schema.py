@@ -116,6 +116,10 @@ class VerifyConfig:
     directory_cache_bytes: int = 8 * 1024 * 1024  # and at most this many bytes of them (memory, as charged)
     negative_cache_entries: int = 4096  # failed fetches remembered (with their reason only)
     keyid_refetch_s: int = 30  # an unknown keyid re-fetches its directory at most this often (rotation)
+    # fetches that requests may cause (a directory not cached, a keyid re-fetch), per second and in a
+    # burst; past them a request is refused 503 verifier-busy. 0: unbounded (strangers set the rate)
+    fetches_per_s: float = 20
+    fetch_burst: int = 100
     web_bot_auth: bool = True  # also accept the IETF web-bot-auth profile (false: the spec's only)
 
     def _check(self, path: str) -> None:
@@ -125,6 +129,11 @@ class VerifyConfig:
             positive(getattr(self, name), f"{path}.{name}")
         if self.skew_s < 0:
             raise ConfigError(f"{path}.skew_s: must be zero or more")
+        if isinstance(self.fetches_per_s, bool) or not isinstance(self.fetches_per_s, int | float):
+            raise ConfigError(f"{path}.fetches_per_s: must be a number")
+        if not 0 <= self.fetches_per_s < float("inf"):
+            raise ConfigError(f"{path}.fetches_per_s: must be zero (unbounded) or more")
+        positive(self.fetch_burst, f"{path}.fetch_burst")
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from ..net.egress import EgressPolicy
 from ..net.framing import Outgoing, drop_hop_by_hop, outgoing
 from ..verify.build import build_verifier
 from ..verify.revocation import RevocationPoller
-from ..verify.verifier import RequestVerifier, VerifierPolicy
+from ..verify.verifier import RequestVerifier, VerifierPolicy, refusal_answer
 from .pipeline import Signer, next_hop_target
 from .profiles import ProfileSelector, fresh_params
 
@@ -136,8 +136,9 @@ class RelayPipeline:
                 if self.signer.metrics is not None:
                     self.signer.metrics.verification_failure(exc.reason)
                 where = f" (label {exc.label!r})" if exc.label else ""
+                status, headers = refusal_answer(exc)
                 raise ProxyError(
-                    401, exc.reason, f"incoming signature refused{where}: {exc.detail}"
+                    status, exc.reason, f"incoming signature refused{where}: {exc.detail}", headers
                 ) from None
         labels = [e.label for e in entries]
         label = unique_label(self.label, labels)

@@ -2,9 +2,9 @@
 
 ``build_verifier`` wires a ``RequestVerifier`` the same way everywhere: directories (64 KiB) and
 revocation lists (4 MiB) fetched through the package's one client under an ``EgressPolicy`` (default:
-public https only), each bounded by ``egress.fetch_timeout_s``; caches and pollers bounded by
-``verify.*``; revocation lists polled every 300 s +/-10 % while their directory is cached, and
-failing closed until first fetched. Close it with ``await verifier.close()``.
+public https only), each bounded by ``egress.fetch_timeout_s``; caches, pollers and the fetches that
+requests may cause bounded by ``verify.*``; revocation lists polled every 300 s +/-10 % while their
+directory is cached, and failing closed until first fetched. Close it with ``await verifier.close()``.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from ..config import VerifyConfig
 from ..core.keys import MAX_DIRECTORY_BYTES
 from ..net.client import HttpClient
 from ..net.egress import EgressPolicy
+from .cache import TokenBucket
 from .directory import FETCH_TIMEOUT_S, DirectoryResolver, http_fetcher
 from .revocation import MAX_REVOCATION_LIST_BYTES, RevocationPoller
 from .verifier import RequestVerifier, VerifierPolicy
@@ -61,6 +62,9 @@ def build_verifier(
         max_bytes=limits.directory_cache_bytes,
         negative_entries=limits.negative_cache_entries,
         keyid_refetch_s=limits.keyid_refetch_s,
+        fetch_budget=(
+            TokenBucket(limits.fetches_per_s, limits.fetch_burst, clock) if limits.fetches_per_s else None
+        ),
         fetch_timeout_s=fetch_timeout_s,
     )
     poller = RevocationPoller(

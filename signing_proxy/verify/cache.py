@@ -1,8 +1,10 @@
-"""A least-recently-used map bounded by entries and by bytes, for state a stranger can make us keep.
+"""Bounds on what a stranger can make a verifier keep or do.
 
-Every insertion may evict the least recently used entries until both bounds hold again; the
-``on_evict`` callback hears of each removal (eviction or ``pop``) so that what hangs on an entry
-(a revocation poller) leaves with it (DESIGN section 7: every cache has a bound).
+``LruCache``: a least-recently-used map bounded by entries and by bytes. Every insertion may evict
+the least recently used entries until both bounds hold again; the ``on_evict`` callback hears of
+each removal (eviction or ``pop``) so that what hangs on an entry (a revocation poller) leaves with
+it (DESIGN section 7: every cache has a bound). ``TokenBucket``: a rate with a burst, for the
+fetches strangers' requests may cause.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
-__all__ = ["LruCache"]
+__all__ = ["LruCache", "TokenBucket"]
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -99,3 +101,29 @@ class LruCache(Generic[K, V]):
             key = next(iter(self._items))
             self.evictions += 1
             self.pop(key)
+
+
+class TokenBucket:
+    """``rate`` tokens per second, held up to ``burst``; ``take()`` spends one if there is one.
+
+    Starts full. A clock that steps back refills nothing (and takes nothing away).
+    """
+
+    __slots__ = ("_stamp", "_tokens", "burst", "clock", "rate")
+
+    def __init__(self, rate: float, burst: int, clock: Callable[[], float]) -> None:
+        self.rate = rate
+        self.burst = burst
+        self.clock = clock
+        self._tokens = float(burst)
+        self._stamp = clock()
+
+    def take(self) -> bool:
+        now = self.clock()
+        if now > self._stamp:
+            self._tokens = min(float(self.burst), self._tokens + (now - self._stamp) * self.rate)
+        self._stamp = max(self._stamp, now)
+        if self._tokens < 1.0:
+            return False
+        self._tokens -= 1.0
+        return True

@@ -7,7 +7,11 @@ response's ``Cache-Control`` max-age clamped between a floor and a ceiling in an
 entries and bytes, remembers failures briefly by their reason only (a bounded negative cache), keeps
 serving the last good copy when a refresh fails — a failed fetch is no evidence that a key was
 withdrawn — and re-fetches a cached directory for an unknown ``keyid`` at most once per
-``keyid_refetch_s`` (rotation). Fetches go through a ``Fetcher``: ``http_fetcher`` builds one on
+``keyid_refetch_s`` (rotation). The fetches a request can cause (a directory not cached, a
+re-fetch for an unknown ``keyid``) spend a token of ``fetch_budget`` (``verify.fetches_per_s``);
+without one the request is refused ``verifier-busy``, so strangers cannot make the verifier fetch
+from hosts they name at the rate they send. Refreshes of cached directories and configured broker
+directories spend none. Fetches go through a ``Fetcher``: ``http_fetcher`` builds one on
 ``net.client.HttpClient`` under an ``EgressPolicy`` (no redirects, bounded size and time); tests pass
 a fake. Revocation lists: ``verify.revocation``.
 """
@@ -30,9 +34,10 @@ from ..core.uri import parse_absolute_uri
 from ..errors import DirectoryError, EgressError, Error, ProxyError
 from ..net.client import HttpClient
 from ..net.egress import EgressPolicy
-from .cache import LruCache
+from .cache import LruCache, TokenBucket
 
 __all__ = [
+    "VERIFIER_BUSY",
     "DirectoryError",
     "DirectoryResolver",
     "FetchResult",
@@ -57,6 +62,7 @@ FETCH_TIMEOUT_S = 5.0  # our choice (config egress.fetch_timeout_s): one documen
 CACHE_ENTRIES = 1024  # config verify.directory_cache_entries
 CACHE_BYTES = 8 * 1024 * 1024  # config verify.directory_cache_bytes (a 2-key directory: ~4 KiB charged)
 NEGATIVE_ENTRIES = 4096  # config verify.negative_cache_entries
+VERIFIER_BUSY = "verifier-busy"  # the reason of a fetch refused for want of budget (answered 503)
 KEYID_REFETCH_S = 30.0  # config verify.keyid_refetch_s (issue 15: "at most once per 30 s")
 _MAX_AGE = re.compile(r"(?:^|[,\s])max-age\s*=\s*\"?(\d+)", re.IGNORECASE)
 
@@ -225,6 +231,7 @@ class DirectoryResolver:
     keyid_refetch_s: float = KEYID_REFETCH_S
     fetch_timeout_s: float = FETCH_TIMEOUT_S
     listeners: list[Callable[[str], None]] = field(default_factory=list)
+    fetch_budget: TokenBucket | None = None  # None: requests may cause fetches at any rate
     fetches: int = 0
     hits: int = 0
     _cache: LruCache[str, _Entry] = field(init=False, repr=False)
@@ -262,8 +269,11 @@ class DirectoryResolver:
             entry.extra = extra_bytes
             self._cache.resize(url, entry.size + extra_bytes)
 
-    async def get(self, base: str) -> Directory:
-        """The directory at ``base`` (a Signature-Agent value); raises DirectoryError."""
+    async def get(self, base: str, *, budgeted: bool = True) -> Directory:
+        """The directory at ``base`` (a Signature-Agent value); raises DirectoryError.
+
+        ``budgeted=False`` for a directory the configuration names (a broker's): its first fetch
+        spends no token of ``fetch_budget``."""
         pinned = self.pinned.get(base.rstrip("/"))
         if pinned is not None:
             return pinned
@@ -278,6 +288,8 @@ class DirectoryResolver:
             if failure is not None and now < failure.expires_at:
                 self.hits += 1
                 raise DirectoryError(failure.reason, f"{url} failed recently")
+            if budgeted:
+                self._spend(url)
         return await self._shared(url)
 
     async def refetch_for_keyid(self, base: str) -> Directory | None:
@@ -293,8 +305,13 @@ class DirectoryResolver:
             last = max(entry.fetched_at, entry.keyid_refetch_at)
             if self.clock() - last < self.keyid_refetch_s:
                 return None
+            self._spend(url)
             entry.keyid_refetch_at = self.clock()
         return await self._shared(url)
+
+    def _spend(self, url: str) -> None:
+        if self.fetch_budget is not None and not self.fetch_budget.take():
+            raise DirectoryError(VERIFIER_BUSY, f"{url}: no fetch budget left this second")
 
     async def close(self) -> None:
         """Cancel fetches in flight (their waiters get a DirectoryError)."""

@@ -49,7 +49,7 @@ from ..core.scopes import format_scope_list
 from ..core.signatures import VerifiedStack
 from .counters import CounterStore
 from .issuers import IssuerKeys
-from .verifier import SIGNATURE_CHALLENGE, RequestVerifier
+from .verifier import SIGNATURE_CHALLENGE, RequestVerifier, refusal_answer
 
 __all__ = [
     "DELEGATION_INVALID",
@@ -151,7 +151,8 @@ class GatewayVerifier:
             stack = await self.verifier.verify(method, target_uri, fields, body)
         except VerificationError as exc:
             where = f" (label {exc.label!r})" if exc.label else ""
-            raise GatewayRefusal(401, exc.reason, f"{exc.detail}{where}", (SIGNATURE_CHALLENGE,)) from None
+            status, headers = refusal_answer(exc)
+            raise GatewayRefusal(status, exc.reason, f"{exc.detail}{where}", headers) from None
         path = target_uri.split("://", 1)[-1]
         path = "/" + path.split("/", 1)[1] if "/" in path else "/"
         verdict = GatewayVerdict(stack)

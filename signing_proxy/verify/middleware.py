@@ -16,7 +16,7 @@ from ..core.errors import VerificationError
 from ..core.fields import Fields
 from ..core.signatures import VerifiedStack
 from ..errors import problem_body
-from .verifier import SIGNATURE_CHALLENGE, RequestVerifier
+from .verifier import RequestVerifier, refusal_answer
 
 __all__ = ["SIGNATURE", "Handler", "as_received", "refusal", "signature_middleware", "verify_aiohttp_request"]
 
@@ -68,11 +68,13 @@ def signature_middleware(
 
 
 def refusal(exc: VerificationError) -> web.Response:
-    """401 problem+json carrying the refusal reason (and the label it concerns)."""
+    """401 problem+json carrying the refusal reason (and the label it concerns); 503 with
+    ``Retry-After`` for ``verifier-busy``."""
     extra: dict[str, object] = {"label": exc.label} if exc.label else {}
+    status, headers = refusal_answer(exc)
     return web.Response(
-        status=401,
-        body=problem_body(401, exc.reason, exc.detail, **extra),
+        status=status,
+        body=problem_body(status, exc.reason, exc.detail, **extra),
         content_type="application/problem+json",
-        headers=dict([SIGNATURE_CHALLENGE]),
+        headers=dict(headers),
     )

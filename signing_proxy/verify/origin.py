@@ -3,7 +3,8 @@
 The tool to debug a deployment end to end: point a proxy (or a chain of relays) at it and each
 answer is JSON saying whether layer 1 verified, which labels and keyids signed, where each key was
 found, the exact signature bases — or the refusal reason and the label it concerns. The status is
-200 for a verified request and 401 for a refused one, so scripts can use it as a check.
+200 for a verified request and 401 for a refused one, so scripts can use it as a check (503 with
+``Retry-After`` when it had no budget left to fetch a new key directory: ``verify.fetches_per_s``).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from ..net.client import HttpClient
 from ..net.egress import EgressPolicy
 from .build import build_verifier
 from .middleware import verify_aiohttp_request
-from .verifier import RequestVerifier, VerifierPolicy, stack_summary
+from .verifier import RequestVerifier, VerifierPolicy, refusal_answer, stack_summary
 
 __all__ = ["build_verify_origin"]
 
@@ -63,10 +64,12 @@ def build_verify_origin(
             extra: dict[str, object] = {"verified": False, "method": request.method, "path": request.raw_path}
             if exc.label:
                 extra["label"] = exc.label
+            status, headers = refusal_answer(exc)
             return web.Response(
-                status=401,
-                body=problem_body(401, exc.reason, exc.detail, **extra),
+                status=status,
+                body=problem_body(status, exc.reason, exc.detail, **extra),
                 content_type="application/problem+json",
+                headers=dict(headers),
             )
         return web.json_response({**stack_summary(stack), "method": request.method, "path": request.raw_path})
 

@@ -38,16 +38,35 @@ from ..core.signatures import (
 from ..core.uri import parse_absolute_uri
 from ..errors import EgressError
 from ..net.egress import EgressPolicy
-from .directory import DirectoryError, DirectoryResolver, directory_url
+from .directory import VERIFIER_BUSY, DirectoryError, DirectoryResolver, directory_url
 from .revocation import RevocationPoller
 
-__all__ = ["PINNED", "SIGNATURE_CHALLENGE", "RequestVerifier", "VerifierPolicy", "stack_summary"]
+__all__ = [
+    "PINNED",
+    "SIGNATURE_CHALLENGE",
+    "RequestVerifier",
+    "VerifierPolicy",
+    "refusal_answer",
+    "stack_summary",
+]
 
 log = logging.getLogger("signing_proxy.verifier")
 
 PINNED = "pinned"  # the key source of pinned keys (no directory)
 # Every 401 for a signature names the scheme it wants (RFC 9110 section 11.6.1; the spec names none)
 SIGNATURE_CHALLENGE = ("WWW-Authenticate", 'Signature realm="signing-proxy"')
+BUSY_RETRY_AFTER = ("Retry-After", "1")  # verifier-busy: the fetch budget refills within a second
+
+
+def refusal_answer(exc: VerificationError) -> tuple[int, tuple[tuple[str, str], ...]]:
+    """Status and headers of a refused request's answer, the same in every verifier: 401 with the
+    Signature challenge, or 503 with ``Retry-After`` when the verifier had no budget left to fetch
+    the key directory the request needs (``verifier-busy``: nothing is wrong with the signature)."""
+    if exc.reason == VERIFIER_BUSY:
+        return 503, (BUSY_RETRY_AFTER,)
+    return 401, (SIGNATURE_CHALLENGE,)
+
+
 _FOREVER = (0, 2**62)
 
 
@@ -170,6 +189,8 @@ class RequestVerifier:
         try:
             directory = await self.resolver.get(base)
         except DirectoryError as exc:
+            if exc.reason == VERIFIER_BUSY:
+                raise _busy() from None
             log.debug("key directory of %.200r unavailable: %s", base, exc.reason)
             raise VerificationError(
                 "directory-unavailable", "the key directory named by Signature-Agent is unavailable"
@@ -183,7 +204,8 @@ class RequestVerifier:
             found.append(_Source(PINNED, None, Directory(pinned)))
         for base in self.policy.broker_directories:
             try:
-                found.append(_Source(base, directory_url(base), await self.resolver.get(base)))
+                directory = await self.resolver.get(base, budgeted=False)  # configured, not a stranger's
+                found.append(_Source(base, directory_url(base), directory))
             except DirectoryError as exc:
                 log.warning("broker directory %s unavailable: %s", base, exc.reason)
         return found
@@ -200,7 +222,9 @@ class RequestVerifier:
                 continue
             try:
                 fresh = await self.resolver.refetch_for_keyid(source.base)
-            except DirectoryError:
+            except DirectoryError as exc:
+                if exc.reason == VERIFIER_BUSY:
+                    raise _busy(entry.label) from None
                 continue
             key = fresh.lookup(keyid) if fresh is not None else None
             if fresh is not None and key is not None:
@@ -223,6 +247,12 @@ class RequestVerifier:
                 ) from None
             revoked = key.thumbprint in revoked_set  # a set lookup in this directory's set only
         return VerificationKey(key.public, key.not_before, key.not_after, revoked, source.base)
+
+
+def _busy(label: str | None = None) -> VerificationError:
+    return VerificationError(
+        VERIFIER_BUSY, "too many new key directories to fetch right now; retry shortly", label
+    )
 
 
 def stack_summary(stack: VerifiedStack) -> dict[str, object]:

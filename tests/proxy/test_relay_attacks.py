@@ -52,6 +52,14 @@ async def relay(tmp_path: Path, **sections: Any) -> AsyncIterator[tuple[int, Ver
 
 
 async def send(port: int, origin: VerifyingOrigin, agent: str, key: SigningKey) -> tuple[int, dict[str, Any]]:
+    status, _, doc = await exchange(port, origin, agent, key)
+    return status, doc
+
+
+async def exchange(
+    port: int, origin: VerifyingOrigin, agent: str, key: SigningKey
+) -> tuple[int, str, dict[str, Any]]:
+    """One signed request through the relay: status, response head, problem document."""
     url = origin.url("/x")
     fields = signed(agent, key, now=int(time.time()), url=url, body=BODY)
     head = f"POST {url} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {len(BODY)}\r\n"
@@ -61,9 +69,9 @@ async def send(port: int, origin: VerifyingOrigin, agent: str, key: SigningKey) 
     data = await asyncio.wait_for(reader.read(), WAIT_S)
     writer.close()
     await writer.wait_closed()
-    status_line, _, rest = data.partition(b"\r\n")
-    body = rest.partition(b"\r\n\r\n")[2]
-    return int(status_line.split(b" ", 2)[1]), json.loads(body) if body.startswith(b"{") else {}
+    head, _, body = data.partition(b"\r\n\r\n")
+    status = int(head.split(b" ", 2)[1])
+    return status, head.decode("latin-1"), json.loads(body) if body.startswith(b"{") else {}
 
 
 def publish(found: Host, key: SigningKey, *revoked: str) -> None:
@@ -107,3 +115,23 @@ async def test_relay_revocation_list_never_fetched_fails_closed(tmp_path: Path) 
         status, doc = await send(port, origin, f'"{victim.base}"', VICTIM)
         assert (status, doc.get("reason")) == (401, "revocation-unavailable"), doc
         assert origin.arrivals == []
+
+
+async def test_relay_fetches_caused_by_strangers_are_budgeted(tmp_path: Path) -> None:
+    # one new directory, then none for a long while: the second stranger's host is never contacted
+    sections = {
+        "egress": {"allow_private": ["127.0.0.1/32"]},
+        "verify": {"fetches_per_s": 0.001, "fetch_burst": 1},
+    }
+    async with host() as victim, host() as attacker, relay(tmp_path, **sections) as (port, origin):
+        publish(victim, VICTIM)
+        publish(attacker, ATTACKER)
+        status, _, doc = await exchange(port, origin, f'"{victim.base}"', VICTIM)
+        assert status == 200, doc
+        status, head, doc = await exchange(port, origin, f'"{attacker.base}"', ATTACKER)
+        assert (status, doc.get("reason")) == (503, "verifier-busy"), doc
+        assert "\r\nRetry-After: 1\r\n" in head
+        assert attacker.seen == []
+        status, _, doc = await exchange(port, origin, f'"{victim.base}"', VICTIM)
+        assert status == 200, doc  # a known agent is served from the cache
+        assert len(origin.arrivals) == 2

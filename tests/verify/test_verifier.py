@@ -35,6 +35,7 @@ from signing_proxy.verify import (
     directory_url,
     signature_middleware,
 )
+from signing_proxy.verify.cache import TokenBucket
 
 AGENT = SigningKey.from_seed(bytes(range(32)))
 BROKER = SigningKey.from_seed(bytes(range(1, 33)))
@@ -228,3 +229,23 @@ async def test_a_broker_known_by_a_pinned_key_needs_no_directory(exchange: Excha
     status, doc = await post(url, signed_headers(url, b"{}", broker=BROKER))
     assert status == 200, doc
     assert doc["sources"] == [AGENT_DIR, "pinned"]
+
+
+async def test_a_busy_verifier_answers_503_and_a_configured_broker_spends_no_budget(
+    exchange: Exchange,
+) -> None:
+    resolver = exchange.verifier.resolver
+    resolver.fetch_budget = TokenBucket(0.001, 1, time.time)  # one new directory, then none for ages
+    url = f"{exchange.url}/x"
+    status, doc = await post(url, signed_headers(url, b"{}", broker=BROKER))
+    assert status == 200, doc  # the agent's directory took the token; the broker's (configured) none
+    exchange.fetch.answers[directory_url("https://other.example")] = exchange.fetch.answers[
+        directory_url(AGENT_DIR)
+    ]
+    headers = signed_headers(url, b"{}", agent='"https://other.example"')
+    async with aiohttp.ClientSession() as session, session.post(url, data=b"{}", headers=headers) as resp:
+        assert resp.status == 503
+        assert resp.headers["Retry-After"] == "1"
+        assert (await resp.json(content_type=None))["reason"] == "verifier-busy"
+    status, doc = await post(url, signed_headers(url, b"{}", broker=BROKER))
+    assert status == 200, doc  # agents already known are served as before
