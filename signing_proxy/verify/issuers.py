@@ -62,7 +62,9 @@ class IssuerKeys:
                 log.info("issuer %.200r: its directory is not fetched (egress policy)", iss)
                 return ()
         try:
-            directory = await self.resolver.get(base)
+            # a directory the configuration names spends none of the budget of fetches that
+            # strangers' requests may cause; an issuer named only by a token spends one
+            directory = await self.resolver.get(base, budgeted=anchor is None)
             revoked: frozenset[str] | set[str] = frozenset()
             if directory.revocation_url is not None:
                 revoked = await self.revocations.ensure(directory_url(base), directory.revocation_url)

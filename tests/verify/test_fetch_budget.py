@@ -16,8 +16,10 @@ from signing_proxy.core.jwk import SigningKey
 from signing_proxy.verify import (
     DirectoryError,
     DirectoryResolver,
+    EgressPolicy,
     FetchResult,
     RequestVerifier,
+    RevocationPoller,
     VerificationError,
     VerifierPolicy,
     build_verifier,
@@ -25,6 +27,7 @@ from signing_proxy.verify import (
 )
 from signing_proxy.verify.cache import TokenBucket
 from signing_proxy.verify.directory import VERIFIER_BUSY
+from signing_proxy.verify.issuers import IssuerAnchor, IssuerKeys
 from signing_proxy.verify.verifier import SIGNATURE_CHALLENGE, refusal_answer
 from tests.verify.fakes import NOW, Clock
 from tests.verify.strangers import BODY, TARGET, CountingFetch, directory_doc, signed
@@ -140,3 +143,21 @@ async def test_the_budget_comes_from_the_configuration_and_zero_means_unbounded(
 
 def test_other_refusals_keep_401_and_the_signature_challenge() -> None:
     assert refusal_answer(VerificationError("bad-signature")) == (401, (SIGNATURE_CHALLENGE,))
+
+
+async def test_a_configured_issuer_spends_no_budget_and_a_token_named_one_does() -> None:
+    clock, fetch = Clock(), CountingFetch()
+    configured, named = agents(2)
+    world(fetch, configured, named)
+    budget = TokenBucket(0.001, 1, clock)
+    assert budget.take()  # none left
+    resolver = DirectoryResolver(fetch, clock=clock, fetch_budget=budget)
+    issuers = IssuerKeys(
+        resolver,
+        RevocationPoller(fetch, clock=clock),
+        EgressPolicy(),
+        trusted={"https://owner.example": IssuerAnchor(directory=configured)},
+    )
+    assert await issuers.keys_for("https://owner.example", NOW) == (KEY.public,)
+    assert await issuers.keys_for(named, NOW) == ()  # a stranger's issuer: no fetch without budget
+    assert fetch.calls == [directory_url(configured)]
