@@ -44,24 +44,32 @@ def write_key(tmp: Path, key: SigningKey, name: str) -> tuple[Path, Path]:
 
 
 @contextlib.contextmanager
-def naive(*args: str) -> Iterator[str]:
-    """bench/naive.py on a free port (port 0, read back): yields its proxy URL; stopped by PID."""
+def bench_script(script: str, *args: str, ready: str) -> Iterator[str]:
+    """bench/SCRIPT on port 0: yields the last word of its first line, which must start with
+    ``ready`` (its address, read back); stopped by PID."""
     proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "bench/naive.py"), *args],
+        [sys.executable, str(ROOT / "bench" / script), *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
     )
     try:
         assert proc.stdout is not None
-        line = proc.stdout.readline()  # "listening on http://127.0.0.1:PORT", or EOF if it died
-        assert line.startswith("listening on "), f"bench/naive.py did not start: {line!r}"
+        line = proc.stdout.readline()  # or EOF if it died
+        assert line.startswith(ready), f"bench/{script} did not start: {line!r}"
         yield line.split()[-1]
     finally:
         proc.terminate()
         proc.wait(WAIT_S)
         if proc.stdout is not None:
             proc.stdout.close()
+
+
+@contextlib.contextmanager
+def naive(*args: str) -> Iterator[str]:
+    """bench/naive.py: yields its proxy URL ("listening on http://127.0.0.1:PORT")."""
+    with bench_script("naive.py", *args, ready="listening on ") as url:
+        yield url
 
 
 def test_the_naive_signer_emits_what_both_verifiers_accept(tmp_path: Path) -> None:
@@ -135,30 +143,10 @@ def test_the_floor_forwards_each_request_whole_on_a_kept_alive_connection() -> N
 
 @contextlib.contextmanager
 def bench_origin(public_pem: Path) -> Iterator[str]:
-    """bench/origin.py on port 0 (read back), verifying with ``public_pem``: yields its URL."""
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            str(ROOT / "bench/origin.py"),
-            "--public-key-pem",
-            str(public_pem),
-            "--verify-every",
-            "1",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()  # "origin listening on PORT"
-        assert line.startswith("origin listening on "), f"bench/origin.py did not start: {line!r}"
-        yield f"http://127.0.0.1:{line.split()[-1]}"
-    finally:
-        proc.terminate()
-        proc.wait(WAIT_S)
-        if proc.stdout is not None:
-            proc.stdout.close()
+    """bench/origin.py verifying every request with ``public_pem``: yields its URL."""
+    args = ("--public-key-pem", str(public_pem), "--verify-every", "1")
+    with bench_script("origin.py", *args, ready="origin listening on ") as port:
+        yield f"http://127.0.0.1:{port}"
 
 
 def test_the_bench_origin_serves_its_key_for_the_gateway_row(tmp_path: Path) -> None:
