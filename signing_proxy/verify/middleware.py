@@ -1,7 +1,8 @@
 """The verifier on aiohttp: verify a request as received, and a middleware that refuses with 401.
 
 ``signature_middleware`` runs ``RequestVerifier.verify`` on the raw header lines, raw path and
-exact body of each request, answers a refusal with 401 problem+json carrying the stable reason,
+exact body of each request, answers a refusal with 401 problem+json carrying the stable reason
+(503 with ``Retry-After`` for ``verifier-busy``: no fetch budget left for a new key directory),
 and otherwise puts the ``VerifiedStack`` in ``request[SIGNATURE]`` — the only thing a handler
 should trust.
 """
@@ -49,7 +50,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 def signature_middleware(
     verifier: RequestVerifier, *, external_origin: str | None = None, exempt_paths: Sequence[str] = ()
 ) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
-    """aiohttp middleware: refuse unverified requests with 401 problem+json; else put the
+    """aiohttp middleware: refuse unverified requests with 401 problem+json (503 when busy); else put the
     ``VerifiedStack`` in ``request[SIGNATURE]`` for the handler (trust only that)."""
 
     @web.middleware
