@@ -5,7 +5,8 @@
      |    +-- FieldError           400  a header field that cannot be parsed or is not allowed
      |    +-- KeyFormatError       400  a key or directory entry that is malformed or not Ed25519
      |    +-- SigningError         500  we could not sign: never forwarded unsigned (fail closed)
-     |    +-- VerificationError    401  a signature stack refused by a rule of the spec
+     |    +-- VerificationError    401  a signature stack refused by a rule of the spec (503 for
+     |                                   ``verifier-busy``: no fetch budget left for a new directory)
      |    +-- DelegationError      403  a delegation chain refused
      |    +-- ManifestError        502  a publisher's manifest refused
      +-- ConfigError               the configuration refused; the message starts with the key path
@@ -42,6 +43,7 @@ from .core.errors import (
 )
 
 __all__ = [
+    "VERIFIER_BUSY",
     "CAError",
     "CliError",
     "ConfigError",
@@ -165,6 +167,10 @@ class CliError(Error):
 
 
 # The one map from an error's kind to the status a refusal answers with (most specific class first).
+# A verification or a directory fetch refused because the verifier may not fetch more new key
+# directories this second (verify.fetches_per_s): answered 503 with Retry-After, whatever its class
+VERIFIER_BUSY = "verifier-busy"
+
 _STATUS: tuple[tuple[type[Error], int], ...] = (
     (FieldError, 400),
     (KeyFormatError, 400),
@@ -184,6 +190,8 @@ def http_status(error: Error) -> int:
     """The HTTP status that answers ``error`` (a ``ProxyError`` carries its own)."""
     if isinstance(error, ProxyError):
         return error.status
+    if error.reason == VERIFIER_BUSY:  # capacity, not a verdict: the client may retry
+        return 503
     for kind, status in _STATUS:
         if isinstance(error, kind):
             return status

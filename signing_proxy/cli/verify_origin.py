@@ -90,7 +90,8 @@ def add_parsers(sub: Any) -> None:
         help="run an origin that verifies every request and answers the verdict as JSON",
         description="Verify each request's RFC 9421 signature stack per the spec (keys from the "
         "Signature-Agent directory, brokers' keys from --broker-directory) and answer 200 with the "
-        "labels, keyids, key sources and signature bases, or 401 problem+json with the refusal reason. "
+        "labels, keyids, key sources and signature bases, or 401 problem+json with the refusal reason "
+        "(503 when it may not fetch another new key directory this second: verify.fetches_per_s). "
         "Point a proxy or a chain of relays at it to debug a deployment end to end.",
     )
     p.add_argument("--listen", default="127.0.0.1:8090", metavar="HOST:PORT", help="default 127.0.0.1:8090")

@@ -44,11 +44,12 @@ def build_verifier(
     clock: Callable[[], float] = time.time,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     rand: Callable[[], float] = random.random,
+    monotonic: Callable[[], float] = time.monotonic,
 ) -> RequestVerifier:
     """A verifier fetching through ``client`` (default: a standalone one, closed with the verifier).
 
     ``policy`` defaults to ``limits``' skew and lifetime; ``clock``, ``sleep`` and ``rand`` drive the
-    signature window and the revocation schedule (tests inject them).
+    signature window and the revocation schedule, ``monotonic`` the fetch budget (tests inject them).
     """
     limits = limits if limits is not None else VerifyConfig()
     policy = policy if policy is not None else policy_from_config(limits)
@@ -63,7 +64,8 @@ def build_verifier(
         negative_entries=limits.negative_cache_entries,
         keyid_refetch_s=limits.keyid_refetch_s,
         fetch_budget=(
-            TokenBucket(limits.fetches_per_s, limits.fetch_burst, clock) if limits.fetches_per_s else None
+            # a monotonic clock: a wall clock stepped back would stop the refill for as long
+            TokenBucket(limits.fetches_per_s, limits.fetch_burst, monotonic) if limits.fetches_per_s else None
         ),
         fetch_timeout_s=fetch_timeout_s,
     )

@@ -159,10 +159,10 @@ class DeliveryVerifier:
         unavailable = 0
         for base in self.policy.exchange_directories:
             try:
-                directory = await resolver.get(base)
+                directory = await resolver.get(base, budgeted=False)  # configured, not a stranger's
                 key = directory.lookup(bound.keyid)
                 if key is None:  # a key the exchange rotated in since we cached its directory
-                    fresh = await resolver.refetch_for_keyid(base)
+                    fresh = await resolver.refetch_for_keyid(base, budgeted=False)
                     directory = fresh if fresh is not None else directory
                     key = directory.lookup(bound.keyid)
             except DirectoryError as exc:

@@ -10,10 +10,11 @@ withdrawn — and re-fetches a cached directory for an unknown ``keyid`` at most
 ``keyid_refetch_s`` (rotation). The fetches a request can cause (a directory not cached, a
 re-fetch for an unknown ``keyid``) spend a token of ``fetch_budget`` (``verify.fetches_per_s``);
 without one the request is refused ``verifier-busy``, so strangers cannot make the verifier fetch
-from hosts they name at the rate they send. Refreshes of cached directories and configured broker
-directories spend none. Fetches go through a ``Fetcher``: ``http_fetcher`` builds one on
-``net.client.HttpClient`` under an ``EgressPolicy`` (no redirects, bounded size and time); tests pass
-a fake. Revocation lists: ``verify.revocation``.
+from hosts they name at the rate they send (a new directory's revocation list, fetched once with
+it, rides on its token). Refreshes of cached directories, directories the configuration names and
+directories that verified a signature lately (``vouch``) spend none. Fetches go through a
+``Fetcher``: ``http_fetcher`` builds one on ``net.client.HttpClient`` under an ``EgressPolicy`` (no
+redirects, bounded size and time); tests pass a fake. Revocation lists: ``verify.revocation``.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from ..core.errors import KeyFormatError
 from ..core.fields import Fields
 from ..core.keys import DIRECTORY_PATH, MAX_DIRECTORY_BYTES, Directory, parse_directory
 from ..core.uri import parse_absolute_uri
-from ..errors import DirectoryError, EgressError, Error, ProxyError
+from ..errors import VERIFIER_BUSY, DirectoryError, EgressError, Error, ProxyError
 from ..net.client import HttpClient
 from ..net.egress import EgressPolicy
 from .cache import LruCache, TokenBucket
@@ -62,7 +63,7 @@ FETCH_TIMEOUT_S = 5.0  # our choice (config egress.fetch_timeout_s): one documen
 CACHE_ENTRIES = 1024  # config verify.directory_cache_entries
 CACHE_BYTES = 8 * 1024 * 1024  # config verify.directory_cache_bytes (a 2-key directory: ~4 KiB charged)
 NEGATIVE_ENTRIES = 4096  # config verify.negative_cache_entries
-VERIFIER_BUSY = "verifier-busy"  # the reason of a fetch refused for want of budget (answered 503)
+VOUCHED_ENTRIES = 4096  # directories that verified a signature lately: re-fetched without budget
 KEYID_REFETCH_S = 30.0  # config verify.keyid_refetch_s (issue 15: "at most once per 30 s")
 _MAX_AGE = re.compile(r"(?:^|[,\s])max-age\s*=\s*\"?(\d+)", re.IGNORECASE)
 
@@ -236,12 +237,14 @@ class DirectoryResolver:
     hits: int = 0
     _cache: LruCache[str, _Entry] = field(init=False, repr=False)
     _negative: LruCache[str, _Failure] = field(init=False, repr=False)
+    _vouched: LruCache[str, None] = field(init=False, repr=False)
     _inflight: dict[str, asyncio.Task[Directory]] = field(init=False, repr=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         self.pinned = {base.rstrip("/"): d for base, d in self.pinned.items()}
         self._cache = LruCache(self.max_entries, self.max_bytes, on_evict=self._evicted)
         self._negative = LruCache(self.negative_entries)
+        self._vouched = LruCache(VOUCHED_ENTRIES)
 
     def __len__(self) -> int:
         """Directories cached (pinned ones not counted)."""
@@ -288,13 +291,20 @@ class DirectoryResolver:
             if failure is not None and now < failure.expires_at:
                 self.hits += 1
                 raise DirectoryError(failure.reason, f"{url} failed recently")
-            if budgeted:
+            if budgeted and url not in self._vouched:
                 self._spend(url)
         return await self._shared(url)
 
-    async def refetch_for_keyid(self, base: str) -> Directory | None:
+    def vouch(self, url: str) -> None:
+        """A signature just verified with a key of the directory at ``url``: should strangers'
+        directories push it out of the (byte-bounded) cache, it comes back without budget. Strangers
+        can add theirs only by verifying, one budgeted fetch each; the least recently vouched go."""
+        self._vouched.put(url, None)
+
+    async def refetch_for_keyid(self, base: str, *, budgeted: bool = True) -> Directory | None:
         """Re-fetch a cached directory that lacks a signature's ``keyid`` (a key rotated in), at most
-        once per ``keyid_refetch_s``; None when not cached, pinned or refetched too recently."""
+        once per ``keyid_refetch_s``; None when not cached, pinned or refetched too recently.
+        ``budgeted=False`` for a directory the configuration names."""
         if self.is_pinned(base):
             return None
         url = directory_url(base)
@@ -305,7 +315,8 @@ class DirectoryResolver:
             last = max(entry.fetched_at, entry.keyid_refetch_at)
             if self.clock() - last < self.keyid_refetch_s:
                 return None
-            self._spend(url)
+            if budgeted:
+                self._spend(url)
             entry.keyid_refetch_at = self.clock()
         return await self._shared(url)
 

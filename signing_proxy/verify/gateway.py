@@ -3,12 +3,14 @@
 ``GatewayVerifier.check`` runs, each step only if the previous one passed:
 
 1. **Signatures** (``RequestVerifier``: every label, each later one covering the previous one, keys
-   from each signer's directory, revocation, windows, ``Content-Digest``, the hop cap). 401.
+   from each signer's directory, revocation, windows, ``Content-Digest``, the hop cap). 401 (503
+   ``verifier-busy`` with ``Retry-After`` when a new key directory is past ``verify.fetches_per_s``).
 2. **Requester ingest** for exchange calls (``core.gateway_ingest``). 400.
 3. **Delegation** when ``requester.delegation`` is present: the chain verified offline against the
    issuer's keys (``IssuerKeys``, grace included), bound to the terminal holder (the agent, or a
    broker the agent delegated to by a child JWT: spec "Multi-hop forwarding" rule 5), mirrors never
-   wider than the claims. 403 ``DENIAL_REASON_DELEGATION_INVALID``.
+   wider than the claims. 403 ``DENIAL_REASON_DELEGATION_INVALID`` (503 ``verifier-busy`` when the
+   issuer's directory would need the exhausted fetch budget).
 4. **Quota**: the chain's ``max_accesses`` within ``quota_period`` (lifetime when absent), counted
    atomically in the ``CounterStore`` per authority JWT and holder. 429
    ``DENIAL_REASON_QUOTA_EXCEEDED`` with ``Retry-After`` at the window's end.
@@ -47,6 +49,7 @@ from ..core.gateway_ingest import (
 )
 from ..core.scopes import format_scope_list
 from ..core.signatures import VerifiedStack
+from ..errors import DirectoryError
 from .counters import CounterStore
 from .issuers import IssuerKeys
 from .verifier import SIGNATURE_CHALLENGE, RequestVerifier, refusal_answer
@@ -190,6 +193,10 @@ class GatewayVerifier:
         except DelegationError as exc:
             log.info("delegation refused: %s %s", exc.reason, exc.detail)
             raise GatewayRefusal(403, DELEGATION_INVALID, f"{exc.reason}: {exc.detail}") from None
+        except DirectoryError as exc:  # only verifier-busy leaves IssuerKeys: the token is not judged
+            status, headers = refusal_answer(VerificationError(exc.reason))
+            detail = "the delegation issuer's key directory cannot be fetched right now; retry shortly"
+            raise GatewayRefusal(status, exc.reason, detail, headers) from None
         return GatewayVerdict(stack, requester, chain, holder), mirror
 
     async def _verify_chain(

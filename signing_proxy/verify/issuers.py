@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from ..core.jwk import PublicKey
 from ..errors import DirectoryError, EgressError
 from ..net.egress import EgressPolicy
-from .directory import DirectoryResolver, directory_url
+from .directory import VERIFIER_BUSY, DirectoryResolver, directory_url
 from .revocation import RevocationPoller
 
 __all__ = ["IssuerAnchor", "IssuerKeys"]
@@ -46,7 +46,8 @@ class IssuerKeys:
     trusted_only: bool = False  # refuse issuers not in ``trusted`` instead of fetching their directory
 
     async def keys_for(self, iss: str, now: float) -> tuple[PublicKey, ...]:
-        """The anchors of ``iss``; empty when it has none (the chain is then refused)."""
+        """The anchors of ``iss``; empty when it has none (the chain is then refused). Raises
+        DirectoryError ``verifier-busy`` when its directory would be fetched but the budget is out."""
         anchor = self.trusted.get(iss)
         if anchor is not None and anchor.keys:
             return anchor.keys
@@ -69,6 +70,8 @@ class IssuerKeys:
             if directory.revocation_url is not None:
                 revoked = await self.revocations.ensure(directory_url(base), directory.revocation_url)
         except DirectoryError as exc:
+            if exc.reason == VERIFIER_BUSY:
+                raise  # no budget to fetch it now: the caller answers "retry", not "refused"
             log.info("issuer %.200r: key directory unavailable (%s)", iss, exc.reason)
             return ()
         return tuple(

@@ -18,6 +18,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from http import HTTPStatus
 
 from ..core.errors import FieldError, VerificationError
 from ..core.fields import Fields
@@ -36,7 +37,7 @@ from ..core.signatures import (
     VerifiedStack,
 )
 from ..core.uri import parse_absolute_uri
-from ..errors import EgressError
+from ..errors import EgressError, http_status
 from ..net.egress import EgressPolicy
 from .directory import VERIFIER_BUSY, DirectoryError, DirectoryResolver, directory_url
 from .revocation import RevocationPoller
@@ -62,7 +63,7 @@ def refusal_answer(exc: VerificationError) -> tuple[int, tuple[tuple[str, str], 
     """Status and headers of a refused request's answer, the same in every verifier: 401 with the
     Signature challenge, or 503 with ``Retry-After`` when the verifier had no budget left to fetch
     the key directory the request needs (``verifier-busy``: nothing is wrong with the signature)."""
-    if exc.reason == VERIFIER_BUSY:
+    if http_status(exc) == HTTPStatus.SERVICE_UNAVAILABLE:  # verifier-busy
         return 503, (BUSY_RETRY_AFTER,)
     return 401, (SIGNATURE_CHALLENGE,)
 
@@ -167,11 +168,16 @@ class RequestVerifier:
         )
         agent = await self._agent_sources(checked.directory)
         brokers = await self._broker_sources() if len(checked.entries) > 1 else []
-        keys = [
-            await self._key_for(entry, keyid, agent if index == 0 else brokers)
+        keys = [  # the agent's directory is a stranger's word (budgeted); brokers' are configured
+            await self._key_for(entry, keyid, agent, budgeted=True)
+            if index == 0
+            else await self._key_for(entry, keyid, brokers, budgeted=False)
             for index, (entry, keyid, *_rest) in enumerate(checked.entries)
         ]
-        return verify_checked(checked, lambda _entry, index: keys[index], now=now)
+        stack = verify_checked(checked, lambda _entry, index: keys[index], now=now)
+        if agent and agent[0].url is not None:
+            self.resolver.vouch(agent[0].url)
+        return stack
 
     async def _agent_sources(self, base: str | None) -> list[_Source]:
         if base is None:
@@ -211,7 +217,7 @@ class RequestVerifier:
         return found
 
     async def _key_for(
-        self, entry: SignatureEntry, keyid: str, sources: list[_Source]
+        self, entry: SignatureEntry, keyid: str, sources: list[_Source], *, budgeted: bool
     ) -> VerificationKey | None:
         for source in sources:
             key = source.directory.lookup(keyid)
@@ -221,7 +227,7 @@ class RequestVerifier:
             if source.url is None:
                 continue
             try:
-                fresh = await self.resolver.refetch_for_keyid(source.base)
+                fresh = await self.resolver.refetch_for_keyid(source.base, budgeted=budgeted)
             except DirectoryError as exc:
                 if exc.reason == VERIFIER_BUSY:
                     raise _busy(entry.label) from None

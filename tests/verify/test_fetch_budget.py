@@ -9,6 +9,8 @@ broker directories need no token (fake fetcher and clock).
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from signing_proxy.config import ConfigError, parse_config
@@ -159,5 +161,51 @@ async def test_a_configured_issuer_spends_no_budget_and_a_token_named_one_does()
         trusted={"https://owner.example": IssuerAnchor(directory=configured)},
     )
     assert await issuers.keys_for("https://owner.example", NOW) == (KEY.public,)
-    assert await issuers.keys_for(named, NOW) == ()  # a stranger's issuer: no fetch without budget
+    with pytest.raises(DirectoryError) as err:  # a stranger's issuer: no fetch without budget
+        await issuers.keys_for(named, NOW)
+    assert err.value.reason == VERIFIER_BUSY
     assert fetch.calls == [directory_url(configured)]
+
+
+async def test_an_agent_that_verified_comes_back_without_budget_after_strangers_evicted_it() -> None:
+    # strangers' directories can push a known agent's out of the byte-bounded cache; having
+    # verified a signature lately, it is fetched again without a token, and a new one is still refused
+    clock, fetch = Clock(), CountingFetch()
+    known, first, second, new = agents(4)
+    world(fetch, known, first, second, new)
+    resolver = DirectoryResolver(fetch, clock=clock, max_entries=2, fetch_budget=TokenBucket(0.001, 3, clock))
+    verifier = RequestVerifier(resolver, clock=clock)
+    await verifier.verify("POST", TARGET, signed(f'"{known}"', KEY, now=NOW), BODY)
+    for stranger in (first, second):  # the last two tokens; the known agent's entry is evicted
+        await resolver.get(stranger)
+    assert not resolver.holds(directory_url(known))
+    stack = await verifier.verify("POST", TARGET, signed(f'"{known}"', KEY, now=NOW), BODY)
+    assert stack.agent.keyid == KEY.thumbprint
+    assert fetch.calls.count(directory_url(known)) == 2
+    with pytest.raises(VerificationError) as err:
+        await verifier.verify("POST", TARGET, signed(f'"{new}"', KEY, now=NOW), BODY)
+    assert err.value.reason == VERIFIER_BUSY
+    await verifier.close()
+
+
+async def test_a_configured_directorys_keyid_refetch_spends_no_budget() -> None:
+    clock, fetch = Clock(), CountingFetch()
+    (broker,) = agents(1)
+    world(fetch, broker)
+    budget = TokenBucket(0.001, 1, clock)
+    resolver = DirectoryResolver(fetch, clock=clock, fetch_budget=budget)
+    await resolver.get(broker, budgeted=False)
+    assert budget.take()  # none left
+    clock.now += 30
+    with pytest.raises(DirectoryError):
+        await resolver.refetch_for_keyid(broker)  # as for a stranger's: refused
+    assert await resolver.refetch_for_keyid(broker, budgeted=False) is not None
+    assert fetch.calls == [directory_url(broker)] * 2
+
+
+async def test_the_budget_runs_on_a_monotonic_clock() -> None:
+    verifier = build_verifier(limits=parse_config({}).verify)
+    budget = verifier.resolver.fetch_budget
+    assert budget is not None
+    assert budget.clock is time.monotonic  # a wall clock stepped back would stop the refill
+    await verifier.close()

@@ -21,6 +21,7 @@ from signing_proxy.core.jws import sign_jwt
 from signing_proxy.core.keys import Directory, DirectoryKey, render_directory
 from signing_proxy.core.requester import DelegationDoc, RequesterDoc
 from signing_proxy.verify import DirectoryResolver, FetchResult, RequestVerifier, RevocationPoller
+from signing_proxy.verify.cache import TokenBucket
 from signing_proxy.verify.counters import SqliteCounterStore, Taken
 from signing_proxy.verify.gateway import (
     DELEGATION_INVALID,
@@ -321,3 +322,18 @@ async def test_an_unreachable_redis_store_fails_closed(world: World) -> None:
         assert world.gateway.store is not None
         await world.gateway.store.close()
         world.gateway.store = store
+
+
+async def test_an_issuer_directory_past_the_fetch_budget_is_503_not_a_refused_token(world: World) -> None:
+    # the issuer's directory is named only by the token: it needs a token of the budget, and with
+    # none left the answer is "retry", not DELEGATION_INVALID
+    resolver = world.gateway.verifier.resolver
+    budget = TokenBucket(0.001, 2, world.clock)
+    resolver.fetch_budget = budget
+    await world.check(b"{}", url="https://exchange.example/feed")  # the agent's directory: a token
+    assert budget.take()  # the last one
+    refusal = await world.refused(world.body(world.chain()))
+    assert (refusal.status, refusal.reason) == (503, "verifier-busy")
+    assert dict(refusal.headers)["Retry-After"] == "1"
+    world.clock.now += 1000  # a token again
+    assert (await world.check(world.body(world.chain()))).delegation is not None
