@@ -28,6 +28,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any, Protocol
 
 from ..config import DiscoveryConfig
@@ -197,7 +198,11 @@ class Discovery:
 
     # --- in the response path, at the head of every 403 (synchronous) ---
     def holds(self, head: ResponseHead, target: Target) -> bool:
-        """True when ``follow`` takes this 403 over; ``passthrough`` adds its Link to ``head`` instead."""
+        """True when ``follow`` takes this 403 over; ``passthrough`` adds its Link to ``head`` instead.
+        Any other status passes untouched: ``X-Content-Rules`` means discovery on a 403 only (spec
+        Errors: "Status 403 with header X-Content-Rules")."""
+        if head.status != HTTPStatus.FORBIDDEN:
+            return False
         mode = self.config.mode
         rules = content_rules(head) if mode != "off" else None
         if rules is None:

@@ -176,6 +176,9 @@ class Publisher:
             rules = request.query["url"]
         elif request.path == "/forbidden":
             return web.Response(status=403, body=EDGE_BODY, content_type="text/html")
+        elif request.path == "/served-with-rules":  # not a refusal: the rules header means nothing
+            headers = {"X-Content-Rules": self.manifest_url("v1.0")}
+            return web.Response(status=200, body=EDGE_BODY, content_type="text/html", headers=headers)
         elif request.path == "/huge":  # a 403 whose body is larger than the proxy drains
             headers = {"X-Content-Rules": self.manifest_url("huge")}
             return web.Response(status=403, body=b"x" * HUGE_BODY_BYTES, headers=headers)

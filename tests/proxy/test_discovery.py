@@ -306,6 +306,20 @@ def test_off_and_passthrough_keep_the_edge_body(
     assert publisher.fetches("v1.0") == 0  # neither mode fetches anything
 
 
+@pytest.mark.parametrize("mode", ["follow", "passthrough"])
+def test_only_a_403_with_content_rules_is_discovery(
+    mode: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, publisher: Publisher
+) -> None:
+    # spec Errors: "Status 403 with header X-Content-Rules"; on any other status it is the origin's
+    # header, forwarded as it came, and nothing is fetched
+    with start_proxy(tmp_path, mode=mode) as process, proxy_env(monkeypatch, process.url):
+        r = get(publisher.edge.url("/served-with-rules"))
+    assert (r.status_code, r.content) == (200, EDGE_BODY)
+    assert r.headers["X-Content-Rules"] == publisher.manifest_url("v1.0")
+    assert "Link" not in r.headers
+    assert publisher.fetches("v1.0") == 0
+
+
 # --- end to end: refused, then offers from the authorized exchange ---------------------------------
 
 
