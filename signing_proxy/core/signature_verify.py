@@ -25,6 +25,7 @@ from typing import Any
 from .digest import verify_content_digest
 from .errors import FieldError, SigningError, VerificationError
 from .fields import Fields
+from .gateway_ingest import exchange_method
 from .jwk import PublicKey
 from .keys import is_thumbprint
 from .profiles import SVC, WEB_MAX_VALIDITY_S, check_web_components, entry_profile, web_signature_agent
@@ -346,6 +347,14 @@ def check_stack(
     if profile is not SVC and not (allow_web and tuple(required) == SPEC_COMPONENTS):
         raise VerificationError(
             "unsupported-tag", "only the spec's profile is accepted here", entries[0].label
+        )
+    if profile is not SVC and exchange_method(message.method, message.target.path) is not None:
+        # spec "Request signature": an exchange call covers exactly the five components; a
+        # web-bot-auth label binds the authority only, so method, target and body would go unsigned
+        raise VerificationError(
+            "exchange-call-profile",
+            "an exchange call must be signed under the spec's profile, not web-bot-auth",
+            entries[0].label,
         )
     for entry in entries[1:]:
         if entry_profile(entry.param("tag"), entry.label) is not profile:

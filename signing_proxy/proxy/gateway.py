@@ -76,6 +76,7 @@ class GatewayPipeline:
             VerifierPolicy(
                 skew_s=config.verify.skew_s,
                 max_validity_s=config.verify.max_validity_s,
+                web_bot_auth=config.verify.web_bot_auth,
                 max_hops=section.max_hops,
                 broker_directories=section.broker_directories,
             ),

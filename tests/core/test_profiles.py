@@ -373,3 +373,19 @@ def test_web_refuses_a_legacy_signature_agent_that_is_not_a_string() -> None:
     message.fields.add("Signature-Agent", "https://agent.example")  # a bare URL: not an sf-String
     _resign(message, (Component("@authority"), Component("signature-agent")), WEB_PARAMS)
     assert _refusal(message) == "malformed-signature-agent"
+
+
+def test_an_exchange_call_signed_under_web_bot_auth_is_refused_before_any_key() -> None:
+    # a web-bot-auth label covers the authority only: signed as a GET, the same headers would
+    # otherwise pass as a POST to an exchange method with a body nobody signed (spec "Request
+    # signature": an exchange call covers exactly the five components)
+    signed_get = _signed()
+    call = Message(
+        "POST",
+        parse_absolute_uri("https://example.com/v1/svc.v1.ExchangeService/DiscoverResources"),
+        signed_get.fields,
+    )
+    with pytest.raises(VerificationError) as err:
+        verify_stack(call, b'{"ver":"1.0"}', lambda *_: pytest.fail("no key is looked up"), now=NOW + 1)
+    assert err.value.reason == "exchange-call-profile"
+    assert _verify(signed_get).profile == "web-bot-auth"  # the same label elsewhere: the profile's rules

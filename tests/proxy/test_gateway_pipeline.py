@@ -55,3 +55,21 @@ def test_the_backend_is_an_origin(tmp_path: Path) -> None:
         GatewayPipeline(config(tmp_path, upstream="http://127.0.0.1:9000/api"))
     with pytest.raises(ConfigError, match="exchange_domain"):
         config(tmp_path, providers=["pub.example"])
+
+
+@pytest.mark.parametrize("accepted", [True, False])
+async def test_the_gateway_takes_the_verify_sections_profile_switch(tmp_path: Path, accepted: bool) -> None:
+    raw = {
+        "mode": "gateway",
+        "data_dir": str(tmp_path),
+        "gateway": {"upstream": "http://127.0.0.1:9000"},
+        "verify": {"web_bot_auth": accepted, "fetches_per_s": 7},
+    }
+    pipeline = GatewayPipeline(parse_config(raw))
+    try:
+        verifier = pipeline.verifier.verifier
+        assert verifier.policy.web_bot_auth is accepted
+        assert verifier.resolver.fetch_budget is not None
+        assert verifier.resolver.fetch_budget.rate == 7
+    finally:
+        await pipeline.close()
