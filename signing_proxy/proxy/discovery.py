@@ -123,7 +123,7 @@ class Fetch(Protocol):
 class RequesterSource(Protocol):
     """The proxy's requester injection (``proxy.requester``): the proto-JSON Requester for exchange calls."""
 
-    def document(self) -> dict[str, Any]: ...
+    def document(self, *, delegation: bool = True) -> dict[str, Any]: ...
 
     def is_exchange_call(self, method: str, target: Target) -> bool: ...
 
@@ -354,10 +354,13 @@ class Discovery:
             out["requester"] = "not-configured"
             out["note"] = "no requester is configured: DiscoverResources was sent without one"
         elif not source.is_exchange_call("POST", parse_absolute_uri(url)):
-            # the Requester (and its delegation) goes only where the operator sends it
-            out["requester"] = "not-sent"
+            # the spec sends the Requester in every request; its delegation goes only where the
+            # operator sends it (requester.exchanges)
+            body["requester"] = source.document(delegation=False)
+            out["requester"] = "sent-without-delegation"
             out["note"] = (
-                f"{exchange.endpoint} is not in requester.exchanges: DiscoverResources was sent without one"
+                f"{exchange.endpoint} is not in requester.exchanges: the Requester was sent without "
+                "its delegation"
             )
         else:
             try:

@@ -122,14 +122,20 @@ class RequesterInjector:
             ext_critical=c.ext_critical,
         )
 
-    def document(self) -> dict[str, Any]:
+    def document(self, *, delegation: bool = True) -> dict[str, Any]:
         """The proto-JSON Requester as it is sent now (a fresh copy).
 
         Raises ProxyError 503 when the delegation cannot be sent now (expired, or bound to a key
         that no longer signs): a caller building its own exchange body fails closed like injection.
+        ``delegation=False``: the Requester without its ``delegation`` member (never checked then),
+        for an exchange the operator did not list in ``requester.exchanges``.
         """
+        doc: dict[str, Any] = json.loads(self._member_json)
+        if not delegation:
+            doc.pop("delegation", None)
+            return doc
         self._check_live(self.clock())
-        return copy.deepcopy(json.loads(self._member_json))
+        return copy.deepcopy(doc)
 
     # --- which requests ---
     def is_exchange_call(self, method: str, target: Target) -> bool:

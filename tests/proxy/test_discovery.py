@@ -362,6 +362,7 @@ def test_discover_resources_carries_the_configured_requester(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, publisher: Publisher
 ) -> None:
     requester = {"id": "agent-7", "domain": "agent.example", "type": "REQUESTER_TYPE_AGENT"}
+    in_order = ["ver", "exchange", "requester", "uris", "acceptable_restrictions"]
     for exchanges, sent in (([publisher.exchange_endpoint], True), (["https://other.example/v1"], False)):
         publisher.clear()
         config = {
@@ -373,14 +374,13 @@ def test_discover_resources_carries_the_configured_requester(
             r = get(publisher.refused("v1.0"))
         found = r.json()["discover_resources"]
         [call] = publisher.discover_calls
+        assert list(call) == in_order  # the spec: the Requester is sent in every request
+        assert call["requester"] == requester
         if sent:
             assert found["requester"] == "sent"
-            assert list(call) == ["ver", "exchange", "requester", "uris", "acceptable_restrictions"]
-            assert call["requester"] == requester
-        else:  # the Requester goes only to the exchanges the operator lists
-            assert found["requester"] == "not-sent"
+        else:  # a delegation would go only to the exchanges the operator lists
+            assert found["requester"] == "sent-without-delegation"
             assert "requester.exchanges" in found["note"]
-            assert "requester" not in call
         assert found["status"] == 200
 
 
