@@ -5,11 +5,12 @@ A list applies only to the keys of the directory that names it (DESIGN section 7
 directory can name anyone's thumbprints and change nothing for anyone else. ``RevocationPoller``
 keeps, per directory URL, the set its ``revocation_url`` served: each successful poll replaces it
 (spec "Key publication, rotation and revocation" 3), except that a thumbprint this directory's list
-once named stays refused for this directory while it is cached (spec "States and transitions": "a
-revoked thumbprint stays revoked"). A directory whose list was never fetched fails closed
-(``revocation-unavailable``), retried at most every ``retry_s``; a failed later poll keeps the last
-set. Each tracked directory is polled every 300 s +/-10 % with an injected clock, sleep and random
-source, and forgotten (poller cancelled) when the resolver drops the directory.
+once named stays refused for this directory (spec "States and transitions": "a revoked thumbprint
+stays revoked"), also after the directory left the cache and came back: sets of directories that
+left are kept aside, for 4,096 directories and 16 MiB at most. A directory whose list was never
+fetched fails closed (``revocation-unavailable``), retried at most every ``retry_s``; a failed later
+poll keeps the last set. Each tracked directory is polled every 300 s +/-10 % with an injected
+clock, sleep and random source, and its poller cancelled when the resolver drops the directory.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 
 from ..core.keys import RevocationList, merge_revocation_lists, next_poll_delay, parse_revocation_list
 from ..errors import DirectoryError
+from .cache import LruCache
 from .directory import FETCH_TIMEOUT_S, NEGATIVE_TTL_S, DirectoryResolver, Fetcher, fetch_parsed, settle
 
 __all__ = ["MAX_REVOCATION_LIST_BYTES", "MAX_REVOKED_PER_DIRECTORY", "RevocationPoller"]
@@ -33,6 +35,10 @@ MAX_REVOCATION_LIST_BYTES = 4 * 1024 * 1024  # issue 15: "revocation lists up to
 _THUMBPRINT_BYTES = 46  # the fewest bytes one entry takes on the wire: 43 characters, quotes, comma
 REVOKED_ENTRY_COST = 160  # measured: what one revoked thumbprint costs in memory (str + set slot), charged
 MAX_REVOKED_PER_DIRECTORY = MAX_REVOCATION_LIST_BYTES // _THUMBPRINT_BYTES  # what a 4 MiB list can name
+# A directory leaving the cache keeps what its lists revoked, here, for when it comes back (spec: "a
+# revoked thumbprint stays revoked"); bounded like every store a stranger can fill, oldest dropped
+RETIRED_DIRECTORIES = 4096
+RETIRED_BYTES = 16 * 1024 * 1024  # as charged: REVOKED_ENTRY_COST per thumbprint
 
 
 def parse_bounded_list(body: bytes) -> RevocationList:
@@ -71,6 +77,10 @@ class RevocationPoller:
     charge: Callable[[str, int], None] = lambda _url, _bytes: None  # count a set's bytes against it
     polls: int = 0
     _states: dict[str, _State] = field(default_factory=dict)
+    # revoked sets of directories that left the cache (non-empty ones only)
+    _retired: LruCache[str, RevocationList] = field(
+        default_factory=lambda: LruCache(RETIRED_DIRECTORIES, RETIRED_BYTES)
+    )
 
     def attach(self, resolver: DirectoryResolver) -> None:
         """Track only directories ``resolver`` holds, charge their sets to it, forget what it drops."""
@@ -126,17 +136,23 @@ class RevocationPoller:
     def _state_for(self, directory_url: str, revocation_url: str) -> _State:
         state = self._states.get(directory_url)
         if state is None:
-            state = _State(revocation_url)
+            # what its lists revoked before it left the cache stays revoked (the list is still
+            # fetched before its keys are trusted)
+            state = _State(revocation_url, current=self._retired.peek(directory_url))
             if self.holds(directory_url):  # else: used for the request in hand, then dropped
                 self._states[directory_url] = state
+                self._retired.pop(directory_url)
         elif state.url != revocation_url:
             # the directory moved its list: earlier entries stay refused, the new list must arrive
             state.url, state.last_success, state.last_attempt = revocation_url, None, None
         return state
 
     def forget(self, directory_url: str) -> None:
-        """The directory left the cache: stop its poller and drop its set."""
+        """The directory left the cache: stop its poller; keep its revoked set aside (bounded)."""
         state = self._states.pop(directory_url, None)
+        if state is not None and state.current is not None and state.current.revoked:
+            revoked = state.current
+            self._retired.put(directory_url, revoked, len(revoked.revoked) * REVOKED_ENTRY_COST)
         loop = state.loop if state is not None else None
         if state is not None and loop is not None:
             # dropped, not only cancelled: a task cancelled before it ran holds its frame, which holds

@@ -25,13 +25,19 @@ from signing_proxy.verify import (
     DirectoryResolver,
     FetchResult,
     HttpClient,
+    RequestVerifier,
     RevocationPoller,
     VerificationError,
     build_verifier,
     directory_url,
 )
 from signing_proxy.verify.directory import PARSED_COST_FACTOR
-from signing_proxy.verify.revocation import MAX_REVOCATION_LIST_BYTES, REVOKED_ENTRY_COST, _State
+from signing_proxy.verify.revocation import (
+    MAX_REVOCATION_LIST_BYTES,
+    RETIRED_DIRECTORIES,
+    REVOKED_ENTRY_COST,
+    _State,
+)
 from tests.verify.fakes import NOW, Clock, FakeFetch, Ticks
 from tests.verify.strangers import BODY, LOOPBACK, TARGET, directory_doc, host, signed
 
@@ -177,4 +183,43 @@ async def test_a_forgotten_directory_frees_its_set_without_waiting_for_the_cycle
         assert live_states() == before - 1, "the forgotten state is only freed by the cycle collector"
     finally:
         gc.enable()
+    await poller.close()
+
+
+async def test_a_revoked_thumbprint_stays_revoked_after_its_directory_left_the_cache_and_came_back() -> None:
+    # spec "States and transitions": "A revoked thumbprint stays revoked". Strangers' directories can
+    # push a directory out of the cache; its later list omitting the key must not bring the key back
+    clock, fetch = Clock(), FakeFetch()
+    body = render_directory(Directory((DirectoryKey(KEY.public, NOW - 10, NOW + 3600),), REV_URL))
+    fetch.answers[DIR_URL] = FetchResult(200, body, None)
+    fetch.answers[REV_URL] = listing(KEY.thumbprint)
+    fetch.answers[directory_url("https://b.example")] = FetchResult(
+        200, render_directory(Directory(())), None
+    )
+    resolver = DirectoryResolver(fetch, clock=clock, max_entries=1)
+    poller = RevocationPoller(fetch, clock=clock, sleep=lambda _s: asyncio.Event().wait())
+    verifier = RequestVerifier(resolver, revocations=poller, clock=clock)
+    request = signed('"https://agent.example"', KEY, now=NOW)
+    for _ in range(2):
+        with pytest.raises(VerificationError) as err:
+            await verifier.verify("POST", TARGET, request, BODY)
+        assert err.value.reason == "key-revoked"
+        fetch.answers[REV_URL] = listing(as_of=NOW + 300)  # the directory's later list omits the key
+        await resolver.get("https://b.example")  # and strangers push the directory out of the cache
+        await asyncio.sleep(0)
+        assert poller.revoked(DIR_URL) == frozenset()  # not tracked while out of the cache
+    assert fetch.calls.count(REV_URL) == 2  # each time back: its list fetched before its keys count
+    await verifier.close()
+
+
+async def test_sets_kept_aside_are_bounded() -> None:
+    poller = RevocationPoller(FakeFetch())
+    for n in range(RETIRED_DIRECTORIES + 10):
+        url = f"https://d{n}.example/.well-known/http-message-signatures-directory"
+        poller._states[url] = _State(REV_URL, current=RevocationList(NOW, frozenset({KEY.thumbprint})))
+        poller.forget(url)
+    assert len(poller._retired) == RETIRED_DIRECTORIES  # the oldest went first
+    assert "https://d0.example/.well-known/http-message-signatures-directory" not in poller._retired
+    poller.forget(DIR_URL)  # nothing tracked, nothing kept
+    assert DIR_URL not in poller._retired
     await poller.close()
