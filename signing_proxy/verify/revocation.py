@@ -7,7 +7,7 @@ keeps, per directory URL, the set its ``revocation_url`` served: each successful
 (spec "Key publication, rotation and revocation" 3), except that a thumbprint this directory's list
 once named stays refused for this directory (spec "States and transitions": "a revoked thumbprint
 stays revoked"), also after the directory left the cache and came back: sets of directories that
-left are kept aside, for 4,096 directories and 4 MiB at most. A directory whose list was never
+left are kept aside, for 4,096 directories and 2 MiB at most. A directory whose list was never
 fetched fails closed (``revocation-unavailable``), retried at most every ``retry_s``; a failed later
 poll keeps the last set. Each tracked directory is polled every 300 s +/-10 % with an injected
 clock, sleep and random source, and its poller cancelled when the resolver drops the directory.
@@ -38,7 +38,7 @@ MAX_REVOKED_PER_DIRECTORY = MAX_REVOCATION_LIST_BYTES // _THUMBPRINT_BYTES  # wh
 # A directory leaving the cache keeps what its lists revoked, here, for when it comes back (spec: "a
 # revoked thumbprint stays revoked"); bounded like every store a stranger can fill, oldest dropped
 RETIRED_DIRECTORIES = 4096
-RETIRED_BYTES = 4 * 1024 * 1024  # as charged: REVOKED_ENTRY_COST per thumbprint
+RETIRED_BYTES = 2 * 1024 * 1024  # as charged: REVOKED_ENTRY_COST per thumbprint
 
 
 def parse_bounded_list(body: bytes) -> RevocationList:
