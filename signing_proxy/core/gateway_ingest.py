@@ -21,6 +21,7 @@ import re
 from collections.abc import Container, Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote
 
 from .b64 import b64_decode
 from .delegation_verify import VerifiedDelegation
@@ -84,10 +85,13 @@ class DelegationIn:
 
 
 def exchange_method(method: str, path: str) -> str | None:
-    """``<Method>`` of ``POST …/svc.v1.ExchangeService/<Method>``, else None (not an exchange call)."""
+    """``<Method>`` of ``POST …/svc.v1.ExchangeService/<Method>``, else None (not an exchange call).
+
+    The path is read percent-decoded, as a backend routes it: ``…/Discover%52esources`` is
+    DiscoverResources, and gets every check of an exchange call."""
     if method != "POST":
         return None
-    head, sep, name = path.split("?", 1)[0].rpartition("/")
+    head, sep, name = unquote(path.split("?", 1)[0]).rpartition("/")
     if not sep or not head.endswith("/" + EXCHANGE_SERVICE) or not _METHOD.fullmatch(name):
         return None
     return name
@@ -149,10 +153,13 @@ def ingest_requester(body: bytes, understood_extensions: Container[str]) -> Inge
         raise IngestError("malformed-requester", "requester.scopes is a list of strings")
     _critical(requester, "requester", understood_extensions)
     delegation = requester.get("delegation")
-    if delegation is not None:
+    if delegation is not None:  # spec Errors: a delegation that cannot be used is DELEGATION_INVALID
         if not isinstance(delegation, dict):
-            raise IngestError("malformed-requester", "requester.delegation is an object")
-        _critical(delegation, "requester.delegation", understood_extensions)
+            raise DelegationError("malformed-delegation", "requester.delegation is an object")
+        try:
+            _critical(delegation, "requester.delegation", understood_extensions)
+        except IngestError as exc:
+            raise DelegationError(exc.reason, exc.detail) from None
     return IngestedRequester(ident, domain, kind, tuple(scopes), delegation)
 
 

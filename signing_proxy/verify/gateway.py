@@ -131,6 +131,9 @@ class GatewayVerdict:
             out.append(("X-Verified-Scopes", _safe(format_scope_list(scopes)) if scopes else ""))
         if self.remaining_accesses is not None:
             out.append(("X-Verified-Remaining-Accesses", str(self.remaining_accesses)))
+        spend = chain.caps.max_spend_cents if chain is not None else None
+        if spend is not None:  # the chain's narrowest spend cap: the backend prices, so it enforces
+            out.append(("X-Verified-Max-Spend-Cents", str(spend)))
         return out
 
 
@@ -183,6 +186,9 @@ class GatewayVerifier:
             requester = ingest_requester(body, self.policy.understood_extensions)
         except IngestError as exc:
             raise GatewayRefusal(400, exc.reason, exc.detail) from None
+        except DelegationError as exc:  # a delegation member that is no usable Delegation
+            log.info("delegation refused at ingest: %s %s", exc.reason, exc.detail)
+            raise GatewayRefusal(403, DELEGATION_INVALID, f"{exc.reason}: {exc.detail}") from None
         if requester.delegation is None:
             return GatewayVerdict(stack, requester), None
         now = self.clock()

@@ -60,7 +60,9 @@ class World:
         return issue_authority(owner or self.owner, iss=OWNER, holder_jkt=self.principal.thumbprint, **claims)
 
     def chain(self, holder: str | None = None, **claims: Any) -> str:
-        caps = {k: claims.pop(k) for k in ("max_accesses", "quota_period_s") if k in claims}
+        caps = {
+            k: claims.pop(k) for k in ("max_accesses", "quota_period_s", "max_spend_cents") if k in claims
+        }
         authority = self.authority(claims.pop("owner", None), **caps)
         return extend_chain(
             authority,
@@ -337,3 +339,39 @@ async def test_an_issuer_directory_past_the_fetch_budget_is_503_not_a_refused_to
     assert dict(refusal.headers)["Retry-After"] == "1"
     world.clock.now += 1000  # a token again
     assert (await world.check(world.body(world.chain()))).delegation is not None
+
+
+async def test_a_percent_encoded_method_name_is_still_an_exchange_call(world: World) -> None:
+    # a backend routes the decoded path: Discover%52esources is DiscoverResources, and must not
+    # skip ingest, delegation and quota
+    body = b'{"ver":"1.0","requester":{"id":"a","domain":"d","type":"REQUESTER_TYPE_UNSPECIFIED"}}'
+    for url in (
+        "https://exchange.example/v1/svc.v1.ExchangeService/Discover%52esources",
+        "https://exchange.example/v1/svc.v1.ExchangeService%2FDiscoverResources",
+    ):
+        with pytest.raises(GatewayRefusal) as caught:
+            await world.check(body, url=url)
+        assert (caught.value.status, caught.value.reason) == (400, "requester-type-unspecified")
+
+
+@pytest.mark.parametrize(
+    "delegation",
+    [
+        '"x"',
+        '{"token":"x","ext":{"x:y":1},"ext_critical":["x:y"]}',
+    ],
+)
+async def test_an_unusable_delegation_member_is_403_delegation_invalid(world: World, delegation: str) -> None:
+    # spec Errors: "Delegation token missing, unverifiable ..." -> DENIAL_REASON_DELEGATION_INVALID
+    requester = '{"id":"a","domain":"d","type":"REQUESTER_TYPE_DELEGATED","delegation":' + delegation + "}"
+    refusal = await world.refused(b'{"ver":"1.0","requester":' + requester.encode() + b"}")
+    assert (refusal.status, refusal.reason) == (403, DELEGATION_INVALID)
+
+
+async def test_the_chains_spend_cap_is_forwarded_to_the_backend(world: World) -> None:
+    # the gateway cannot price a call: the narrowest spend cap of the chain goes to the backend as
+    # a verified header, never silently dropped (spec: a claim the verifier cannot evaluate binds)
+    verdict = await world.check(world.body(world.chain(max_spend_cents=500)))
+    assert dict(verdict.headers())["X-Verified-Max-Spend-Cents"] == "500"
+    plain = await world.check(world.body(world.chain()))
+    assert "X-Verified-Max-Spend-Cents" not in dict(plain.headers())
