@@ -6,8 +6,8 @@ the ingest rules (a ``requester`` with ``id``, ``domain`` and ``type``; UNSPECIF
 types rejected; every ``ext_critical`` key understood; envelope ``ver`` of major 1) and returns the
 parsed ``Requester`` with its raw ``delegation`` member. ``read_delegation`` reads that member,
 ``check_mirror`` holds its mirrored fields to the verified token's claims (which are
-authoritative: a mirror may be narrower, never wider), and ``quota_key`` names the counter of a
-chain. Sans-IO: values and ``now`` in, results or errors out.
+authoritative: a mirror may be narrower, never wider), and ``quota_counters`` names the counters
+of a chain. Sans-IO: values and ``now`` in, results or errors out.
 
 Errors: ``IngestError`` (a ``ProtocolError``; the gateway answers 400) and ``DelegationError``
 (403, ``DENIAL_REASON_DELEGATION_INVALID``).
@@ -20,7 +20,7 @@ import json
 import re
 from collections.abc import Container, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import unquote
 
 from .b64 import b64_decode
@@ -42,10 +42,11 @@ __all__ = [
     "DelegationIn",
     "IngestError",
     "IngestedRequester",
+    "QuotaCounter",
     "check_mirror",
     "exchange_method",
     "ingest_requester",
-    "quota_key",
+    "quota_counters",
     "read_delegation",
 ]
 
@@ -238,8 +239,32 @@ def check_mirror(mirror: DelegationIn, verified: VerifiedDelegation, now: float)
         raise DelegationError("mirror-wider", "delegation.quota_period differs from the token's")
 
 
-def quota_key(token: str, holder_jkt: str) -> str:
-    """The counter of one chain: its authority JWT and the terminal holder (hashed, fixed length)."""
-    authority = token.split("~", 1)[0]
-    digest = hashlib.sha256(authority.encode("ascii") + b"\x00" + holder_jkt.encode("ascii"))
-    return digest.hexdigest()
+class QuotaCounter(NamedTuple):
+    """One access counter of a chain: ``limit`` accesses per ``window_s`` (None: never resets)."""
+
+    key: str
+    limit: int
+    window_s: float | None
+
+
+def quota_counters(
+    token: str, chain: VerifiedDelegation, now: float, leeway_s: int = 0
+) -> tuple[QuotaCounter, ...]:
+    """A counter per link that caps accesses, keyed by the chain up to that link (hashed, fixed
+    length): a cap counts every access made under its grant, so siblings a principal delegated to
+    share their parent's count, and each also has its own when its link caps it. Each window is the
+    link's ``quota_period``, else the link's remaining life (its ``exp``, else the chain's)."""
+    parts = token.split("~")
+    counters = []
+    for index, link in enumerate(chain.links):
+        limit = link.caps.max_accesses
+        if limit is None:
+            continue
+        period = link.caps.quota_period_s
+        ends = link.exp if link.exp is not None else chain.expires_at
+        window: float | None = float(period) if period is not None else None
+        if window is None and ends is not None:
+            window = max(1.0, ends - now + leeway_s)  # a lifetime quota: until the grant ends
+        key = hashlib.sha256("~".join(parts[: index + 1]).encode("ascii")).hexdigest()
+        counters.append(QuotaCounter(key, limit, window))
+    return tuple(counters)

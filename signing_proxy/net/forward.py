@@ -159,10 +159,11 @@ class ResponseStream:
         if self.tap is not None:
             self.tap.head = head
         parts = [f"HTTP/1.1 {head.status} {head.reason}\r\n".encode("latin-1")]
+        named = head.connection_named  # RFC 9110 section 7.6.1: the fields Connection names go too
         parts.extend(
             name + b": " + value + b"\r\n"
             for name, value in head.headers
-            if name.lower() not in _HOP_BY_HOP_B
+            if name.lower() not in _HOP_BY_HOP_B and (not named or name.lower() not in named)
         )
         no_body = self.head_only or head.status in (204, 304)
         if head.content_length is not None and (not no_body or self.head_only):

@@ -23,14 +23,7 @@ import httptools
 from ..core.uri import Target
 from ..errors import ProxyError
 from .framing import problem_response, response_head
-from .request import (
-    AbortConnection,
-    Limits,
-    Request,
-    busy,
-    full,
-    parse_connect_target,
-)
+from .request import AbortConnection, Limits, Request, busy, full, parse_connect_target
 from .timers import TIMER_SLACK_S, Deadline
 
 __all__ = [
@@ -344,9 +337,14 @@ class ClientConnection(asyncio.Protocol):
             self.transport.write(data)
 
     async def drain(self) -> None:
+        """Wait for the client to read; one that reads nothing for ``client_idle_s`` is cut off."""
         if self._write_paused and not self._closed:
             self._drain_waiter = self.loop.create_future()
-            await self._drain_waiter
+            try:
+                await asyncio.wait_for(self._drain_waiter, self.engine.limits.client_idle_s)
+            except TimeoutError:
+                self.abort()
+                raise AbortConnection from None
 
     def close(self) -> None:
         if self._linger is not None:
@@ -480,7 +478,8 @@ class ClientConnection(asyncio.Protocol):
                 ):
                     self._reading_paused = False
                     self.transport.resume_reading()
-                self.keep_alive = req.keep_alive
+                # after a CONNECT or Upgrade head no request follows: a tunnel, or closed after the answer
+                self.keep_alive = req.keep_alive and not self._upgraded
                 self.request_version = req.version
                 self.busy = True
                 try:

@@ -61,7 +61,7 @@ def client_tls_context(ca_file: str | None = None, *, only: str | None = None) -
 class ResponseHead:
     """Status line and field lines of an upstream response."""
 
-    __slots__ = ("content_length", "headers", "keep_alive", "reason", "status", "version")
+    __slots__ = ("connection_named", "content_length", "headers", "keep_alive", "reason", "status", "version")
 
     def __init__(
         self,
@@ -72,6 +72,7 @@ class ResponseHead:
         headers: list[tuple[bytes, bytes]],
         content_length: int | None,
         keep_alive: bool,
+        connection_named: frozenset[bytes] = frozenset(),
     ) -> None:
         self.status = status
         self.reason = reason
@@ -79,6 +80,7 @@ class ResponseHead:
         self.headers = headers
         self.content_length = content_length
         self.keep_alive = keep_alive
+        self.connection_named = connection_named  # lower-case field names its Connection lists (hop-by-hop)
 
 
 class ResponseSink(Protocol):
@@ -116,6 +118,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._head_sent = False
         self._got_bytes = False
         self._close_delimited = False
+        self._paused = False  # reading paused for a client that is not reading (its backpressure)
         # One deadline serves the read timeout while an exchange is in flight, then the pool's expiry.
         self._loop = asyncio.get_running_loop()  # once (made by the loop's factory): each call is a getpid(2)
         self._timer = Deadline(self._loop)
@@ -204,14 +207,25 @@ class UpstreamConnection(asyncio.Protocol):
             self._status_reason = b""
             return
         content_length = None
-        chunked = False
+        codings: list[bytes] = []
+        named: set[bytes] = set()
         for name, value in self._headers:
             lname = name.lower()
             if lname == b"content-length":
                 with contextlib.suppress(ValueError):
                     content_length = int(value)
-            elif lname == b"transfer-encoding" and b"chunked" in value.lower():
-                chunked = True
+            elif lname == b"transfer-encoding":
+                codings += [c.strip() for c in value.lower().split(b",") if c.strip()]
+            elif lname == b"connection":
+                named.update(t.strip() for t in value.lower().split(b",") if t.strip())
+        if codings and codings != [b"chunked"]:
+            # RFC 9112 section 6.1: we ask for no transfer coding (no TE) and can decode only
+            # chunked; another one, passed on, would reach the client as if it were the content
+            self._fail(
+                ProxyError(502, "upstream-bad-response", "upstream used a transfer coding other than chunked")
+            )
+            return
+        chunked = bool(codings)
         no_body = self._head_only or status in (204, 304)
         self._close_delimited = not no_body and not chunked and content_length is None
         head = ResponseHead(
@@ -221,6 +235,7 @@ class UpstreamConnection(asyncio.Protocol):
             headers=self._headers,
             content_length=content_length,
             keep_alive=parser.should_keep_alive() and not self._close_delimited,
+            connection_named=frozenset(named),
         )
         self.reusable = head.keep_alive
         self._head_sent = True
@@ -291,10 +306,12 @@ class UpstreamConnection(asyncio.Protocol):
     def pause_reading(self) -> None:
         if self.transport is not None and not self.transport.is_closing():
             self.transport.pause_reading()
+            self._paused = True
 
     def resume_reading(self) -> None:
-        if self.transport is not None and not self.transport.is_closing():
+        if self._paused and self.transport is not None and not self.transport.is_closing():
             self.transport.resume_reading()
+        self._paused = False
 
     def close(self) -> None:
         if self.transport is not None and not self.transport.is_closing():
@@ -444,6 +461,7 @@ class UpstreamPool:
         if len(queue) >= self.config.pool_max_idle_per_host:
             conn.close()
             return
+        conn.resume_reading()  # paused for a slow client of the last exchange: the next one reads
         queue.append(conn)
         conn.pooled(POOL_IDLE_S, self._expire)
 

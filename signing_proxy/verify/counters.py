@@ -1,9 +1,11 @@
 """The gateway's shared state: access counters per delegation chain and signatures already seen.
 
-A ``CounterStore`` does two atomic things. ``take`` counts one access against a limit within a
-window that opens at the first access and closes ``window_s`` later (the spec's ``quota_period``;
-a lifetime quota passes the delegation's remaining life): below the limit it increments and
-admits, at ``count >= limit`` it refuses without counting and says when the window ends.
+A ``CounterStore`` does two atomic things. ``take_all`` counts one access against several limits
+at once (a chain's capped links), each within a window that opens at its first access and closes
+``window_s`` later (the spec's ``quota_period``; a lifetime quota passes the grant's remaining
+life): when every counter is below its limit all are incremented and the access admitted; when one
+is at its limit none is counted, and the answer says when that one's window ends. ``take`` is the
+one-counter case.
 ``first_seen`` records a key for ``ttl_s`` and says whether it was new (replay protection).
 
 Two stores: ``SqliteCounterStore`` (the embedded default, a file in the data directory; every
@@ -18,10 +20,13 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
+
+from ..core.gateway_ingest import QuotaCounter
 
 __all__ = ["SQLITE_FILE", "CounterStore", "SqliteCounterStore", "Taken"]
 
@@ -42,6 +47,13 @@ class Taken:
 class CounterStore(Protocol):
     async def take(self, key: str, limit: int, window_s: float | None, now: float) -> Taken:
         """Count one access if ``count < limit`` in the key's current window (atomic)."""
+        ...
+
+    async def take_all(self, counters: Sequence[QuotaCounter], now: float) -> tuple[int, Taken]:
+        """Count one access on every counter if each is below its limit, else on none (atomic).
+
+        Returns the index of the counter that decided, with its figures: the first one at its
+        limit when refused, else the one with the fewest accesses left."""
         ...
 
     async def first_seen(self, key: str, ttl_s: float, now: float) -> bool:
@@ -98,8 +110,12 @@ class SqliteCounterStore:
         return self._db
 
     async def take(self, key: str, limit: int, window_s: float | None, now: float) -> Taken:
+        """Count one access if ``count < limit`` in the key's current window (atomic)."""
+        return (await self.take_all((QuotaCounter(key, limit, window_s),), now))[1]
+
+    async def take_all(self, counters: Sequence[QuotaCounter], now: float) -> tuple[int, Taken]:
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self._take, key, limit, window_s, now)
+        return await loop.run_in_executor(self._executor, self._take_all, tuple(counters), now)
 
     async def first_seen(self, key: str, ttl_s: float, now: float) -> bool:
         loop = asyncio.get_running_loop()
@@ -111,29 +127,33 @@ class SqliteCounterStore:
         self._executor.shutdown(wait=True)
 
     # --- on the store's thread ---
-    def _take(self, key: str, limit: int, window_s: float | None, now: float) -> Taken:
+    def _take_all(self, counters: tuple[QuotaCounter, ...], now: float) -> tuple[int, Taken]:
         db = self._connect()
         db.execute("BEGIN IMMEDIATE")  # the write lock first: no other process reads a stale count
         try:
-            row = db.execute("SELECT count, expires_at FROM counters WHERE key = ?", (key,)).fetchone()
-            if row is None or (row[1] is not None and row[1] <= now):
-                count, expires_at = 0, (now + window_s if window_s is not None else None)
-            else:
-                count, expires_at = int(row[0]), row[1]
-            if count >= limit:
-                db.execute("COMMIT")
-                return Taken(False, count, expires_at)
-            db.execute(
+            current = []
+            for index, (key, limit, window_s) in enumerate(counters):
+                row = db.execute("SELECT count, expires_at FROM counters WHERE key = ?", (key,)).fetchone()
+                if row is None or (row[1] is not None and row[1] <= now):
+                    count, expires_at = 0, (now + window_s if window_s is not None else None)
+                else:
+                    count, expires_at = int(row[0]), row[1]
+                if count >= limit:
+                    db.execute("COMMIT")
+                    return index, Taken(False, count, expires_at)
+                current.append((key, count + 1, expires_at))
+            db.executemany(
                 "INSERT INTO counters (key, count, expires_at) VALUES (?, ?, ?) "
                 "ON CONFLICT(key) DO UPDATE SET count = excluded.count, expires_at = excluded.expires_at",
-                (key, count + 1, expires_at),
+                current,
             )
             self._maybe_prune(db, now)
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
             raise
-        return Taken(True, count + 1, expires_at)
+        index = min(range(len(counters)), key=lambda i: counters[i].limit - current[i][1])
+        return index, Taken(True, current[index][1], current[index][2])
 
     def _first_seen(self, key: str, ttl_s: float, now: float) -> bool:
         db = self._connect()

@@ -44,7 +44,7 @@ from ..core.gateway_ingest import (
     check_mirror,
     exchange_method,
     ingest_requester,
-    quota_key,
+    quota_counters,
     read_delegation,
 )
 from ..core.scopes import format_scope_list
@@ -246,22 +246,19 @@ class GatewayVerifier:
         raise mismatch
 
     async def _take_quota(self, mirror: DelegationIn, chain: VerifiedDelegation, now: float) -> int | None:
-        limit = chain.caps.max_accesses
-        if limit is None:
+        counters = quota_counters(mirror.token, chain, now, self.policy.leeway_s)
+        if not counters:
             return None
         if self.store is None:  # fail closed: a cap nobody counts is not a cap
             raise GatewayRefusal(503, "quota-store-unavailable", "no counter store is configured")
-        period = chain.caps.quota_period_s
-        window: float | None = float(period) if period is not None else None
-        if window is None and chain.expires_at is not None:
-            window = max(1.0, chain.expires_at - now + self.policy.leeway_s)  # lifetime: until exp
         try:
-            taken = await self.store.take(quota_key(mirror.token, chain.holder_jkt), limit, window, now)
+            index, taken = await self.store.take_all(counters, now)
         except Exception as exc:  # the store's client errors: answered 503, one line in the log
             log.warning("counter store failed: %s", type(exc).__name__)
             raise GatewayRefusal(
                 503, "quota-store-unavailable", "the access counter is unavailable"
             ) from None
+        limit = counters[index].limit
         if not taken.allowed:
             headers: tuple[tuple[str, str], ...] = ()
             if taken.reset_at is not None:  # from the clock now: the take may have waited for a lock

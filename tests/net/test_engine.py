@@ -4,12 +4,13 @@ no signing and no configuration file. What the proxy does with a request is test
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import AsyncIterator
 
 import pytest
 
 from signing_proxy.errors import ProxyError
-from signing_proxy.net.server import ClientConnection, Engine, Limits, Request
+from signing_proxy.net.server import AbortConnection, ClientConnection, Engine, Limits, Request
 
 LIMITS = Limits(max_header_bytes=1024, max_body_bytes=64, client_idle_s=5.0, read_s=5.0)
 WAIT_S = 5.0
@@ -133,3 +134,60 @@ async def test_the_engine_tracks_open_connections(engine: tuple[Engine, Echo, in
     writer.close()
     await asyncio.wait_for(closed.wait(), WAIT_S)
     assert eng.connections == set()
+
+
+async def test_an_upgrade_head_that_is_not_switched_ends_the_connection_after_its_answer(
+    engine: tuple[Engine, Echo, int],
+) -> None:
+    # after an Upgrade head the bytes that follow are the new protocol's, never read as requests:
+    # answered without switching, the connection says so and closes (it used to stay open, unread)
+    _, _, port = engine
+    head = (
+        b"GET /x HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+        b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
+    )
+    answer = await exchange(port, head + b"GET /y HTTP/1.1\r\nHost: x\r\n\r\n")  # reads to EOF
+    assert answer.startswith(b"HTTP/1.1 200 ")
+    assert b"\r\nConnection: close\r\n" in answer
+    assert answer.count(b"HTTP/1.1 ") == 1  # the bytes after the head were not served
+
+
+async def test_a_client_that_reads_nothing_is_cut_off_after_client_idle_s() -> None:
+    # a handler waiting for the client to read (drain) must not wait forever: that connection would
+    # hold a slot of limits.max_connections for good
+    outcome: list[str] = []
+
+    class Flood:
+        def connection_made(self, conn: ClientConnection) -> None:
+            pass
+
+        async def serve(self, conn: ClientConnection, req: Request) -> bool:
+            conn.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % (32 << 20) + b"x" * (32 << 20))
+            try:
+                await conn.drain()
+            except AbortConnection:
+                outcome.append("cut off")
+                raise
+            return False
+
+    limits = Limits(max_header_bytes=1024, max_body_bytes=64, client_idle_s=0.5, read_s=5.0)
+    eng = Engine(Flood(), limits, lambda coro: asyncio.get_running_loop().create_task(coro))  # type: ignore[arg-type]
+    server = await asyncio.get_running_loop().create_server(eng.protocol, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    try:
+        await asyncio.wait_for(asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port)), WAIT_S)
+        await asyncio.get_running_loop().sock_sendall(sock, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        for _ in range(50):  # the client reads nothing
+            if outcome:
+                break
+            await asyncio.sleep(0.1)
+        assert outcome == ["cut off"]
+        assert not eng.connections
+    finally:
+        sock.close()
+        server.close()
+        eng.close_all()
+        await asyncio.wait_for(server.wait_closed(), WAIT_S)

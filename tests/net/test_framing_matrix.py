@@ -583,6 +583,28 @@ ROWS = [
         ),
         (Want(502, reason="upstream-header-too-large"),),
     ),
+    # RFC 9110 section 7.6.1: the fields a response's Connection names are hop-by-hop too
+    Row(
+        "response-fields-named-in-connection-are-dropped",
+        (Ex(GET, ok(b"ok", "Connection: X-Secret, keep-alive", "X-Secret: internal", "X-Kept: yes")),),
+        (Want(200, b"ok", "length", fields=(("x-kept", "yes"),), absent=("x-secret",)),),
+    ),
+    # RFC 9112 section 6.1: we send no TE and decode chunked only; any other coding is not content
+    Row(
+        "response-transfer-coding-gzip",
+        (Ex(GET, reply(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\nGZIPDATA", close=True)),),
+        (Want(502, reason="upstream-bad-response"),),
+    ),
+    Row(
+        "response-transfer-coding-chunked-then-gzip",
+        (
+            Ex(
+                GET,
+                reply(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked, gzip\r\n\r\nGZIPDATA", close=True),
+            ),
+        ),
+        (Want(502, reason="upstream-bad-response"),),
+    ),
     # pipelining: answered one by one, in order
     Row(
         "pipelined-in-order",

@@ -154,3 +154,19 @@ async def test_the_read_timeout_of_a_reused_connection_is_not_the_pools_later_ex
         conn.start(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", b"", sink, head_only=False)
         await asyncio.sleep(STEP_S * 4)  # the server never answers
         assert sink.failed == ["upstream-timeout"]
+
+
+async def test_a_connection_paused_for_a_slow_client_reads_again_once_pooled() -> None:
+    # the last exchange's client stopped reading, so the upstream's reading was paused; pooled like
+    # that, the next exchange on it would never see its answer (504 for an innocent client)
+    pool = UpstreamPool(UpstreamConfig(), connect_timeout_s=5, read_timeout_s=30)
+    async with Server() as target:
+        conn = await pool.connect(target)
+        conn.reusable = True
+        assert conn.transport is not None
+        conn.pause_reading()  # the client's write buffer was full
+        assert not conn.transport.is_reading()
+        pool.release(conn)
+        assert pool.take_idle(target) is conn
+        assert conn.transport.is_reading()
+        conn.close()

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from signing_proxy.core.gateway_ingest import QuotaCounter
 from signing_proxy.verify.counters import CounterStore, SqliteCounterStore
 from signing_proxy.verify.redis_counters import RedisCounterStore
 from signing_proxy.verify.stores import open_counter_store
@@ -54,6 +55,20 @@ async def test_take_counts_up_to_the_limit_then_refuses_without_counting(factory
     assert [r.count for r in results] == [1, 2, 3, 3, 3]  # a refusal is not an access
     assert results[-1].reset_at is not None
     assert NOW + 59 <= results[-1].reset_at <= NOW + 60
+
+
+async def test_take_all_counts_every_counter_or_none(factory: Factory) -> None:
+    # a chain's capped links: each counted on an admitted access; a refusal by one counts none
+    store = factory()
+    both = (QuotaCounter("grant", 2, 60), QuotaCounter("child", 1, 60))
+    index, taken = await store.take_all(both, NOW)
+    assert (index, taken.allowed, taken.count) == (1, True, 1)  # the child has the fewest left
+    index, taken = await store.take_all(both, NOW)
+    assert (index, taken.allowed, taken.count) == (1, False, 1)  # refused by the child ...
+    assert (await store.take("grant", 2, 60, NOW)).count == 2  # ... without counting the grant
+    index, taken = await store.take_all((QuotaCounter("grant", 2, 60), QuotaCounter("other", 5, 60)), NOW)
+    assert (index, taken.allowed, taken.count) == (0, False, 2)
+    assert (await store.take("other", 5, 60, NOW)).count == 1
 
 
 async def test_keys_are_counted_apart(factory: Factory) -> None:

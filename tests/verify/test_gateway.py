@@ -7,7 +7,7 @@ the counter store is the embedded SQLite one in a temp dir. Real processes: test
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +16,7 @@ import pytest
 
 from signing_proxy.core.delegation import extend_chain, issue_authority
 from signing_proxy.core.fields import Fields
+from signing_proxy.core.gateway_ingest import QuotaCounter
 from signing_proxy.core.jwk import SigningKey
 from signing_proxy.core.jws import sign_jwt
 from signing_proxy.core.keys import Directory, DirectoryKey, render_directory
@@ -259,9 +260,9 @@ async def test_retry_after_counts_from_the_refusal_not_from_the_request(world: W
     assert inner is not None
 
     class WaitingStore:
-        async def take(self, key: str, limit: int, window_s: float | None, now: float) -> Taken:
+        async def take_all(self, counters: Sequence[QuotaCounter], now: float) -> tuple[int, Taken]:
             world.clock.now += 0.5  # the lock was held this long; the window opens at the later time
-            return await inner.take(key, limit, window_s, world.clock.now)
+            return await inner.take_all(counters, world.clock.now)
 
         async def first_seen(self, key: str, ttl_s: float, now: float) -> bool:
             return await inner.first_seen(key, ttl_s, now)
@@ -375,3 +376,51 @@ async def test_the_chains_spend_cap_is_forwarded_to_the_backend(world: World) ->
     assert dict(verdict.headers())["X-Verified-Max-Spend-Cents"] == "500"
     plain = await world.check(world.body(world.chain()))
     assert "X-Verified-Max-Spend-Cents" not in dict(plain.headers())
+
+
+async def test_siblings_share_the_cap_of_the_grant_they_came_from(world: World) -> None:
+    # the authority caps accesses at 2; the principal delegates to three agents, each restating the
+    # cap: the three together get 2, not 6 (spec: the exchange tracks the count of the cap)
+    authority = world.authority(max_accesses=2)
+    outcomes: list[object] = []
+    for n, agent in enumerate([world.agent, SigningKey.generate(), SigningKey.generate()]):
+        chain = extend_chain(
+            authority,
+            world.principal,
+            holder_jkt=agent.thumbprint,
+            now=NOW,
+            scope=["dist:US:CA"],
+            exp=NOW + 1800,
+            max_accesses=2,
+        )
+        world.agent = agent
+        world.fetch.answers[AGENT + "/.well-known/http-message-signatures-directory"] = _directory(
+            DirectoryKey(agent.public, NOW - 60, NOW + 3600)
+        )
+        world.gateway.verifier.resolver._cache.clear()  # the next agent's key, from its directory
+        for t in range(2):
+            world.clock.now = NOW + 10 * n + t  # a new created: never a replay
+            try:
+                await world.check(world.body(chain))
+                outcomes.append(200)
+            except GatewayRefusal as refusal:
+                outcomes.append((refusal.status, refusal.reason))
+    assert outcomes == [200, 200] + [(429, QUOTA_EXCEEDED)] * 4
+
+
+async def test_a_childs_own_cap_counts_apart_from_its_parents(world: World) -> None:
+    # the authority allows 3; the child for this agent allows 1: the child's cap decides first
+    narrow = extend_chain(
+        world.authority(max_accesses=3),
+        world.principal,
+        holder_jkt=world.agent.thumbprint,
+        now=NOW,
+        scope=["dist:US:CA"],
+        exp=NOW + 1800,
+        max_accesses=1,
+    )
+    verdict = await world.check(world.body(narrow))
+    assert verdict.remaining_accesses == 0  # the child's count is the binding one
+    world.clock.now = NOW + 1
+    refusal = await world.refused(world.body(narrow))
+    assert (refusal.status, refusal.reason) == (429, QUOTA_EXCEEDED)
