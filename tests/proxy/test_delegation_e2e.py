@@ -217,8 +217,9 @@ class Setup:
 
 
 @contextmanager
-def delegated_setup(tmp: Path, exchange_base: str) -> Iterator[Setup]:
-    """Keys, a proxy config with the requester, the proxy's key store, and the owner's authority JWT."""
+def delegated_setup(tmp: Path, exchange_base: str, *, max_accesses: int = 100) -> Iterator[Setup]:
+    """Keys, a proxy config with the requester, the proxy's key store, and the owner's authority JWT
+    (capped at ``max_accesses`` a day: every chain re-issued from it shares that count)."""
     owner = write_key(tmp / "owner.pem")
     write_key(tmp / "principal.pem")
     port = free_port()
@@ -265,7 +266,7 @@ def delegated_setup(tmp: Path, exchange_base: str) -> Iterator[Setup]:
         "--max-spend-cents",
         "10000",
         "--max-accesses",
-        "100",
+        str(max_accesses),
         "--quota-period",
         "1d",
     )
