@@ -4,13 +4,14 @@ no signing and no configuration file. What the proxy does with a request is test
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 from collections.abc import AsyncIterator
 
 import pytest
 
 from signing_proxy.errors import ProxyError
-from signing_proxy.net.server import AbortConnection, ClientConnection, Engine, Limits, Request
+from signing_proxy.net.server import AbortConnection, ClientConnection, Engine, Handler, Limits, Request
 
 LIMITS = Limits(max_header_bytes=1024, max_body_bytes=64, client_idle_s=5.0, read_s=5.0)
 WAIT_S = 5.0
@@ -38,8 +39,9 @@ class Echo:
         return conn.keep_alive
 
 
-@pytest.fixture
-async def engine() -> AsyncIterator[tuple[Engine, Echo, int]]:
+@contextlib.asynccontextmanager
+async def running(handler: Handler, limits: Limits) -> AsyncIterator[tuple[Engine, int]]:
+    """An engine serving ``handler`` on a free loopback port; its connections and tasks end after."""
     tasks: set[asyncio.Task[object]] = set()
 
     def spawn(coro: object) -> asyncio.Task[object]:
@@ -48,18 +50,23 @@ async def engine() -> AsyncIterator[tuple[Engine, Echo, int]]:
         task.add_done_callback(tasks.discard)
         return task
 
-    handler = Echo()
-    eng = Engine(handler, LIMITS, spawn)
+    eng = Engine(handler, limits, spawn)
     server = await asyncio.get_running_loop().create_server(eng.protocol, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
     try:
-        yield eng, handler, port
+        yield eng, server.sockets[0].getsockname()[1]
     finally:
         server.close()
         eng.close_all()
         for task in list(tasks):
             task.cancel()
         await asyncio.wait_for(server.wait_closed(), WAIT_S)
+
+
+@pytest.fixture
+async def engine() -> AsyncIterator[tuple[Engine, Echo, int]]:
+    handler = Echo()
+    async with running(handler, LIMITS) as (eng, port):
+        yield eng, handler, port
 
 
 async def exchange(port: int, raw: bytes) -> bytes:
@@ -171,23 +178,19 @@ async def test_a_client_that_reads_nothing_is_cut_off_after_client_idle_s() -> N
             return False
 
     limits = Limits(max_header_bytes=1024, max_body_bytes=64, client_idle_s=0.5, read_s=5.0)
-    eng = Engine(Flood(), limits, lambda coro: asyncio.get_running_loop().create_task(coro))  # type: ignore[arg-type]
-    server = await asyncio.get_running_loop().create_server(eng.protocol, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.setblocking(False)
+    loop = asyncio.get_running_loop()
     try:
-        await asyncio.wait_for(asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port)), WAIT_S)
-        await asyncio.get_running_loop().sock_sendall(sock, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-        for _ in range(50):  # the client reads nothing
-            if outcome:
-                break
-            await asyncio.sleep(0.1)
-        assert outcome == ["cut off"]
-        assert not eng.connections
+        async with running(Flood(), limits) as (eng, port):
+            await asyncio.wait_for(loop.sock_connect(sock, ("127.0.0.1", port)), WAIT_S)
+            await loop.sock_sendall(sock, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            for _ in range(50):  # the client reads nothing
+                if outcome:
+                    break
+                await asyncio.sleep(0.1)
+            assert outcome == ["cut off"]
+            assert not eng.connections
     finally:
         sock.close()
-        server.close()
-        eng.close_all()
-        await asyncio.wait_for(server.wait_closed(), WAIT_S)
