@@ -118,27 +118,20 @@ def test_the_naive_relay_verifies_the_agent_then_stacks_its_label(tmp_path: Path
 def test_the_floor_forwards_each_request_whole_on_a_kept_alive_connection() -> None:
     """bench/floor.py (the floor row) forwards what it is sent, body and all, request after request
     on one client connection: a floor that dropped work would flatter nothing but itself."""
-    proc = subprocess.Popen([sys.executable, str(ROOT / "bench/floor.py")], stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert line.startswith("listening on "), f"bench/floor.py did not start: {line!r}"
-        proxy = line.split()[-1]
-        with VerifyingOrigin() as origin, requests.Session() as session:
-            bodies = [b"a" * 1024, b"b" * 10]
-            for i, body in enumerate(bodies):
-                resp = session.post(
-                    origin.url(f"/bench?i={i}"), data=body, proxies={"http": proxy}, timeout=WAIT_S
-                )
-                assert resp.status_code == 200
-            assert [(a.method, a.target_uri, a.body) for a in origin.arrivals] == [
-                ("POST", origin.url(f"/bench?i={i}"), body) for i, body in enumerate(bodies)
-            ]
-    finally:
-        proc.terminate()
-        proc.wait(WAIT_S)
-        if proc.stdout is not None:
-            proc.stdout.close()
+    with (
+        bench_script("floor.py", ready="listening on ") as proxy,
+        VerifyingOrigin() as origin,
+        requests.Session() as session,
+    ):
+        bodies = [b"a" * 1024, b"b" * 10]
+        for i, body in enumerate(bodies):
+            resp = session.post(
+                origin.url(f"/bench?i={i}"), data=body, proxies={"http": proxy}, timeout=WAIT_S
+            )
+            assert resp.status_code == 200
+        assert [(a.method, a.target_uri, a.body) for a in origin.arrivals] == [
+            ("POST", origin.url(f"/bench?i={i}"), body) for i, body in enumerate(bodies)
+        ]
 
 
 @contextlib.contextmanager

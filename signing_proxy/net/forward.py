@@ -159,11 +159,10 @@ class ResponseStream:
         if self.tap is not None:
             self.tap.head = head
         parts = [f"HTTP/1.1 {head.status} {head.reason}\r\n".encode("latin-1")]
-        named = head.connection_named  # RFC 9110 section 7.6.1: the fields Connection names go too
+        # RFC 9110 section 7.6.1: the fields a response's Connection names are hop-by-hop too
+        drop = _HOP_BY_HOP_B | head.connection_named if head.connection_named else _HOP_BY_HOP_B
         parts.extend(
-            name + b": " + value + b"\r\n"
-            for name, value in head.headers
-            if name.lower() not in _HOP_BY_HOP_B and (not named or name.lower() not in named)
+            name + b": " + value + b"\r\n" for name, value in head.headers if name.lower() not in drop
         )
         no_body = self.head_only or head.status in (204, 304)
         if head.content_length is not None and (not no_body or self.head_only):

@@ -237,7 +237,7 @@ class SigningPipeline:
         retry: RetryPlan | None = None,
     ) -> SignedFields:
         """The pipeline without the wire."""
-        built = self._build(method, target, lines, body, retry)
+        built = _build(self, method, target, lines, body, retry=retry)
         if isinstance(built, SignedFields):
             return built
         return built.signed(self.signer.sign(built.message, **built.how))
@@ -268,32 +268,10 @@ class SigningPipeline:
         retry: RetryPlan | None = None,
     ) -> Outgoing:
         """``prepare`` whose signature is made off the event loop (keys on a token)."""
-        built = self._build(method, target, lines, body, retry)
+        built = _build(self, method, target, lines, body, retry=retry)
         if not isinstance(built, SignedFields):
             built = built.signed(await self.signer.sign_off_loop(built.message, **built.how))
         return self._serialized(method, target, built, framed)
-
-    def _build(
-        self,
-        method: str,
-        target: Target,
-        lines: Sequence[tuple[str, str]],
-        body: bytes,
-        retry: RetryPlan | None,
-    ) -> _ToSign | SignedFields:
-        return _build(
-            method,
-            target,
-            lines,
-            body,
-            config=self.config,
-            label=self.signer.label,
-            bearers=self.bearers,
-            requester=self.requester,
-            transactions=self.transactions,
-            profiles=self.profiles,
-            retry=retry,
-        )
 
     def _serialized(self, method: str, target: Target, signed: SignedFields, framed: bool) -> Outgoing:
         return outgoing(
@@ -322,20 +300,17 @@ class _ToSign(NamedTuple):
 
 
 def _build(
+    pipeline: SigningPipeline,
     method: str,
     target: Target,
     lines: Sequence[tuple[str, str]],
     body: bytes,
     *,
-    config: Config,
-    label: str,
-    bearers: BearerStore,
-    requester: RequesterInjector | None,
-    transactions: TransactionKeys | None,
-    profiles: ProfileSelector | None,
     retry: RetryPlan | None,
 ) -> _ToSign | SignedFields:
     """Everything before the signature; the fields as they go for a host sent unsigned."""
+    config, bearers, requester = pipeline.config, pipeline.bearers, pipeline.requester
+    transactions, profiles, label = pipeline.transactions, pipeline.profiles, pipeline.signer.label
     fields = drop_hop_by_hop(lines)
     if any(host_matches(p, target.host) for p in config.hosts.unsigned):
         return SignedFields(fields, body, None, None)

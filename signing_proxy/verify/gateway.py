@@ -200,7 +200,7 @@ class GatewayVerifier:
             log.info("delegation refused: %s %s", exc.reason, exc.detail)
             raise GatewayRefusal(403, DELEGATION_INVALID, f"{exc.reason}: {exc.detail}") from None
         except DirectoryError as exc:  # only verifier-busy leaves IssuerKeys: the token is not judged
-            status, headers = refusal_answer(VerificationError(exc.reason))
+            status, headers = refusal_answer(exc)
             detail = "the delegation issuer's key directory cannot be fetched right now; retry shortly"
             raise GatewayRefusal(status, exc.reason, detail, headers) from None
         return GatewayVerdict(stack, requester, chain, holder), mirror

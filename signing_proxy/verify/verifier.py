@@ -37,7 +37,7 @@ from ..core.signatures import (
     VerifiedStack,
 )
 from ..core.uri import parse_absolute_uri
-from ..errors import EgressError, http_status
+from ..errors import EgressError, Error, http_status
 from ..net.egress import EgressPolicy
 from .directory import VERIFIER_BUSY, DirectoryError, DirectoryResolver, directory_url
 from .revocation import RevocationPoller
@@ -59,13 +59,14 @@ SIGNATURE_CHALLENGE = ("WWW-Authenticate", 'Signature realm="signing-proxy"')
 BUSY_RETRY_AFTER = ("Retry-After", "1")  # verifier-busy: the fetch budget refills within a second
 
 
-def refusal_answer(exc: VerificationError) -> tuple[int, tuple[tuple[str, str], ...]]:
+def refusal_answer(exc: Error) -> tuple[int, tuple[tuple[str, str], ...]]:
     """Status and headers of a refused request's answer, the same in every verifier: 401 with the
     Signature challenge, or 503 with ``Retry-After`` when the verifier had no budget left to fetch
     the key directory the request needs (``verifier-busy``: nothing is wrong with the signature)."""
-    if http_status(exc) == HTTPStatus.SERVICE_UNAVAILABLE:  # verifier-busy
-        return 503, (BUSY_RETRY_AFTER,)
-    return 401, (SIGNATURE_CHALLENGE,)
+    status = http_status(exc)
+    return status, (
+        (BUSY_RETRY_AFTER,) if status == HTTPStatus.SERVICE_UNAVAILABLE else (SIGNATURE_CHALLENGE,)
+    )
 
 
 _FOREVER = (0, 2**62)
@@ -169,9 +170,7 @@ class RequestVerifier:
         agent = await self._agent_sources(checked.directory)
         brokers = await self._broker_sources() if len(checked.entries) > 1 else []
         keys = [  # the agent's directory is a stranger's word (budgeted); brokers' are configured
-            await self._key_for(entry, keyid, agent, budgeted=True)
-            if index == 0
-            else await self._key_for(entry, keyid, brokers, budgeted=False)
+            await self._key_for(entry, keyid, brokers if index else agent, budgeted=not index)
             for index, (entry, keyid, *_rest) in enumerate(checked.entries)
         ]
         stack = verify_checked(checked, lambda _entry, index: keys[index], now=now)
