@@ -115,6 +115,32 @@ async def test_discover_resources_sends_the_requester_it_is_given() -> None:
     assert member(finding, "discover_resources")["requester"] == "sent"
 
 
+class UnlistedRequester(Requester):
+    """A requester with a delegation, for an exchange not in requester.exchanges."""
+
+    def document(self, *, delegation: bool = True) -> dict[str, object]:
+        self.asked += 1
+        doc: dict[str, object] = {"id": "agent-1"}
+        return {**doc, "delegation": {"token": "secret"}} if delegation else doc
+
+    def is_exchange_call(self, method: str, target: object) -> bool:
+        return False
+
+
+async def test_an_unlisted_exchange_gets_the_requester_without_its_delegation() -> None:
+    fetch = Fetches(
+        {
+            "https://pub.example/.well-known/svc.json": (200, json.dumps(MANIFEST).encode()),
+            EXCHANGE: (200, b"{}"),
+        }
+    )
+    finding = await discovery(fetch, UnlistedRequester(), discover_resources=True).find("x", EDGE)
+    _, url, body = fetch.calls[-1]
+    assert url == EXCHANGE
+    assert json.loads(body)["requester"] == {"id": "agent-1"}  # spec: in every request; no delegation
+    assert member(finding, "discover_resources")["requester"] == "sent-without-delegation"
+
+
 # --- issue 16 item 5: discovery is a request-forgery channel ---------------------------------------
 
 OWN = "https://pub.example/.well-known/svc.json"
