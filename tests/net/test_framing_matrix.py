@@ -605,6 +605,18 @@ ROWS = [
         ),
         (Want(502, reason="upstream-bad-response"),),
     ),
+    Row(
+        "response-transfer-coding-gzip-then-chunked",
+        (
+            Ex(
+                GET,
+                reply(
+                    b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n8\r\nGZIPDATA\r\n0\r\n\r\n"
+                ),
+            ),
+        ),
+        (Want(502, reason="upstream-bad-response"),),
+    ),
     # pipelining: answered one by one, in order
     Row(
         "pipelined-in-order",

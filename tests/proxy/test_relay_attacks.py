@@ -131,6 +131,10 @@ async def test_relay_fetches_caused_by_strangers_are_budgeted(tmp_path: Path) ->
         status, head, doc = await exchange(port, origin, f'"{attacker.base}"', ATTACKER)
         assert (status, doc.get("reason")) == (503, "verifier-busy"), doc
         assert "\r\nRetry-After: 1\r\n" in head
+        assert "WWW-Authenticate" not in head  # busy is not a verdict on the signature
+        status, head, doc = await exchange(port, origin, f'"{victim.base}"', ATTACKER)  # not its key
+        assert status == 401, doc
+        assert '\r\nWWW-Authenticate: Signature realm="signing-proxy"\r\n' in head
         assert attacker.seen == []
         status, _, doc = await exchange(port, origin, f'"{victim.base}"', VICTIM)
         assert status == 200, doc  # a known agent is served from the cache

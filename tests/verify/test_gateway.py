@@ -424,3 +424,32 @@ async def test_a_childs_own_cap_counts_apart_from_its_parents(world: World) -> N
     world.clock.now = NOW + 1
     refusal = await world.refused(world.body(narrow))
     assert (refusal.status, refusal.reason) == (429, QUOTA_EXCEEDED)
+
+
+async def test_siblings_have_their_own_caps_under_the_shared_one(world: World) -> None:
+    # the authority allows 3 in all; each child allows 1: the first child's second call is refused
+    # by its own cap while its sibling still gets one (a single shared counter would refuse it)
+    authority = world.authority(max_accesses=3)
+    outcomes: list[object] = []
+    for n, agent in enumerate([world.agent, SigningKey.generate()]):
+        chain = extend_chain(
+            authority,
+            world.principal,
+            holder_jkt=agent.thumbprint,
+            now=NOW,
+            scope=["dist:US:CA"],
+            exp=NOW + 1800,
+            max_accesses=1,
+        )
+        world.agent = agent
+        world.fetch.answers[AGENT + "/.well-known/http-message-signatures-directory"] = _directory(
+            DirectoryKey(agent.public, NOW - 60, NOW + 3600)
+        )
+        world.gateway.verifier.resolver._cache.clear()
+        for t in range(2):
+            world.clock.now = NOW + 10 * n + t
+            try:
+                outcomes.append((await world.check(world.body(chain))).remaining_accesses)
+            except GatewayRefusal as refusal:
+                outcomes.append((refusal.status, refusal.reason))
+    assert outcomes == [0, (429, QUOTA_EXCEEDED), 0, (429, QUOTA_EXCEEDED)]

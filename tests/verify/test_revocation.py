@@ -220,6 +220,7 @@ async def test_sets_kept_aside_are_bounded() -> None:
         poller.forget(url)
     assert len(poller._retired) == RETIRED_DIRECTORIES  # the oldest went first
     assert "https://d0.example/.well-known/http-message-signatures-directory" not in poller._retired
-    poller.forget(DIR_URL)  # nothing tracked, nothing kept
+    poller._states[DIR_URL] = _State(REV_URL, current=RevocationList(NOW, frozenset()))
+    poller.forget(DIR_URL)  # an empty set: nothing to keep
     assert DIR_URL not in poller._retired
     await poller.close()

@@ -215,6 +215,7 @@ async def test_unsigned_request_is_refused_and_exempt_paths_pass(exchange: Excha
     async with aiohttp.ClientSession() as session:
         async with session.get(f"{exchange.url}/x") as resp:
             assert resp.status == 401
+            assert resp.headers["WWW-Authenticate"] == 'Signature realm="signing-proxy"'
             assert (await resp.json(content_type=None))["reason"] == "missing-signature"
         async with session.get(f"{exchange.url}/healthz") as resp:
             assert resp.status == 200
