@@ -223,7 +223,8 @@ def _wider(mirror: int | None, claim: int | None) -> bool:
 
 
 def check_mirror(mirror: DelegationIn, verified: VerifiedDelegation, now: float) -> None:
-    """The mirrored fields are never wider than the verified claims; expired is expired."""
+    """The mirrored fields are never wider than the verified claims, ``issuer`` is the token's
+    ``iss``; expired is expired. ``principal_domain`` and ``principal_id`` mirror no claim."""
     if mirror.expires_at <= now:
         raise DelegationError("expired", "delegation.expires_at has passed")
     if verified.expires_at is not None and mirror.expires_at > verified.expires_at:
@@ -237,6 +238,8 @@ def check_mirror(mirror: DelegationIn, verified: VerifiedDelegation, now: float)
         raise DelegationError("mirror-wider", "a mirrored cap is wider than the token's")
     if mirror.quota_period_s is not None and mirror.quota_period_s != caps.quota_period_s:
         raise DelegationError("mirror-wider", "delegation.quota_period differs from the token's")
+    if mirror.issuer is not None and mirror.issuer != verified.issuer:
+        raise DelegationError("mirror-mismatch", "delegation.issuer is not the token's iss")
 
 
 class QuotaCounter(NamedTuple):

@@ -116,6 +116,12 @@ def load_delegation(
         raise _refuse(
             reason, f"{WHERE}.token_file {path}: {exc.denial_reason}: {exc.reason}: {exc.detail}"
         ) from None
+    if config.issuer is not None and config.issuer != links[0].iss:  # a mirror, never another issuer
+        raise _refuse(
+            "delegation-invalid",
+            f"{WHERE}.issuer: {config.issuer!r} is not the iss of the chain in {path} "
+            f"({links[0].iss!r}); set it to that, or leave it out",
+        )
     final = links[-1]
     signing = keys.current(now)
     if signing is None:

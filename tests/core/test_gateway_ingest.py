@@ -9,10 +9,10 @@ import json
 
 import pytest
 
-from signing_proxy.core.delegation_claims import Caps
+from signing_proxy.core.delegation_claims import Caps, VerifiedLink
 from signing_proxy.core.delegation_verify import VerifiedDelegation
 from signing_proxy.core.errors import DelegationError
-from signing_proxy.core.gateway_ingest import DelegationIn, check_mirror, ingest_requester
+from signing_proxy.core.gateway_ingest import DelegationIn, check_mirror, ingest_requester, quota_counters
 
 NOW = 1_800_000_000
 VERIFIED = VerifiedDelegation(
@@ -75,3 +75,67 @@ def test_a_requester_type_is_read_as_the_proxy_writes_it(given: object) -> None:
     """The gateway reads a RequesterType by the proxy's own rule: its name, or its number."""
     body = json.dumps({"ver": "1.0", "requester": {"id": "a", "domain": "d", "type": given}}).encode()
     assert ingest_requester(body, ()).type == "REQUESTER_TYPE_AGENT"
+
+
+def _link(exp: float | None, max_accesses: int | None) -> VerifiedLink:
+    return VerifiedLink(
+        iss="issuer",
+        scope=None,
+        exp=exp,
+        cnf_jkt="holder",
+        caps=Caps(max_accesses=max_accesses),
+        signer_jkt="s",
+    )
+
+
+def _chain(*links: VerifiedLink) -> VerifiedDelegation:
+    exps = [link.exp for link in links if link.exp is not None]
+    return dataclasses.replace(VERIFIED, links=links, expires_at=min(exps) if exps else None)
+
+
+@pytest.mark.parametrize(("issuer", "refused"), [("issuer", False), ("https://other.example", True)])
+def test_an_issuer_mirror_must_be_the_tokens_iss(issuer: str, refused: bool) -> None:
+    """Delegation.issuer mirrors the authority JWT's iss; naming another issuer is refused."""
+    mirror = dataclasses.replace(MIRROR, issuer=issuer, max_accesses=None, quota_period_s=None)
+    verified = dataclasses.replace(_chain(_link(NOW + 3600, None)), scope=VERIFIED.scope)
+    if not refused:
+        check_mirror(mirror, verified, NOW)
+        return
+    with pytest.raises(DelegationError) as caught:
+        check_mirror(mirror, verified, NOW)
+    assert (caught.value.reason, caught.value.detail) == (
+        "mirror-mismatch",
+        "delegation.issuer is not the token's iss",
+    )
+
+
+def test_principal_domain_and_id_mirror_no_claim() -> None:
+    """principal_domain names no claim (an OIDC iss names the identity provider): not compared."""
+    verified = dataclasses.replace(_chain(_link(NOW + 3600, None)), scope=VERIFIED.scope)
+    mirror = dataclasses.replace(
+        MIRROR, principal_domain="elsewhere.example", principal_id="x", max_accesses=None, quota_period_s=None
+    )
+    check_mirror(mirror, verified, NOW)
+
+
+@pytest.mark.parametrize("leeway", [0, 30])
+def test_a_lifetime_quota_lasts_until_its_links_exp_plus_the_leeway(leeway: int) -> None:
+    """A lifetime quota's window is the capped link's exp - now + leeway."""
+    chain = _chain(_link(NOW + 3600, 5))
+    (counter,) = quota_counters("root", chain, NOW + 100, leeway)
+    assert counter.window_s == 3500 + leeway
+
+
+def test_a_lifetime_quota_ends_with_its_own_link_not_the_chains_shortest() -> None:
+    """Each capped link's window runs to that link's exp; a link with none falls back to the chain's."""
+    own = _chain(_link(NOW + 3600, 5), _link(NOW + 600, 2))  # the chain expires at NOW + 600
+    assert [c.window_s for c in quota_counters("root~child", own, NOW)] == [3600, 600]
+    fallback = _chain(_link(None, 5), _link(NOW + 600, None))  # only the root caps, and has no exp
+    assert [c.window_s for c in quota_counters("root~child", fallback, NOW)] == [600]
+
+
+def test_a_lifetime_quota_window_is_at_least_one_second() -> None:
+    """A grant ending in under a second still counts for a 1 s window."""
+    chain = _chain(_link(NOW + 0.25, 5))
+    (counter,) = quota_counters("root", chain, NOW)
+    assert counter.window_s == 1.0

@@ -182,7 +182,7 @@ def test_configured_mirror_fields_narrower_than_the_chain_are_sent(tmp_path: Pat
             "max_accesses": 5,
             "quota_period": "1d",
             "revocation_uri": "https://corp.example/revoked",
-            "issuer": "https://corp.example",
+            "issuer": "https://owner.example",
             "ext": {"vendor:cost-center": "42"},
             "ext_critical": ["vendor:cost-center"],
         },
@@ -200,7 +200,7 @@ def test_configured_mirror_fields_narrower_than_the_chain_are_sent(tmp_path: Pat
         "86400s",
     )
     assert d["revocation_uri"] == "https://corp.example/revoked"
-    assert d["issuer"] == "https://corp.example"
+    assert d["issuer"] == "https://owner.example"
     assert d["ext"] == {"vendor:cost-center": "42"}
 
 
@@ -307,6 +307,14 @@ def test_startup_refuses_a_chain_bound_to_another_key_and_says_how_to_reissue(tm
     assert "signing-proxy delegate extend" in error.detail
     assert "--holder-config" in error.detail
     assert "key rotation" in error.detail
+
+
+def test_startup_refuses_a_configured_issuer_that_is_not_the_chains_iss(tmp_path: Path) -> None:
+    """Delegation.issuer mirrors the token's iss: a configured other issuer is a false claim."""
+    error = refusal(tmp_path, delegation={"issuer": "https://corp.example"})
+    assert error.reason == "delegation-invalid"
+    assert error.detail.startswith("requester.delegation.issuer: 'https://corp.example'")
+    assert "'https://owner.example'" in error.detail
 
 
 def test_startup_refuses_an_expired_chain(tmp_path: Path) -> None:
