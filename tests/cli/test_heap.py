@@ -1,7 +1,8 @@
 """``run`` sets glibc's malloc thresholds so that uvloop's 256 KiB TLS read buffer, allocated and
 shrunk on every upstream TLS read, stays on the heap instead of costing mmap, mremap and munmap per
 response (strace under intercepted HTTPS load). Observed in a child process with mallinfo2(3):
-bytes in mmapped chunks while such a buffer is alive, at glibc's default threshold, then after."""
+bytes in mmapped chunks while such a buffer is alive, at glibc's default threshold, then after; and
+bytes of heap handed back to the system once freed, below and above the 4 MiB trim threshold."""
 
 from __future__ import annotations
 
@@ -11,9 +12,8 @@ import sys
 
 import pytest
 
-CHILD = """
+MALLINFO = """
 import ctypes
-from signing_proxy.cli.run import _keep_tls_reads_on_the_heap
 
 class MallInfo2(ctypes.Structure):
     _fields_ = [(name, ctypes.c_size_t) for name in (
@@ -23,6 +23,13 @@ class MallInfo2(ctypes.Structure):
 libc = ctypes.CDLL(None)
 libc.mallinfo2.restype = MallInfo2
 libc.mallopt(-3, 128 * 1024)  # M_MMAP_THRESHOLD at glibc's documented default (fixed, not dynamic)
+libc.mallopt(-1, 128 * 1024)  # M_TRIM_THRESHOLD likewise
+"""
+
+CHILD = (
+    MALLINFO
+    + """
+from signing_proxy.cli.run import _keep_tls_reads_on_the_heap, _settle_heap
 
 def mapped_while_alive():
     before = libc.mallinfo2().hblkhd
@@ -32,17 +39,57 @@ def mapped_while_alive():
     return libc.mallinfo2().hblkhd - before
 
 default = mapped_while_alive()
-assert _keep_tls_reads_on_the_heap()
+CALL
 print(default, mapped_while_alive())
 """
+)
+
+TRIM_CHILD = (
+    MALLINFO
+    + """
+from signing_proxy.cli.run import _keep_tls_reads_on_the_heap
+
+def returned_once_freed(mib):
+    # on the heap (above the mmap threshold), at its top: freed, they make one free top chunk
+    buffers = [bytearray(256 * 1024) for _ in range(int(4 * mib))]
+    alive = libc.mallinfo2().arena
+    del buffers
+    return alive - libc.mallinfo2().arena  # what free() gave back to the system (sbrk)
+
+assert _keep_tls_reads_on_the_heap()
+libc.malloc_trim(0)  # whatever start-up left free at the top, returned: only the buffers are there
+print(returned_once_freed(3.5), returned_once_freed(4.5))
+"""
+)
+
+
+def _child(script: str) -> list[int]:
+    out = subprocess.run(
+        [sys.executable, "-c", script], check=False, capture_output=True, text=True, timeout=30
+    )
+    assert out.returncode == 0, out.stderr
+    return [int(n) for n in out.stdout.split()]
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt(3) is glibc's")
 def test_a_256_kib_buffer_comes_from_the_heap_once_run_has_set_the_thresholds() -> None:
-    out = subprocess.run(
-        [sys.executable, "-c", CHILD], check=False, capture_output=True, text=True, timeout=30
-    )
-    assert out.returncode == 0, out.stderr
-    default, tuned = (int(n) for n in out.stdout.split())
+    default, tuned = _child(CHILD.replace("CALL", "assert _keep_tls_reads_on_the_heap()"))
     assert default >= 16 * 256 * 1024  # mappings of their own, unmapped again when freed
     assert tuned == 0
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt(3) is glibc's")
+def test_settling_the_heap_before_the_first_request_sets_the_thresholds() -> None:
+    # run's own call, before the first request, not only a helper nothing may call
+    default, settled = _child(CHILD.replace("CALL", "_settle_heap()"))
+    assert default >= 16 * 256 * 1024
+    assert settled == 0
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt(3) is glibc's")
+def test_freed_tls_buffers_stay_on_the_heap_up_to_4_mib_and_go_back_beyond() -> None:
+    # at glibc's 128 KiB trim threshold, freeing 3.5 MiB at the top of the heap would shrink it (and
+    # the next response would grow it again); at 4 MiB it stays, and 4.5 MiB freed is trimmed
+    below, above = _child(TRIM_CHILD)
+    assert below == 0
+    assert above >= 1024 * 1024

@@ -4,6 +4,7 @@ atomicity under concurrent clients — the embedded SQLite store and a real redi
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
@@ -69,6 +70,50 @@ async def test_take_all_counts_every_counter_or_none(factory: Factory) -> None:
     index, taken = await store.take_all((QuotaCounter("grant", 2, 60), QuotaCounter("other", 5, 60)), NOW)
     assert (index, taken.allowed, taken.count) == (0, False, 2)
     assert (await store.take("other", 5, 60, NOW)).count == 1
+
+
+@pytest.mark.parametrize("tight", [0, 1, 2])
+async def test_take_all_refusal_names_the_exhausted_counter_and_charges_none(
+    factory: Factory, tight: int
+) -> None:
+    """A refusal names the index of the counter at its limit, wherever it is, and counts no counter."""
+    store = factory()
+    assert (await store.take("tight", 1, 60, NOW)).allowed
+    keys = ["a", "b"]
+    keys.insert(tight, "tight")
+    index, taken = await store.take_all([QuotaCounter(k, 1 if k == "tight" else 5, 60) for k in keys], NOW)
+    assert (index, taken.allowed, taken.count) == (tight, False, 1)
+    assert (await store.take("a", 5, 60, NOW)).count == 1  # the first access to each: none was charged
+    assert (await store.take("b", 5, 60, NOW)).count == 1
+    assert (await store.take("tight", 1, 60, NOW)).count == 1
+
+
+async def _after(store: CounterStore, start: float, seconds: float) -> float:
+    """The time ``seconds`` after ``start``: SQLite is told it; Redis expires keys by its own clock."""
+    if isinstance(store, RedisCounterStore):
+        await asyncio.sleep(seconds)
+        return time.time()
+    return start + seconds
+
+
+async def test_take_all_counters_keep_their_own_windows(factory: Factory) -> None:
+    """Counters taken together each expire on their own window: the short one reopens, the long one not."""
+    store = factory()
+    short, long = QuotaCounter("short", 1, 1.0), QuotaCounter("long", 1, 60)
+    start = time.time()
+    assert (await store.take_all((short, long), start))[1].allowed
+    index, by_short = await store.take_all((short, long), start)
+    assert (index, by_short.allowed) == (0, False)
+    assert by_short.reset_at is not None
+    assert start < by_short.reset_at <= start + 1.0
+    index, by_long = await store.take_all((long, short), start)
+    assert (index, by_long.allowed) == (0, False)
+    assert by_long.reset_at is not None
+    assert start + 59 <= by_long.reset_at <= start + 60
+    later = await _after(store, start, 1.1)  # past the short window only
+    reopened = await store.take("short", 1, 1.0, later)
+    assert (reopened.allowed, reopened.count) == (True, 1)
+    assert not (await store.take("long", 1, 60, later)).allowed
 
 
 async def test_keys_are_counted_apart(factory: Factory) -> None:

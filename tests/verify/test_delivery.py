@@ -38,6 +38,7 @@ from signing_proxy.verify import (
     FetchResult,
     RequestVerifier,
 )
+from signing_proxy.verify.cache import TokenBucket
 from signing_proxy.verify.directory import directory_url
 from tests.oracle import oracle_verify
 from tests.verify.fakes import NOW, Clock, FakeFetch
@@ -45,6 +46,7 @@ from tests.verify.fakes import NOW, Clock, FakeFetch
 EXCHANGE = SigningKey.from_seed(b"\x41" * 32)
 AGENT = SigningKey.from_seed(b"\x42" * 32)
 OTHER = SigningKey.from_seed(b"\x43" * 32)
+ROTATED = SigningKey.from_seed(b"\x44" * 32)
 EXCHANGE_BASE = "https://exchange.example"
 REVOCATIONS = "https://exchange.example/revoked.json"
 
@@ -84,9 +86,10 @@ def delivery(
     directories: tuple[str, ...] = (),
     fake: FakeFetch | None = None,
     clock: Clock | None = None,
+    budget: TokenBucket | None = None,
 ) -> DeliveryVerifier:
     clock = clock or Clock()
-    resolver = DirectoryResolver(fake or FakeFetch(), clock=clock)
+    resolver = DirectoryResolver(fake or FakeFetch(), clock=clock, fetch_budget=budget)
     policy = DeliveryPolicy(exchange_directories=directories, pinned_exchange_keys=pinned)
     return DeliveryVerifier(RequestVerifier(resolver, clock=clock), policy)
 
@@ -236,3 +239,38 @@ async def test_a_web_bot_auth_signature_covering_only_the_authority_is_refused()
     attach_signature(fields, member)
     fields.remove("signature-agent")
     assert await refused(delivery(), url, fields) == "unsupported-tag"
+
+
+# --- the fetch budget ---------------------------------------------------------------------------
+
+
+async def test_a_configured_exchanges_directory_is_fetched_without_budget() -> None:
+    """A configured exchange's directory is fetched without a token of the fetch budget."""
+    clock, fake = Clock(), FakeFetch()
+    serve_directory(fake, EXCHANGE)
+    budget = TokenBucket(0.001, 1, clock)
+    assert budget.take()  # none left
+    verifier = delivery(pinned=(), directories=(EXCHANGE_BASE,), fake=fake, clock=clock, budget=budget)
+    url = bound_url()
+    verified = await verifier.verify("GET", url, fetch(url), b"")
+    assert verified.exchange_source == EXCHANGE_BASE
+    assert fake.calls == [directory_url(EXCHANGE_BASE), REVOCATIONS]
+    await verifier.close()
+
+
+async def test_a_configured_exchanges_keyid_refetch_spends_no_budget() -> None:
+    """A URL signed by a key a configured exchange rotated in re-fetches its directory without a token."""
+    clock, fake = Clock(), FakeFetch()
+    serve_directory(fake, EXCHANGE)
+    budget = TokenBucket(0.001, 1, clock)
+    verifier = delivery(pinned=(), directories=(EXCHANGE_BASE,), fake=fake, clock=clock, budget=budget)
+    url = bound_url()
+    await verifier.verify("GET", url, fetch(url), b"")
+    assert budget.take()  # none left
+    serve_directory(fake, EXCHANGE, ROTATED)  # the exchange rotated a key in
+    clock.now += 30  # past the keyid re-fetch interval; 0.03 token refilled: the budget is empty
+    url = bound_url(key=ROTATED)
+    verified = await verifier.verify("GET", url, fetch(url), b"")
+    assert (verified.exchange_keyid, verified.exchange_source) == (ROTATED.thumbprint, EXCHANGE_BASE)
+    assert fake.calls.count(directory_url(EXCHANGE_BASE)) == 2
+    await verifier.close()

@@ -14,7 +14,10 @@ import time
 import pytest
 
 from signing_proxy.config import ConfigError, parse_config
+from signing_proxy.core.fields import Fields
 from signing_proxy.core.jwk import SigningKey
+from signing_proxy.core.signatures import Message, attach_signature, hop_components, sign_message
+from signing_proxy.core.uri import parse_absolute_uri
 from signing_proxy.verify import (
     DirectoryError,
     DirectoryResolver,
@@ -36,6 +39,7 @@ from tests.verify.strangers import BODY, TARGET, CountingFetch, directory_doc, s
 
 KEY = SigningKey.from_seed(bytes(range(32)))
 ROTATED = SigningKey.from_seed(bytes(range(1, 33)))
+BROKER = SigningKey.from_seed(bytes(range(2, 34)))
 
 
 def agents(n: int) -> list[str]:
@@ -208,4 +212,52 @@ async def test_the_budget_runs_on_a_monotonic_clock() -> None:
     budget = verifier.resolver.fetch_budget
     assert budget is not None
     assert budget.clock is time.monotonic  # a wall clock stepped back would stop the refill
+    await verifier.close()
+
+
+def relayed(agent: str, key: SigningKey, broker: SigningKey, *, now: int) -> Fields:
+    """A request signed by ``key`` for ``agent``, then relayed: a ``broker`` label over the agent's."""
+    fields = signed(f'"{agent}"', key, now=now)
+    message = Message("POST", parse_absolute_uri(TARGET), fields)
+    hop = sign_message(
+        message, broker, created=now, expires=now + 60, label="broker", components=hop_components("agent")
+    )
+    attach_signature(fields, hop)
+    return fields
+
+
+async def test_a_configured_brokers_keyid_refetch_spends_no_budget_in_the_verifier() -> None:
+    """A relay label whose keyid a configured broker rotated in re-fetches its directory without a token."""
+    clock, fetch = Clock(), CountingFetch()
+    agent, broker = agents(2)
+    world(fetch, agent)
+    world(fetch, broker, key=BROKER)
+    budget = TokenBucket(0.001, 1, clock)
+    resolver = DirectoryResolver(fetch, clock=clock, fetch_budget=budget)
+    verifier = RequestVerifier(resolver, VerifierPolicy(broker_directories=(broker,)), clock=clock)
+    await verifier.verify("POST", TARGET, relayed(agent, KEY, BROKER, now=NOW), BODY)  # the token
+    world(fetch, broker, key=ROTATED)  # the broker rotated: its label now carries a keyid not cached
+    clock.now += 30  # past the keyid re-fetch interval; 0.03 token refilled: the budget is empty
+    stack = await verifier.verify("POST", TARGET, relayed(agent, KEY, ROTATED, now=NOW + 30), BODY)
+    assert [s.key_source for s in stack.signatures] == [agent, broker]
+    assert fetch.calls == [directory_url(agent), directory_url(broker), directory_url(broker)]
+    assert not budget.take()  # still empty: the re-fetch took nothing
+    await verifier.close()
+
+
+async def test_a_recently_failed_directory_is_refused_from_the_negative_cache_without_a_token() -> None:
+    """A request naming a directory that just failed is refused before a token is spent."""
+    clock, fetch = Clock(), CountingFetch()
+    failing, good = agents(2)
+    world(fetch, good)  # the failing host answers 404
+    budget = TokenBucket(0.001, 2, clock)
+    verifier = RequestVerifier(DirectoryResolver(fetch, clock=clock, fetch_budget=budget), clock=clock)
+    for _ in range(5):  # one fetch (one token), then the negative cache answers
+        with pytest.raises(VerificationError) as err:
+            await verifier.verify("POST", TARGET, signed(f'"{failing}"', KEY, now=NOW), BODY)
+        assert err.value.reason == "directory-unavailable"  # never verifier-busy
+    assert fetch.calls == [directory_url(failing)]
+    stack = await verifier.verify("POST", TARGET, signed(f'"{good}"', KEY, now=NOW), BODY)
+    assert stack.agent.keyid == KEY.thumbprint  # the second token was still there
+    assert not budget.take()  # and it was the last one: the repeats took none
     await verifier.close()

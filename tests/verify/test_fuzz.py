@@ -38,6 +38,7 @@ from signing_proxy.core.keys import (
     render_revocation_list,
 )
 from signing_proxy.core.sfv import parse_item
+from signing_proxy.core.signature_verify import _PLAIN_SF_STRING
 from signing_proxy.core.signatures import (
     Message,
     VerifiedStack,
@@ -582,9 +583,7 @@ def _agent_by_the_sf_parser(value: str) -> str | None:
     return str(url)
 
 
-@FUZZ
-@given(value=signature_agent)
-def test_the_plain_string_reading_of_signature_agent_is_the_sf_parsers(value: str) -> None:
+def _assert_read_as_the_sf_parser_reads(value: str) -> None:
     # a quoted value without escapes or parameters is read by a regular expression; any other
     # quoted value by http-sf: both must give the same URL, or both refuse
     try:
@@ -596,6 +595,69 @@ def test_the_plain_string_reading_of_signature_agent_is_the_sf_parsers(value: st
     except FieldError:
         slow = "refused"
     assert fast == slow
+
+
+@FUZZ
+@given(value=signature_agent)
+def test_the_plain_string_reading_of_signature_agent_is_the_sf_parsers(value: str) -> None:
+    _assert_read_as_the_sf_parser_reads(value)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        '"https://agent.example/a\x7fb"',  # DEL
+        '"https://caf\u00e9.example"',  # non-ASCII
+        '"https://agent.example/\u2028"',
+        '"https://agent.example/a\tb"',  # controls, 0x00-0x1f
+        '"https://agent.example/a\x00b"',
+        '"https://agent.example/a\x1fb"',
+        '"https://agent.example/a\\xb"',  # a backslash before what it may not escape
+        '"https://agent.example/\\"',  # a trailing one: the closing DQUOTE escaped
+        '"https://agent.example/a"b"',  # an unescaped DQUOTE inside
+        '"https://agent.example", "https://agent.example"',
+    ],
+)
+def test_rare_characters_in_signature_agent_read_as_the_sf_parser_reads_them(value: str) -> None:
+    # characters the regular expression must leave to http-sf, rare in what Hypothesis draws
+    _assert_read_as_the_sf_parser_reads(value)
+
+
+def _string_by_http_sf(value: str) -> str | None:
+    """The String http-sf reads in ``value`` (None: refused, or not a bare String)."""
+    try:
+        bare, params = parse_item(value)
+    except (ValueError, UnicodeEncodeError):
+        return None
+    return bare if isinstance(bare, str) and not params else None
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        '"https://agent.example"',
+        '""',
+        '" !#[]~"',
+        '"a\x7fb"',  # DEL
+        '"caf\u00e9"',  # non-ASCII
+        '"\u2028"',
+        '"a\tb"',  # controls, 0x00-0x1f
+        '"a\x00b"',
+        '"a\x1fb"',
+        '"a\nb"',
+        '"a\\xb"',  # a backslash before what it may not escape
+        '"ab\\"',  # a trailing backslash: the closing DQUOTE escaped, the String unterminated
+        '"\\"',
+        '"a"b"',  # an unescaped DQUOTE inside
+        '"a" "b"',
+        '"a", "b"',
+    ],
+)
+def test_the_signature_agent_fast_path_reads_a_string_as_http_sf_does_or_not_at_all(value: str) -> None:
+    # the regular expression behind parse_signature_agent's plain-String fast path, on its own: the
+    # URL check after it refuses a backslash or DQUOTE either way, which hides a looser expression
+    fast = value[1:-1] if _PLAIN_SF_STRING.fullmatch(value) else None
+    assert fast == _string_by_http_sf(value)
 
 
 @FUZZ

@@ -34,6 +34,7 @@ from signing_proxy.verify import (
 from signing_proxy.verify.directory import PARSED_COST_FACTOR
 from signing_proxy.verify.revocation import (
     MAX_REVOCATION_LIST_BYTES,
+    RETIRED_BYTES,
     RETIRED_DIRECTORIES,
     REVOKED_ENTRY_COST,
     _State,
@@ -224,3 +225,70 @@ async def test_sets_kept_aside_are_bounded() -> None:
     poller.forget(DIR_URL)  # an empty set: nothing to keep
     assert DIR_URL not in poller._retired
     await poller.close()
+
+
+def thumbprints(n: int, tag: str) -> list[str]:
+    """``n`` distinct canonical thumbprints (base64url SHA-256 values) derived from ``tag``."""
+    return [
+        base64.urlsafe_b64encode(hashlib.sha256(f"{tag}/{i}".encode()).digest()).rstrip(b"=").decode()
+        for i in range(n)
+    ]
+
+
+async def test_sets_kept_aside_are_charged_per_thumbprint_and_large_ones_push_the_oldest_out() -> None:
+    """A set kept aside is charged REVOKED_ENTRY_COST per thumbprint against RETIRED_BYTES."""
+    clock, fetch = Clock(), FakeFetch()
+    resolver = DirectoryResolver(fetch, clock=clock, max_entries=1)
+    poller = RevocationPoller(fetch, clock=clock, sleep=lambda _s: asyncio.Event().wait())
+    poller.attach(resolver)
+    per_set = 5_000  # 800,000 bytes charged at 160 a thumbprint: two sets fit in 2 MiB, three do not
+    assert 2 * per_set * 160 <= RETIRED_BYTES < 3 * per_set * 160
+    bases = [f"https://d{n}.example" for n in range(6)]
+    for base in bases:
+        revocations = f"{base}/revoked.json"
+        fetch.answers[directory_url(base)] = FetchResult(
+            200, render_directory(Directory((), revocations)), None
+        )
+        fetch.answers[revocations] = listing(*thumbprints(per_set, base))
+        await resolver.get(base)  # evicts the previous directory (one entry at most): its set goes aside
+        assert len(await poller.ensure(directory_url(base), revocations)) == per_set
+    assert list(poller._retired) == [directory_url(base) for base in bases[3:5]]  # the oldest went
+    assert poller._retired.bytes == 2 * per_set * 160
+    await poller.close()
+
+
+async def test_a_returning_directory_takes_its_kept_set_out_of_the_aside_store_as_its_current_set() -> None:
+    """A directory back in the cache pops its kept set and holds it before its fresh list arrives."""
+    clock, fetch = Clock(), FakeFetch()
+    body = render_directory(Directory((DirectoryKey(KEY.public, NOW - 10, NOW + 3600),), REV_URL))
+    fetch.answers[DIR_URL] = FetchResult(200, body, None)
+    fetch.answers[REV_URL] = listing(KEY.thumbprint)
+    fetch.answers[directory_url("https://b.example")] = FetchResult(
+        200, render_directory(Directory(())), None
+    )
+    resolver = DirectoryResolver(fetch, clock=clock, max_entries=1)
+    poller = RevocationPoller(fetch, clock=clock, sleep=lambda _s: asyncio.Event().wait())
+    verifier = RequestVerifier(resolver, revocations=poller, clock=clock)
+    request = signed('"https://agent.example"', KEY, now=NOW)
+    with pytest.raises(VerificationError) as err:
+        await verifier.verify("POST", TARGET, request, BODY)
+    assert err.value.reason == "key-revoked"
+    await resolver.get("https://b.example")  # strangers push the directory out of the cache
+    assert DIR_URL in poller._retired
+    await resolver.get("https://agent.example")  # it comes back
+    fetch.answers[REV_URL] = listing(as_of=NOW + 300)  # and its later list omits the key
+    fetch.gate = asyncio.Event()  # that list is slow to arrive
+    pending = asyncio.create_task(verifier.verify("POST", TARGET, request, BODY))
+    for _ in range(100):
+        if fetch.calls.count(REV_URL) == 2:
+            break
+        await asyncio.sleep(0)
+    assert fetch.calls.count(REV_URL) == 2, "the list of the returning directory is not being fetched"
+    assert poller.revoked(DIR_URL) == frozenset({KEY.thumbprint})  # the kept set is its current one
+    assert DIR_URL not in poller._retired  # popped: held once, not also kept aside
+    assert poller._retired.bytes == 0
+    fetch.gate.set()
+    with pytest.raises(VerificationError) as err:
+        await asyncio.wait_for(pending, 5)
+    assert err.value.reason == "key-revoked"
+    await verifier.close()
