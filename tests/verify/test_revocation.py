@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from signing_proxy.core.fields import Fields
 from signing_proxy.core.jwk import SigningKey
 from signing_proxy.core.keys import (
     Directory,
@@ -187,9 +188,11 @@ async def test_a_forgotten_directory_frees_its_set_without_waiting_for_the_cycle
     await poller.close()
 
 
-async def test_a_revoked_thumbprint_stays_revoked_after_its_directory_left_the_cache_and_came_back() -> None:
-    # spec "States and transitions": "A revoked thumbprint stays revoked". Strangers' directories can
-    # push a directory out of the cache; its later list omitting the key must not bring the key back
+def revoked_agent_with_a_one_entry_cache() -> tuple[
+    FakeFetch, DirectoryResolver, RevocationPoller, RequestVerifier, Fields
+]:
+    """The agent's directory lists KEY as revoked; one cached directory at most, so fetching
+    ``https://b.example`` (an empty directory) pushes the agent's out. A request signed by KEY."""
     clock, fetch = Clock(), FakeFetch()
     body = render_directory(Directory((DirectoryKey(KEY.public, NOW - 10, NOW + 3600),), REV_URL))
     fetch.answers[DIR_URL] = FetchResult(200, body, None)
@@ -200,7 +203,13 @@ async def test_a_revoked_thumbprint_stays_revoked_after_its_directory_left_the_c
     resolver = DirectoryResolver(fetch, clock=clock, max_entries=1)
     poller = RevocationPoller(fetch, clock=clock, sleep=lambda _s: asyncio.Event().wait())
     verifier = RequestVerifier(resolver, revocations=poller, clock=clock)
-    request = signed('"https://agent.example"', KEY, now=NOW)
+    return fetch, resolver, poller, verifier, signed('"https://agent.example"', KEY, now=NOW)
+
+
+async def test_a_revoked_thumbprint_stays_revoked_after_its_directory_left_the_cache_and_came_back() -> None:
+    # spec "States and transitions": "A revoked thumbprint stays revoked". Strangers' directories can
+    # push a directory out of the cache; its later list omitting the key must not bring the key back
+    fetch, resolver, poller, verifier, request = revoked_agent_with_a_one_entry_cache()
     for _ in range(2):
         with pytest.raises(VerificationError) as err:
             await verifier.verify("POST", TARGET, request, BODY)
@@ -259,17 +268,7 @@ async def test_sets_kept_aside_are_charged_per_thumbprint_and_large_ones_push_th
 
 async def test_a_returning_directory_takes_its_kept_set_out_of_the_aside_store_as_its_current_set() -> None:
     """A directory back in the cache pops its kept set and holds it before its fresh list arrives."""
-    clock, fetch = Clock(), FakeFetch()
-    body = render_directory(Directory((DirectoryKey(KEY.public, NOW - 10, NOW + 3600),), REV_URL))
-    fetch.answers[DIR_URL] = FetchResult(200, body, None)
-    fetch.answers[REV_URL] = listing(KEY.thumbprint)
-    fetch.answers[directory_url("https://b.example")] = FetchResult(
-        200, render_directory(Directory(())), None
-    )
-    resolver = DirectoryResolver(fetch, clock=clock, max_entries=1)
-    poller = RevocationPoller(fetch, clock=clock, sleep=lambda _s: asyncio.Event().wait())
-    verifier = RequestVerifier(resolver, revocations=poller, clock=clock)
-    request = signed('"https://agent.example"', KEY, now=NOW)
+    fetch, resolver, poller, verifier, request = revoked_agent_with_a_one_entry_cache()
     with pytest.raises(VerificationError) as err:
         await verifier.verify("POST", TARGET, request, BODY)
     assert err.value.reason == "key-revoked"
