@@ -17,6 +17,7 @@ from ..errors import ProxyError, problem_body
 __all__ = [
     "BODY_METHODS",
     "HOP_BY_HOP",
+    "REGENERATED",
     "Outgoing",
     "drop_hop_by_hop",
     "outgoing",
@@ -41,7 +42,7 @@ HOP_BY_HOP = frozenset(
     }
 )
 # Regenerated for every request: framing, Host (RFC 9112 section 3.2.2), Expect (we answer 100 ourselves).
-_REGENERATED = frozenset({"host", "content-length", "expect"})
+REGENERATED = frozenset({"host", "content-length", "expect"})
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})  # a Content-Length is always sent for these
 
 
@@ -63,7 +64,7 @@ def drop_hop_by_hop(lines: Sequence[tuple[str, str]]) -> Fields:
     for name, value in lines:
         if name.lower() == "connection":
             named.update(token.strip().lower() for token in value.split(","))
-    drop = HOP_BY_HOP | _REGENERATED | named
+    drop = HOP_BY_HOP | REGENERATED | named
     return Fields((n, v) for n, v in lines if n.lower() not in drop)
 
 
