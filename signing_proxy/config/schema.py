@@ -129,8 +129,6 @@ class VerifyConfig:
             positive(getattr(self, name), f"{path}.{name}")
         if self.skew_s < 0:
             raise ConfigError(f"{path}.skew_s: must be zero or more")
-        if isinstance(self.fetches_per_s, bool) or not isinstance(self.fetches_per_s, int | float):
-            raise ConfigError(f"{path}.fetches_per_s: must be a number")
         if not 0 <= self.fetches_per_s < float("inf"):
             raise ConfigError(f"{path}.fetches_per_s: must be zero (unbounded) or more")
         positive(self.fetch_burst, f"{path}.fetch_burst")

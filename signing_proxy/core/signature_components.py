@@ -27,6 +27,7 @@ __all__ = [
     "SPEC_COMPONENTS",
     "Component",
     "Message",
+    "base_of",
     "component_value",
     "hop_components",
     "parse_field_dictionary",
@@ -207,7 +208,12 @@ def component_value(message: Message, component: Component) -> str:
 
 def signature_base(message: Message, components: Sequence[Component], params_value: str) -> bytes:
     """RFC 9421 section 2.5: one line per component, then ``@signature-params``; LF, no trailing LF."""
-    lines = [f"{c.serialized}: {component_value(message, c)}" for c in components]
+    return base_of(components, [component_value(message, c) for c in components], params_value)
+
+
+def base_of(components: Sequence[Component], values: Sequence[str], params_value: str) -> bytes:
+    """``signature_base`` from the components' values, already known (the signer set them)."""
+    lines = [f"{c.serialized}: {value}" for c, value in zip(components, values, strict=True)]
     lines.append(f'"@signature-params": {params_value}')
     base = "\n".join(lines)
     if not base.isascii() or base.count("\n") != len(components):

@@ -6,7 +6,7 @@ nowhere else, so the bytes that go on the wire have one author.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from http import HTTPStatus
 
@@ -17,7 +17,7 @@ from ..errors import ProxyError, problem_body
 __all__ = [
     "BODY_METHODS",
     "HOP_BY_HOP",
-    "REGENERATED",
+    "NOT_FORWARDED",
     "Outgoing",
     "drop_hop_by_hop",
     "outgoing",
@@ -42,7 +42,9 @@ HOP_BY_HOP = frozenset(
     }
 )
 # Regenerated for every request: framing, Host (RFC 9112 section 3.2.2), Expect (we answer 100 ourselves).
-REGENERATED = frozenset({"host", "content-length", "expect"})
+_REGENERATED = frozenset({"host", "content-length", "expect"})
+# Never forwarded from a request as it came: hop-by-hop and regenerated (plus what its Connection names).
+NOT_FORWARDED = HOP_BY_HOP | _REGENERATED
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})  # a Content-Length is always sent for these
 
 
@@ -64,25 +66,29 @@ def drop_hop_by_hop(lines: Sequence[tuple[str, str]]) -> Fields:
     for name, value in lines:
         if name.lower() == "connection":
             named.update(token.strip().lower() for token in value.split(","))
-    drop = HOP_BY_HOP | REGENERATED | named
+    drop = NOT_FORWARDED | named if named else NOT_FORWARDED
     return Fields((n, v) for n, v in lines if n.lower() not in drop)
 
 
 def serialize_head(
-    method: str, target: Target, fields: Fields, body_len: int, framed: bool, *, absolute_form: bool = False
+    method: str,
+    target: Target,
+    fields: Iterable[tuple[str, str]],
+    body_len: int,
+    framed: bool,
+    *,
+    absolute_form: bool = False,
 ) -> bytes:
     """Request line, Host, the fields in order, Content-Length when there is (or may be) a body.
 
     ``absolute_form`` is for a next-hop relay (RFC 9112 section 3.2.2), which then sees the full URI.
     """
     request_target = target.uri if absolute_form else target.path_query
-    parts = [f"{method} {request_target} HTTP/1.1\r\nHost: {target.authority}\r\n"]
-    parts.extend(f"{name}: {value}\r\n" for name, value in fields)
-    if body_len or framed or method in BODY_METHODS:
-        parts.append(f"Content-Length: {body_len}\r\n")
-    parts.append("\r\n")
+    lines = "".join([f"{name}: {value}\r\n" for name, value in fields])
+    length = f"Content-Length: {body_len}\r\n" if body_len or framed or method in BODY_METHODS else ""
+    head = f"{method} {request_target} HTTP/1.1\r\nHost: {target.authority}\r\n{lines}{length}\r\n"
     try:
-        return "".join(parts).encode("latin-1")
+        return head.encode("latin-1")
     except UnicodeEncodeError:
         raise ProxyError(400, "malformed-header", "a header value cannot be sent as HTTP/1.1 bytes") from None
 
@@ -90,7 +96,7 @@ def serialize_head(
 def outgoing(
     method: str,
     target: Target,
-    fields: Fields,
+    fields: Iterable[tuple[str, str]],
     body: bytes,
     *,
     framed: bool,

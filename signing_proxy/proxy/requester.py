@@ -21,7 +21,6 @@ the same checks; otherwise the chain loaded before stays and the refusal is logg
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import math
@@ -130,12 +129,12 @@ class RequesterInjector:
         ``delegation=False``: the Requester without its ``delegation`` member (never checked then),
         for an exchange the operator did not list in ``requester.exchanges``.
         """
-        doc: dict[str, Any] = json.loads(self._member_json)
+        doc: dict[str, Any] = json.loads(self._member_json)  # parsed anew: the caller's to change
         if not delegation:
             doc.pop("delegation", None)
             return doc
         self._check_live(self.clock())
-        return copy.deepcopy(doc)
+        return doc
 
     # --- which requests ---
     def is_exchange_call(self, method: str, target: Target) -> bool:

@@ -11,8 +11,8 @@
    broker the agent delegated to by a child JWT: spec "Multi-hop forwarding" rule 5), mirrors never
    wider than the claims. 403 ``DENIAL_REASON_DELEGATION_INVALID`` (503 ``verifier-busy`` when the
    issuer's directory would need the exhausted fetch budget).
-4. **Quota**: the chain's ``max_accesses`` within ``quota_period`` (lifetime when absent), counted
-   atomically in the ``CounterStore`` per authority JWT and holder. 429
+4. **Quota**: each capped link's ``max_accesses`` within its ``quota_period`` (lifetime when
+   absent), counted atomically in the ``CounterStore`` per chain up to that link. 429
    ``DENIAL_REASON_QUOTA_EXCEEDED`` with ``Retry-After`` at the window's end.
 5. **Replay** (optional): the agent's signature seen before within its validity is refused. 401
    ``signature-replayed``. Checked just before the count of step 4 (its ``now`` taken then, after

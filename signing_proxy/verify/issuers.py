@@ -16,9 +16,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ..core.jwk import PublicKey
-from ..errors import DirectoryError, EgressError
+from ..errors import VERIFIER_BUSY, DirectoryError, EgressError
 from ..net.egress import EgressPolicy
-from .directory import VERIFIER_BUSY, DirectoryResolver, directory_url
+from .directory import DirectoryResolver, directory_url
 from .revocation import RevocationPoller
 
 __all__ = ["IssuerAnchor", "IssuerKeys"]

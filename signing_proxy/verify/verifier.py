@@ -37,9 +37,9 @@ from ..core.signatures import (
     VerifiedStack,
 )
 from ..core.uri import parse_absolute_uri
-from ..errors import EgressError, Error, http_status
+from ..errors import VERIFIER_BUSY, EgressError, Error, http_status
 from ..net.egress import EgressPolicy
-from .directory import VERIFIER_BUSY, DirectoryError, DirectoryResolver, directory_url
+from .directory import DirectoryError, DirectoryResolver, directory_url
 from .revocation import RevocationPoller
 
 __all__ = [
