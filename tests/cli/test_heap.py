@@ -12,6 +12,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt(3) is glibc's")
+
 MALLINFO = """
 import ctypes
 
@@ -71,22 +73,23 @@ def _child(script: str) -> list[int]:
     return [int(n) for n in out.stdout.split()]
 
 
-@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt(3) is glibc's")
-def test_a_256_kib_buffer_comes_from_the_heap_once_run_has_set_the_thresholds() -> None:
-    default, tuned = _child(CHILD.replace("CALL", "assert _keep_tls_reads_on_the_heap()"))
+def _mapped_after(call: str) -> int:
+    """Bytes mmapped for 32 live 256 KiB buffers once ``call`` has run in the child (at glibc's
+    default threshold, first, they must have mappings of their own)."""
+    default, after = _child(CHILD.replace("CALL", call))
     assert default >= 16 * 256 * 1024  # mappings of their own, unmapped again when freed
-    assert tuned == 0
+    return after
 
 
-@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt(3) is glibc's")
+def test_a_256_kib_buffer_comes_from_the_heap_once_run_has_set_the_thresholds() -> None:
+    assert _mapped_after("assert _keep_tls_reads_on_the_heap()") == 0
+
+
 def test_settling_the_heap_before_the_first_request_sets_the_thresholds() -> None:
     # run's own call, before the first request, not only a helper nothing may call
-    default, settled = _child(CHILD.replace("CALL", "_settle_heap()"))
-    assert default >= 16 * 256 * 1024
-    assert settled == 0
+    assert _mapped_after("_settle_heap()") == 0
 
 
-@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt(3) is glibc's")
 def test_freed_tls_buffers_stay_on_the_heap_up_to_4_mib_and_go_back_beyond() -> None:
     # at glibc's 128 KiB trim threshold, freeing 3.5 MiB at the top of the heap would shrink it (and
     # the next response would grow it again); at 4 MiB it stays, and 4.5 MiB freed is trimmed

@@ -93,16 +93,13 @@ def _chain(*links: VerifiedLink) -> VerifiedDelegation:
     return dataclasses.replace(VERIFIED, links=links, expires_at=min(exps) if exps else None)
 
 
-@pytest.mark.parametrize(("issuer", "refused"), [("issuer", False), ("https://other.example", True)])
-def test_an_issuer_mirror_must_be_the_tokens_iss(issuer: str, refused: bool) -> None:
+def test_an_issuer_mirror_must_be_the_tokens_iss() -> None:
     """Delegation.issuer mirrors the authority JWT's iss; naming another issuer is refused."""
-    mirror = dataclasses.replace(MIRROR, issuer=issuer, max_accesses=None, quota_period_s=None)
-    verified = dataclasses.replace(_chain(_link(NOW + 3600, None)), scope=VERIFIED.scope)
-    if not refused:
-        check_mirror(mirror, verified, NOW)
-        return
+    verified = _chain(_link(NOW + 3600, None))
+    mirror = dataclasses.replace(MIRROR, max_accesses=None, quota_period_s=None)
+    check_mirror(dataclasses.replace(mirror, issuer="issuer"), verified, NOW)
     with pytest.raises(DelegationError) as caught:
-        check_mirror(mirror, verified, NOW)
+        check_mirror(dataclasses.replace(mirror, issuer="https://other.example"), verified, NOW)
     assert (caught.value.reason, caught.value.detail) == (
         "mirror-mismatch",
         "delegation.issuer is not the token's iss",
@@ -111,7 +108,7 @@ def test_an_issuer_mirror_must_be_the_tokens_iss(issuer: str, refused: bool) -> 
 
 def test_principal_domain_and_id_mirror_no_claim() -> None:
     """principal_domain names no claim (an OIDC iss names the identity provider): not compared."""
-    verified = dataclasses.replace(_chain(_link(NOW + 3600, None)), scope=VERIFIED.scope)
+    verified = _chain(_link(NOW + 3600, None))
     mirror = dataclasses.replace(
         MIRROR, principal_domain="elsewhere.example", principal_id="x", max_accesses=None, quota_period_s=None
     )

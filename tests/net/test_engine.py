@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import socket
 from collections.abc import AsyncIterator
 
@@ -177,7 +178,7 @@ async def test_a_client_that_reads_nothing_is_cut_off_after_client_idle_s() -> N
                 raise
             return False
 
-    limits = Limits(max_header_bytes=1024, max_body_bytes=64, client_idle_s=0.5, read_s=5.0)
+    limits = dataclasses.replace(LIMITS, client_idle_s=0.5)
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.setblocking(False)

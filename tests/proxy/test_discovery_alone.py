@@ -23,6 +23,8 @@ MANIFEST: dict[str, Any] = {
 }
 
 
+OWN = "https://pub.example/.well-known/svc.json"
+MANIFEST_BODY = json.dumps(MANIFEST).encode()
 EXCHANGE = "https://x.example/v1/svc.v1.ExchangeService/DiscoverResources"
 
 
@@ -128,12 +130,7 @@ class UnlistedRequester(Requester):
 
 
 async def test_an_unlisted_exchange_gets_the_requester_without_its_delegation() -> None:
-    fetch = Fetches(
-        {
-            "https://pub.example/.well-known/svc.json": (200, json.dumps(MANIFEST).encode()),
-            EXCHANGE: (200, b"{}"),
-        }
-    )
+    fetch = Fetches({OWN: (200, MANIFEST_BODY), EXCHANGE: (200, b"{}")})
     finding = await discovery(fetch, UnlistedRequester(), discover_resources=True).find("x", EDGE)
     _, url, body = fetch.calls[-1]
     assert url == EXCHANGE
@@ -142,9 +139,6 @@ async def test_an_unlisted_exchange_gets_the_requester_without_its_delegation() 
 
 
 # --- issue 16 item 5: discovery is a request-forgery channel ---------------------------------------
-
-OWN = "https://pub.example/.well-known/svc.json"
-MANIFEST_BODY = json.dumps(MANIFEST).encode()
 
 
 async def test_discovery_request_forgery_the_refusing_origin_is_fetched_as_the_agents_request() -> None:

@@ -13,12 +13,14 @@ from signing_proxy.errors import ConfigError, ProxyError
 from signing_proxy.proxy.gateway import GatewayPipeline
 
 
-def config(tmp_path: Path, **gateway: object) -> Config:
-    raw = {
+def config(tmp_path: Path, *, verify: dict[str, object] | None = None, **gateway: object) -> Config:
+    raw: dict[str, object] = {
         "mode": "gateway",
         "data_dir": str(tmp_path),
         "gateway": {"upstream": "http://127.0.0.1:9000", **gateway},
     }
+    if verify is not None:
+        raw["verify"] = verify
     return parse_config(raw)
 
 
@@ -59,13 +61,7 @@ def test_the_backend_is_an_origin(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("accepted", [True, False])
 async def test_the_gateway_takes_the_verify_sections_profile_switch(tmp_path: Path, accepted: bool) -> None:
-    raw = {
-        "mode": "gateway",
-        "data_dir": str(tmp_path),
-        "gateway": {"upstream": "http://127.0.0.1:9000"},
-        "verify": {"web_bot_auth": accepted, "fetches_per_s": 7},
-    }
-    pipeline = GatewayPipeline(parse_config(raw))
+    pipeline = GatewayPipeline(config(tmp_path, verify={"web_bot_auth": accepted, "fetches_per_s": 7}))
     try:
         verifier = pipeline.verifier.verifier
         assert verifier.policy.web_bot_auth is accepted

@@ -565,6 +565,15 @@ def test_fuzz_parse_signature_agent(value: str) -> None:
     _only_package_errors(lambda: parse_signature_agent(value))
 
 
+def _string_by_http_sf(value: str) -> str | None:
+    """The String http-sf reads in ``value`` (None: refused, or not a bare String)."""
+    try:
+        bare, params = parse_item(value)
+    except (ValueError, UnicodeEncodeError):
+        return None
+    return bare if isinstance(bare, str) and not params else None
+
+
 def _agent_by_the_sf_parser(value: str) -> str | None:
     """parse_signature_agent as it reads every quoted value: the full RFC 8941 Item parser."""
     value = value.strip()
@@ -572,11 +581,8 @@ def _agent_by_the_sf_parser(value: str) -> str | None:
         return None
     if not value.startswith('"'):
         return parse_signature_agent(value)  # a bare URL: no structured field involved
-    try:
-        url, params = parse_item(value)
-    except (ValueError, UnicodeEncodeError):
-        return "refused"
-    if not isinstance(url, str) or params:
+    url = _string_by_http_sf(value)
+    if url is None:
         return "refused"
     if not url.startswith(("https://", "http://")) or any(c in url for c in ' "<>\\'):
         return "refused"
@@ -621,15 +627,6 @@ def test_the_plain_string_reading_of_signature_agent_is_the_sf_parsers(value: st
 def test_rare_characters_in_signature_agent_read_as_the_sf_parser_reads_them(value: str) -> None:
     # characters the regular expression must leave to http-sf, rare in what Hypothesis draws
     _assert_read_as_the_sf_parser_reads(value)
-
-
-def _string_by_http_sf(value: str) -> str | None:
-    """The String http-sf reads in ``value`` (None: refused, or not a bare String)."""
-    try:
-        bare, params = parse_item(value)
-    except (ValueError, UnicodeEncodeError):
-        return None
-    return bare if isinstance(bare, str) and not params else None
 
 
 @pytest.mark.parametrize(

@@ -75,6 +75,26 @@ class World:
             **caps,
         )
 
+    def child(self, authority: str, agent: SigningKey, max_accesses: int) -> str:
+        """A child of ``authority`` from the principal to ``agent``, capping its own accesses."""
+        return extend_chain(
+            authority,
+            self.principal,
+            holder_jkt=agent.thumbprint,
+            now=NOW,
+            scope=["dist:US:CA"],
+            exp=NOW + 1800,
+            max_accesses=max_accesses,
+        )
+
+    def sign_as(self, agent: SigningKey) -> None:
+        """Sign from now on with ``agent``'s key, now the one the agent directory lists."""
+        self.agent = agent
+        self.fetch.answers[AGENT + "/.well-known/http-message-signatures-directory"] = _directory(
+            DirectoryKey(agent.public, NOW - 60, NOW + 3600)
+        )
+        self.gateway.verifier.resolver._cache.clear()  # the next agent's key, from its directory
+
     def body(self, chain: str | None = None, **requester: Any) -> bytes:
         delegation = None
         if chain is not None:
@@ -384,20 +404,8 @@ async def test_siblings_share_the_cap_of_the_grant_they_came_from(world: World) 
     authority = world.authority(max_accesses=2)
     outcomes: list[object] = []
     for n, agent in enumerate([world.agent, SigningKey.generate(), SigningKey.generate()]):
-        chain = extend_chain(
-            authority,
-            world.principal,
-            holder_jkt=agent.thumbprint,
-            now=NOW,
-            scope=["dist:US:CA"],
-            exp=NOW + 1800,
-            max_accesses=2,
-        )
-        world.agent = agent
-        world.fetch.answers[AGENT + "/.well-known/http-message-signatures-directory"] = _directory(
-            DirectoryKey(agent.public, NOW - 60, NOW + 3600)
-        )
-        world.gateway.verifier.resolver._cache.clear()  # the next agent's key, from its directory
+        chain = world.child(authority, agent, max_accesses=2)
+        world.sign_as(agent)
         for t in range(2):
             world.clock.now = NOW + 10 * n + t  # a new created: never a replay
             try:
@@ -410,15 +418,7 @@ async def test_siblings_share_the_cap_of_the_grant_they_came_from(world: World) 
 
 async def test_a_childs_own_cap_counts_apart_from_its_parents(world: World) -> None:
     # the authority allows 3; the child for this agent allows 1: the child's cap decides first
-    narrow = extend_chain(
-        world.authority(max_accesses=3),
-        world.principal,
-        holder_jkt=world.agent.thumbprint,
-        now=NOW,
-        scope=["dist:US:CA"],
-        exp=NOW + 1800,
-        max_accesses=1,
-    )
+    narrow = world.child(world.authority(max_accesses=3), world.agent, max_accesses=1)
     verdict = await world.check(world.body(narrow))
     assert verdict.remaining_accesses == 0  # the child's count is the binding one
     world.clock.now = NOW + 1
@@ -432,20 +432,8 @@ async def test_siblings_have_their_own_caps_under_the_shared_one(world: World) -
     authority = world.authority(max_accesses=3)
     outcomes: list[object] = []
     for n, agent in enumerate([world.agent, SigningKey.generate()]):
-        chain = extend_chain(
-            authority,
-            world.principal,
-            holder_jkt=agent.thumbprint,
-            now=NOW,
-            scope=["dist:US:CA"],
-            exp=NOW + 1800,
-            max_accesses=1,
-        )
-        world.agent = agent
-        world.fetch.answers[AGENT + "/.well-known/http-message-signatures-directory"] = _directory(
-            DirectoryKey(agent.public, NOW - 60, NOW + 3600)
-        )
-        world.gateway.verifier.resolver._cache.clear()
+        chain = world.child(authority, agent, max_accesses=1)
+        world.sign_as(agent)
         for t in range(2):
             world.clock.now = NOW + 10 * n + t
             try:

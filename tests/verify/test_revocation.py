@@ -251,7 +251,8 @@ async def test_sets_kept_aside_are_charged_per_thumbprint_and_large_ones_push_th
     poller = RevocationPoller(fetch, clock=clock, sleep=lambda _s: asyncio.Event().wait())
     poller.attach(resolver)
     per_set = 5_000  # 800,000 bytes charged at 160 a thumbprint: two sets fit in 2 MiB, three do not
-    assert 2 * per_set * 160 <= RETIRED_BYTES < 3 * per_set * 160
+    charged = per_set * REVOKED_ENTRY_COST
+    assert 2 * charged <= RETIRED_BYTES < 3 * charged
     bases = [f"https://d{n}.example" for n in range(6)]
     for base in bases:
         revocations = f"{base}/revoked.json"
@@ -262,7 +263,7 @@ async def test_sets_kept_aside_are_charged_per_thumbprint_and_large_ones_push_th
         await resolver.get(base)  # evicts the previous directory (one entry at most): its set goes aside
         assert len(await poller.ensure(directory_url(base), revocations)) == per_set
     assert list(poller._retired) == [directory_url(base) for base in bases[3:5]]  # the oldest went
-    assert poller._retired.bytes == 2 * per_set * 160
+    assert poller._retired.bytes == 2 * charged
     await poller.close()
 
 
