@@ -17,7 +17,8 @@ from collections.abc import Awaitable, Callable
 from ..core.uri import Target
 from ..errors import ProxyError
 from .framing import HOP_BY_HOP, Outgoing
-from .server import AbortConnection, ClientConnection
+from .request import AbortConnection
+from .server import ClientConnection
 from .upstream import ResponseHead, UpstreamConnection, UpstreamPool
 
 __all__ = ["HELD_BODY_MAX_BYTES", "BodyTap", "DrainSink", "ResponseStream", "forward"]

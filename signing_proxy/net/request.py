@@ -45,6 +45,7 @@ class Request:
         "content_length",
         "fields",
         "framed",
+        "head_bytes",
         "head_done",
         "headers",
         "held",
@@ -71,9 +72,33 @@ class Request:
         self.framed = False  # the client sent Content-Length or Transfer-Encoding
         self.head_done = False  # field lines after this are chunked trailers: never headers
         self.fields = 0  # field lines seen, trailers included
+        self.head_bytes = 0  # the target's and the field lines' bytes, trailers included
         self.held = 0  # body bytes counted against the engine's buffered budget
         self.over_budget = False  # the engine's budget for buffered bodies ran out for this one
         self.upgrade: str | None = None  # "websocket": the bytes after this request belong to a pipe
+
+    def add_url(self, url: bytes, limits: Limits) -> None:
+        """More of the request target, as it is parsed; 414 past ``limits.max_request_line_bytes``."""
+        self.url += url
+        self.head_bytes += len(url)
+        if len(self.url) > limits.max_request_line_bytes:
+            raise ProxyError(414, "uri-too-long", "request target exceeds limits.max_request_line_bytes")
+
+    def add_field(self, name: bytes, value: bytes, limits: Limits) -> None:
+        """One field line, as it is parsed; 431 past ``limits.max_header_fields`` or ``max_header_bytes``."""
+        self.fields += 1
+        self.head_bytes += len(name) + len(value) + 4
+        if self.fields > limits.max_header_fields:
+            raise ProxyError(
+                431, "too-many-header-fields", "the request has more than limits.max_header_fields"
+            )
+        if self.head_bytes > limits.max_header_bytes:
+            raise ProxyError(
+                431, "header-too-large", "request header section exceeds limits.max_header_bytes"
+            )
+        if self.head_done:
+            return  # a chunked trailer: never merged into the (signed) header section; dropped
+        self.headers.append((name.decode("latin-1"), value.decode("latin-1")))
 
     def upgrades_to_websocket(self) -> bool:
         """``Upgrade: websocket`` (the only upgrade we proxy) with no body of its own."""

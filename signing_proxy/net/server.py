@@ -13,28 +13,20 @@ import contextlib
 import json
 import logging
 import socket
-import typing
 from collections import deque
 from collections.abc import Callable, Coroutine
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import httptools
 
 from ..core.uri import Target
 from ..errors import ProxyError
 from .framing import problem_response, response_head
-from .request import AbortConnection, Limits, Request, busy, full, parse_connect_target
+from .outbox import Outbox
+from .request import AbortConnection, Limits, Request, busy, full
 from .timers import TIMER_SLACK_S, Deadline
 
-__all__ = [
-    "AbortConnection",
-    "ClientConnection",
-    "Engine",
-    "Handler",
-    "Limits",
-    "Request",
-    "parse_connect_target",
-]
+__all__ = ["ClientConnection", "Engine", "Handler"]
 
 log = logging.getLogger("signing_proxy.proxy")
 
@@ -98,7 +90,7 @@ class ClientConnection(asyncio.Protocol):
         self.keep_alive = True
         self.request_version = "1.1"
         self.upstream: Any = None  # the upstream connection of the exchange in flight (flow control)
-        self.busy = False  # an exchange is in flight (graceful shutdown waits for it)
+        self._serving: Request | None = None  # the request in the handler's hands
         self.written = 0  # bytes written to the client, all exchanges
         self._parser: httptools.HttpRequestParser | None = httptools.HttpRequestParser(self)
         self._eof = False  # the client half-closed: answer what it sent, then close
@@ -107,8 +99,8 @@ class ClientConnection(asyncio.Protocol):
         self._waiter: asyncio.Future[None] | None = None
         self.loop = asyncio.get_running_loop()  # once: each call is a getpid(2)
         self._timer = Deadline(self.loop)  # every wait's limit, without a timer per wait
+        self.outbox = Outbox(self.loop)  # what write() holds until the loop's pass ends
         self._closed = False
-        self._header_bytes = 0
         self._in_head = True  # between requests, or inside a head: what arrives is bounded by head limits
         self._head_fed = 0
         self._upgraded = False  # CONNECT: the bytes after the head belong to the tunnel
@@ -118,14 +110,22 @@ class ClientConnection(asyncio.Protocol):
         self._drain_waiter: asyncio.Future[None] | None = None
         self._task: asyncio.Task[None] | None = None
         self._reading_paused = False
+        self._broken: ProxyError | None = (
+            None  # a later request's refusal, owed once those before it are answered
+        )
 
     @property
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def busy(self) -> bool:
+        """An exchange is in flight (graceful shutdown waits for it)."""
+        return self._serving is not None
+
     # --- transport callbacks ---
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = typing.cast(asyncio.Transport, transport)  # uvloop's are not subclasses
+        self.transport = self.outbox.transport = cast(asyncio.Transport, transport)  # uvloop: not a subclass
         peer = transport.get_extra_info("peername")
         self.client_ip = str(peer[0]) if peer else "-"
         sock = transport.get_extra_info("socket")
@@ -184,8 +184,7 @@ class ClientConnection(asyncio.Protocol):
             return None
         self._eof = True
         self._wake()
-        # A half-close after a complete request still deserves its answer (RFC 9112 section 9.6):
-        # keep writing until the requests already read are answered, then close.
+        # RFC 9112 section 9.6: a half-close after a complete request still gets its answer, then a close
         return True if (self._ready or self.busy) and not self._upgraded else None
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -221,34 +220,16 @@ class ClientConnection(asyncio.Protocol):
     # --- llhttp callbacks ---
     def on_message_begin(self) -> None:
         self._current = Request()
-        self._header_bytes = 0
         self._in_head = True
         self._head_fed = 0
 
     def on_url(self, url: bytes) -> None:
         assert self._current is not None
-        self._current.url += url
-        self._header_bytes += len(url)
-        if len(self._current.url) > self.engine.limits.max_request_line_bytes:
-            raise ProxyError(414, "uri-too-long", "request target exceeds limits.max_request_line_bytes")
+        self._current.add_url(url, self.engine.limits)
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        req = self._current
-        assert req is not None
-        limits = self.engine.limits
-        req.fields += 1
-        self._header_bytes += len(name) + len(value) + 4
-        if req.fields > limits.max_header_fields:
-            raise ProxyError(
-                431, "too-many-header-fields", "the request has more than limits.max_header_fields"
-            )
-        if self._header_bytes > limits.max_header_bytes:
-            raise ProxyError(
-                431, "header-too-large", "request header section exceeds limits.max_header_bytes"
-            )
-        if req.head_done:
-            return  # a chunked trailer: never merged into the (signed) header section; dropped
-        req.headers.append((name.decode("latin-1"), value.decode("latin-1")))
+        assert self._current is not None
+        self._current.add_field(name, value, self.engine.limits)
 
     def on_headers_complete(self) -> None:
         req = self._current
@@ -321,7 +302,7 @@ class ClientConnection(asyncio.Protocol):
         deadline = loop.time() + limit_s
         try:
             while not condition():
-                if self._closed or self._eof or loop.time() >= deadline - TIMER_SLACK_S:
+                if self._closed or self._eof or self._broken or loop.time() >= deadline - TIMER_SLACK_S:
                     return False
                 self._timer.set(deadline, self._wake)
                 self._waiter = loop.create_future()
@@ -334,7 +315,7 @@ class ClientConnection(asyncio.Protocol):
     def write(self, data: bytes) -> None:
         if self.transport is not None and not self.transport.is_closing():
             self.written += len(data)
-            self.transport.write(data)
+            self.outbox.write(data)
 
     async def drain(self) -> None:
         """Wait for the client to read; one that reads nothing for ``client_idle_s`` is cut off."""
@@ -350,7 +331,7 @@ class ClientConnection(asyncio.Protocol):
         if self._linger is not None:
             return  # a lingering close ends by its own timer or the client's EOF
         if self.transport is not None and not self.transport.is_closing():
-            self.transport.close()
+            self.outbox.close()
 
     def linger(self) -> None:
         """Close after an answer the client may still be sending into (RFC 9112 section 9.6): half-close,
@@ -361,9 +342,9 @@ class ClientConnection(asyncio.Protocol):
             return
         self._closed = True  # nothing more is parsed or served
         if not transport.can_write_eof():
-            transport.close()
+            self.outbox.close()
             return
-        transport.write_eof()
+        self.outbox.write_eof()
         if self._reading_paused:
             self._reading_paused = False
             transport.resume_reading()
@@ -381,17 +362,32 @@ class ClientConnection(asyncio.Protocol):
 
     def take_over(self) -> asyncio.Transport | None:
         """Detach the transport (for a tunnel): this connection then closes nothing; None if gone."""
-        raw, self.transport = self.transport, None
+        raw, self.transport = self.outbox.release(), None
         self.engine.connections.discard(self)
         if raw is None or raw.is_closing():
             return None
         return raw
 
-    def _protocol_error(self, exc: Exception) -> None:
+    def _protocol_error(self, exc: Exception, refused: Request | None = None) -> None:
+        """Refuse what cannot be parsed (or ``refused``), once the requests read before it are answered."""
         cause = exc.__context__ if isinstance(exc.__context__, ProxyError) else exc
         if not isinstance(cause, ProxyError):
             cause = ProxyError(400, "malformed-request", f"cannot parse the request ({exc})")
-        self.write_problem(cause, close=True)  # the stream cannot be trusted past this point
+        self._parser = None  # the stream cannot be trusted past this point: nothing more is parsed
+        owner = refused or (
+            self._current if self._current is not None and not self._current.complete else None
+        )
+        if owner is not None and owner in self._ready:  # refused: never served
+            self._ready.remove(owner)
+            self.engine.release(owner)
+        if self._ready or (self._serving is not None and self._serving is not owner):
+            self._broken = cause  # RFC 9112 section 9.3.2: the requests before it are answered first
+            self._wake()
+            return
+        self._refuse(cause)
+
+    def _refuse(self, cause: ProxyError) -> None:
+        self.write_problem(cause, close=True)
         self.linger()
         self._closed = True
         self._wake()
@@ -402,7 +398,8 @@ class ClientConnection(asyncio.Protocol):
             req.upgrade = "websocket"  # RFC 6455 section 4.1: answered by the handler, then piped
         elif req is None or req.method != "CONNECT":
             self._protocol_error(
-                ProxyError(400, "upgrade-not-supported", "only WebSocket upgrades (and CONNECT) are proxied")
+                ProxyError(400, "upgrade-not-supported", "only WebSocket upgrades (and CONNECT) are proxied"),
+                req,
             )
             return
         req.complete = True
@@ -468,6 +465,8 @@ class ClientConnection(asyncio.Protocol):
             handler = self.engine.handler
             while not self._closed:
                 if not await self._wait(lambda: bool(self._ready), idle_s):
+                    if self._broken is not None and not self._closed:
+                        self._refuse(self._broken)  # what came before it is answered
                     break
                 req = self._ready.popleft()
                 if (
@@ -481,11 +480,11 @@ class ClientConnection(asyncio.Protocol):
                 # after a CONNECT or Upgrade head no request follows: a tunnel, or closed after the answer
                 self.keep_alive = req.keep_alive and not self._upgraded
                 self.request_version = req.version
-                self.busy = True
+                self._serving = req
                 try:
                     keep = await handler.serve(self, req)
                 finally:
-                    self.busy = False
+                    self._serving = None
                     self.engine.release(req)
                 if not keep:
                     break

@@ -14,17 +14,17 @@ import functools
 import os
 import socket
 import ssl
-import typing
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar, cast
 
 import httptools
 
 from ..config import UpstreamConfig
 from ..core.uri import Target
 from ..errors import ProxyError
+from .outbox import Outbox
 from .timers import Deadline
 
 __all__ = [
@@ -122,12 +122,13 @@ class UpstreamConnection(asyncio.Protocol):
         # One deadline serves the read timeout while an exchange is in flight, then the pool's expiry.
         self._loop = asyncio.get_running_loop()  # once (made by the loop's factory): each call is a getpid(2)
         self._timer = Deadline(self._loop)
+        self.outbox = Outbox(self._loop)  # requests leave at the end of the loop's pass
         self._on_expire: Callable[[UpstreamConnection], None] | None = None
         self.bytes_in = 0
 
     # --- transport callbacks ---
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = typing.cast(asyncio.Transport, transport)  # uvloop's are not subclasses
+        self.transport = self.outbox.transport = cast(asyncio.Transport, transport)  # uvloop: not a subclass
         sock = transport.get_extra_info("socket")
         if sock is not None:
             with contextlib.suppress(OSError):
@@ -267,10 +268,10 @@ class UpstreamConnection(asyncio.Protocol):
         self._close_delimited = False
         self._timer.set(self._loop.time() + self.read_timeout_s, self._timed_out)
         if len(body) <= COALESCE_MAX_BYTES:
-            self.transport.write(head + body if body else head)  # one segment for small requests
+            self.outbox.write(head + body if body else head)  # one segment for small requests
         else:
-            self.transport.write(head)  # a large body is not copied once more to join it to its head
-            self.transport.write(body)
+            self.outbox.write(head)  # a large body is not copied once more to join it to its head
+            self.outbox.write(body)  # (written at once, after the head)
 
     def _timed_out(self) -> None:
         self.reusable = False
@@ -315,14 +316,14 @@ class UpstreamConnection(asyncio.Protocol):
 
     def close(self) -> None:
         if self.transport is not None and not self.transport.is_closing():
-            self.transport.close()
+            self.outbox.close()
 
     @property
     def is_usable(self) -> bool:
         return self.reusable and self.transport is not None and not self.transport.is_closing()
 
 
-_P = typing.TypeVar("_P", bound=asyncio.Protocol)
+_P = TypeVar("_P", bound=asyncio.Protocol)
 
 
 async def open_upstream(

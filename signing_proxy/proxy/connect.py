@@ -27,7 +27,8 @@ from ..config import Config, host_matches
 from ..core.uri import Target
 from ..errors import ProxyError
 from ..net.leaves import LeafContextCache
-from ..net.server import ClientConnection, Request, parse_connect_target
+from ..net.request import Request, parse_connect_target
+from ..net.server import ClientConnection
 from ..net.tls import CERTIFICATE_ALERTS
 from ..net.tunnel import CONNECT_ESTABLISHED, BlindTunnel, TunnelStart
 from ..net.upstream import open_upstream

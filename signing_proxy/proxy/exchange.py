@@ -28,7 +28,8 @@ from ..errors import ProxyError
 from ..metrics import Metrics
 from ..net.forward import ResponseStream, forward
 from ..net.framing import Outgoing
-from ..net.server import AbortConnection, ClientConnection, Request
+from ..net.request import AbortConnection, Request
+from ..net.server import ClientConnection
 from ..net.tunnel import BlindTunnel
 from ..net.upstream import UpstreamPool
 from ..net.websocket import switch

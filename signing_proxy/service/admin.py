@@ -12,7 +12,8 @@ from collections.abc import Callable
 
 from .. import __version__
 from ..metrics import CONTENT_TYPE
-from ..net.server import ClientConnection, Request
+from ..net.request import Request
+from ..net.server import ClientConnection
 from ..proxy.exchange import LocalEndpoint
 
 __all__ = ["HEALTH", "Readiness", "local_endpoints"]

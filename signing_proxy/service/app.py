@@ -25,7 +25,8 @@ from ..metrics import Metrics
 from ..net.client import FetchedResponse, HttpClient
 from ..net.egress import EgressPolicy
 from ..net.framing import Outgoing
-from ..net.server import ClientConnection, Engine, Limits
+from ..net.request import Limits
+from ..net.server import ClientConnection, Engine
 from ..net.upstream import UpstreamPool
 from ..proxy.access import AccessControl
 from ..proxy.accesslog import AccessLog

@@ -16,7 +16,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from signing_proxy.net.server import ClientConnection, Engine, Limits, Request
+from signing_proxy.net.request import Limits, Request
+from signing_proxy.net.server import ClientConnection, Engine
 from tests.harness import WAIT_S
 
 HEAD_FIELDS = 200  # each 400 bytes: 80 KB, over the 64 KiB head limit (431)

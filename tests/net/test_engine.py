@@ -12,7 +12,8 @@ from collections.abc import AsyncIterator
 import pytest
 
 from signing_proxy.errors import ProxyError
-from signing_proxy.net.server import AbortConnection, ClientConnection, Engine, Handler, Limits, Request
+from signing_proxy.net.request import AbortConnection, Limits, Request
+from signing_proxy.net.server import ClientConnection, Engine, Handler
 
 LIMITS = Limits(max_header_bytes=1024, max_body_bytes=64, client_idle_s=5.0, read_s=5.0)
 WAIT_S = 5.0
@@ -121,6 +122,85 @@ async def test_a_malformed_request_is_400_and_closes(engine: tuple[Engine, Echo,
     )
     assert answer.startswith(b"HTTP/1.1 400 ")
     assert b"Connection: close" in answer
+    assert handler.seen == []
+
+
+@pytest.mark.parametrize(
+    "broken",
+    [
+        b"GET /b HTTP/1.1\r\nBad Header\r\n\r\n",  # a field line without a colon
+        b"GARBAGE\r\n\r\n",  # not even a request line
+        b"GET /b HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 2000 + b"\r\n\r\n",  # a head over the limit
+        b"POST /b HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",  # broken chunk
+        b"GET /b HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n",  # refused, never served
+    ],
+    ids=["field-line", "request-line", "head-too-large", "chunk-framing", "other-upgrade"],
+)
+@pytest.mark.parametrize("half_close", [False, True], ids=["open", "half-closed"])
+async def test_a_broken_request_after_a_good_one_is_refused_after_the_good_ones_answer(
+    engine: tuple[Engine, Echo, int], broken: bytes, half_close: bool
+) -> None:
+    # RFC 9112 section 9.3.2: answers go in the order of the requests. The refusal used to be
+    # written at once and the connection half-closed: the good request was never answered, and its
+    # client read the 400 as its answer.
+    _, handler, port = engine
+    reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), WAIT_S)
+    try:
+        writer.write(b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n" + broken)
+        if half_close:  # the client sent all it will: the answers it is owed still come
+            writer.write_eof()
+        answer = await asyncio.wait_for(reader.read(-1), WAIT_S)
+    finally:
+        writer.close()
+    assert [s[:2] for s in handler.seen] == [("GET", b"/a")]
+    first, _, rest = answer.partition(b"GET /a ")
+    assert first.startswith(b"HTTP/1.1 200 OK\r\n")
+    assert rest.startswith(b"HTTP/1.1 4")
+    assert b"Connection: close" in rest
+    assert rest.count(b"HTTP/1.1 ") == 1
+
+
+class Slow(Echo):
+    """``Echo`` that holds each answer until ``go`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.go = asyncio.Event()
+        self.started = asyncio.Event()
+
+    async def serve(self, conn: ClientConnection, req: Request) -> bool:
+        self.started.set()
+        await self.go.wait()
+        return await super().serve(conn, req)
+
+
+async def test_a_broken_request_arriving_while_one_is_in_flight_waits_for_its_answer() -> None:
+    handler = Slow()
+    async with running(handler, LIMITS) as (_, port):
+        reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), WAIT_S)
+        try:
+            writer.write(b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n")
+            await asyncio.wait_for(handler.started.wait(), WAIT_S)
+            writer.write(b"GET /b HTTP/1.1\r\nBad Header\r\n\r\n")
+            await asyncio.sleep(0.05)  # the broken request is read while /a is in flight
+            handler.go.set()
+            answer = await asyncio.wait_for(reader.read(-1), WAIT_S)
+        finally:
+            writer.close()
+    assert answer.startswith(b"HTTP/1.1 200 OK\r\n")
+    assert answer.index(b"GET /a ") < answer.index(b"HTTP/1.1 400 ")
+    assert handler.seen == [("GET", b"/a", b"")]
+
+
+async def test_a_broken_body_of_the_request_in_flight_is_refused_at_once() -> None:
+    # the error belongs to the request being served: nothing is answered before it, so nothing waits
+    handler = Echo()
+    async with running(handler, LIMITS) as (_, port):
+        answer = await exchange(
+            port, b"POST /a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\nzz\r\n"
+        )
+    assert answer.startswith(b"HTTP/1.1 400 ")
+    assert answer.count(b"HTTP/1.1 ") == 1
     assert handler.seen == []
 
 

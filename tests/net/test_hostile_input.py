@@ -18,7 +18,8 @@ from signing_proxy.config import TimeoutsConfig, UpstreamConfig
 from signing_proxy.core.jwk import SigningKey
 from signing_proxy.errors import ProxyError
 from signing_proxy.net.client import HttpClient
-from signing_proxy.net.server import ClientConnection, Engine, Limits, Request
+from signing_proxy.net.request import Limits, Request
+from signing_proxy.net.server import ClientConnection, Engine
 from signing_proxy.net.upstream import UpstreamPool
 from tests.harness import WAIT_S, ProxyProcess, VerifyingOrigin
 
