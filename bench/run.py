@@ -6,7 +6,10 @@ Starts a fast loopback origin (bench/origin.py), ``signing-proxy run`` and ``wrk
 the OS packages when missing), pins the load generator and the origin to core 0 and the proxy to
 core 1 when there are two cores, and prints requests/s, p50/p99 latency and proxy CPU per request
 for GET and POST 1 KiB at 1, 16 and 64 connections — direct and through the proxy — plus peak RSS
-while streaming 100 MiB and micro-figures of the core signer. The origin verifies a sample of the
+while streaming 100 MiB and micro-figures of the core signer. Then the headline figures again, in
+alternating rounds (``--headline-rounds``, default 3): the default configuration against the naive
+signer at 64 connections and the added p50 at one connection, with their medians, since rows
+measured minutes apart drift apart with the machine's speed. The origin verifies a sample of the
 proxied requests and the run fails if any sample does not verify.
 """
 
@@ -20,6 +23,7 @@ import re
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -375,6 +379,57 @@ def gateway_rows(  # noqa: PLR0917
     return rows
 
 
+def headline(  # noqa: PLR0917
+    wrk: str, pid: int, port: int, key_path: Path, origin_port: int, tmp: Path, duration: int, rounds: int
+) -> dict[str, object]:
+    """The issue-21 figures again, in ``rounds`` alternating rounds: the default proxy and the naive
+    signer (POST 1 KiB, 64 connections), the origin direct and the default proxy (one connection).
+    Rows measured minutes apart drift apart with the machine's speed; alternating, they drift
+    together, and the medians say what holds."""
+    naive_port = free_port()
+    naive_cmd = [*pin(1), PY, str(ROOT / "bench/naive.py"), "--port", str(naive_port)]
+    per_round: list[dict[str, float]] = []
+    with process([*naive_cmd, "--mode", "sign", "--key", str(key_path)]) as naive:
+        wait_port(naive_port)
+        for _ in range(rounds):
+            ours = load_rows(wrk, DEFAULT_ROW, pid, port, origin_port, "POST", [64], duration, tmp)[0]
+            theirs = load_rows(
+                wrk, NAIVE_SIGN_ROW, naive.pid, naive_port, origin_port, "POST", [64], duration, tmp
+            )[0]
+            direct = run_wrk(wrk, origin_port, "/bench", "POST", 1, duration, tmp)
+            one = load_rows(wrk, DEFAULT_ROW, pid, port, origin_port, "POST", [1], duration, tmp)[0]
+            per_round.append(
+                {
+                    "rps": ours[4][0],
+                    "cpu_us_per_request": ours[5],
+                    "p99_ms": ours[4][2],
+                    "naive_rps": theirs[4][0],
+                    "naive_cpu_us_per_request": theirs[5],
+                    "ratio": ours[4][0] / theirs[4][0],
+                    "added_p50_ms_1conn": one[4][1] - direct[1],
+                }
+            )
+    medians = {name: statistics.median(r[name] for r in per_round) for name in per_round[0]}
+    return {"rounds": per_round, "median": medians}
+
+
+def print_headline(doc: dict[str, Any], duration: int) -> None:
+    rounds: list[dict[str, float]] = doc["rounds"]
+    print(
+        f"\nHeadline, {len(rounds)} alternating rounds ({duration} s runs; POST 1 KiB; default "
+        "configuration against the naive signer at 64 connections, then the origin direct and the "
+        "proxy at 1):"
+    )
+    for i, r in enumerate([*rounds, doc["median"]], 1):
+        label = f"round {i}" if i <= len(rounds) else "median "
+        print(
+            f"  {label}: {r['rps']:>7.0f} req/s  cpu {r['cpu_us_per_request']:.1f} us/req  "
+            f"p99 {r['p99_ms']:.2f} ms | naive-sign {r['naive_rps']:>6.0f} req/s "
+            f"{r['naive_cpu_us_per_request']:.1f} us/req | {r['ratio']:.2f}x | added p50 at 1 conn "
+            f"{r['added_p50_ms_1conn']:.2f} ms"
+        )
+
+
 def side_table(rows: list[Row]) -> list[dict[str, object]]:
     """A side benchmark's rows (relay, gateway) for the JSON output."""
     return [
@@ -432,6 +487,12 @@ def main() -> int:
         type=int,
         default=2,
         help="also a row with run --workers N, unpinned (default 2; 1: none)",
+    )
+    parser.add_argument(
+        "--headline-rounds",
+        type=int,
+        default=3,
+        help="alternating rounds of the headline figures after the table (default 3; --quick: 1; 0: none)",
     )
     parser.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     args = parser.parse_args()
@@ -518,6 +579,11 @@ def main() -> int:
                     rows += load_rows(
                         wrk, name, ref.pid, port, origin_port, "POST", conn_counts, duration, tmp
                     )
+            rounds = min(args.headline_rounds, 1) if args.quick else args.headline_rounds
+            if rounds > 0:
+                results["headline"] = headline(
+                    wrk, default_proxy.pid, default_port, key_path, origin_port, tmp, duration, rounds
+                )
             if args.workers > 1:  # scaling: the default configuration with N workers
                 port = free_port()
                 scaled = start_proxy(default_config, port, "workers.log", args.workers)
@@ -600,6 +666,8 @@ def main() -> int:
                     f"  {conns:>3} conns: {ours} / {theirs}: {a[4][0] / b[4][0]:.2f}x req/s, "
                     f"{a[5]:.1f} vs {b[5]:.1f} us/req"
                 )
+    if "headline" in results:
+        print_headline(results["headline"], duration)  # type: ignore[arg-type]
     results["relay_table"] = side_table(relay)
     del results["relay"]
     results["gateway_table"] = side_table(gateway)
