@@ -8,9 +8,9 @@ core 1 when there are two cores, and prints requests/s, p50/p99 latency and prox
 for GET and POST 1 KiB at 1, 16 and 64 connections — direct and through the proxy — plus peak RSS
 while streaming 100 MiB and micro-figures of the core signer. Then the headline figures again, in
 alternating rounds (``--headline-rounds``, default 3): the default configuration against the naive
-signer at 64 connections and the added p50 at one connection, with their medians, since rows
-measured minutes apart drift apart with the machine's speed. The origin verifies a sample of the
-proxied requests and the run fails if any sample does not verify.
+signer at 64 connections, the added p50 at one connection, and intercepted HTTPS against plain HTTP,
+with their medians, since rows measured minutes apart drift apart with the machine's speed. The
+origin verifies a sample of the proxied requests and the run fails if any sample does not verify.
 """
 
 from __future__ import annotations
@@ -380,12 +380,20 @@ def gateway_rows(  # noqa: PLR0917
 
 
 def headline(  # noqa: PLR0917
-    wrk: str, pid: int, port: int, key_path: Path, origin_port: int, tmp: Path, duration: int, rounds: int
+    wrk: str,
+    pid: int,
+    port: int,
+    key_path: Path,
+    origin_port: int,
+    tls_port: int,
+    tmp: Path,
+    duration: int,
+    rounds: int,
 ) -> dict[str, object]:
     """The issue-21 figures again, in ``rounds`` alternating rounds: the default proxy and the naive
-    signer (POST 1 KiB, 64 connections), the origin direct and the default proxy (one connection).
-    Rows measured minutes apart drift apart with the machine's speed; alternating, they drift
-    together, and the medians say what holds."""
+    signer (POST 1 KiB, 64 connections), the origin direct and the default proxy (one connection),
+    and intercepted HTTPS (64 tunnels). Rows measured minutes apart drift apart with the machine's
+    speed; alternating, they drift together, and the medians say what holds."""
     naive_port = free_port()
     naive_cmd = [*pin(1), PY, str(ROOT / "bench/naive.py"), "--port", str(naive_port)]
     per_round: list[dict[str, float]] = []
@@ -396,8 +404,9 @@ def headline(  # noqa: PLR0917
             theirs = load_rows(
                 wrk, NAIVE_SIGN_ROW, naive.pid, naive_port, origin_port, "POST", [64], duration, tmp
             )[0]
-            direct = run_wrk(wrk, origin_port, "/bench", "POST", 1, duration, tmp)
+            direct = DIRECT["POST", 1] = run_wrk(wrk, origin_port, "/bench", "POST", 1, duration, tmp)
             one = load_rows(wrk, DEFAULT_ROW, pid, port, origin_port, "POST", [1], duration, tmp)[0]
+            https = https_rows(pid, port, tls_port, tmp, duration, [64])[0]
             per_round.append(
                 {
                     "rps": ours[4][0],
@@ -407,6 +416,8 @@ def headline(  # noqa: PLR0917
                     "naive_cpu_us_per_request": theirs[5],
                     "ratio": ours[4][0] / theirs[4][0],
                     "added_p50_ms_1conn": one[4][1] - direct[1],
+                    "https_rps": https["rps"],
+                    "https_share": https["rps"] / ours[4][0],
                 }
             )
     medians = {name: statistics.median(r[name] for r in per_round) for name in per_round[0]}
@@ -418,7 +429,7 @@ def print_headline(doc: dict[str, Any], duration: int) -> None:
     print(
         f"\nHeadline, {len(rounds)} alternating rounds ({duration} s runs; POST 1 KiB; default "
         "configuration against the naive signer at 64 connections, then the origin direct and the "
-        "proxy at 1):"
+        "proxy at 1, then intercepted HTTPS at 64 tunnels):"
     )
     for i, r in enumerate([*rounds, doc["median"]], 1):
         label = f"round {i}" if i <= len(rounds) else "median "
@@ -426,7 +437,8 @@ def print_headline(doc: dict[str, Any], duration: int) -> None:
             f"  {label}: {r['rps']:>7.0f} req/s  cpu {r['cpu_us_per_request']:.1f} us/req  "
             f"p99 {r['p99_ms']:.2f} ms | naive-sign {r['naive_rps']:>6.0f} req/s "
             f"{r['naive_cpu_us_per_request']:.1f} us/req | {r['ratio']:.2f}x | added p50 at 1 conn "
-            f"{r['added_p50_ms_1conn']:.2f} ms"
+            f"{r['added_p50_ms_1conn']:.2f} ms | HTTPS {r['https_rps']:>6.0f} req/s, "
+            f"{r['https_share']:.0%} of plain"
         )
 
 
@@ -582,7 +594,15 @@ def main() -> int:
             rounds = min(args.headline_rounds, 1) if args.quick else args.headline_rounds
             if rounds > 0:
                 results["headline"] = headline(
-                    wrk, default_proxy.pid, default_port, key_path, origin_port, tmp, duration, rounds
+                    wrk,
+                    default_proxy.pid,
+                    default_port,
+                    key_path,
+                    origin_port,
+                    tls_port,
+                    tmp,
+                    duration,
+                    rounds,
                 )
             if args.workers > 1:  # scaling: the default configuration with N workers
                 port = free_port()
