@@ -52,13 +52,14 @@ class Request:
         "keep_alive",
         "method",
         "over_budget",
+        "refusal",
         "too_large",
         "upgrade",
         "url",
         "version",
     )
 
-    def __init__(self) -> None:
+    def __init__(self, refusal: ProxyError | None = None) -> None:
         self.url = b""
         self.method = ""
         self.version = "1.1"
@@ -76,6 +77,7 @@ class Request:
         self.held = 0  # body bytes counted against the engine's buffered budget
         self.over_budget = False  # the engine's budget for buffered bodies ran out for this one
         self.upgrade: str | None = None  # "websocket": the bytes after this request belong to a pipe
+        self.refusal = refusal  # set: not a request, but a broken one's answer, in its turn
 
     def add_url(self, url: bytes, limits: Limits) -> None:
         """More of the request target, as it is parsed; 414 past ``limits.max_request_line_bytes``."""

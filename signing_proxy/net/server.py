@@ -84,7 +84,6 @@ class ClientConnection(asyncio.Protocol):
     def __init__(self, engine: Engine, tunnel: Target | None = None) -> None:
         self.engine = engine
         self.tunnel = tunnel  # inside an intercepted CONNECT: scheme, host and port of the tunnel
-        self.transport: asyncio.Transport | None = None
         self.client_ip = "-"
         self.client_allowed = False  # set by the handler once per connection
         self.keep_alive = True
@@ -110,13 +109,15 @@ class ClientConnection(asyncio.Protocol):
         self._drain_waiter: asyncio.Future[None] | None = None
         self._task: asyncio.Task[None] | None = None
         self._reading_paused = False
-        self._broken: ProxyError | None = (
-            None  # a later request's refusal, owed once those before it are answered
-        )
 
     @property
     def closed(self) -> bool:
         return self._closed
+
+    @property
+    def transport(self) -> asyncio.Transport | None:
+        """The client's transport (its outbox's); None once a tunnel took it over."""
+        return self.outbox.transport
 
     @property
     def busy(self) -> bool:
@@ -125,7 +126,7 @@ class ClientConnection(asyncio.Protocol):
 
     # --- transport callbacks ---
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = self.outbox.transport = cast(asyncio.Transport, transport)  # uvloop: not a subclass
+        self.outbox.transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
         peer = transport.get_extra_info("peername")
         self.client_ip = str(peer[0]) if peer else "-"
         sock = transport.get_extra_info("socket")
@@ -302,7 +303,7 @@ class ClientConnection(asyncio.Protocol):
         deadline = loop.time() + limit_s
         try:
             while not condition():
-                if self._closed or self._eof or self._broken or loop.time() >= deadline - TIMER_SLACK_S:
+                if self._closed or self._eof or loop.time() >= deadline - TIMER_SLACK_S:
                     return False
                 self._timer.set(deadline, self._wake)
                 self._waiter = loop.create_future()
@@ -362,7 +363,7 @@ class ClientConnection(asyncio.Protocol):
 
     def take_over(self) -> asyncio.Transport | None:
         """Detach the transport (for a tunnel): this connection then closes nothing; None if gone."""
-        raw, self.transport = self.outbox.release(), None
+        raw = self.outbox.release()
         self.engine.connections.discard(self)
         if raw is None or raw.is_closing():
             return None
@@ -381,7 +382,7 @@ class ClientConnection(asyncio.Protocol):
             self._ready.remove(owner)
             self.engine.release(owner)
         if self._ready or (self._serving is not None and self._serving is not owner):
-            self._broken = cause  # RFC 9112 section 9.3.2: the requests before it are answered first
+            self._ready.append(Request(refusal=cause))  # RFC 9112 section 9.3.2: refused in its turn
             self._wake()
             return
         self._refuse(cause)
@@ -465,10 +466,11 @@ class ClientConnection(asyncio.Protocol):
             handler = self.engine.handler
             while not self._closed:
                 if not await self._wait(lambda: bool(self._ready), idle_s):
-                    if self._broken is not None and not self._closed:
-                        self._refuse(self._broken)  # what came before it is answered
                     break
                 req = self._ready.popleft()
+                if req.refusal is not None:  # a broken request's turn: the answers before it are out
+                    self._refuse(req.refusal)
+                    break
                 if (
                     self._reading_paused
                     and not self._ready

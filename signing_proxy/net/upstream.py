@@ -37,7 +37,6 @@ __all__ = [
 ]
 
 POOL_IDLE_S = 30.0  # close pooled connections idle this long (below common server keep-alive of 60-75 s)
-COALESCE_MAX_BYTES = 64 * 1024  # our choice: bodies up to this go in one write with their head
 MAX_RESPONSE_HEAD_BYTES = 64 * 1024  # limits.max_response_header_bytes default: above it, 502
 
 
@@ -107,7 +106,6 @@ class UpstreamConnection(asyncio.Protocol):
         self.read_timeout_s = read_timeout_s
         self.max_head_bytes = max_head_bytes  # limits.max_response_header_bytes: counted while it arrives
         self._head_fed = 0
-        self.transport: asyncio.Transport | None = None
         self.sink: ResponseSink | None = None
         self.reusable = False
         self.used = False  # a reused connection may have been closed by the server meanwhile
@@ -126,9 +124,13 @@ class UpstreamConnection(asyncio.Protocol):
         self._on_expire: Callable[[UpstreamConnection], None] | None = None
         self.bytes_in = 0
 
+    @property
+    def transport(self) -> asyncio.Transport | None:
+        return self.outbox.transport
+
     # --- transport callbacks ---
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = self.outbox.transport = cast(asyncio.Transport, transport)  # uvloop: not a subclass
+        self.outbox.transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
         sock = transport.get_extra_info("socket")
         if sock is not None:
             with contextlib.suppress(OSError):
@@ -267,11 +269,9 @@ class UpstreamConnection(asyncio.Protocol):
         self._got_bytes = False
         self._close_delimited = False
         self._timer.set(self._loop.time() + self.read_timeout_s, self._timed_out)
-        if len(body) <= COALESCE_MAX_BYTES:
-            self.outbox.write(head + body if body else head)  # one segment for small requests
-        else:
-            self.outbox.write(head)  # a large body is not copied once more to join it to its head
-            self.outbox.write(body)  # (written at once, after the head)
+        self.outbox.write(head)  # with a small body, one segment (the outbox joins them); a large
+        if body:  # body goes at once after the head, never copied to join it
+            self.outbox.write(body)
 
     def _timed_out(self) -> None:
         self.reusable = False

@@ -9,18 +9,18 @@ gets nothing more; and no outbox ever holds more than ``HOLD_MAX_BYTES``.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
-from typing import Any, cast
+from typing import cast
+
+import pytest
 
 from signing_proxy.config import UpstreamConfig
 from signing_proxy.core.uri import parse_absolute_uri
-from signing_proxy.errors import ProxyError
 from signing_proxy.net.outbox import HOLD_MAX_BYTES, Outbox
-from signing_proxy.net.request import Limits, Request
-from signing_proxy.net.server import ClientConnection, Engine
-from signing_proxy.net.upstream import ResponseHead, UpstreamPool
-
-WAIT_S = 5.0
+from signing_proxy.net.request import Request
+from signing_proxy.net.server import ClientConnection
+from signing_proxy.net.upstream import UpstreamPool
+from tests.net.test_engine import LIMITS, WAIT_S, running
+from tests.net.test_timers import Sink
 
 
 class Recorder:
@@ -138,6 +138,22 @@ async def test_a_transport_closing_meanwhile_gets_nothing() -> None:
     assert box.held_bytes == 0
 
 
+async def test_after_close_or_half_close_nothing_more_is_written() -> None:
+    # an upstream answer that arrives after the client connection was half-closed (a later
+    # pipelined request was malformed) must not reach a transport that refuses writes after EOF
+    log: list[tuple[str, object]] = []
+    a, _ = outbox("a", log)
+    b, _ = outbox("b", log)
+    a.write_eof()
+    b.close()
+    a.write(b"late")
+    b.write(b"late")
+    b.write(b"L" * (HOLD_MAX_BYTES + 1))
+    await asyncio.sleep(0)
+    assert log == [("a", "eof"), ("b", "close")]
+    assert a.held_bytes == b.held_bytes == 0
+
+
 # --- the engine's two sides write through their outboxes (real loopback connections) ---
 
 
@@ -158,37 +174,32 @@ class AnswerThenClose:
 
 async def test_a_client_answer_is_held_then_written_before_the_close() -> None:
     handler = AnswerThenClose()
-    tasks: set[asyncio.Task[None]] = set()
-
-    def spawn(coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
-        task = asyncio.get_running_loop().create_task(coro)
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
-        return task
-
-    limits = Limits(max_header_bytes=1024, max_body_bytes=64, client_idle_s=WAIT_S, read_s=WAIT_S)
-    engine = Engine(handler, limits, spawn)
-    server = await asyncio.get_running_loop().create_server(engine.protocol, "127.0.0.1", 0)
-    try:
-        port = server.sockets[0].getsockname()[1]
+    async with running(handler, LIMITS) as (_, port):
         reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), WAIT_S)
-        writer.write(b"GET http://a.example/ HTTP/1.1\r\nHost: a.example\r\n\r\n")
-        answer = await asyncio.wait_for(reader.read(-1), WAIT_S)  # to EOF: the close came after it
-        writer.close()
-    finally:
-        server.close()
-        engine.close_all()
-        await asyncio.wait_for(server.wait_closed(), WAIT_S)
+        try:
+            writer.write(b"GET http://a.example/ HTTP/1.1\r\nHost: a.example\r\n\r\n")
+            answer = await asyncio.wait_for(reader.read(-1), WAIT_S)  # to EOF: the close came after it
+        finally:
+            writer.close()
     assert answer.startswith(b"HTTP/1.1 200 ")
     assert answer.endswith(b"\r\n\r\nthe whole answer")
     assert handler.held_after_write == [len(answer)]
 
 
-async def test_an_upstream_request_is_held_until_the_pass_ends() -> None:
+@pytest.mark.parametrize(
+    ("body", "held"),
+    [
+        (b"", "head"),
+        (b"small body", "head and body"),  # joined: one segment
+        (b"B" * (HOLD_MAX_BYTES + 1), "nothing"),  # the head goes, then the body, at once
+    ],
+)
+async def test_an_upstream_request_is_held_until_the_pass_ends_unless_large(body: bytes, held: str) -> None:
+    head = b"POST / HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: %d\r\n\r\n" % len(body)
     received: asyncio.Queue[bytes] = asyncio.Queue()
 
     async def record(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        received.put_nowait(await reader.readuntil(b"\r\n\r\n"))
+        received.put_nowait(await reader.readexactly(len(head) + len(body)))
         writer.close()
 
     server = await asyncio.start_server(record, "127.0.0.1", 0)
@@ -196,36 +207,12 @@ async def test_an_upstream_request_is_held_until_the_pass_ends() -> None:
     try:
         port = server.sockets[0].getsockname()[1]
         conn = await pool.connect(parse_absolute_uri(f"http://127.0.0.1:{port}/"))
-        head = b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
-        conn.start(head, b"", _NoSink(), head_only=False)
-        assert conn.outbox.held_bytes == len(head)
-        assert await asyncio.wait_for(received.get(), WAIT_S) == head
+        conn.start(head, body, Sink(), head_only=False)
+        expected = {"head": len(head), "head and body": len(head) + len(body), "nothing": 0}
+        assert conn.outbox.held_bytes == expected[held]
+        assert await asyncio.wait_for(received.get(), WAIT_S) == head + body
         conn.close()
     finally:
         pool.close()
         server.close()
         await asyncio.wait_for(server.wait_closed(), WAIT_S)
-
-
-class _NoSink:
-    def on_head(self, head: ResponseHead) -> None: ...
-    def on_body(self, data: bytes) -> None: ...
-    def on_feed_end(self) -> None: ...
-    def on_complete(self) -> None: ...
-    def on_fail(self, error: ProxyError) -> None: ...
-
-
-async def test_after_close_or_half_close_nothing_more_is_written() -> None:
-    # an upstream answer that arrives after the client connection was half-closed (a later
-    # pipelined request was malformed) must not reach a transport that refuses writes after EOF
-    log: list[tuple[str, object]] = []
-    a, _ = outbox("a", log)
-    b, _ = outbox("b", log)
-    a.write_eof()
-    b.close()
-    a.write(b"late")
-    b.write(b"late")
-    b.write(b"L" * (HOLD_MAX_BYTES + 1))
-    await asyncio.sleep(0)
-    assert log == [("a", "eof"), ("b", "close")]
-    assert a.held_bytes == b.held_bytes == 0
