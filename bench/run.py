@@ -8,8 +8,9 @@ core 1 when there are two cores, and prints requests/s, p50/p99 latency and prox
 for GET and POST 1 KiB at 1, 16 and 64 connections — direct and through the proxy — plus peak RSS
 while streaming 100 MiB and micro-figures of the core signer. Then the headline figures again, in
 alternating rounds (``--headline-rounds``, default 3): the default configuration against the naive
-signer at 64 connections, the added p50 at one connection, and intercepted HTTPS against plain HTTP,
-with their medians, since rows measured minutes apart drift apart with the machine's speed. The
+signer at 64 connections, the added p50 at one connection, intercepted HTTPS against plain HTTP,
+and the access log's cost in place (switched off and on by SIGHUP in the same proxy), with their
+medians, since rows measured minutes apart drift apart with the machine's speed. The
 origin verifies a sample of the proxied requests and the run fails if any sample does not verify.
 """
 
@@ -379,6 +380,55 @@ def gateway_rows(  # noqa: PLR0917
     return rows
 
 
+ACCESS_LOG_PAIRS = 3  # per headline round: windows with the access log off, then on, in one proxy
+
+
+def reload_config(pid: int, config: Path, text: str, log_path: Path, timeout_s: float = 10.0) -> None:
+    """Write ``text`` to the proxy's configuration and SIGHUP it; return once its log says reloaded."""
+    start = log_path.stat().st_size
+    config.write_text(text)
+    os.kill(pid, signal.SIGHUP)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with log_path.open("rb") as fh:
+            fh.seek(start)
+            if b"SIGHUP: configuration reloaded" in fh.read():
+                return
+        time.sleep(0.05)
+    raise RuntimeError(f"the proxy (pid {pid}) did not log its reload within {timeout_s:.0f} s")
+
+
+def access_log_pairs(  # noqa: PLR0917
+    wrk: str,
+    pid: int,
+    port: int,
+    origin_port: int,
+    config: Path,
+    log_path: Path,
+    tmp: Path,
+    duration: int,
+) -> list[tuple[float, float]]:
+    """CPU us per request with the access log on and off, in the same proxy (POST 1 KiB, 64 conns).
+
+    ``log.access_log`` is switched by a SIGHUP reload between windows of ``duration`` seconds, off
+    then on, ``ACCESS_LOG_PAIRS`` times: no restart, no second process, and adjacent windows, so the
+    machine's drift touches both sides alike. Returns (on, off) per pair; the configuration is the
+    default again at the end."""
+    default = config.read_text()
+    pairs = []
+    try:
+        for _ in range(ACCESS_LOG_PAIRS):
+            cpu = {}
+            for state, text in (("off", default + "log:\n  access_log: false\n"), ("on", default)):
+                reload_config(pid, config, text, log_path)
+                row = load_rows(wrk, DEFAULT_ROW, pid, port, origin_port, "POST", [64], duration, tmp)
+                cpu[state] = row[0][5]
+            pairs.append((cpu["on"], cpu["off"]))
+    finally:
+        reload_config(pid, config, default, log_path)
+    return pairs
+
+
 def headline(  # noqa: PLR0917
     wrk: str,
     pid: int,
@@ -389,14 +439,19 @@ def headline(  # noqa: PLR0917
     tmp: Path,
     duration: int,
     rounds: int,
+    config: Path,
+    log_path: Path,
 ) -> dict[str, object]:
     """The issue-21 figures again, in ``rounds`` alternating rounds: the default proxy and the naive
     signer (POST 1 KiB, 64 connections), the origin direct and the default proxy (one connection),
-    and intercepted HTTPS (64 tunnels). Rows measured minutes apart drift apart with the machine's
-    speed; alternating, they drift together, and the medians say what holds."""
+    intercepted HTTPS (64 tunnels), and the access log's cost in place (``access_log_pairs`` on the
+    same proxy, ``config`` its configuration file and ``log_path`` its stderr). Rows measured
+    minutes apart drift apart with the machine's speed; alternating, they drift together, and the
+    medians say what holds."""
     naive_port = free_port()
     naive_cmd = [*pin(1), PY, str(ROOT / "bench/naive.py"), "--port", str(naive_port)]
     per_round: list[dict[str, float]] = []
+    log_pairs: list[tuple[float, float]] = []
     with process([*naive_cmd, "--mode", "sign", "--key", str(key_path)]) as naive:
         wait_port(naive_port)
         for _ in range(rounds):
@@ -407,6 +462,9 @@ def headline(  # noqa: PLR0917
             direct = DIRECT["POST", 1] = run_wrk(wrk, origin_port, "/bench", "POST", 1, duration, tmp)
             one = load_rows(wrk, DEFAULT_ROW, pid, port, origin_port, "POST", [1], duration, tmp)[0]
             https = https_rows(pid, port, tls_port, tmp, duration, [64])[0]
+            window = max(2, duration // 3)
+            logs = access_log_pairs(wrk, pid, port, origin_port, config, log_path, tmp, window)
+            log_pairs += logs
             per_round.append(
                 {
                     "rps": ours[4][0],
@@ -418,10 +476,13 @@ def headline(  # noqa: PLR0917
                     "added_p50_ms_1conn": one[4][1] - direct[1],
                     "https_rps": https["rps"],
                     "https_share": https["rps"] / ours[4][0],
+                    "access_log_on_us": statistics.median(on for on, _off in logs),
+                    "access_log_off_us": statistics.median(off for _on, off in logs),
+                    "access_log_us": statistics.median(on - off for on, off in logs),
                 }
             )
     medians = {name: statistics.median(r[name] for r in per_round) for name in per_round[0]}
-    return {"rounds": per_round, "median": medians}
+    return {"rounds": per_round, "median": medians, "access_log_pairs": log_pairs}
 
 
 def print_headline(doc: dict[str, Any], duration: int) -> None:
@@ -429,7 +490,9 @@ def print_headline(doc: dict[str, Any], duration: int) -> None:
     print(
         f"\nHeadline, {len(rounds)} alternating rounds ({duration} s runs; POST 1 KiB; default "
         "configuration against the naive signer at 64 connections, then the origin direct and the "
-        "proxy at 1, then intercepted HTTPS at 64 tunnels):"
+        "proxy at 1, then intercepted HTTPS at 64 tunnels, then the access log switched off and on "
+        f"by SIGHUP in the same proxy, {ACCESS_LOG_PAIRS} pairs of {max(2, duration // 3)} s windows at "
+        "64 connections, the median of on - off):"
     )
     for i, r in enumerate([*rounds, doc["median"]], 1):
         label = f"round {i}" if i <= len(rounds) else "median "
@@ -438,8 +501,15 @@ def print_headline(doc: dict[str, Any], duration: int) -> None:
             f"p99 {r['p99_ms']:.2f} ms | naive-sign {r['naive_rps']:>6.0f} req/s "
             f"{r['naive_cpu_us_per_request']:.1f} us/req | {r['ratio']:.2f}x | added p50 at 1 conn "
             f"{r['added_p50_ms_1conn']:.2f} ms | HTTPS {r['https_rps']:>6.0f} req/s, "
-            f"{r['https_share']:.0%} of plain"
+            f"{r['https_share']:.0%} of plain | access log {r['access_log_us']:+.1f} us/req "
+            f"(on {r['access_log_on_us']:.1f}, off {r['access_log_off_us']:.1f})"
         )
+    pairs: list[tuple[float, float]] = doc["access_log_pairs"]
+    costs = sorted(on - off for on, off in pairs)
+    print(
+        f"  access log, all {len(pairs)} pairs: median {statistics.median(costs):+.1f} us/req, mean "
+        f"{statistics.fmean(costs):+.1f} (on - off, each: {', '.join(f'{c:+.1f}' for c in costs)})"
+    )
 
 
 def side_table(rows: list[Row]) -> list[dict[str, object]]:
@@ -603,6 +673,8 @@ def main() -> int:
                     tmp,
                     duration,
                     rounds,
+                    default_config,
+                    tmp / "default.log",
                 )
             if args.workers > 1:  # scaling: the default configuration with N workers
                 port = free_port()

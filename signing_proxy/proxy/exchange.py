@@ -231,17 +231,17 @@ class ProxyHandler:
         finally:
             self.metrics.transferred(req.body_size, sent_out)
             if policy.access_log.enabled:
-                policy.access_log.request(
-                    client=conn.client_ip,
-                    method=req.method,
-                    host=host,
-                    status=status,
-                    duration_ms=round((time.perf_counter() - started) * 1000, 2),
-                    bytes_in=req.body_size,
-                    bytes_out=sent_out,
-                    keyid=keyid,
-                    profile=profile,
-                    outcome=outcome,
+                policy.access_log.request(  # positional, hundredths of a millisecond by int(): 0.2 us less
+                    conn.client_ip,
+                    req.method,
+                    host,
+                    status,
+                    int((time.perf_counter() - started) * 100_000 + 0.5) / 100,  # duration_ms
+                    req.body_size,
+                    sent_out,
+                    keyid,
+                    profile,
+                    outcome,
                 )
 
     def _resolve(
