@@ -29,7 +29,7 @@ __all__ = ["UPGRADE_FIELDS", "Switched", "switch"]
 
 UPGRADE_FIELDS = b"Connection: Upgrade\r\nUpgrade: websocket\r\n"  # RFC 6455 section 4.1, this hop only
 REFUSAL_BODY_MAX_BYTES = 64 * 1024  # our choice: a refused handshake's body is relayed up to this, then cut
-_DROPPED = frozenset(name.encode() for name in HOP_BY_HOP - {"connection", "upgrade"}) | {b"content-length"}
+_DROPPED = frozenset(name.encode() for name in HOP_BY_HOP - {"upgrade"}) | {b"content-length"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,18 +142,16 @@ async def switch(
     except ProxyError:
         upstream.abort()
         raise
-    fields = [
-        (n.decode("latin-1"), v.decode("latin-1")) for n, v in handshake.headers if n.lower() not in _DROPPED
-    ]
+    fields = _end_to_end(handshake.headers)
     if handshake.status != 101:
         upstream.close()
         body = b"".join(handshake.body)[:REFUSAL_BODY_MAX_BYTES]
         fields.append(("Content-Length", str(len(body))))
-        kept = [(n, v) for n, v in fields if n.lower() not in ("connection", "upgrade")]
+        kept = [(n, v) for n, v in fields if n.lower() != "upgrade"]
         client.keep_alive = False
         client.write(response_head(handshake.status, kept, close=True) + body)
         return Switched(handshake.status, piped=False, bytes_out=len(body))
-    client.write(response_head(101, fields))
+    client.write(response_head(101, [("Connection", "Upgrade"), *fields]))  # this hop's, like the request's
     if handshake.rest:
         client.write(handshake.rest)
     raw = client.take_over()
@@ -167,3 +165,16 @@ async def switch(
         upstream.resume_reading()
     tunnel.attach_client(raw, early)
     return Switched(101, piped=True, bytes_out=len(handshake.rest))
+
+
+def _end_to_end(headers: list[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
+    """The upstream answer's fields for the client: hop-by-hop ones dropped, with every field its
+    ``Connection`` names (RFC 9110 section 7.6.1) except ``Upgrade``, which a 101 passes on."""
+    named = {
+        token.strip().lower()
+        for name, value in headers
+        if name.lower() == b"connection"
+        for token in value.split(b",")
+    }
+    dropped = _DROPPED | (named - {b"upgrade"})
+    return [(n.decode("latin-1"), v.decode("latin-1")) for n, v in headers if n.lower() not in dropped]

@@ -11,6 +11,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import threading
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -158,6 +159,55 @@ def test_a_refused_handshake_is_relayed_with_its_status(proxy: ProxyProcess, pla
 
     assert asyncio.run(attempt()) == 403
     assert plain.arrivals[-1].verified
+
+
+def test_a_101_keeps_only_this_hops_connection_and_drops_the_fields_it_names(proxy: ProxyProcess) -> None:
+    """RFC 9110 section 7.6.1: what the upstream's ``Connection`` names is for its hop only; the
+    client gets ``Connection: Upgrade`` from us, the ``Upgrade`` field and the end-to-end fields."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    seen: list[bytes] = []
+
+    def upstream() -> None:  # answers the handshake with hop-only fields of its own, then closes
+        conn, _ = listener.accept()
+        with conn:
+            conn.settimeout(WAIT_S)
+            head = b""
+            while b"\r\n\r\n" not in head and (chunk := conn.recv(65536)):
+                head += chunk
+            seen.append(head)
+            conn.sendall(
+                b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
+                b"Connection: Upgrade, X-Hop-Only\r\nX-Hop-Only: secret\r\nKeep-Alive: timeout=5\r\n"
+                b"Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\nX-End-To-End: kept\r\n\r\n"
+            )
+
+    server = threading.Thread(target=upstream, daemon=True)
+    server.start()
+    try:
+        with socket.create_connection(("127.0.0.1", proxy.port), timeout=WAIT_S) as sock:
+            sock.sendall(
+                f"GET http://127.0.0.1:{port}/ws HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+                "Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\n"
+                "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n".encode()
+            )
+            answer = b""
+            while b"\r\n\r\n" not in answer and (chunk := sock.recv(65536)):
+                answer += chunk
+    finally:
+        server.join(WAIT_S)
+        listener.close()
+    lines = answer.partition(b"\r\n\r\n")[0].split(b"\r\n")
+    fields = [tuple(part.strip() for part in line.split(b":", 1)) for line in lines[1:]]
+    assert lines[0].startswith(b"HTTP/1.1 101 ")
+    assert [v for n, v in fields if n.lower() == b"connection"] == [b"Upgrade"]
+    assert (b"Upgrade", b"websocket") in fields
+    assert (b"X-End-To-End", b"kept") in fields
+    assert (b"Sec-WebSocket-Accept", b"s3pPLMBiTxaQ9kYGzzhZRbK+xOo=") in fields
+    names = {n.lower() for n, _v in fields}
+    assert b"x-hop-only" not in names
+    assert b"keep-alive" not in names
+    assert b"signature" in seen[0].lower()  # the handshake went out signed
 
 
 def test_other_upgrades_stay_refused_with_a_reason(proxy: ProxyProcess, plain: VerifyingOrigin) -> None:
