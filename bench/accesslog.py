@@ -33,7 +33,7 @@ async def cost_us(fmt: str | None, lines: int, path: Path) -> float:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     writer = LineWriter(fd)
     writer.start()
-    log = AccessLog(enabled=fmt is not None, fmt=fmt or "text", write=writer.write)
+    log = AccessLog(enabled=fmt is not None, fmt=fmt or "text", write=writer.write, later=writer.later)
     started = time.process_time()
     for i in range(lines):
         if log.enabled:

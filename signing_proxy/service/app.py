@@ -178,7 +178,10 @@ class ProxyApp:
             ),
             prepare=self.prepare,
             access_log=AccessLog(
-                enabled=config.log.access_log, fmt=config.log.format, write=self.access_writer.write
+                enabled=config.log.access_log,
+                fmt=config.log.format,
+                write=self.access_writer.write,
+                later=self.access_writer.later,
             ),
         )
 

@@ -1,6 +1,8 @@
 """A buffered line writer: the event loop gathers finished lines, one thread writes them out.
 
-Built for the access log (issue 21). A line costs the event loop one list append. Every
+Built for the access log (issue 21). A line costs the event loop one list append; a producer that
+formats its lines in batches asks ``later`` to be called back before the next flush or close, so
+nothing it holds is left behind. Every
 ``interval_s`` (at once past ``flush_bytes``) the loop joins what has gathered into one block and
 hands it to a thread, the only one to make system calls, so no request waits on the disk or the pipe.
 The thread does nothing but write, and wakes once per block: each wake-up takes the GIL from the
@@ -20,6 +22,7 @@ import queue
 import select
 import stat
 import threading
+from collections.abc import Callable
 
 __all__ = ["CLOSE_WAIT_S", "LineWriter"]
 
@@ -57,6 +60,7 @@ class LineWriter:
         self.flush_bytes = flush_bytes
         self.max_bytes = max_bytes
         self._pending: list[str] = []
+        self._producers: list[Callable[[], None]] = []  # asked by later(): called before a flush
         self._size = 0  # characters in _pending
         # each counter has one writer (no lock): the loop, or the thread
         self._handed = 0  # bytes handed to the thread (loop)
@@ -96,10 +100,11 @@ class LineWriter:
         self.wake()
 
     def write(self, line: str) -> None:
-        """Queue ``line``; drop and count it when ``max_bytes`` are already waiting, or after close."""
+        """Queue ``line`` (one or more whole lines); drop and count its lines when ``max_bytes`` are
+        already waiting, or after close."""
         queued = self._size + len(line)
         if self._closed or queued + self._handed - self._written > self.max_bytes:
-            self._refused += 1
+            self._refused += line.count("\n") or 1
             return
         self._pending.append(line)
         self._size = queued
@@ -108,9 +113,25 @@ class LineWriter:
         elif self._timer is None:
             self._timer = self._loop.call_later(self.interval_s, self.wake)
 
+    def later(self, produce: Callable[[], None]) -> None:
+        """Call ``produce`` (which writes lines) at the next flush or close: within ``interval_s``
+        from now, like a line written now; without a loop, at once."""
+        self._producers.append(produce)
+        if self._loop is None:
+            self._produce()
+        elif self._timer is None:
+            self._timer = self._loop.call_later(self.interval_s, self.wake)
+
+    def _produce(self) -> None:
+        producers, self._producers = self._producers, []
+        for produce in producers:
+            produce()
+
     def wake(self) -> None:
         """Hand what has gathered to the thread now (SIGHUP's reload, a size reached, the timer)."""
         self._timer = None  # a timer still armed only flushes early: cheaper than cancelling it
+        if self._producers:
+            self._produce()
         if not self._pending:
             return
         block = "".join(self._pending).encode("utf-8", "backslashreplace")
@@ -134,6 +155,7 @@ class LineWriter:
         await asyncio.to_thread(self._stop, timeout_s)
 
     def _seal(self) -> None:
+        self._produce()  # what the producers hold is written before the door shuts
         self._closed = True  # write() refuses from here on: nothing touches _pending after wake()
         self.wake()
 

@@ -24,7 +24,7 @@ import requests
 from signing_proxy.cli.common import configure_logging
 from signing_proxy.core.jwk import SigningKey
 from signing_proxy.metrics import Metrics
-from signing_proxy.proxy.accesslog import AccessLog
+from signing_proxy.proxy.accesslog import MAX_PENDING, AccessLog
 from signing_proxy.service.linewriter import LineWriter
 from tests.harness import WAIT_S, ProxyProcess, VerifyingOrigin, wait_for
 
@@ -157,7 +157,7 @@ def test_the_request_fast_paths_write_what_the_general_writer_writes(
             expected = json.dumps({"event": "request", **fields}, separators=(",", ":"))
         else:
             pairs = " ".join(f"{k}={v}" for k, v in fields.items() if v is not None)
-            expected = access._prefix() + pairs
+            expected = access._prefix(time.time()) + pairs
     finally:
         logging.getLogger("signing_proxy.access").setLevel(logging.NOTSET)
     assert written == [expected + "\n"]
@@ -320,6 +320,80 @@ def test_a_pipe_nobody_reads_drops_lines_with_a_counter_and_never_blocks() -> No
     os.close(write_fd)
     assert writer.backlog_bytes == 0
     assert total - writer.dropped <= capacity // len(line)  # every line: in the pipe, or counted
+
+
+# --- deferred formatting: a request records, the writer's flush formats ---------------------------
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_recorded_lines_are_formatted_at_the_flush_with_the_same_bytes_in_order(
+    fmt: str, loop: LoopThread, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    logging.getLogger("signing_proxy.access").setLevel(logging.INFO)
+    pipe = PipeReader()
+    writer = LineWriter(pipe.write_fd, interval_s=3600.0)  # only wake() flushes
+    deferred = AccessLog(enabled=True, fmt=fmt, write=writer.write, later=writer.later)
+    at_once: list[str] = []
+    reference = AccessLog(enabled=True, fmt=fmt, write=at_once.append)
+
+    def log_both() -> None:
+        writer.start()
+        for access in (deferred, reference):
+            ticks = iter([1_700_000_000.0 + i * 0.37 for i in range(100)])  # the same clock, across seconds
+            monkeypatch.setattr(time, "time", lambda: next(ticks))  # noqa: B023 - read before the next loop
+            for i, shape in enumerate(REQUEST_SHAPES):
+                access.request(**shape)
+                if i % 4 == 0:
+                    access.event("tunnel", **TUNNEL)
+
+    try:
+        loop.call(log_both)
+        assert writer.backlog_bytes == 0  # recorded, not yet formatted
+        loop.call(writer.wake)  # SIGHUP's reload, or the timer: what was recorded goes out
+        wait_for(lambda: bytes(pipe.data) == "".join(at_once).encode(), "the recorded lines, formatted")
+    finally:
+        logging.getLogger("signing_proxy.access").setLevel(logging.NOTSET)
+        loop.aclose(writer)
+        pipe.close_writer_and_join()
+
+
+def test_lines_recorded_before_close_are_written(loop: LoopThread) -> None:
+    logging.getLogger("signing_proxy.access").setLevel(logging.INFO)
+    pipe = PipeReader()
+    writer = LineWriter(pipe.write_fd, interval_s=3600.0)  # nothing would go out before close
+    access = AccessLog(enabled=True, fmt="json", write=writer.write, later=writer.later)
+    try:
+        loop.call(lambda: (writer.start(), access.request(**REQUEST), access.event("tunnel", **TUNNEL)))
+        loop.aclose(writer)
+    finally:
+        logging.getLogger("signing_proxy.access").setLevel(logging.NOTSET)
+    docs = [json.loads(line) for line in pipe.close_writer_and_join().splitlines()]
+    assert [doc["event"] for doc in docs] == ["request", "tunnel"]
+    assert writer.dropped == 0
+
+
+def test_past_max_pending_records_are_formatted_at_once() -> None:
+    logging.getLogger("signing_proxy.access").setLevel(logging.INFO)
+    written: list[str] = []
+    asked: list[Callable[[], None]] = []  # a writer whose flush never comes
+    access = AccessLog(enabled=True, fmt="text", write=written.append, later=asked.append)
+    try:
+        for _ in range(MAX_PENDING - 1):
+            access.request(**REQUEST)
+        assert (written, len(asked)) == ([], 1)  # held, the flush asked for once
+        access.request(**REQUEST)
+    finally:
+        logging.getLogger("signing_proxy.access").setLevel(logging.NOTSET)
+    assert len(written) == 1  # one block
+    assert written[0].count("\n") == MAX_PENDING
+    asked[0]()  # the flush that was asked for finds nothing left: idempotent
+    assert len(written) == 1
+
+
+def test_a_refused_block_counts_each_of_its_lines() -> None:
+    writer = LineWriter(1, max_bytes=10)
+    writer.write("a line too long for the bound\nand another\n")
+    assert writer.dropped == 2
 
 
 # --- the real process: lines of requests served before SIGTERM are all written --------------------
