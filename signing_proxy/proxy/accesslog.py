@@ -18,7 +18,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from json.encoder import encode_basestring_ascii
 
 __all__ = ["AccessLog"]
@@ -29,9 +29,11 @@ _encode = json.JSONEncoder(separators=(",", ":")).encode  # json.dumps(..., sepa
 _HUGE = math.inf  # a finite float is written as repr() writes it; inf and NaN take the general path
 # the text formatter's "%(asctime)s %(levelname)s %(name)s: " after the seconds: ",mmm INFO name: "
 _MILLIS = tuple(f"{ms:03d} INFO signing_proxy.access: " for ms in range(1000))
-MAX_PENDING = 1024  # requests recorded and not yet formatted: past this, formatted at once
-# (time, client, method, host, status, duration_ms, bytes_in, bytes_out, keyid, profile, outcome)
-Record = tuple[float, str, str, str, int | None, float, int, int, str | None, str | None, str]
+MAX_PENDING = 256  # lines waiting to be formatted: past this, formatted at once (a target is <= 8 KiB)
+# (the AccessLog that formats it, time, client, method, host, status, duration_ms, bytes_in,
+#  bytes_out, keyid, profile, outcome)
+Record = tuple["AccessLog", float, str, str, str, int | None, float, int, int, str | None, str | None, str]
+Pending = list[Record | str]  # records, and the lines of events (formatted at once), in order
 
 
 class AccessLog:
@@ -46,12 +48,15 @@ class AccessLog:
         fmt: str,
         write: Callable[[str], None],
         later: Callable[[Callable[[], None]], None] | None = None,
+        pending: Pending | None = None,
     ) -> None:
+        """``pending``: where lines wait, shared by the logs of successive reloads (a request in
+        flight logs to the log it started with) so that they keep their order."""
         self.enabled = enabled
         self.json = fmt == "json"
         self._write = write  # one or more whole lines
         self._later = later or _at_once
-        self._pending: list[Record | str] = []  # a record per request; an event's line, formatted
+        self._pending: Pending = [] if pending is None else pending
         self._second = -1  # the second whose local time _stamp holds
         self._stamp = ""
 
@@ -74,6 +79,7 @@ class AccessLog:
         pending = self._pending
         pending.append(
             (
+                self,
                 time.time(),
                 client,
                 method,
@@ -106,16 +112,24 @@ class AccessLog:
             self._later(self.flush)
 
     def flush(self) -> None:
-        """Format what was recorded, in order, and write it as one block; idempotent."""
+        """Format what waits (any log's), in order, and write it as one block; idempotent."""
         pending = self._pending
         if not pending:
             return
-        self._pending = []
-        line = self._json if self.json else self._text
-        self._write("".join([item if isinstance(item, str) else line(item) for item in pending]))
+        items = pending.copy()
+        pending.clear()  # the list is shared: emptied, never replaced
+        try:
+            block = "".join([item if isinstance(item, str) else item[0]._line(item) for item in items])
+        except Exception:  # a bug: the lines that can be formatted still go out
+            block = "".join(_each_line(items))
+        self._write(block)
+
+    def _line(self, record: Record) -> str:
+        return self._json(record) if self.json else self._text(record)
 
     def _text(self, record: Record) -> str:
-        now, client, method, host, status, duration_ms, bytes_in, bytes_out, keyid, profile, outcome = record
+        now, client, method, host, status = record[1:6]  # record[0]: the log it is for
+        duration_ms, bytes_in, bytes_out, keyid, profile, outcome = record[6:]
         if status is None or host is None:  # the uncommon shapes: the general writer
             return f"{self._prefix(now)}{_pairs(record)}\n"
         second = int(now)  # the common shape: one f-string, _prefix(now) written out
@@ -132,7 +146,8 @@ class AccessLog:
 
     @staticmethod
     def _json(record: Record) -> str:
-        _now, client, method, host, status, duration_ms, bytes_in, bytes_out, keyid, profile, outcome = record
+        _now, client, method, host, status = record[1:6]  # record[0]: the log it is for
+        duration_ms, bytes_in, bytes_out, keyid, profile, outcome = record[6:]
         if (
             status.__class__ is bytes_in.__class__ is bytes_out.__class__ is int  # not bool, not None
             and duration_ms.__class__ is float
@@ -146,7 +161,7 @@ class AccessLog:
                 f'"status":{status!r},"duration_ms":{duration_ms!r},"bytes_in":{bytes_in!r},'
                 f'"bytes_out":{bytes_out!r},"keyid":{signer},"profile":{named},"outcome":{e(outcome)}}}\n'
             )
-        return _json_line("request", dict(zip(_FIELDS, record[1:], strict=True)))
+        return _json_line("request", dict(zip(_FIELDS, record[2:], strict=True)))
 
     def _prefix(self, now: float) -> str:
         """What ``logging.Formatter`` puts before a message, for a record made at ``now`` (3.11 rules)."""
@@ -180,7 +195,16 @@ def _at_once(flush: Callable[[], None]) -> None:
 
 def _pairs(record: Record) -> str:
     """A request's ``key=value`` pairs, None values left out."""
-    return " ".join([f"{k}={v}" for k, v in zip(_FIELDS, record[1:], strict=True) if v is not None])
+    return " ".join([f"{k}={v}" for k, v in zip(_FIELDS, record[2:], strict=True) if v is not None])
+
+
+def _each_line(items: Pending) -> Iterator[str]:
+    """The lines of ``items`` that can be formatted; each that cannot is logged as the bug it is."""
+    for item in items:
+        try:
+            yield item if isinstance(item, str) else item[0]._line(item)
+        except Exception:
+            logging.getLogger("signing_proxy").exception("an access-log line could not be formatted")
 
 
 def _json_line(event: str, fields: Mapping[str, object]) -> str:

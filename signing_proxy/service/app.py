@@ -29,7 +29,7 @@ from ..net.request import Limits
 from ..net.server import ClientConnection, Engine
 from ..net.upstream import UpstreamPool
 from ..proxy.access import AccessControl
-from ..proxy.accesslog import AccessLog
+from ..proxy.accesslog import AccessLog, Pending
 from ..proxy.connect import ConnectHandler
 from ..proxy.discovery import Discovery
 from ..proxy.exchange import Policy, ProxyHandler, Routes
@@ -111,6 +111,7 @@ class ProxyApp:
         self.client = HttpClient(self.pool, config.timeouts, via=next_hop_target(config))
         # access-log lines, written off the request path by one thread; kept across reloads
         self.access_writer = LineWriter(STDERR_FD)
+        self.access_pending: Pending = []  # the access log's lines, in order across reloads
         # the live parts, rebuilt whole by ``reload``
         self.signer = self._signer(config)
         self.bearers = BearerStore(config.credentials)
@@ -182,6 +183,7 @@ class ProxyApp:
                 fmt=config.log.format,
                 write=self.access_writer.write,
                 later=self.access_writer.later,
+                pending=self.access_pending,
             ),
         )
 

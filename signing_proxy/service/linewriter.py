@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import logging
 import os
 import queue
 import select
@@ -25,6 +26,8 @@ import threading
 from collections.abc import Callable
 
 __all__ = ["CLOSE_WAIT_S", "LineWriter"]
+
+log = logging.getLogger("signing_proxy.service.linewriter")
 
 # A line is out ~20 ms after it is queued (or sooner, at FLUSH_BYTES). Each flush wakes the thread,
 # which takes the GIL from a busy loop: at 12,000 requests/s, 5 ms cost the thread 0.7-0.8 us per
@@ -100,12 +103,17 @@ class LineWriter:
         self.wake()
 
     def write(self, line: str) -> None:
-        """Queue ``line`` (one or more whole lines); drop and count its lines when ``max_bytes`` are
-        already waiting, or after close."""
+        """Queue ``line`` (one or more whole lines). Past ``max_bytes`` waiting, or after close, the
+        lines that do not fit are dropped and counted."""
         queued = self._size + len(line)
         if self._closed or queued + self._handed - self._written > self.max_bytes:
-            self._refused += line.count("\n") or 1
-            return
+            room = 0 if self._closed else self.max_bytes - (self._size + self._handed - self._written)
+            cut = line.rfind("\n", 0, room) + 1 if room > 0 else 0  # the whole lines that fit
+            self._refused += line.count("\n", cut) or 1
+            if not cut:
+                return
+            line = line[:cut]
+            queued = self._size + cut
         self._pending.append(line)
         self._size = queued
         if queued >= self.flush_bytes or self._loop is None:
@@ -115,9 +123,9 @@ class LineWriter:
 
     def later(self, produce: Callable[[], None]) -> None:
         """Call ``produce`` (which writes lines) at the next flush or close: within ``interval_s``
-        from now, like a line written now; without a loop, at once."""
+        from now, like a line written now; without a loop or after close, at once."""
         self._producers.append(produce)
-        if self._loop is None:
+        if self._loop is None or self._closed:
             self._produce()
         elif self._timer is None:
             self._timer = self._loop.call_later(self.interval_s, self.wake)
@@ -125,7 +133,10 @@ class LineWriter:
     def _produce(self) -> None:
         producers, self._producers = self._producers, []
         for produce in producers:
-            produce()
+            try:
+                produce()
+            except Exception:  # a bug in one producer: the others still write, the flush goes on
+                log.exception("a producer of lines failed")
 
     def wake(self) -> None:
         """Hand what has gathered to the thread now (SIGHUP's reload, a size reached, the timer)."""

@@ -24,7 +24,7 @@ import requests
 from signing_proxy.cli.common import configure_logging
 from signing_proxy.core.jwk import SigningKey
 from signing_proxy.metrics import Metrics
-from signing_proxy.proxy.accesslog import MAX_PENDING, AccessLog
+from signing_proxy.proxy.accesslog import MAX_PENDING, AccessLog, Pending
 from signing_proxy.service.linewriter import LineWriter
 from tests.harness import WAIT_S, ProxyProcess, VerifyingOrigin, wait_for
 
@@ -388,6 +388,86 @@ def test_past_max_pending_records_are_formatted_at_once() -> None:
     assert written[0].count("\n") == MAX_PENDING
     asked[0]()  # the flush that was asked for finds nothing left: idempotent
     assert len(written) == 1
+
+
+def test_logs_of_successive_reloads_share_one_queue_and_keep_the_order_of_their_lines() -> None:
+    """A request in flight across a SIGHUP logs to the log it started with: its line still comes
+    out between the lines logged before and after it, each in its own log's format."""
+    logging.getLogger("signing_proxy.access").setLevel(logging.INFO)
+    written: list[str] = []
+    asked: list[Callable[[], None]] = []
+    shared: Pending = []
+    old = AccessLog(enabled=True, fmt="text", write=written.append, later=asked.append, pending=shared)
+    new = AccessLog(enabled=True, fmt="json", write=written.append, later=asked.append, pending=shared)
+    try:
+        new.request(**{**REQUEST, "host": "a.example"})
+        old.request(**{**REQUEST, "host": "b.example"})  # began before the reload, ended after it
+        new.event("tunnel", **TUNNEL)
+        new.request(**{**REQUEST, "host": "c.example"})
+    finally:
+        logging.getLogger("signing_proxy.access").setLevel(logging.NOTSET)
+    assert len(asked) == 1  # one flush asked for, by the first line
+    asked[0]()
+    [block] = written
+    lines = block.splitlines()
+    assert [json.loads(lines[i])["host"] for i in (0, 3)] == ["a.example", "c.example"]
+    assert " host=b.example " in lines[1]  # the old log's format: text
+    assert not lines[1].startswith("{")
+    assert json.loads(lines[2])["event"] == "tunnel"
+    assert shared == []
+
+
+def test_a_line_that_cannot_be_formatted_does_not_take_the_others_with_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    logging.getLogger("signing_proxy.access").setLevel(logging.INFO)
+    written: list[str] = []
+    asked: list[Callable[[], None]] = []
+    access = AccessLog(enabled=True, fmt="json", write=written.append, later=asked.append)
+    try:
+        access.request(**REQUEST)
+        access.request(**{**REQUEST, "host": b"not text"})  # a bug upstream of the log
+        access.request(**{**REQUEST, "host": "after.example"})
+        asked[0]()
+    finally:
+        logging.getLogger("signing_proxy.access").setLevel(logging.NOTSET)
+    assert [json.loads(line)["host"] for line in written[0].splitlines()] == [
+        "origin.example",
+        "after.example",
+    ]
+    assert "an access-log line could not be formatted" in caplog.text
+
+
+def test_a_block_past_the_bound_keeps_the_whole_lines_that_fit() -> None:
+    writer = LineWriter(1, max_bytes=100)
+    writer.write("".join(f"{i}{'x' * 28}\n" for i in range(5)))  # 5 lines of 30: 3 fit
+    assert (writer.backlog_bytes, writer.dropped) == (90, 2)
+    writer.write("y\n")
+    assert (writer.backlog_bytes, writer.dropped) == (92, 2)
+
+
+def test_a_failing_producer_does_not_hold_back_the_others(loop: LoopThread) -> None:
+    pipe = PipeReader()
+    writer = LineWriter(pipe.write_fd, interval_s=3600.0)
+
+    def broken() -> None:
+        raise RuntimeError("a bug")
+
+    loop.call(lambda: (writer.start(), writer.later(broken), writer.later(lambda: writer.write("after\n"))))
+    loop.call(writer.wake)
+    wait_for(lambda: bytes(pipe.data) == b"after\n", "the second producer's line")
+    loop.aclose(writer)
+    pipe.close_writer_and_join()
+
+
+def test_a_line_asked_for_after_close_is_counted_not_kept(loop: LoopThread) -> None:
+    pipe = PipeReader()
+    writer = LineWriter(pipe.write_fd)
+    loop.call(writer.start)
+    loop.aclose(writer)
+    loop.call(lambda: writer.later(lambda: writer.write("late\n")))
+    assert (writer.dropped, writer._producers) == (1, [])
+    assert pipe.close_writer_and_join() == b""
 
 
 def test_a_refused_block_counts_each_of_its_lines() -> None:
