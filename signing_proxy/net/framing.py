@@ -19,6 +19,7 @@ __all__ = [
     "HOP_BY_HOP",
     "NOT_FORWARDED",
     "Outgoing",
+    "connection_tokens",
     "drop_hop_by_hop",
     "outgoing",
     "phrase",
@@ -59,6 +60,11 @@ class Outgoing:
     keyid: str | None  # None when forwarded unsigned by a host rule
     connect_to: Target  # where the bytes go: the target's origin, or the next-hop relay
     profile: str | None = None  # the signing profile that signed it ("svc", "web-bot-auth"); None: unsigned
+
+
+def connection_tokens(value: bytes) -> list[bytes]:
+    """The lower-case field names one ``Connection`` field line lists (RFC 9110 section 7.6.1)."""
+    return [token for token in (t.strip() for t in value.lower().split(b",")) if token]
 
 
 def drop_hop_by_hop(lines: Sequence[tuple[str, str]]) -> Fields:

@@ -46,10 +46,10 @@ class Outbox:
         if self._ended:
             return
         size = self._size + len(data)
-        if size > HOLD_MAX_BYTES:
+        if size > HOLD_MAX_BYTES:  # what is held goes first, then this alone: written as it is
             self.flush()
-            if self.transport is not None and not self.transport.is_closing():
-                self.transport.write(data)
+            self._held.append(data)
+            self.flush()
             return
         if not self._held:
             self._loop.call_soon(self.flush)

@@ -24,6 +24,7 @@ import httptools
 from ..config import UpstreamConfig
 from ..core.uri import Target
 from ..errors import ProxyError
+from .framing import connection_tokens
 from .outbox import Outbox
 from .timers import Deadline
 
@@ -220,7 +221,7 @@ class UpstreamConnection(asyncio.Protocol):
             elif lname == b"transfer-encoding":
                 codings += [c.strip() for c in value.lower().split(b",") if c.strip()]
             elif lname == b"connection":
-                named.update(t.strip() for t in value.lower().split(b",") if t.strip())
+                named.update(connection_tokens(value))
         if codings and codings != [b"chunked"]:
             # RFC 9112 section 6.1: we ask for no transfer coding (no TE) and can decode only
             # chunked; another one, passed on, would reach the client as if it were the content

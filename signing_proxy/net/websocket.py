@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import httptools
 
 from ..errors import ProxyError
-from .framing import HOP_BY_HOP, Outgoing, response_head
+from .framing import HOP_BY_HOP, Outgoing, connection_tokens, response_head
 from .server import ClientConnection
 from .tunnel import BlindTunnel
 from .upstream import MAX_RESPONSE_HEAD_BYTES, UpstreamPool
@@ -171,10 +171,10 @@ def _end_to_end(headers: list[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
     """The upstream answer's fields for the client: hop-by-hop ones dropped, with every field its
     ``Connection`` names (RFC 9110 section 7.6.1) except ``Upgrade``, which a 101 passes on."""
     named = {
-        token.strip().lower()
+        token
         for name, value in headers
         if name.lower() == b"connection"
-        for token in value.split(b",")
+        for token in connection_tokens(value)
     }
     dropped = _DROPPED | (named - {b"upgrade"})
     return [(n.decode("latin-1"), v.decode("latin-1")) for n, v in headers if n.lower() not in dropped]

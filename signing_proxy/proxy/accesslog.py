@@ -93,7 +93,7 @@ class AccessLog:
                 outcome,
             )
         )
-        if len(pending) == 1:
+        if len(pending) == 1:  # _queue(), written out: one call less per request
             self._later(self.flush)
         elif len(pending) >= MAX_PENDING:
             self.flush()
@@ -107,9 +107,16 @@ class AccessLog:
         else:
             pairs = " ".join([f"event={event}", *(f"{k}={v}" for k, v in fields.items())])
             line = f"{self._prefix(time.time())}{pairs}\n"
-        self._pending.append(line)  # after the requests recorded before it
-        if len(self._pending) == 1:
+        self._queue(line)  # after the requests recorded before it
+
+    def _queue(self, item: Record | str) -> None:
+        """Wait for the writer's next flush; past ``MAX_PENDING`` waiting, go out now."""
+        pending = self._pending
+        pending.append(item)
+        if len(pending) == 1:
             self._later(self.flush)
+        elif len(pending) >= MAX_PENDING:
+            self.flush()
 
     def flush(self) -> None:
         """Format what waits (any log's), in order, and write it as one block; idempotent."""

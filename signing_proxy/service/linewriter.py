@@ -105,18 +105,17 @@ class LineWriter:
     def write(self, line: str) -> None:
         """Queue ``line`` (one or more whole lines). Past ``max_bytes`` waiting, or after close, the
         lines that do not fit are dropped and counted."""
-        queued = self._size + len(line)
-        if self._closed or queued + self._handed - self._written > self.max_bytes:
-            room = 0 if self._closed else self.max_bytes - (self._size + self._handed - self._written)
-            cut = line.rfind("\n", 0, room) + 1 if room > 0 else 0  # the whole lines that fit
+        waiting = self.backlog_bytes
+        if self._closed or waiting + len(line) > self.max_bytes:
+            room = 0 if self._closed else max(0, self.max_bytes - waiting)  # encoded, a block may grow
+            cut = line.rfind("\n", 0, room) + 1  # the whole lines that fit
             self._refused += line.count("\n", cut) or 1
             if not cut:
                 return
             line = line[:cut]
-            queued = self._size + cut
         self._pending.append(line)
-        self._size = queued
-        if queued >= self.flush_bytes or self._loop is None:
+        self._size += len(line)
+        if self._size >= self.flush_bytes or self._loop is None:
             self.wake()
         elif self._timer is None:
             self._timer = self._loop.call_later(self.interval_s, self.wake)

@@ -71,9 +71,12 @@ async def engine() -> AsyncIterator[tuple[Engine, Echo, int]]:
         yield eng, handler, port
 
 
-async def exchange(port: int, raw: bytes) -> bytes:
+async def exchange(port: int, raw: bytes, *, half_close: bool = False) -> bytes:
+    """Send ``raw`` (then EOF, if ``half_close``) on a new connection; what comes back until the close."""
     reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), WAIT_S)
     writer.write(raw)
+    if half_close:
+        writer.write_eof()
     try:
         return await asyncio.wait_for(reader.read(-1), WAIT_S)
     finally:
@@ -144,14 +147,8 @@ async def test_a_broken_request_after_a_good_one_is_refused_after_the_good_ones_
     # written at once and the connection half-closed: the good request was never answered, and its
     # client read the 400 as its answer.
     _, handler, port = engine
-    reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), WAIT_S)
-    try:
-        writer.write(b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n" + broken)
-        if half_close:  # the client sent all it will: the answers it is owed still come
-            writer.write_eof()
-        answer = await asyncio.wait_for(reader.read(-1), WAIT_S)
-    finally:
-        writer.close()
+    # half-closed: the client sent all it will, and the answers it is owed still come
+    answer = await exchange(port, b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n" + broken, half_close=half_close)
     assert [s[:2] for s in handler.seen] == [("GET", b"/a")]
     first, _, rest = answer.partition(b"GET /a ")
     assert first.startswith(b"HTTP/1.1 200 OK\r\n")

@@ -19,7 +19,7 @@ from signing_proxy.net.outbox import HOLD_MAX_BYTES, Outbox
 from signing_proxy.net.request import Request
 from signing_proxy.net.server import ClientConnection
 from signing_proxy.net.upstream import UpstreamPool
-from tests.net.test_engine import LIMITS, WAIT_S, running
+from tests.net.test_engine import LIMITS, WAIT_S, exchange, running
 from tests.net.test_timers import Sink
 
 
@@ -174,13 +174,8 @@ class AnswerThenClose:
 
 async def test_a_client_answer_is_held_then_written_before_the_close() -> None:
     handler = AnswerThenClose()
-    async with running(handler, LIMITS) as (_, port):
-        reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), WAIT_S)
-        try:
-            writer.write(b"GET http://a.example/ HTTP/1.1\r\nHost: a.example\r\n\r\n")
-            answer = await asyncio.wait_for(reader.read(-1), WAIT_S)  # to EOF: the close came after it
-        finally:
-            writer.close()
+    async with running(handler, LIMITS) as (_, port):  # read to EOF: the close came after the answer
+        answer = await exchange(port, b"GET http://a.example/ HTTP/1.1\r\nHost: a.example\r\n\r\n")
     assert answer.startswith(b"HTTP/1.1 200 ")
     assert answer.endswith(b"\r\n\r\nthe whole answer")
     assert handler.held_after_write == [len(answer)]
