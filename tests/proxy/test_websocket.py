@@ -161,14 +161,14 @@ def test_a_refused_handshake_is_relayed_with_its_status(proxy: ProxyProcess, pla
     assert plain.arrivals[-1].verified
 
 
-def test_a_101_keeps_only_this_hops_connection_and_drops_the_fields_it_names(proxy: ProxyProcess) -> None:
-    """RFC 9110 section 7.6.1: what the upstream's ``Connection`` names is for its hop only; the
-    client gets ``Connection: Upgrade`` from us, the ``Upgrade`` field and the end-to-end fields."""
+def handshake_through(proxy: ProxyProcess, answer: bytes) -> tuple[bytes, list[tuple[bytes, ...]], bytes]:
+    """A WebSocket handshake through the proxy to a raw upstream that answers ``answer`` and closes:
+    the status line and fields the client got, and the handshake the upstream received."""
     listener = socket.create_server(("127.0.0.1", 0))
     port = listener.getsockname()[1]
     seen: list[bytes] = []
 
-    def upstream() -> None:  # answers the handshake with hop-only fields of its own, then closes
+    def upstream() -> None:
         conn, _ = listener.accept()
         with conn:
             conn.settimeout(WAIT_S)
@@ -176,11 +176,7 @@ def test_a_101_keeps_only_this_hops_connection_and_drops_the_fields_it_names(pro
             while b"\r\n\r\n" not in head and (chunk := conn.recv(65536)):
                 head += chunk
             seen.append(head)
-            conn.sendall(
-                b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
-                b"Connection: Upgrade, X-Hop-Only\r\nX-Hop-Only: secret\r\nKeep-Alive: timeout=5\r\n"
-                b"Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\nX-End-To-End: kept\r\n\r\n"
-            )
+            conn.sendall(answer)
 
     server = threading.Thread(target=upstream, daemon=True)
     server.start()
@@ -191,15 +187,30 @@ def test_a_101_keeps_only_this_hops_connection_and_drops_the_fields_it_names(pro
                 "Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\n"
                 "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n".encode()
             )
-            answer = b""
-            while b"\r\n\r\n" not in answer and (chunk := sock.recv(65536)):
-                answer += chunk
+            got = b""
+            while b"\r\n\r\n" not in got and (chunk := sock.recv(65536)):
+                got += chunk
     finally:
         server.join(WAIT_S)
         listener.close()
-    lines = answer.partition(b"\r\n\r\n")[0].split(b"\r\n")
-    fields = [tuple(part.strip() for part in line.split(b":", 1)) for line in lines[1:]]
-    assert lines[0].startswith(b"HTTP/1.1 101 ")
+    lines = got.partition(b"\r\n\r\n")[0].split(b"\r\n")
+    return lines[0], [tuple(part.strip() for part in line.split(b":", 1)) for line in lines[1:]], seen[0]
+
+
+# the upstream's own hop-by-hop fields: named by its Connection, and Keep-Alive
+HOP_ONLY = b"Connection: Upgrade, X-Hop-Only\r\nX-Hop-Only: secret\r\nKeep-Alive: timeout=5\r\n"
+
+
+def test_a_101_keeps_only_this_hops_connection_and_drops_the_fields_it_names(proxy: ProxyProcess) -> None:
+    """RFC 9110 section 7.6.1: what the upstream's ``Connection`` names is for its hop only; the
+    client gets ``Connection: Upgrade`` from us, the ``Upgrade`` field and the end-to-end fields."""
+    status, fields, sent = handshake_through(
+        proxy,
+        b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
+        + HOP_ONLY
+        + b"Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\nX-End-To-End: kept\r\n\r\n",
+    )
+    assert status.startswith(b"HTTP/1.1 101 ")
     assert [v for n, v in fields if n.lower() == b"connection"] == [b"Upgrade"]
     assert (b"Upgrade", b"websocket") in fields
     assert (b"X-End-To-End", b"kept") in fields
@@ -207,7 +218,21 @@ def test_a_101_keeps_only_this_hops_connection_and_drops_the_fields_it_names(pro
     names = {n.lower() for n, _v in fields}
     assert b"x-hop-only" not in names
     assert b"keep-alive" not in names
-    assert b"signature" in seen[0].lower()  # the handshake went out signed
+    assert b"signature" in sent.lower()  # the handshake went out signed
+
+
+def test_a_refused_handshake_drops_the_upstreams_hop_by_hop_fields_too(proxy: ProxyProcess) -> None:
+    status, fields, _ = handshake_through(
+        proxy,
+        b"HTTP/1.1 403 Forbidden\r\nUpgrade: websocket\r\n"
+        + HOP_ONLY
+        + b"X-End-To-End: kept\r\nContent-Length: 2\r\n\r\nno",
+    )
+    assert status.startswith(b"HTTP/1.1 403 ")
+    assert [v for n, v in fields if n.lower() == b"connection"] == [b"close"]  # ours: the connection ends
+    assert (b"X-End-To-End", b"kept") in fields
+    names = {n.lower() for n, _v in fields}
+    assert not names & {b"x-hop-only", b"keep-alive", b"upgrade"}
 
 
 def test_other_upgrades_stay_refused_with_a_reason(proxy: ProxyProcess, plain: VerifyingOrigin) -> None:
