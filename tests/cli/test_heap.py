@@ -12,6 +12,8 @@ import sys
 
 import pytest
 
+from signing_proxy.cli.run import _YOUNG_PASS_EVERY
+
 pytestmark = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt(3) is glibc's")
 
 MALLINFO = """
@@ -88,6 +90,20 @@ def test_a_256_kib_buffer_comes_from_the_heap_once_run_has_set_the_thresholds() 
 def test_settling_the_heap_before_the_first_request_sets_the_thresholds() -> None:
     # run's own call, before the first request, not only a helper nothing may call
     assert _mapped_after("_settle_heap()") == 0
+
+
+def test_settling_the_heap_freezes_start_up_and_spaces_the_young_passes() -> None:
+    script = (
+        "import gc\n"
+        "from signing_proxy.cli.run import _settle_heap\n"
+        "default = gc.get_threshold()\n"
+        "_settle_heap()\n"
+        "print(*default, *gc.get_threshold(), gc.get_freeze_count())\n"
+    )
+    default_young, *default_older, young, older1, older2, frozen = _child(script)
+    assert (default_young, young) == (700, _YOUNG_PASS_EVERY)
+    assert [older1, older2] == default_older  # the older generations keep Python's own thresholds
+    assert frozen > 10_000  # start-up's objects, out of every later pass
 
 
 def test_freed_tls_buffers_stay_on_the_heap_up_to_4_mib_and_go_back_beyond() -> None:

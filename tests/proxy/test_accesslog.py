@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import fcntl
+import gc
 import io
 import json
 import logging
@@ -415,6 +416,25 @@ def test_logs_of_successive_reloads_share_one_queue_and_keep_the_order_of_their_
     assert not lines[1].startswith("{")
     assert json.loads(lines[2])["event"] == "tunnel"
     assert shared == []
+
+
+def test_a_waiting_record_holds_only_atoms_so_the_collector_lets_it_go_at_its_first_pass() -> None:
+    """Records wait up to a flush interval, ~200 of them under load: one that held a tracked object
+    (the log itself, as it once did) stayed tracked, was promoted and walked by every later pass."""
+    logging.getLogger("signing_proxy.access").setLevel(logging.INFO)
+    waiting: Pending = []
+    try:
+        for fmt in ("text", "json"):
+            access = AccessLog(
+                enabled=True, fmt=fmt, write=lambda _: None, later=lambda _: None, pending=waiting
+            )
+            access.request(**REQUEST)
+            access.request(**{**REQUEST, "status": None, "keyid": "kid"})
+    finally:
+        logging.getLogger("signing_proxy.access").setLevel(logging.NOTSET)
+    assert len(waiting) == 4
+    gc.collect(0)
+    assert [gc.is_tracked(record) for record in waiting] == [False] * 4
 
 
 def test_a_line_that_cannot_be_formatted_does_not_take_the_others_with_it(
