@@ -146,8 +146,8 @@ class AccessLog:
                 logging.getLogger("signing_proxy").exception("an access-log line could not be formatted")
 
     def _text(self, record: Record) -> str:
-        now, client, method, host, status = record[1:6]  # record[0]: whether its log writes JSON
-        duration_ms, bytes_in, bytes_out, keyid, profile, outcome = record[6:]
+        # one unpacking: slicing made two tuples per line
+        _, now, client, method, host, status, duration, bytes_in, bytes_out, keyid, profile, outcome = record
         if status is None or host is None:  # the uncommon shapes: the general writer
             return f"{self._prefix(now)}{_pairs(record)}\n"
         second = int(now)  # the common shape: one f-string, _prefix(now) written out
@@ -158,14 +158,13 @@ class AccessLog:
             signer += f" profile={profile}"
         return (
             f"{self._stamp}{_MILLIS[int((now - second) * 1000)]}client={client} method={method} "
-            f"host={host} status={status} duration_ms={duration_ms} bytes_in={bytes_in} "
+            f"host={host} status={status} duration_ms={duration} bytes_in={bytes_in} "
             f"bytes_out={bytes_out}{signer} outcome={outcome}\n"
         )
 
     @staticmethod
     def _json(record: Record) -> str:
-        _now, client, method, host, status = record[1:6]  # record[0]: whether its log writes JSON
-        duration_ms, bytes_in, bytes_out, keyid, profile, outcome = record[6:]
+        _, _, client, method, host, status, duration_ms, bytes_in, bytes_out, keyid, profile, outcome = record
         if (
             status.__class__ is bytes_in.__class__ is bytes_out.__class__ is int  # not bool, not None
             and duration_ms.__class__ is float
