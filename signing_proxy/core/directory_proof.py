@@ -20,6 +20,7 @@ from .fields import Fields
 from .jwk import PublicKey, SigningKey
 from .sfv import serialize_member
 from .signature_components import parse_field_dictionary
+from .signature_verify import DEFAULT_SKEW_S
 
 __all__ = [
     "DIRECTORY_SIGNATURE_TAG",
@@ -70,7 +71,13 @@ def sign_directory_response(
 
 
 def proven_keys(
-    body: bytes, authority: str, fields: Fields, publics: Iterable[PublicKey], *, now: float, skew_s: int = 5
+    body: bytes,
+    authority: str,
+    fields: Fields,
+    publics: Iterable[PublicKey],
+    *,
+    now: float,
+    skew_s: int = DEFAULT_SKEW_S,
 ) -> frozenset[str] | None:
     """Thumbprints of ``publics`` whose possession proof on this response holds at ``now``; None when
     the response carries no directory proof at all (a spec directory: nothing to check).

@@ -68,6 +68,7 @@ def build_verifier(
             TokenBucket(limits.fetches_per_s, limits.fetch_burst, monotonic) if limits.fetches_per_s else None
         ),
         fetch_timeout_s=fetch_timeout_s,
+        skew_s=policy.skew_s,
     )
     poller = RevocationPoller(
         http_fetcher(http, egress=egress, max_bytes=MAX_REVOCATION_LIST_BYTES, timeout_s=fetch_timeout_s),

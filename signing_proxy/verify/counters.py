@@ -45,10 +45,6 @@ class Taken:
 
 
 class CounterStore(Protocol):
-    async def take(self, key: str, limit: int, window_s: float | None, now: float) -> Taken:
-        """Count one access if ``count < limit`` in the key's current window (atomic)."""
-        ...
-
     async def take_all(self, counters: Sequence[QuotaCounter], now: float) -> tuple[int, Taken]:
         """Count one access on every counter if each is below its limit, else on none (atomic).
 
@@ -108,10 +104,6 @@ class SqliteCounterStore:
                 db.execute(statement)
             self._db = db
         return self._db
-
-    async def take(self, key: str, limit: int, window_s: float | None, now: float) -> Taken:
-        """Count one access if ``count < limit`` in the key's current window (atomic)."""
-        return (await self.take_all((QuotaCounter(key, limit, window_s),), now))[1]
 
     async def take_all(self, counters: Sequence[QuotaCounter], now: float) -> tuple[int, Taken]:
         loop = asyncio.get_running_loop()

@@ -31,6 +31,7 @@ from ..core.directory_proof import proven_keys
 from ..core.errors import KeyFormatError
 from ..core.fields import Fields
 from ..core.keys import DIRECTORY_PATH, MAX_DIRECTORY_BYTES, Directory, parse_directory
+from ..core.signature_verify import DEFAULT_SKEW_S
 from ..core.uri import parse_absolute_uri
 from ..errors import VERIFIER_BUSY, DirectoryError, EgressError, Error, ProxyError
 from ..net.client import HttpClient
@@ -86,14 +87,15 @@ def directory_url(base: str) -> str:
     return base.rstrip("/") + DIRECTORY_PATH
 
 
-def only_proven(directory: Directory, result: FetchResult, url: str, now: float) -> Directory:
+def only_proven(directory: Directory, result: FetchResult, url: str, now: float, skew_s: int) -> Directory:
     """The directory without the keys whose possession proof fails, when the response carries
-    directory proofs (web-bot-auth drafts: "ignore keys without a valid signature"); else as is."""
+    directory proofs (web-bot-auth drafts: "ignore keys without a valid signature"); else as is.
+    ``skew_s``: how far ahead of ``now`` a proof's ``created`` may be (the verifier's own skew)."""
     if not result.proof_fields:
         return directory
     authority = parse_absolute_uri(url).authority  # the authority we asked: what a proof must bind
     publics = (key.public for key in directory.keys)
-    proven = proven_keys(result.body, authority, Fields(result.proof_fields), publics, now=now)
+    proven = proven_keys(result.body, authority, Fields(result.proof_fields), publics, now=now, skew_s=skew_s)
     if proven is None:
         return directory
     kept = tuple(key for key in directory.keys if key.thumbprint in proven)
@@ -233,6 +235,7 @@ class DirectoryResolver:
     fetch_timeout_s: float = FETCH_TIMEOUT_S
     listeners: list[Callable[[str], None]] = field(default_factory=list)
     fetch_budget: TokenBucket | None = None  # None: requests may cause fetches at any rate
+    skew_s: int = DEFAULT_SKEW_S  # a directory proof's created may be this far ahead (verify.skew_s)
     fetches: int = 0
     hits: int = 0
     _cache: LruCache[str, _Entry] = field(init=False, repr=False)
@@ -372,7 +375,7 @@ class DirectoryResolver:
             self._negative.put(url, _Failure(exc.reason, now + self.negative_ttl_s))
             raise DirectoryError(exc.reason, f"{url} is unavailable") from None
         now = self.clock()
-        directory = only_proven(directory, result, url, now)
+        directory = only_proven(directory, result, url, now, self.skew_s)
         ttl = ttl_from_cache_control(result.cache_control, self.floor_s, self.ceiling_s)
         current = self._cache.peek(url)  # the entry may have been evicted while we fetched
         extra = current.extra if current is not None else 0

@@ -54,10 +54,6 @@ class RedisCounterStore:
     def from_url(cls, url: str) -> RedisCounterStore:
         return cls(aioredis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=5))
 
-    async def take(self, key: str, limit: int, window_s: float | None, now: float) -> Taken:
-        """Count one access if ``count < limit`` in the key's current window (atomic)."""
-        return (await self.take_all((QuotaCounter(key, limit, window_s),), now))[1]
-
     async def take_all(self, counters: Sequence[QuotaCounter], now: float) -> tuple[int, Taken]:
         args: list[int] = []
         for counter in counters:

@@ -12,12 +12,13 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient
 
-from signing_proxy.config import parse_config
+from signing_proxy.config import VerifyConfig, parse_config
 from signing_proxy.core.directory_proof import WEB_DIRECTORY_MEDIA_TYPE, proven_keys
 from signing_proxy.core.fields import Fields
 from signing_proxy.core.keys import parse_directory
 from signing_proxy.service.publish import PublishServer, prefers_web_directory
 from signing_proxy.storage.keystore import KeyStore, StoreKeyProvider, StoreWatcher
+from signing_proxy.verify.build import build_verifier
 from signing_proxy.verify.directory import DirectoryResolver, FetchResult
 from tests.verify.fakes import FakeFetch
 
@@ -118,6 +119,23 @@ async def test_the_resolver_ignores_keys_whose_proof_fails(
     fetch.answers["https://spec.example" + DIRECTORY] = FetchResult(200, body, "max-age=300")
     assert len((await resolver.get("https://spec.example")).keys) == 2
     await resolver.close()
+
+
+async def test_a_proof_created_ahead_of_the_clock_is_judged_with_the_verifiers_own_skew(
+    server: PublishServer, aiohttp_client: Client
+) -> None:
+    """The publisher's clock 8 s ahead of ours: its proofs hold under verify.skew_s 10, not under 5."""
+    body, headers = await _fetch(server, aiohttp_client, WEB_DIRECTORY_MEDIA_TYPE)
+    proofs = tuple((name, headers[name]) for name in ("Content-Digest", "Signature-Input", "Signature"))
+    fetch = FakeFetch()
+    fetch.answers["https://dir.example" + DIRECTORY] = FetchResult(200, body, "max-age=300", proofs)
+    kept = []
+    for limits in (VerifyConfig(), VerifyConfig(skew_s=10)):
+        verifier = build_verifier(limits=limits, clock=lambda: NOW - 8)
+        verifier.resolver.fetch = fetch
+        kept.append(len((await verifier.resolver.get("https://dir.example")).keys))
+        await verifier.close()
+    assert kept == [0, 2]
 
 
 def test_accept_negotiation() -> None:
