@@ -33,8 +33,8 @@ MAX_PENDING = 256  # lines waiting to be formatted: past this, formatted at once
 # (whether its log writes JSON, time, client, method, host, status, duration_ms, bytes_in, bytes_out,
 #  keyid, profile, outcome). Atoms only, not the log itself: the cycle collector untracks such a
 # tuple at its first pass. One holding the log stayed tracked, was promoted with the ~200 others
-# waiting for a flush and walked again by older passes (0.3 us per request at Python's thresholds,
-# measured with gc.callbacks).
+# waiting for a flush and walked again by older passes (about 0.2 us per request at Python's
+# thresholds, timed with gc.callbacks).
 Record = tuple[bool, float, str, str, str, int | None, float, int, int, str | None, str | None, str]
 Pending = list[Record | str]  # records, and the lines of events (formatted at once), in order
 
