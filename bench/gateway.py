@@ -44,6 +44,7 @@ from http_message_signatures.signatures import SignatureVerifyWarning
 from signing_proxy.core.delegation import extend_chain, issue_authority
 from signing_proxy.core.digest import content_digest
 from signing_proxy.core.fields import Fields
+from signing_proxy.core.gateway_ingest import QuotaCounter
 from signing_proxy.core.jwk import SigningKey
 from signing_proxy.core.keys import Directory, DirectoryKey, render_directory
 from signing_proxy.core.requester import DelegationDoc, RequesterDoc
@@ -248,7 +249,9 @@ async def latencies(ops: int, operation: Callable[[int], Awaitable[Any]]) -> dic
 async def store_figures(store: CounterStore, ops: int) -> dict[str, dict[str, float]]:
     now = time.time()
     return {
-        "take": await latencies(ops, lambda i: store.take(f"chain-{i % 64}", 10**9, 60, now)),
+        "take": await latencies(
+            ops, lambda i: store.take_all((QuotaCounter(f"chain-{i % 64}", 10**9, 60),), now)
+        ),
         "first_seen": await latencies(ops, lambda i: store.first_seen(f"sig-{i}", 60, now)),
     }
 

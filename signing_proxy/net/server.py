@@ -363,7 +363,7 @@ class ClientConnection(asyncio.Protocol):
 
     def take_over(self) -> asyncio.Transport | None:
         """Detach the transport (for a tunnel): this connection then closes nothing; None if gone."""
-        raw = self.outbox.release()
+        raw, self._parser = self.outbox.release(), None  # the parser holds us: no cycle left behind
         self.engine.connections.discard(self)
         if raw is None or raw.is_closing():
             return None

@@ -98,14 +98,15 @@ class TunnelStart(asyncio.Protocol):
     # --- TLS outcomes ---
     def _established(self, transport: TlsTransport) -> asyncio.Protocol:
         self._finish()
+        self.session = None  # it holds our callbacks: no cycle is left for the collector to find
         return self._inner("https")
 
     def _failed(self, exc: ssl.SSLError | None) -> None:
         timed_out = self._done
         self._finish()
-        if self.sni_refused or timed_out:
-            return
-        self._on_failed(self, exc)
+        if not (self.sni_refused or timed_out):
+            self._on_failed(self, exc)
+        self.session = None  # as above: a stranger's failed handshake is freed at once, not at a pass
 
     def _timeout(self) -> None:
         if self._done:
