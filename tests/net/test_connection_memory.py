@@ -14,7 +14,7 @@ import contextlib
 import gc
 import ssl
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -24,8 +24,10 @@ from signing_proxy.net.server import ClientConnection, Engine
 from signing_proxy.net.tunnel import TunnelStart
 from signing_proxy.storage.ca import CertificateAuthority
 from tests.harness import WAIT_S
+from tests.net.test_engine import running
 
 HEAD_FIELDS = 200  # each 400 bytes: 80 KB, over the 64 KiB head limit (431)
+LIMITS = Limits(max_header_bytes=65536, max_body_bytes=1024, client_idle_s=5, read_s=5)
 
 
 class Refuse:
@@ -48,45 +50,53 @@ def no_cycle_collector() -> Iterator[None]:
         gc.enable()
 
 
+async def until(ready: Callable[[], object]) -> None:
+    """Poll a state that has no event of its own, up to WAIT_S."""
+    async with asyncio.timeout(WAIT_S):
+        while not ready():  # noqa: ASYNC110 - a state with no event of its own
+            await asyncio.sleep(0.01)
+
+
+async def freed(ref: weakref.ref[object]) -> bool:
+    """Whether ``ref``'s object goes within a second (a close runs through a few callbacks)."""
+    for _ in range(100):
+        if ref() is None:
+            return True
+        await asyncio.sleep(0.01)
+    return False
+
+
+def referrers(ref: weakref.ref[object]) -> list[str]:
+    """What still holds ``ref``'s object: the failure message."""
+    return [type(r).__name__ for r in gc.get_referrers(ref())]
+
+
+async def connected(
+    engine: Engine, port: int
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, weakref.ref[ClientConnection]]:
+    """A client's connection, and a weak reference to the engine's side of it."""
+    reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), WAIT_S)
+    await until(lambda: engine.connections)
+    (conn,) = engine.connections
+    return reader, writer, weakref.ref(conn)
+
+
 async def test_a_closed_connection_is_freed_without_the_cycle_collector(no_cycle_collector: None) -> None:
     tasks: set[asyncio.Task[object]] = set()
-
-    def spawn(coro: object) -> asyncio.Task[object]:
-        task = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
-        return task
-
-    limits = Limits(max_header_bytes=65536, max_body_bytes=1024, client_idle_s=5, read_s=5)
-    engine = Engine(Refuse(), limits, spawn)
-    server = await asyncio.get_running_loop().create_server(engine.protocol, "127.0.0.1", 0)
-    writer: asyncio.StreamWriter | None = None
-    try:
-        port = server.sockets[0].getsockname()[1]
-        reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), WAIT_S)
-        async with asyncio.timeout(WAIT_S):
-            while not engine.connections:  # noqa: ASYNC110 - a state with no event of its own
-                await asyncio.sleep(0.01)
-        (conn,) = engine.connections
-        gone = weakref.ref(conn)
-        del conn
-        fields = "".join(f"X-{n}: {'v' * 400}\r\n" for n in range(HEAD_FIELDS))
-        writer.write(f"GET http://127.0.0.1/ HTTP/1.1\r\nHost: x\r\n{fields}\r\n".encode())
-        answer = await asyncio.wait_for(reader.read(-1), WAIT_S)
-        assert answer.startswith(b"HTTP/1.1 431 ")
-        # Our side stays open: the proxy closes at the end of its linger (net.server.LINGER_S), from
-        # its own timer. (A FIN from us ends the linger early, and the linger timer, still pending,
-        # then holds the connection until LINGER_S has passed.)
-        async with asyncio.timeout(WAIT_S):
-            while engine.connections or tasks:  # noqa: ASYNC110 - a state with no event of its own
-                await asyncio.sleep(0.01)
-        await asyncio.sleep(0)  # the transport's connection_lost callback has run
-        assert gone() is None, [type(r).__name__ for r in gc.get_referrers(gone())]
-    finally:
-        if writer is not None:
+    async with running(Refuse(), LIMITS, tasks) as (engine, port):
+        reader, writer, gone = await connected(engine, port)
+        try:
+            fields = "".join(f"X-{n}: {'v' * 400}\r\n" for n in range(HEAD_FIELDS))
+            writer.write(f"GET http://127.0.0.1/ HTTP/1.1\r\nHost: x\r\n{fields}\r\n".encode())
+            answer = await asyncio.wait_for(reader.read(-1), WAIT_S)
+            assert answer.startswith(b"HTTP/1.1 431 ")
+            # Our side stays open: the proxy closes at the end of its linger (net.server.LINGER_S), from
+            # its own timer. (A FIN from us ends the linger early, and the linger timer, still pending,
+            # then holds the connection until LINGER_S has passed.)
+            await until(lambda: not engine.connections and not tasks)
+            assert await freed(gone), referrers(gone)
+        finally:
             writer.close()
-        server.close()
-        await asyncio.wait_for(server.wait_closed(), WAIT_S)
 
 
 class Inner(asyncio.Protocol):
@@ -137,47 +147,22 @@ async def test_a_taken_over_connection_and_a_failed_handshake_are_freed_without_
     """A stranger's CONNECT followed by a broken ClientHello: the connection handed to the tunnel,
     the tunnel's start and its TLS session refer to each other while the handshake runs, and must not
     once it has failed (bench/malformed.py's connect-tls-garbage: 17 KiB a tunnel otherwise waits)."""
-    tasks: set[asyncio.Task[object]] = set()
-
-    def spawn(coro: object) -> asyncio.Task[object]:
-        task = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
-        return task
-
     handler = Intercept()
-    limits = Limits(max_header_bytes=65536, max_body_bytes=1024, client_idle_s=5, read_s=5)
-    engine = Engine(handler, limits, spawn)
-    server = await asyncio.get_running_loop().create_server(engine.protocol, "127.0.0.1", 0)
-    writer: asyncio.StreamWriter | None = None
-    try:
-        port = server.sockets[0].getsockname()[1]
-        reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), WAIT_S)
-        async with asyncio.timeout(WAIT_S):
-            while not engine.connections:  # noqa: ASYNC110 - a state with no event of its own
-                await asyncio.sleep(0.01)
-        (conn,) = engine.connections
-        gone = weakref.ref(conn)
-        del conn
-        writer.write(b"CONNECT a.example:443 HTTP/1.1\r\nHost: a.example:443\r\n\r\n")
-        async with asyncio.timeout(WAIT_S):
-            while not handler.starts:  # noqa: ASYNC110 - a state with no event of its own
-                await asyncio.sleep(0.01)
-        writer.write(b"\x16\x03\x01\x00\x05junk!")  # a TLS handshake record that is no ClientHello
-        await asyncio.wait_for(reader.read(-1), WAIT_S)  # the proxy closes once the handshake fails
-        async with asyncio.timeout(WAIT_S):
-            while tasks:  # noqa: ASYNC110 - a state with no event of its own
-                await asyncio.sleep(0.01)
-        await asyncio.sleep(0)  # the transport's connection_lost callback has run
-        assert handler.failures == ["SSLError"]
-        assert gone() is None, [type(r).__name__ for r in gc.get_referrers(gone())]
-        (start,) = handler.starts
-        assert start() is None, [type(r).__name__ for r in gc.get_referrers(start())]
-    finally:
-        if writer is not None:
+    tasks: set[asyncio.Task[object]] = set()
+    async with running(handler, LIMITS, tasks) as (engine, port):
+        reader, writer, gone = await connected(engine, port)
+        try:
+            writer.write(b"CONNECT a.example:443 HTTP/1.1\r\nHost: a.example:443\r\n\r\n")
+            await until(lambda: handler.starts)
+            writer.write(b"\x16\x03\x01\x00\x05junk!")  # a TLS handshake record that is no ClientHello
+            await asyncio.wait_for(reader.read(-1), WAIT_S)  # the proxy closes once the handshake fails
+            await until(lambda: not tasks)
+            assert handler.failures == ["SSLError"]
+            assert await freed(gone), referrers(gone)
+            (start,) = handler.starts
+            assert await freed(start), referrers(start)
+        finally:
             writer.close()
-        server.close()
-        await asyncio.wait_for(server.wait_closed(), WAIT_S)
 
 
 async def test_an_intercepted_tunnel_that_ends_is_freed_without_the_cycle_collector(
@@ -186,48 +171,27 @@ async def test_an_intercepted_tunnel_that_ends_is_freed_without_the_cycle_collec
     """A completed handshake, then the client leaves: the TLS session, its transport and the
     application protocol refer to each other while the tunnel lives, and must not once it has ended
     (600 tunnels of one request each grew the proxy by 14 MiB until a pass of the collector)."""
-    tasks: set[asyncio.Task[object]] = set()
-
-    def spawn(coro: object) -> asyncio.Task[object]:
-        task = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
-        return task
-
     leaves = LeafContextCache(CertificateAuthority.generate())
     handler = Intercept(leaves.get("a.example"))
-    limits = Limits(max_header_bytes=65536, max_body_bytes=1024, client_idle_s=5, read_s=5)
-    engine = Engine(handler, limits, spawn)
-    server = await asyncio.get_running_loop().create_server(engine.protocol, "127.0.0.1", 0)
     client = ssl.create_default_context()
     client.check_hostname = False
     client.verify_mode = ssl.CERT_NONE  # what is checked here is memory, not trust
+    tasks: set[asyncio.Task[object]] = set()
     try:
-        port = server.sockets[0].getsockname()[1]
-        _, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), WAIT_S)
-        writer.write(b"CONNECT a.example:443 HTTP/1.1\r\nHost: a.example:443\r\n\r\n")
-        async with asyncio.timeout(WAIT_S):
-            while not handler.starts:  # noqa: ASYNC110 - a state with no event of its own
-                await asyncio.sleep(0.01)
-            await writer.start_tls(client, server_hostname="a.example")
-            while not handler.transports:  # noqa: ASYNC110 - a state with no event of its own
-                await asyncio.sleep(0.01)
-        writer.close()
-        with contextlib.suppress(ssl.SSLError, ConnectionError):
-            await asyncio.wait_for(writer.wait_closed(), WAIT_S)
-        async with asyncio.timeout(WAIT_S):
-            while tasks:  # noqa: ASYNC110 - a state with no event of its own
-                await asyncio.sleep(0.01)
-        (transport,) = handler.transports
-        for _ in range(100):  # the close runs through a few callbacks: up to a second for them
-            if transport() is None:
-                break
-            await asyncio.sleep(0.01)
-        assert handler.failures == []
-        assert transport() is None, [type(r).__name__ for r in gc.get_referrers(transport())]
-        (start,) = handler.starts
-        assert start() is None, [type(r).__name__ for r in gc.get_referrers(start())]
+        async with running(handler, LIMITS, tasks) as (_, port):
+            _, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), WAIT_S)
+            writer.write(b"CONNECT a.example:443 HTTP/1.1\r\nHost: a.example:443\r\n\r\n")
+            await until(lambda: handler.starts)
+            await asyncio.wait_for(writer.start_tls(client, server_hostname="a.example"), WAIT_S)
+            await until(lambda: handler.transports)
+            writer.close()
+            with contextlib.suppress(ssl.SSLError, ConnectionError):
+                await asyncio.wait_for(writer.wait_closed(), WAIT_S)
+            await until(lambda: not tasks)
+            assert handler.failures == []
+            (transport,) = handler.transports
+            assert await freed(transport), referrers(transport)
+            (start,) = handler.starts
+            assert await freed(start), referrers(start)
     finally:
         leaves.close()
-        server.close()
-        await asyncio.wait_for(server.wait_closed(), WAIT_S)

@@ -42,9 +42,12 @@ class Echo:
 
 
 @contextlib.asynccontextmanager
-async def running(handler: Handler, limits: Limits) -> AsyncIterator[tuple[Engine, int]]:
-    """An engine serving ``handler`` on a free loopback port; its connections and tasks end after."""
-    tasks: set[asyncio.Task[object]] = set()
+async def running(
+    handler: Handler, limits: Limits, tasks: set[asyncio.Task[object]] | None = None
+) -> AsyncIterator[tuple[Engine, int]]:
+    """An engine serving ``handler`` on a free loopback port; its connections and tasks end after.
+    ``tasks``: a set the caller watches, holding the tasks the engine spawned until they finish."""
+    tasks = set() if tasks is None else tasks
 
     def spawn(coro: object) -> asyncio.Task[object]:
         task = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]
