@@ -134,11 +134,37 @@ class TunnelStart(asyncio.Protocol):
         self.raw.abort()
 
 
+class _Link(typing.Protocol):
+    """What a side of a blind tunnel tells its tunnel."""
+
+    def active(self) -> None: ...
+    def close(self) -> None: ...
+    def end_lost(self, end: _PipeEnd) -> None: ...
+
+
+class _Ended:
+    """What the sides of a finished tunnel tell instead: nothing is left to hear it. Their tunnel is
+    no longer theirs, so the two sides, the tunnel and their transports form no cycle that would
+    wait for the cycle collector."""
+
+    def active(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def end_lost(self, end: _PipeEnd) -> None:
+        pass
+
+
+_ENDED = _Ended()
+
+
 class _PipeEnd(asyncio.Protocol):
     """One side of a blind tunnel: bytes arriving here are written to the other side."""
 
     def __init__(self, tunnel: BlindTunnel) -> None:
-        self.tunnel = tunnel
+        self.tunnel: _Link = tunnel
         self.transport: asyncio.Transport | None = None
         self.peer: _PipeEnd | None = None
         self.bytes_in = 0
@@ -264,6 +290,8 @@ class BlindTunnel:
                 self._idle_timer.cancel()
                 self._idle_timer = None
             self._on_finished(self)
+            for side in (self.client, self.upstream):  # see _Ended
+                side.tunnel, side.peer, side.transport, side.held = _ENDED, None, None, []
 
     def close(self) -> None:
         """Close both sides once their buffered bytes are written (the idle timer still bounds that)."""

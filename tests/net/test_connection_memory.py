@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import socket
 import ssl
 import weakref
 from collections.abc import Callable, Iterator
@@ -21,7 +22,7 @@ import pytest
 from signing_proxy.net.leaves import LeafContextCache
 from signing_proxy.net.request import Limits, Request
 from signing_proxy.net.server import ClientConnection, Engine
-from signing_proxy.net.tunnel import TunnelStart
+from signing_proxy.net.tunnel import BlindTunnel, TunnelStart
 from signing_proxy.storage.ca import CertificateAuthority
 from tests.harness import WAIT_S
 from tests.net.test_engine import running
@@ -195,3 +196,47 @@ async def test_an_intercepted_tunnel_that_ends_is_freed_without_the_cycle_collec
             assert await freed(start), referrers(start)
     finally:
         leaves.close()
+
+
+def given(protocol: asyncio.Protocol) -> Callable[[], asyncio.Protocol]:
+    """A protocol factory for one protocol that holds nothing else (not the test's own variables)."""
+    return lambda: protocol
+
+
+async def test_a_blind_tunnel_that_ends_is_freed_without_the_cycle_collector(
+    no_cycle_collector: None,
+) -> None:
+    """A tunnel and its two sides refer to each other while bytes flow, and must not once both
+    sides are gone: the tunnel log line is written first, from figures the sides still hold."""
+    loop = asyncio.get_running_loop()
+
+    async def echo_once(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(await reader.read(100))
+        await writer.drain()
+        writer.close()  # the upstream ends the tunnel
+
+    upstream = await asyncio.start_server(echo_once, "127.0.0.1", 0)
+    finished: list[int] = []  # bytes from the client, read by the finishing callback
+    client_sock, our_sock = socket.socketpair()
+    try:
+        port = upstream.sockets[0].getsockname()[1]
+        tunnel = BlindTunnel(
+            "127.0.0.1", f"127.0.0.1:{port}", lambda t: finished.append(t.client.bytes_in), idle_s=WAIT_S
+        )
+        await asyncio.wait_for(loop.create_connection(given(tunnel.upstream), "127.0.0.1", port), WAIT_S)
+        raw, _ = await loop.connect_accepted_socket(asyncio.Protocol, sock=our_sock)
+        tunnel.attach_client(raw, b"")
+        del raw
+        reader, writer = await asyncio.open_connection(sock=client_sock)
+        writer.write(b"ping")
+        assert await asyncio.wait_for(reader.read(-1), WAIT_S) == b"ping"
+        writer.close()
+        await until(lambda: finished)
+        assert finished == [4]
+        gone = weakref.ref(tunnel)
+        del tunnel
+        assert await freed(gone), referrers(gone)
+    finally:
+        client_sock.close()
+        upstream.close()
+        await asyncio.wait_for(upstream.wait_closed(), WAIT_S)
