@@ -21,21 +21,33 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from run import (  # the names bench/run.py gives its rows
+    DEFAULT_ROW,
+    FLOOR_ROW,
+    GATEWAY_ROW,
+    NAIVE_PASS_ROW,
+    NAIVE_RELAY_ROW,
+    NAIVE_SIGN_ROW,
+    RELAY_ROW,
+    TUNED_ROW,
+    WORKERS_ROW,
+)
+
 Doc = Mapping[str, Any]
 
 # (config in the run's table, label in the README); POST rows, in this order
 _ROWS = (
-    ("default", "**default configuration**"),
-    ("tuned", "tuned (access log off, warnings)"),
-    ("workers=", "default, `--workers {n}` (unpinned, sharing both cores with wrk and the origin)"),
-    ("naive-sign", "naive aiohttp signer (reference)"),
-    ("naive-pass", "naive aiohttp passthrough, no signing (reference)"),
-    ("floor-pass", "floor: uvloop + llhttp forwarding only (reference)"),
+    (DEFAULT_ROW, "**default configuration**"),
+    (TUNED_ROW, "tuned (access log off, warnings)"),
+    (WORKERS_ROW, "default, `--workers {n}` (unpinned, sharing both cores with wrk and the origin)"),
+    (NAIVE_SIGN_ROW, "naive aiohttp signer (reference)"),
+    (NAIVE_PASS_ROW, "naive aiohttp passthrough, no signing (reference)"),
+    (FLOOR_ROW, "floor: uvloop + llhttp forwarding only (reference)"),
 )
 _SIDE = (
-    ("relay_table", "relay", "**relay hop** (verify one label, stack ours), default configuration"),
-    ("relay_table", "naive-relay", "naive aiohttp relay on `http-message-signatures` (reference)"),
-    ("gateway_table", "gateway", "**gateway** (verify the agent's label, forward), default configuration"),
+    ("relay_table", RELAY_ROW, "**relay hop** (verify one label, stack ours), default configuration"),
+    ("relay_table", NAIVE_RELAY_ROW, "naive aiohttp relay on `http-message-signatures` (reference)"),
+    ("gateway_table", GATEWAY_ROW, "**gateway** (verify the agent's label, forward), default configuration"),
 )
 _HTTPS = "**intercepted HTTPS**, keep-alive tunnels, default configuration"
 MISSING = "—"
@@ -45,7 +57,7 @@ _MINUS = "\N{MINUS SIGN}"
 def _post(doc: Doc, config: str, conns: int) -> Mapping[str, Any] | None:
     for row in doc.get("table", ()):
         name = row["config"]
-        named = name == config or (config.endswith("=") and name.startswith(config))
+        named = name == config or (config == WORKERS_ROW and name.startswith(config))
         if named and row["method"] == "POST" and row["connections"] == conns:
             return row  # type: ignore[no-any-return]
     return None
@@ -74,7 +86,7 @@ def table(doc: Doc) -> Iterator[str]:
     for config, label in _ROWS:
         for conns in (1, 16, 64):
             row = _post(doc, config, conns)
-            if row is None or (conns == 1 and config != "default"):
+            if row is None or (conns == 1 and config != DEFAULT_ROW):
                 continue
             name = label.format(n=row["config"].partition("=")[2])
             added = _ms(row["proxy_p50_ms"] - row["direct_p50_ms"])
@@ -90,9 +102,7 @@ def table(doc: Doc) -> Iterator[str]:
             )
     for key, config, label in _SIDE:
         for conns in (16, 64):
-            if (row := _side(doc, key, config, conns)) is None or (
-                config.startswith("naive") and conns != 64
-            ):
+            if (row := _side(doc, key, config, conns)) is None or (config == NAIVE_RELAY_ROW and conns != 64):
                 continue
             yield (
                 f"| {label} | {conns} | {row['rps']:,.0f} | {_ms(row['p50_ms'])} | {_ms(row['p99_ms'])} | "
@@ -166,7 +176,7 @@ def _table_field(config: str, conns: int, key: str) -> Callable[[Doc], float | N
 
 
 def _added_p50(doc: Doc) -> float | None:
-    row = _post(doc, "default", 1)
+    row = _post(doc, DEFAULT_ROW, 1)
     return None if row is None else float(row["proxy_p50_ms"] - row["direct_p50_ms"])
 
 
@@ -180,7 +190,7 @@ TARGETS = (
         2.0,
         False,
         "x",
-        lambda d: _ratio(_post(d, "default", 64), _post(d, "naive-sign", 64), "proxy_rps"),
+        lambda d: _ratio(_post(d, DEFAULT_ROW, 64), _post(d, NAIVE_SIGN_ROW, 64), "proxy_rps"),
         _median("ratio"),
     ),
     Target(
@@ -188,11 +198,16 @@ TARGETS = (
         95,
         True,
         " µs",
-        _table_field("default", 64, "proxy_cpu_us_per_request"),
+        _table_field(DEFAULT_ROW, 64, "proxy_cpu_us_per_request"),
         _median("cpu_us_per_request"),
     ),
     Target(
-        "p99, 64 connections", 15, True, " ms", _table_field("default", 64, "proxy_p99_ms"), _median("p99_ms")
+        "p99, 64 connections",
+        15,
+        True,
+        " ms",
+        _table_field(DEFAULT_ROW, 64, "proxy_p99_ms"),
+        _median("p99_ms"),
     ),
     Target("added p50 at 1 connection", 0.25, True, " ms", _added_p50, _median("added_p50_ms_1conn")),
     Target(
@@ -200,7 +215,7 @@ TARGETS = (
         0.80,
         False,
         "",
-        lambda d: _ratio(_https(d, 64), _post(d, "default", 64), "rps", "proxy_rps"),
+        lambda d: _ratio(_https(d, 64), _post(d, DEFAULT_ROW, 64), "rps", "proxy_rps"),
         _median("https_share"),
     ),
     Target(
@@ -209,7 +224,7 @@ TARGETS = (
         False,
         "x",
         lambda d: _ratio(
-            _side(d, "relay_table", "relay", 64), _side(d, "relay_table", "naive-relay", 64), "rps"
+            _side(d, "relay_table", RELAY_ROW, 64), _side(d, "relay_table", NAIVE_RELAY_ROW, 64), "rps"
         ),
         _none,
     ),

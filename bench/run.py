@@ -252,6 +252,10 @@ TUNED_ROW = "tuned"
 NAIVE_SIGN_ROW = "naive-sign"  # bench/naive.py: aiohttp + pyauth, signing
 NAIVE_PASS_ROW = "naive-pass"  # bench/naive.py: aiohttp, no signing
 FLOOR_ROW = "floor-pass"  # bench/floor.py: uvloop + llhttp forwarding and nothing else
+RELAY_ROW = "relay"  # signing-proxy as a relay hop
+NAIVE_RELAY_ROW = "naive-relay"  # bench/naive.py --mode relay: http-message-signatures verify + sign
+GATEWAY_ROW = "gateway"  # signing-proxy gateway
+WORKERS_ROW = "workers="  # + N: the default configuration with run --workers N
 Wrk = tuple[float, float, float, int]  # requests/s, p50 ms, p99 ms, requests
 Row = tuple[str, str, int, Wrk, Wrk, float]  # config, method, conns, direct, through it, CPU us/request
 DIRECT: dict[tuple[str, int], Wrk] = {}  # the origin alone, per method and connections
@@ -326,7 +330,9 @@ def relay_rows(  # noqa: PLR0917
     port = free_port()
     relay = start_proxy(config, port, "relay.log")
     wait_port(port)
-    rows += load_rows(wrk, "relay", relay.pid, port, origin_port, "POST", conn_counts, duration, tmp, headers)
+    rows += load_rows(
+        wrk, RELAY_ROW, relay.pid, port, origin_port, "POST", conn_counts, duration, tmp, headers
+    )
     relay.send_signal(signal.SIGTERM)
     relay.wait(10)
     port = free_port()
@@ -335,7 +341,7 @@ def relay_rows(  # noqa: PLR0917
     with process(naive_cmd) as naive:
         wait_port(port)
         rows += load_rows(
-            wrk, "naive-relay", naive.pid, port, origin_port, "POST", conn_counts, duration, tmp, headers
+            wrk, NAIVE_RELAY_ROW, naive.pid, port, origin_port, "POST", conn_counts, duration, tmp, headers
         )
     return rows
 
@@ -371,7 +377,7 @@ def gateway_rows(  # noqa: PLR0917
             via = run_wrk(wrk, port, "/bench", "POST", conns, duration, tmp, headers)
             rows.append(
                 (
-                    "gateway",
+                    GATEWAY_ROW,
                     "POST",
                     conns,
                     DIRECT["POST", conns],
@@ -663,7 +669,7 @@ def main() -> int:
                 scaled = start_proxy(default_config, port, "workers.log", args.workers)
                 wait_port(port)
                 time.sleep(0.5)  # every worker listening
-                name = f"workers={args.workers}"
+                name = f"{WORKERS_ROW}{args.workers}"
                 rows += load_rows(
                     wrk, name, scaled.pid, port, origin_port, "POST", conn_counts, duration, tmp
                 )
@@ -732,7 +738,7 @@ def main() -> int:
     by_name = {(row[0], row[1], row[2]): row for row in rows + relay}
     print("\nRatios in this run (requests/s; CPU per request), POST 1 KiB:")
     for conns in conn_counts:
-        pairs = ((DEFAULT_ROW, NAIVE_SIGN_ROW), (TUNED_ROW, NAIVE_SIGN_ROW), ("relay", "naive-relay"))
+        pairs = ((DEFAULT_ROW, NAIVE_SIGN_ROW), (TUNED_ROW, NAIVE_SIGN_ROW), (RELAY_ROW, NAIVE_RELAY_ROW))
         for ours, theirs in pairs:
             a, b = by_name.get((ours, "POST", conns)), by_name.get((theirs, "POST", conns))
             if a and b:

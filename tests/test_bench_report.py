@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def load_report() -> ModuleType:
+    sys.path.insert(0, str(ROOT / "bench"))  # as when run: it reads the row names from bench/run.py
     spec = importlib.util.spec_from_file_location("bench_report", ROOT / "bench" / "report.py")
     assert spec is not None
     assert spec.loader is not None
