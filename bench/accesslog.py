@@ -42,7 +42,7 @@ async def cost_us(fmt: str | None, lines: int, path: Path) -> float:
                 method="POST",
                 host="exchange.example",
                 status=200,
-                duration_ms=round(0.123456 * (i % 7), 2),
+                duration_10us=round(12.3456 * (i % 7)),
                 bytes_in=1024,
                 bytes_out=2,
                 keyid="NzbLsXh8uDCcd-6MNwXF4W_7noWXFZAfHkxZsRGC9Xs",

@@ -236,7 +236,7 @@ class ProxyHandler:
                     req.method,
                     host,
                     status,
-                    int((time.perf_counter() - started) * 100_000 + 0.5) / 100,  # duration_ms
+                    int((time.perf_counter() - started) * 100_000 + 0.5),
                     req.body_size,
                     sent_out,
                     keyid,

@@ -12,6 +12,7 @@ import json
 import logging
 import math
 import os
+import random
 import signal
 import threading
 import time
@@ -36,7 +37,7 @@ REQUEST = {
     "method": "POST",
     "host": "origin.example",
     "status": 200,
-    "duration_ms": 1.25,
+    "duration_10us": 125,  # written duration_ms=1.25
     "bytes_in": 1024,
     "bytes_out": 17,
     "keyid": None,
@@ -65,6 +66,17 @@ def configure(level: str, fmt: str, stream: io.StringIO) -> None:
     handler.setStream(stream)
 
 
+def as_logged(call: dict[str, Any]) -> dict[str, object]:
+    """The fields a line carries for ``AccessLog.request(**call)``: the duration in milliseconds."""
+    fields: dict[str, object] = {}
+    for name, value in call.items():
+        if name == "duration_10us":
+            fields["duration_ms"] = value / 100
+        else:
+            fields[name] = value
+    return fields
+
+
 def old_line(fmt: str, event: str, fields: dict[str, object]) -> str:
     """The message the access log used to hand to ``logging`` (before issue 21)."""
     if fmt == "json":
@@ -87,9 +99,11 @@ def test_lines_are_the_bytes_the_log_formatter_made(
     access.event("tunnel", **TUNNEL)
     access.request(**{**REQUEST, "host": 'quote"back\\slash', "keyid": "kid"})
     access_logger = logging.getLogger("signing_proxy.access")
-    access_logger.info(old_line(fmt, "request", REQUEST))
+    access_logger.info(old_line(fmt, "request", as_logged(REQUEST)))
     access_logger.info(old_line(fmt, "tunnel", TUNNEL))
-    access_logger.info(old_line(fmt, "request", {**REQUEST, "host": 'quote"back\\slash', "keyid": "kid"}))
+    access_logger.info(
+        old_line(fmt, "request", as_logged({**REQUEST, "host": 'quote"back\\slash', "keyid": "kid"}))
+    )
     assert "".join(written) == logged.getvalue()
 
 
@@ -132,11 +146,14 @@ REQUEST_SHAPES = [
     {**REQUEST, "keyid": "kid", "profile": "web-bot-auth", "outcome": "signed"},
     {**REQUEST, "status": None, "outcome": "aborted"},  # no answer was written
     {**REQUEST, "host": "日本.example", "client": "::1", "method": "GET"},
-    {**REQUEST, "host": 'quote"back\\slash\x00', "duration_ms": 0.1 + 0.2},
-    {**REQUEST, "duration_ms": 1e-7, "bytes_in": 2**70, "bytes_out": 0},
-    {**REQUEST, "duration_ms": 12345.0},
-    {**REQUEST, "duration_ms": math.inf},
-    {**REQUEST, "duration_ms": math.nan},
+    {**REQUEST, "host": 'quote"back\\slash\x00', "duration_10us": 30},
+    {**REQUEST, "duration_10us": 0, "bytes_in": 2**70, "bytes_out": 0},
+    {**REQUEST, "duration_10us": 1_234_500},
+    {**REQUEST, "duration_10us": 7},
+    {**REQUEST, "duration_10us": 10**15 - 1},  # the last the fast paths write
+    {**REQUEST, "duration_10us": 10**16 - 1},  # repr() writes 99999999999999.98: the general path's
+    {**REQUEST, "duration_10us": 2**70},  # an exponent
+    {**REQUEST, "duration_10us": -1},  # no clock goes back, but were it to: written as it is
     {**REQUEST, "status": Kind.ONE},  # an int subclass: written as json.dumps writes it
     {**REQUEST, "bytes_in": True},
 ]
@@ -155,13 +172,43 @@ def test_the_request_fast_paths_write_what_the_general_writer_writes(
     try:
         access.request(**fields)
         if fmt == "json":
-            expected = json.dumps({"event": "request", **fields}, separators=(",", ":"))
+            expected = json.dumps({"event": "request", **as_logged(fields)}, separators=(",", ":"))
         else:
-            pairs = " ".join(f"{k}={v}" for k, v in fields.items() if v is not None)
+            pairs = " ".join(f"{k}={v}" for k, v in as_logged(fields).items() if v is not None)
             expected = access._prefix(time.time()) + pairs
     finally:
         logging.getLogger("signing_proxy.access").setLevel(logging.NOTSET)
     assert written == [expected + "\n"]
+
+
+def durations() -> list[int]:
+    """Every duration up to 20 ms, a spread over each magnitude (past the fast paths' too: there a
+    shorter decimal can read back as the same float), and the last the fast paths write."""
+    spread = random.Random(21)
+    return [
+        *range(2_000),
+        *(spread.randrange(10**k, 10 ** (k + 1)) for k in range(3, 17) for _ in range(300)),
+        *range(10**15 - 300, 10**15 + 300),
+    ]
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_a_duration_is_written_as_the_float_of_its_milliseconds_was(fmt: str) -> None:
+    """The fast paths write hundredths of a millisecond without a float: byte for byte ``repr``."""
+    logging.getLogger("signing_proxy.access").setLevel(logging.INFO)
+    written: list[str] = []
+    access = AccessLog(enabled=True, fmt=fmt, write=written.append)
+    wanted = durations()
+    try:
+        for duration in wanted:
+            access.request(**{**REQUEST, "duration_10us": duration})
+    finally:
+        logging.getLogger("signing_proxy.access").setLevel(logging.NOTSET)
+    if fmt == "json":
+        got = [line.split('"duration_ms":')[1].split(",")[0] for line in written]
+    else:
+        got = [line.split(" duration_ms=")[1].split(" ")[0] for line in written]
+    assert got == [repr(duration / 100) for duration in wanted]
 
 
 def test_off_and_below_info_nothing_is_formatted(logged: io.StringIO) -> None:
