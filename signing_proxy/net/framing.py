@@ -19,8 +19,9 @@ __all__ = [
     "HOP_BY_HOP",
     "NOT_FORWARDED",
     "Outgoing",
-    "connection_tokens",
     "drop_hop_by_hop",
+    "list_tokens",
+    "list_tokens_bytes",
     "outgoing",
     "phrase",
     "problem_response",
@@ -62,8 +63,14 @@ class Outgoing:
     profile: str | None = None  # the signing profile that signed it ("svc", "web-bot-auth"); None: unsigned
 
 
-def connection_tokens(value: bytes) -> list[bytes]:
-    """The lower-case field names one ``Connection`` field line lists (RFC 9110 section 7.6.1)."""
+def list_tokens(value: str) -> list[str]:
+    """The lower-case members of a comma-separated field value (``Connection``, ``Upgrade``,
+    ``Transfer-Encoding``); empty ones are ignored, as RFC 9110 section 5.6.1 asks of a recipient."""
+    return [token for token in (t.strip() for t in value.lower().split(",")) if token]
+
+
+def list_tokens_bytes(value: bytes) -> list[bytes]:
+    """``list_tokens`` of a field value as llhttp hands it over."""
     return [token for token in (t.strip() for t in value.lower().split(b",")) if token]
 
 
@@ -71,7 +78,7 @@ def drop_hop_by_hop(lines: Sequence[tuple[str, str]]) -> Fields:
     named: set[str] = set()
     for name, value in lines:
         if name.lower() == "connection":
-            named.update(token.strip().lower() for token in value.split(","))
+            named.update(list_tokens(value))
     drop = NOT_FORWARDED | named if named else NOT_FORWARDED
     return Fields((n, v) for n, v in lines if n.lower() not in drop)
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from ..core.errors import FieldError
 from ..core.uri import parse_authority
 from ..errors import ProxyError
+from .framing import list_tokens
 
 __all__ = [
     "RETRY_AFTER_S",
@@ -105,8 +106,7 @@ class Request:
     def upgrades_to_websocket(self) -> bool:
         """``Upgrade: websocket`` (the only upgrade we proxy) with no body of its own."""
         value = self.header("upgrade")
-        tokens = [t.strip().lower() for t in value.split(",")] if value else []
-        return tokens == ["websocket"] and not self.framed
+        return value is not None and list_tokens(value) == ["websocket"] and not self.framed
 
     def header(self, name: str) -> str | None:
         lname = name.lower()

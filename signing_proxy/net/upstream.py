@@ -24,7 +24,7 @@ import httptools
 from ..config import UpstreamConfig
 from ..core.uri import Target
 from ..errors import ProxyError
-from .framing import connection_tokens
+from .framing import list_tokens_bytes
 from .outbox import Outbox
 from .timers import Deadline
 
@@ -219,9 +219,9 @@ class UpstreamConnection(asyncio.Protocol):
                 with contextlib.suppress(ValueError):
                     content_length = int(value)
             elif lname == b"transfer-encoding":
-                codings += [c.strip() for c in value.lower().split(b",") if c.strip()]
+                codings += list_tokens_bytes(value)
             elif lname == b"connection":
-                named.update(connection_tokens(value))
+                named.update(list_tokens_bytes(value))
         if codings and codings != [b"chunked"]:
             # RFC 9112 section 6.1: we ask for no transfer coding (no TE) and can decode only
             # chunked; another one, passed on, would reach the client as if it were the content

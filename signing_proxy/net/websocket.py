@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import httptools
 
 from ..errors import ProxyError
-from .framing import HOP_BY_HOP, Outgoing, connection_tokens, response_head
+from .framing import HOP_BY_HOP, Outgoing, list_tokens_bytes, response_head
 from .server import ClientConnection
 from .tunnel import BlindTunnel
 from .upstream import MAX_RESPONSE_HEAD_BYTES, UpstreamPool
@@ -174,7 +174,7 @@ def _end_to_end(headers: list[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
         token
         for name, value in headers
         if name.lower() == b"connection"
-        for token in connection_tokens(value)
+        for token in list_tokens_bytes(value)
     }
     dropped = _DROPPED | (named - {b"upgrade"})
     return [(n.decode("latin-1"), v.decode("latin-1")) for n, v in headers if n.lower() not in dropped]
