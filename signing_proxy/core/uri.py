@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from .errors import FieldError
 
-__all__ = ["DEFAULT_PORTS", "Target", "parse_absolute_uri", "parse_authority"]
+__all__ = ["DEFAULT_PORTS", "Target", "host_authority", "parse_absolute_uri", "parse_authority"]
 
 DEFAULT_PORTS = {"http": 80, "https": 443}
 MAX_HOST_CHARS = 253  # RFC 1035 section 2.3.4 (a name in text form, without its trailing dot)
@@ -102,6 +102,21 @@ def parse_authority(authority: str, scheme: str) -> tuple[str, int]:
             raise FieldError("malformed-target", f"no default port for scheme {scheme!r}")
         port = default
     return host.lower(), port
+
+
+def host_authority(value: str, scheme: str) -> str:
+    """A ``Host`` field value, stripped, when it is exactly ``uri-host [ ":" port ]`` (RFC 9110
+    section 7.2); FieldError ``malformed-host`` for anything else. A verifier that builds the target
+    URI from Host needs this: a ``/``, ``?``, ``#`` or ``@`` riding in it would move the path the
+    signature covers away from the one the request goes to."""
+    authority = value.strip()
+    try:
+        if "@" in authority:
+            raise FieldError("malformed-host", "userinfo")
+        parse_authority(authority, scheme)
+    except FieldError:
+        raise FieldError("malformed-host", "Host must be host[:port]") from None
+    return authority
 
 
 def _valid_host(host: str) -> bool:

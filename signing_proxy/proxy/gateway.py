@@ -15,10 +15,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..config import Config, GatewayConfig
+from ..core.errors import FieldError
 from ..core.fields import Fields
 from ..core.jwk import PublicKey
 from ..core.manifest import MANIFEST_MAX_BYTES
-from ..core.uri import Target, parse_absolute_uri
+from ..core.uri import Target, host_authority, parse_absolute_uri
 from ..errors import ConfigError, ProxyError
 from ..net.client import HttpClient
 from ..net.egress import EgressPolicy
@@ -117,9 +118,12 @@ class GatewayPipeline:
         if self.external_origin is not None:
             return self.external_origin + target.path_query
         hosts = [v for n, v in lines if n.lower() == "host"]
-        if len(hosts) != 1 or not hosts[0].strip():
+        if len(hosts) != 1:
             raise ProxyError(400, "malformed-host", "a request to the gateway carries one Host")
-        return f"http://{hosts[0].strip()}{target.path_query}"
+        try:
+            return f"http://{host_authority(hosts[0], 'http')}{target.path_query}"
+        except FieldError as exc:
+            raise ProxyError(400, exc.reason, exc.detail) from None
 
     async def prepare(
         self, method: str, target: Target, lines: Sequence[tuple[str, str]], body: bytes, *, framed: bool

@@ -13,9 +13,11 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from aiohttp import web
 
+from ..core.errors import VerificationError
 from ..errors import problem_body
 from .gateway import GatewayRefusal, GatewayVerdict, GatewayVerifier
 from .middleware import Handler, as_received
+from .verifier import refusal_answer
 
 __all__ = ["GATEWAY", "gateway_middleware", "gateway_refusal", "verify_gateway_request"]
 
@@ -26,7 +28,12 @@ async def verify_gateway_request(
     gateway: GatewayVerifier, request: web.Request, *, external_origin: str | None = None
 ) -> GatewayVerdict:
     """Steps 1-5 on an aiohttp request; ``GatewayRefusal`` with the status and reason of a refusal."""
-    return await gateway.check(*await as_received(request, external_origin))
+    try:
+        received = await as_received(request, external_origin)
+    except VerificationError as exc:  # no target URI to verify against: refused like a bad signature
+        status, headers = refusal_answer(exc)
+        raise GatewayRefusal(status, exc.reason, exc.detail, headers) from None
+    return await gateway.check(*received)
 
 
 def gateway_refusal(refusal: GatewayRefusal) -> web.Response:

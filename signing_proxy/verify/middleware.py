@@ -13,9 +13,10 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from aiohttp import web
 
-from ..core.errors import VerificationError
+from ..core.errors import FieldError, VerificationError
 from ..core.fields import Fields
 from ..core.signatures import VerifiedStack
+from ..core.uri import host_authority
 from ..errors import problem_body
 from .verifier import RequestVerifier, refusal_answer
 
@@ -37,10 +38,25 @@ async def verify_aiohttp_request(
 
 async def as_received(request: web.Request, external_origin: str | None) -> tuple[str, str, Fields, bytes]:
     """Method, target URI, header field lines and body of ``request`` exactly as they arrived (raw
-    lines, raw path, the bytes read): what every aiohttp face of the verifier checks."""
+    lines, raw path, the bytes read): what every aiohttp face of the verifier checks.
+
+    VerificationError when no target URI can be made that is the one the request goes to: a target
+    not in origin form, or (without ``external_origin``) not exactly one ``Host`` of ``host[:port]``.
+    """
+    if not request.raw_path.startswith("/"):
+        raise VerificationError("malformed-target", "the request target must be in origin form")
+    if external_origin:
+        origin = external_origin.rstrip("/")
+    else:
+        hosts = [v for k, v in request.raw_headers if k.lower() == b"host"]
+        try:
+            if len(hosts) != 1:
+                raise FieldError("malformed-host", "a request carries one Host")
+            origin = f"{request.scheme}://{host_authority(hosts[0].decode('latin-1'), request.scheme)}"
+        except FieldError as exc:
+            raise VerificationError(exc.reason, exc.detail) from None
     body = await request.read()
     lines = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.raw_headers]
-    origin = external_origin.rstrip("/") if external_origin else f"{request.scheme}://{request.host}"
     return request.method, origin + request.raw_path, Fields(lines), body
 
 

@@ -1,0 +1,157 @@
+"""The target URI a verifier checks is the one the request goes to (issue: Host binding).
+
+Without ``external_origin`` the aiohttp faces (and the gateway mode, tests/proxy/test_gateway_pipeline)
+build the target URI from ``Host``. A ``/``, ``?`` or ``#`` riding in Host would move the path the
+signature covers away from the path the application routes: a signature captured for ``/feed`` would
+pass for ``/admin``, and an exchange call could pass as a path the gateway does not check. Each case
+here was accepted before the fix; now each is refused before the handler runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from signing_proxy.core.digest import content_digest
+from signing_proxy.core.fields import Fields
+from signing_proxy.core.jwk import SigningKey
+from signing_proxy.core.keys import Directory, DirectoryKey, render_directory
+from signing_proxy.core.signatures import Message, attach_signature, sign_message
+from signing_proxy.core.uri import parse_absolute_uri
+from signing_proxy.verify import (
+    DirectoryResolver,
+    FetchResult,
+    RequestVerifier,
+    directory_url,
+    signature_middleware,
+)
+from signing_proxy.verify.gateway import GatewayVerifier
+from signing_proxy.verify.gateway_aiohttp import gateway_middleware
+from signing_proxy.verify.issuers import IssuerKeys
+from tests.harness import WAIT_S
+
+AGENT = SigningKey.generate()
+AGENT_DIR = "https://agent.example"
+
+
+async def fetch(url: str) -> FetchResult:
+    if url != directory_url(AGENT_DIR):
+        return FetchResult(404, b"", None)
+    now = int(time.time())
+    return FetchResult(
+        200, render_directory(Directory((DirectoryKey(AGENT.public, now - 60, now + 3600),))), None
+    )
+
+
+def signed(uri: str, body: bytes) -> list[tuple[str, str]]:
+    fields = Fields(
+        [
+            ("Content-Digest", content_digest(body)),
+            ("Authorization", ""),
+            ("Signature-Agent", f'"{AGENT_DIR}"'),
+        ]
+    )
+    now = int(time.time())
+    member = sign_message(
+        Message("POST", parse_absolute_uri(uri), fields), AGENT, created=now, expires=now + 60
+    )
+    attach_signature(fields, member)
+    return list(fields)
+
+
+async def send(
+    port: int, target: str, hosts: list[str], fields: list[tuple[str, str]], body: bytes
+) -> tuple[int, str]:
+    """One request on a raw socket (no client library rewrites Host); the status and the body."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        lines = [f"POST {target} HTTP/1.1", *(f"Host: {h}" for h in hosts), f"Content-Length: {len(body)}"]
+        lines += ["Connection: close", *(f"{n}: {v}" for n, v in fields)]
+        writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body)
+        answer = await asyncio.wait_for(reader.read(), WAIT_S)
+    finally:
+        writer.close()
+    head, _, rest = answer.partition(b"\r\n\r\n")
+    return int(head.split(b" ", 2)[1]), rest.decode("latin-1")
+
+
+Middleware = Callable[[web.Request, Any], Any]
+
+
+@pytest.fixture(params=["signature_middleware", "gateway_middleware"])
+async def app(request: pytest.FixtureRequest) -> AsyncIterator[tuple[int, list[str]]]:
+    """An application behind one of the verifier's middlewares; the paths its handler ran for."""
+    verifier = RequestVerifier(DirectoryResolver(fetch))
+    if request.param == "signature_middleware":
+        middleware: Middleware = signature_middleware(verifier)
+    else:
+        issuers = IssuerKeys(verifier.resolver, verifier.revocations, verifier.egress, grace_s=0)
+        middleware = gateway_middleware(GatewayVerifier(verifier, issuers))
+    ran: list[str] = []
+
+    async def handler(req: web.Request) -> web.Response:
+        ran.append(req.path)
+        return web.Response(text="ran")
+
+    application = web.Application(middlewares=[middleware])
+    application.router.add_route("*", "/{tail:.*}", handler)
+    server = TestServer(application, host="127.0.0.1", port=0)
+    await server.start_server()
+    try:
+        assert server.port is not None
+        yield server.port, ran
+    finally:
+        await server.close()
+        await verifier.close()
+
+
+async def test_a_signature_passes_for_the_path_it_covers(app: tuple[int, list[str]]) -> None:
+    port, ran = app
+    host = f"127.0.0.1:{port}"
+    status, text = await send(port, "/feed", [host], signed(f"http://{host}/feed", b"{}"), b"{}")
+    assert (status, ran) == (200, ["/feed"]), text
+
+
+@pytest.mark.parametrize(
+    ("host_suffix", "signed_path", "target"),
+    [
+        ("/feed#", "/feed", "/admin"),  # a captured signature for /feed, replayed to /admin
+        ("/?", "/?/admin", "/admin"),  # the path moved into the query of the signed URI
+        ("/feed?", "/feed?/admin", "/admin"),
+    ],
+)
+async def test_a_host_carrying_a_path_is_refused(
+    app: tuple[int, list[str]], host_suffix: str, signed_path: str, target: str
+) -> None:
+    port, ran = app
+    host = f"127.0.0.1:{port}"
+    fields = signed(f"http://{host}{signed_path}", b"{}")
+    status, text = await send(port, target, [host + host_suffix], fields, b"{}")
+    assert (status, ran) == (401, []), text
+    assert '"reason":"malformed-host"' in text
+
+
+@pytest.mark.parametrize("hosts", [["user@127.0.0.1:{port}"], ["127.0.0.1:{port}", "127.0.0.1:{port}"]])
+async def test_userinfo_and_a_second_host_are_refused(app: tuple[int, list[str]], hosts: list[str]) -> None:
+    port, ran = app
+    host = f"127.0.0.1:{port}"
+    status, text = await send(
+        port, "/feed", [h.format(port=port) for h in hosts], signed(f"http://{host}/feed", b"{}"), b"{}"
+    )
+    assert status in {400, 401}, text  # aiohttp's own parser may refuse a second Host first
+    assert ran == []
+
+
+async def test_a_target_in_absolute_form_is_refused(app: tuple[int, list[str]]) -> None:
+    port, ran = app
+    host = f"127.0.0.1:{port}"
+    uri = f"http://{host}/feed"
+    status, text = await send(port, uri, [host], signed(uri, b"{}"), b"{}")
+    assert (status, ran) == (401, []), text
+    assert '"reason":"malformed-target"' in text
