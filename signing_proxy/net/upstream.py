@@ -39,6 +39,8 @@ __all__ = [
 
 POOL_IDLE_S = 30.0  # close pooled connections idle this long (below common server keep-alive of 60-75 s)
 MAX_RESPONSE_HEAD_BYTES = 64 * 1024  # limits.max_response_header_bytes default: above it, 502
+_BODILESS_INTERIM = frozenset({100, 102, 103})  # the 1xx llhttp ends at their head whatever they carry
+_FRAMING = frozenset({b"content-length", b"transfer-encoding"})
 
 
 @functools.lru_cache(maxsize=32)
@@ -207,6 +209,11 @@ class UpstreamConnection(asyncio.Protocol):
         assert self.sink is not None
         status = parser.get_status_code()
         if 100 <= status < 200:  # interim response: not forwarded; the final one follows
+            if status not in _BODILESS_INTERIM and any(n.lower() in _FRAMING for n, _ in self._headers):
+                # RFC 9112 section 6.3: a 1xx ends at its head, whatever it says; llhttp reads a body
+                # for these, which would reach the client as responses the upstream chose
+                self._fail(ProxyError(502, "upstream-bad-response", "upstream framed an interim response"))
+                return
             self._headers = []
             self._status_reason = b""
             return
@@ -250,6 +257,9 @@ class UpstreamConnection(asyncio.Protocol):
 
     def on_body(self, body: bytes) -> None:
         if self.sink is not None:
+            if not self._head_sent:  # only a final response has content to forward
+                self._fail(ProxyError(502, "upstream-bad-response", "upstream sent content before a head"))
+                return
             self.sink.on_body(body)
 
     def on_message_complete(self) -> None:

@@ -434,6 +434,40 @@ ROWS = [
         (Want(502, reason="upstream-bad-response"),),
     ),
     Row(
+        "1xx-unlisted-upstream",  # an interim status llhttp has no name for still ends at its head
+        (Ex(GET, reply(b"HTTP/1.1 150 Later\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")),),
+        (Want(200, b"ok", "length"),),
+    ),
+    Row(
+        # RFC 9112 section 6.3: a 1xx has no content; llhttp would read one here, and it would reach
+        # the client as a response the upstream made up (a forged 200 for the client's next request)
+        "1xx-with-content-length-upstream",
+        (
+            Ex(
+                GET,
+                reply(
+                    b"HTTP/1.1 150 X\r\nContent-Length: 44\r\n\r\n"
+                    b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nforged"
+                    b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nreal"
+                ),
+            ),
+        ),
+        (Want(502, reason="upstream-bad-response"),),
+    ),
+    Row(
+        "1xx-chunked-upstream",
+        (
+            Ex(
+                GET,
+                reply(
+                    b"HTTP/1.1 104 X\r\nTransfer-Encoding: chunked\r\n\r\n6\r\nforged\r\n0\r\n\r\n"
+                    b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nreal"
+                ),
+            ),
+        ),
+        (Want(502, reason="upstream-bad-response"),),
+    ),
+    Row(
         "1xx-then-closed-upstream",  # nothing was forwarded yet: an honest 502
         (Ex("POST", reply(b"HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n", close=True), body=b"b"),),
         (Want(502, reason="upstream-reset"),),
