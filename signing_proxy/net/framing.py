@@ -20,6 +20,7 @@ __all__ = [
     "NOT_FORWARDED",
     "Outgoing",
     "drop_hop_by_hop",
+    "framed_interim",
     "list_tokens",
     "list_tokens_bytes",
     "outgoing",
@@ -61,6 +62,17 @@ class Outgoing:
     keyid: str | None  # None when forwarded unsigned by a host rule
     connect_to: Target  # where the bytes go: the target's origin, or the next-hop relay
     profile: str | None = None  # the signing profile that signed it ("svc", "web-bot-auth"); None: unsigned
+
+
+def framed_interim(status: int, headers: Iterable[tuple[bytes, bytes]]) -> bool:
+    """A 1xx response that carries Content-Length or Transfer-Encoding, other than the 100, 102 and
+    103 llhttp ends at their head: llhttp would read content for it. RFC 9112 section 6.3 says a 1xx
+    ends at its head whatever it says, so such an answer is refused rather than mis-framed."""
+    return status not in _BODILESS_INTERIM and any(name.lower() in _FRAMING for name, _ in headers)
+
+
+_BODILESS_INTERIM = frozenset({100, 102, 103})
+_FRAMING = frozenset({b"content-length", b"transfer-encoding"})
 
 
 def list_tokens(value: str) -> list[str]:

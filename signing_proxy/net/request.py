@@ -54,6 +54,7 @@ class Request:
         "method",
         "over_budget",
         "refusal",
+        "released",
         "too_large",
         "upgrade",
         "url",
@@ -77,6 +78,7 @@ class Request:
         self.head_bytes = 0  # the target's and the field lines' bytes, trailers included
         self.held = 0  # body bytes counted against the engine's buffered budget
         self.over_budget = False  # the engine's budget for buffered bodies ran out for this one
+        self.released = False  # served or refused: body bytes still arriving are discarded uncounted
         self.upgrade: str | None = None  # "websocket": the bytes after this request belong to a pipe
         self.refusal = refusal  # set: not a request, but a broken one's answer, in its turn
 

@@ -62,9 +62,9 @@ class Engine:
         self.refused = 0  # connections turned away at limits.max_connections
 
     def release(self, req: Request) -> None:
-        """Give back what ``req``'s body held of the buffered budget (once)."""
+        """Give back what ``req``'s body held of the buffered budget; what still arrives is not kept."""
         self.buffered -= req.held
-        req.held = 0
+        req.held, req.released = 0, True
 
     def protocol(self, tunnel: Target | None = None) -> ClientConnection:
         """A new connection protocol; ``tunnel`` is the scheme, host and port of an intercepted CONNECT."""
@@ -100,8 +100,7 @@ class ClientConnection(asyncio.Protocol):
         self._timer = Deadline(self.loop)  # every wait's limit, without a timer per wait
         self.outbox = Outbox(self.loop)  # what write() holds until the loop's pass ends
         self._closed = False
-        self._in_head = True  # between requests, or inside a head: what arrives is bounded by head limits
-        self._head_fed = 0
+        self._head_fed = 0  # bytes handed to the parser since a request began or its body last moved
         self._upgraded = False  # CONNECT: the bytes after the head belong to the tunnel
         self._linger: asyncio.TimerHandle | None = None
         self._discarded = 0
@@ -155,17 +154,16 @@ class ClientConnection(asyncio.Protocol):
         chunk = b""
         try:
             while data:
-                # A head is bounded while it arrives: never more than the limit is handed to the parser
-                # (which would buffer a field whole before calling us back).
-                chunk = data
-                if self._in_head:
-                    room = limit - self._head_fed
-                    if room <= 0:
-                        raise ProxyError(
-                            431, "header-too-large", "request head exceeds limits.max_header_bytes"
-                        )
-                    chunk = data[:room]
-                    self._head_fed += len(chunk)
+                # A head is bounded while it arrives, and so is a chunked body's trailer section: never
+                # more than the limit (and one read) is handed to the parser without body coming out of
+                # it (it would buffer a field whole, however long, before calling us back).
+                room = limit - self._head_fed
+                if room <= 0:
+                    raise ProxyError(
+                        431, "header-too-large", "request head or trailers exceed limits.max_header_bytes"
+                    )
+                chunk = data[:room]
+                self._head_fed += len(chunk)
                 data = data[len(chunk) :]
                 parser = self._parser
                 if parser is None:
@@ -221,7 +219,6 @@ class ClientConnection(asyncio.Protocol):
     # --- llhttp callbacks ---
     def on_message_begin(self) -> None:
         self._current = Request()
-        self._in_head = True
         self._head_fed = 0
 
     def on_url(self, url: bytes) -> None:
@@ -236,7 +233,6 @@ class ClientConnection(asyncio.Protocol):
         req = self._current
         assert req is not None
         req.head_done = True
-        self._in_head = False
         parser = self._parser
         assert parser is not None
         req.method = parser.get_method().decode("ascii", "replace")
@@ -266,11 +262,12 @@ class ClientConnection(asyncio.Protocol):
         self._wake()
 
     def on_body(self, body: bytes) -> None:
+        self._head_fed = 0  # the body moved: what follows it is bounded afresh
         req = self._current
         assert req is not None
         engine = self.engine
         req.body_size += len(body)
-        if req.too_large or req.over_budget:
+        if req.too_large or req.over_budget or req.released:  # counted, not kept
             return
         extra = max(req.body_size - req.held, 0)  # beyond what the declared length reserved
         if req.body_size > engine.limits.max_body_bytes:

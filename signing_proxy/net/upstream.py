@@ -24,7 +24,7 @@ import httptools
 from ..config import UpstreamConfig
 from ..core.uri import Target
 from ..errors import ProxyError
-from .framing import list_tokens_bytes
+from .framing import framed_interim, list_tokens_bytes
 from .outbox import Outbox
 from .timers import Deadline
 
@@ -39,8 +39,6 @@ __all__ = [
 
 POOL_IDLE_S = 30.0  # close pooled connections idle this long (below common server keep-alive of 60-75 s)
 MAX_RESPONSE_HEAD_BYTES = 64 * 1024  # limits.max_response_header_bytes default: above it, 502
-_BODILESS_INTERIM = frozenset({100, 102, 103})  # the 1xx llhttp ends at their head whatever they carry
-_FRAMING = frozenset({b"content-length", b"transfer-encoding"})
 
 
 @functools.lru_cache(maxsize=32)
@@ -148,21 +146,22 @@ class UpstreamConnection(asyncio.Protocol):
             self.reusable = False
             self.close()
             return
-        rest = b""
-        if not self._head_sent:  # a response head is bounded while it arrives, like a request head
-            room = self.max_head_bytes - self._head_fed
-            data, rest = data[:room], data[room:]
-            self._head_fed += len(data)
         try:
-            self._parser.feed_data(data)  # the head, or (once it is complete) body and what follows
-            if rest:
-                if not self._head_sent:  # the limit was reached and the head has not ended
+            while data:  # a head is bounded while it arrives, like a request head; so are trailers
+                room = self.max_head_bytes - self._head_fed  # since the head began or the body moved
+                if room <= 0:
                     raise _HeadTooLarge
-                if self._parser is not None:  # a HEAD answer completes at its head: nothing more is parsed
-                    self._parser.feed_data(rest)
+                chunk, data = data[:room], data[room:]
+                self._head_fed += len(chunk)
+                parser: httptools.HttpResponseParser | None = self._parser  # feed_data may clear it
+                if parser is None:  # a HEAD answer completes at its head: nothing more is parsed
+                    break
+                parser.feed_data(chunk)
         except _HeadTooLarge:
             self._fail(
-                ProxyError(502, "upstream-header-too-large", "upstream response head exceeds the limit")
+                ProxyError(
+                    502, "upstream-header-too-large", "upstream response head or trailers exceed the limit"
+                )
             )
             return
         except httptools.HttpParserUpgrade:  # a 101 we never asked for (WebSockets use their own connection)
@@ -209,9 +208,7 @@ class UpstreamConnection(asyncio.Protocol):
         assert self.sink is not None
         status = parser.get_status_code()
         if 100 <= status < 200:  # interim response: not forwarded; the final one follows
-            if status not in _BODILESS_INTERIM and any(n.lower() in _FRAMING for n, _ in self._headers):
-                # RFC 9112 section 6.3: a 1xx ends at its head, whatever it says; llhttp reads a body
-                # for these, which would reach the client as responses the upstream chose
+            if framed_interim(status, self._headers):  # its "content" would reach the client raw
                 self._fail(ProxyError(502, "upstream-bad-response", "upstream framed an interim response"))
                 return
             self._headers = []
@@ -260,6 +257,7 @@ class UpstreamConnection(asyncio.Protocol):
             if not self._head_sent:  # only a final response has content to forward
                 self._fail(ProxyError(502, "upstream-bad-response", "upstream sent content before a head"))
                 return
+            self._head_fed = 0  # the body moved: what follows it (trailers) is bounded afresh
             self.sink.on_body(body)
 
     def on_message_complete(self) -> None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import httptools
 
 from ..errors import ProxyError
-from .framing import HOP_BY_HOP, Outgoing, list_tokens_bytes, response_head
+from .framing import HOP_BY_HOP, Outgoing, framed_interim, list_tokens_bytes, response_head
 from .server import ClientConnection
 from .tunnel import BlindTunnel
 from .upstream import MAX_RESPONSE_HEAD_BYTES, UpstreamPool
@@ -63,13 +63,14 @@ class _Handshake(asyncio.Protocol):
         if self.done.done():  # frames read before the pipe took over: kept for the client, in order
             self.rest += data
             return
-        if self.status == 0:
-            self._fed += len(data)
-            if self._fed > self._max_head:
-                self._fail(
-                    ProxyError(502, "upstream-header-too-large", "upstream response head exceeds the limit")
+        self._fed += len(data)  # since the head began or its body last moved: heads and trailers
+        if self._fed > self._max_head:
+            self._fail(
+                ProxyError(
+                    502, "upstream-header-too-large", "upstream response head or trailers exceed the limit"
                 )
-                return
+            )
+            return
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade as exc:
@@ -92,14 +93,18 @@ class _Handshake(asyncio.Protocol):
         pass
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self.headers.append((name, value))
+        if not self.status:  # after the head: chunked trailers, never relayed
+            self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         self.status = self._parser.get_status_code()
-        if 100 < self.status < 200 and self.status != 101:  # an interim answer: the final one follows
+        if 100 <= self.status < 200 and self.status != 101:  # an interim answer: the final one follows
+            if framed_interim(self.status, self.headers):
+                self._fail(ProxyError(502, "upstream-bad-response", "upstream framed an interim response"))
             self.status, self.headers = 0, []
 
     def on_body(self, body: bytes) -> None:
+        self._fed = 0
         self._size += len(body)
         if self._size <= REFUSAL_BODY_MAX_BYTES:
             self.body.append(body)

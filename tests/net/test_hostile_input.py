@@ -7,6 +7,7 @@ proxy-level ones send raw bytes through a real ``signing-proxy run`` to a verify
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 from collections.abc import AsyncIterator, Iterator
@@ -21,6 +22,7 @@ from signing_proxy.net.client import HttpClient
 from signing_proxy.net.request import Limits, Request
 from signing_proxy.net.server import ClientConnection, Engine
 from signing_proxy.net.upstream import UpstreamPool
+from signing_proxy.net.websocket import _Handshake
 from tests.harness import WAIT_S, ProxyProcess, VerifyingOrigin
 
 KEY = SigningKey.generate()
@@ -245,6 +247,39 @@ async def test_chunked_trailers_are_not_merged_into_the_headers(rig: tuple[Engin
     writer.close()
 
 
+async def test_a_trailer_section_is_bounded_while_it_arrives(rig: tuple[Engine, Holding, int]) -> None:
+    """llhttp buffers a trailer field whole before calling back, as it does a head's: an endless one
+    grew the proxy's memory without bound (and cost quadratic time) until the read timeout."""
+    _, handler, port = rig
+    handler.release.set()
+    reader, writer = await opened(port)
+    writer.write(
+        b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\nX-T: "
+        + b"a" * BIG  # the trailer field never ends
+    )
+    answer = await asyncio.wait_for(reader.read(-1), WAIT_S)
+    assert answer.startswith(b"HTTP/1.1 431 ")
+    assert b'"reason":"header-too-large"' in answer
+    writer.close()
+
+
+async def test_a_long_chunked_body_is_not_a_long_trailer(rig: tuple[Engine, Holding, int]) -> None:
+    """The bound counts what follows the body's last bytes: chunks of any number pass it."""
+    _, handler, port = rig
+    handler.release.set()
+    reader, writer = await opened(port)
+    # 60 one-byte chunks with extensions: ~7 KB of framing around 60 bytes of content (limits 4 KiB, 64)
+    chunks = b"1;ext=" + b"e" * 100 + b"\r\nx\r\n"
+    chunks = chunks * 60 + b"0\r\nX-Sum: 1\r\n\r\n"
+    writer.write(
+        b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n" + chunks
+    )
+    answer = await asyncio.wait_for(reader.read(-1), WAIT_S)
+    assert answer.startswith(b"HTTP/1.1 200 ")
+    assert answer.endswith(b"x" * 60)
+    writer.close()
+
+
 # --- through a real proxy ---------------------------------------------------------------------------
 
 
@@ -326,3 +361,78 @@ async def test_header_limits_apply_to_upstream_response_heads_while_they_arrive(
     finally:
         pool.close()
         server.close()
+
+
+async def test_upstream_trailers_are_bounded_while_they_arrive() -> None:
+    """A response's trailer field, endless: each read pushes the read timeout on, so only a bound on
+    what the parser holds stops it (it grew the proxy by what the upstream sent)."""
+
+    async def endless_trailer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\nX-T: ")
+        with contextlib.suppress(ConnectionError):
+            for _ in range(64):  # 4 MiB of one field, far past the 4 KiB bound
+                writer.write(b"a" * 65536)
+                await writer.drain()
+        await asyncio.sleep(WAIT_S)
+
+    server = await asyncio.start_server(endless_trailer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    pool = UpstreamPool(
+        UpstreamConfig(), connect_timeout_s=WAIT_S, read_timeout_s=WAIT_S, max_head_bytes=4096
+    )
+    client = HttpClient(pool, TimeoutsConfig())
+    try:
+        with pytest.raises(ProxyError) as info:
+            await asyncio.wait_for(client.fetch("GET", f"http://127.0.0.1:{port}/", max_bytes=1024), WAIT_S)
+        assert (info.value.status, info.value.reason) == (502, "upstream-header-too-large")
+    finally:
+        pool.close()
+        server.close()
+
+
+def test_a_body_answered_without_being_read_gives_its_budget_back(proxy: ProxyProcess) -> None:
+    """/healthz answers a POST without reading its body; the body still arriving was counted again
+    into the buffered budget (limits.max_buffered_bytes) and never given back: a dozen such
+    requests refused every upload with 503 until a restart."""
+    size = 256 * 1024
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=WAIT_S) as sock:
+        for _ in range(3):
+            sock.sendall(f"POST /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: {size}\r\n\r\n".encode())
+            assert sock.recv(65536).startswith(b"HTTP/1.1 200 ")
+            sock.sendall(b"b" * size)  # the body of the request already answered
+        sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        chunks = []
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    metrics = b"".join(chunks).decode()
+    assert "\nsigning_proxy_buffered_body_bytes 0.0\n" in metrics
+
+
+async def test_a_websocket_handshake_answer_keeps_its_head_and_bounds_what_follows() -> None:
+    """The upstream's answer to a handshake, read before any pipe exists: trailers never join the
+    head that is relayed, an endless one is cut off, a 100 is interim and a framed 1xx is refused."""
+    refusal = _Handshake(max_head_bytes=1024)
+    refusal.data_received(b"HTTP/1.1 100 Continue\r\n\r\n")
+    refusal.data_received(b"HTTP/1.1 403 Forbidden\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nno\r\n0\r\n")
+    refusal.data_received(b"Set-Cookie: sid=from-trailer\r\n\r\n")
+    await asyncio.wait_for(refusal.done, WAIT_S)
+    assert (refusal.status, refusal.headers, refusal.body) == (
+        403,
+        [(b"Transfer-Encoding", b"chunked")],
+        [b"no"],
+    )
+
+    endless = _Handshake(max_head_bytes=1024)
+    endless.data_received(b"HTTP/1.1 403 Forbidden\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nno\r\n0\r\n")
+    for i in range(100):
+        endless.data_received(b"Set-Cookie: sid=%05d\r\n" % i)
+    with pytest.raises(ProxyError) as cut:
+        await asyncio.wait_for(endless.done, WAIT_S)
+    assert cut.value.reason == "upstream-header-too-large"
+
+    framed = _Handshake(max_head_bytes=1024)
+    framed.data_received(b"HTTP/1.1 150 X\r\nContent-Length: 2\r\n\r\nhi")
+    with pytest.raises(ProxyError) as bad:
+        await asyncio.wait_for(framed.done, WAIT_S)
+    assert bad.value.reason == "upstream-bad-response"
