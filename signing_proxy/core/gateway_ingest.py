@@ -35,7 +35,7 @@ from .requester import (
     TOKEN_FORMAT_JWT,
     requester_type_name,
 )
-from .scopes import scopes_cover
+from .scopes import scope_segments, scopes_cover
 
 __all__ = [
     "ENVELOPE_MAJOR",
@@ -105,6 +105,29 @@ def _string(doc: Mapping[str, Any], name: str, where: str) -> str:
     return value
 
 
+# Field names are exact (spec "Resources and their fields"), but a backend's proto-JSON parser also
+# reads a field by its lowerCamelCase name: a member checked here under one name and read there under
+# the other (an ``extCritical`` the gateway never saw) must not pass, so the aliases are refused.
+_REQUESTER_ALIASES = frozenset({"extCritical"})
+_DELEGATION_ALIASES = frozenset(
+    {
+        "principalDomain",
+        "principalId",
+        "expiresAt",
+        "maxSpendCents",
+        "tokenFormat",
+        "revocationUri",
+        "maxAccesses",
+        "quotaPeriod",
+        "extCritical",
+    }
+)
+
+
+def _alias(doc: Mapping[str, Any], aliases: frozenset[str]) -> str | None:
+    return next((name for name in doc if name in aliases), None)
+
+
 def _critical(doc: Mapping[str, Any], where: str, understood: Container[str]) -> None:
     critical = doc.get("ext_critical", [])
     if not isinstance(critical, list) or not all(isinstance(c, str) for c in critical):
@@ -149,9 +172,12 @@ def ingest_requester(body: bytes, understood_extensions: Container[str]) -> Inge
     if "type" not in requester:
         raise IngestError("requester-field-missing", "requester.type is required")
     kind = _requester_type(requester["type"])
+    alias = _alias(requester, _REQUESTER_ALIASES)
+    if alias is not None:
+        raise IngestError("malformed-requester", f"requester.{alias}: field names are exact (snake_case)")
     scopes = requester.get("scopes", [])
-    if not isinstance(scopes, list) or not all(isinstance(s, str) for s in scopes):
-        raise IngestError("malformed-requester", "requester.scopes is a list of strings")
+    if not _scope_list(scopes):
+        raise IngestError("malformed-requester", 'requester.scopes is a list of scopes (spec "Scopes")')
     _critical(requester, "requester", understood_extensions)
     delegation = requester.get("delegation")
     if delegation is not None:  # spec Errors: a delegation that cannot be used is DELEGATION_INVALID
@@ -164,23 +190,41 @@ def ingest_requester(body: bytes, understood_extensions: Container[str]) -> Inge
     return IngestedRequester(ident, domain, kind, tuple(scopes), delegation)
 
 
+def _scope_list(value: object) -> bool:
+    """A JSON list of well-formed scopes: a stranger's malformed one is refused here, at ingest, not
+    met later as an error where scopes are matched or written into the backend's headers."""
+    if not isinstance(value, list):
+        return False
+    try:
+        for scope in value:
+            scope_segments(scope)
+    except ValueError:
+        return False
+    return True
+
+
 def _invalid(detail: str) -> DelegationError:
     return DelegationError("malformed-delegation", detail)
 
 
-def _optional_int(doc: Mapping[str, Any], name: str, *, string: bool) -> int | None:
+def _optional_int(doc: Mapping[str, Any], name: str, *, bits: int) -> int | None:
+    """A non-negative int32 or int64 member: a JSON number, or (proto-JSON accepts both for either
+    type, and writes int64 so) a decimal string."""
     value = doc.get(name)
     if value is None:
         return None
-    if string and isinstance(value, str) and re.fullmatch(r"0|[1-9][0-9]{0,18}", value):
-        return int(value)  # int64: a decimal string in proto-JSON
-    if not isinstance(value, bool) and isinstance(value, int) and value >= 0:
+    if isinstance(value, str) and re.fullmatch(r"0|[1-9][0-9]{0,18}", value):
+        value = int(value)
+    if not isinstance(value, bool) and isinstance(value, int) and 0 <= value < 1 << (bits - 1):
         return value
     raise _invalid(f"delegation.{name} is not a valid count")
 
 
 def read_delegation(doc: Mapping[str, Any]) -> DelegationIn:
     """The Delegation message; ``DelegationError`` (DENIAL_REASON_DELEGATION_INVALID) when unusable."""
+    alias = _alias(doc, _DELEGATION_ALIASES)
+    if alias is not None:
+        raise _invalid(f"delegation.{alias}: field names are exact (snake_case)")
     if doc.get("token_format", TOKEN_FORMAT_JWT) != TOKEN_FORMAT_JWT:
         raise DelegationError("unsupported-token-format", "token_format jwt is the sole format")
     raw = doc.get("token")
@@ -198,8 +242,8 @@ def read_delegation(doc: Mapping[str, Any]) -> DelegationIn:
     except (KeyFormatError, ValueError, TypeError):
         raise _invalid("delegation.expires_at is a required RFC 3339 timestamp") from None
     scopes = doc.get("scopes", [])
-    if not isinstance(scopes, list) or not all(isinstance(s, str) for s in scopes):
-        raise _invalid("delegation.scopes is a list of strings")
+    if not _scope_list(scopes):
+        raise _invalid('delegation.scopes is a list of scopes (spec "Scopes")')
     period = doc.get("quota_period")
     if period is not None and (not isinstance(period, str) or not re.fullmatch(r"[1-9][0-9]{0,11}s", period)):
         raise _invalid('delegation.quota_period is a Duration "<seconds>s"')
@@ -210,8 +254,8 @@ def read_delegation(doc: Mapping[str, Any]) -> DelegationIn:
         principal_id=doc["principal_id"],
         expires_at=expires_at,
         scopes=tuple(scopes),
-        max_accesses=_optional_int(doc, "max_accesses", string=False),
-        max_spend_cents=_optional_int(doc, "max_spend_cents", string=True),
+        max_accesses=_optional_int(doc, "max_accesses", bits=32),  # int32
+        max_spend_cents=_optional_int(doc, "max_spend_cents", bits=64),  # int64
         quota_period_s=int(period[:-1]) if period is not None else None,
         issuer=issuer if isinstance(issuer, str) else None,
     )

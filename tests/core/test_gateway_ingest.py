@@ -12,7 +12,14 @@ import pytest
 from signing_proxy.core.delegation_claims import Caps, VerifiedLink
 from signing_proxy.core.delegation_verify import VerifiedDelegation
 from signing_proxy.core.errors import DelegationError
-from signing_proxy.core.gateway_ingest import DelegationIn, check_mirror, ingest_requester, quota_counters
+from signing_proxy.core.gateway_ingest import (
+    DelegationIn,
+    IngestError,
+    check_mirror,
+    ingest_requester,
+    quota_counters,
+    read_delegation,
+)
 
 NOW = 1_800_000_000
 VERIFIED = VerifiedDelegation(
@@ -75,6 +82,85 @@ def test_a_requester_type_is_read_as_the_proxy_writes_it(given: object) -> None:
     """The gateway reads a RequesterType by the proxy's own rule: its name, or its number."""
     body = json.dumps({"ver": "1.0", "requester": {"id": "a", "domain": "d", "type": given}}).encode()
     assert ingest_requester(body, ()).type == "REQUESTER_TYPE_AGENT"
+
+
+MALFORMED_SCOPES = [["a b"], [""], ["dist::US"], ["di*"], ['q"uote'], [7], "dist:US"]
+
+
+@pytest.mark.parametrize("scopes", MALFORMED_SCOPES)
+def test_a_malformed_declared_scope_is_refused_at_ingest(scopes: object) -> None:
+    """A stranger's malformed scope was accepted here and raised ValueError later, where scopes are
+    matched or written into the backend's headers: a 500 with a traceback for every such request."""
+    requester = {"id": "a", "domain": "d", "type": "REQUESTER_TYPE_AGENT", "scopes": scopes}
+    with pytest.raises(IngestError) as caught:
+        ingest_requester(json.dumps({"ver": "1.0", "requester": requester}).encode(), ())
+    assert caught.value.reason == "malformed-requester"
+
+
+@pytest.mark.parametrize("scopes", MALFORMED_SCOPES)
+def test_a_malformed_mirrored_scope_is_a_malformed_delegation(scopes: object) -> None:
+    with pytest.raises(DelegationError) as caught:
+        read_delegation({**DELEGATION, "scopes": scopes})
+    assert caught.value.reason == "malformed-delegation"
+
+
+def test_well_formed_scopes_pass_ingest() -> None:
+    requester = {"id": "a", "domain": "d", "type": 1, "scopes": ["dist:US:CA", "dist:*", "subscription:gold"]}
+    ingested = ingest_requester(json.dumps({"ver": "1.0", "requester": requester}).encode(), ())
+    assert ingested.scopes == ("dist:US:CA", "dist:*", "subscription:gold")
+
+
+DELEGATION = {
+    "token": "YQ==",
+    "principal_domain": "corp.example",
+    "principal_id": "alice",
+    "expires_at": "2030-01-01T00:00:00Z",
+}
+
+
+def test_a_camel_case_alias_is_refused_not_overlooked() -> None:
+    """A backend's proto-JSON parser reads ``extCritical`` as ``ext_critical``: had the gateway
+    overlooked it, a critical extension it never checked would have reached the backend approved."""
+    requester = {"id": "a", "domain": "d", "type": 1, "extCritical": ["x:y"]}
+    with pytest.raises(IngestError) as caught:
+        ingest_requester(json.dumps({"ver": "1.0", "requester": requester}).encode(), ())
+    assert caught.value.reason == "malformed-requester"
+    for alias in ("extCritical", "maxAccesses", "quotaPeriod", "principalId", "expiresAt"):
+        with pytest.raises(DelegationError) as refused:
+            read_delegation({**DELEGATION, alias: "1"})
+        assert refused.value.reason == "malformed-delegation"
+
+
+@pytest.mark.parametrize(
+    ("member", "given", "read"),
+    [
+        ("max_accesses", 5, 5),
+        ("max_accesses", "5", 5),  # proto-JSON: an int32 may be a decimal string too
+        ("max_accesses", 2**31 - 1, 2**31 - 1),
+        ("max_spend_cents", "9223372036854775807", 2**63 - 1),
+        ("max_spend_cents", 12, 12),
+    ],
+)
+def test_counts_are_read_as_proto_json_writes_them(member: str, given: object, read: int) -> None:
+    assert getattr(read_delegation({**DELEGATION, member: given}), member) == read
+
+
+@pytest.mark.parametrize(
+    ("member", "given"),
+    [
+        ("max_accesses", 2**31),  # past int32
+        ("max_accesses", "2147483648"),
+        ("max_spend_cents", "9223372036854775808"),  # past int64
+        ("max_accesses", -1),
+        ("max_accesses", True),
+        ("max_accesses", "05"),
+        ("max_accesses", 1.5),
+    ],
+)
+def test_a_count_out_of_its_type_is_a_malformed_delegation(member: str, given: object) -> None:
+    with pytest.raises(DelegationError) as caught:
+        read_delegation({**DELEGATION, member: given})
+    assert caught.value.reason == "malformed-delegation"
 
 
 def _link(exp: float | None, max_accesses: int | None) -> VerifiedLink:
