@@ -402,10 +402,15 @@ def check_stack(
 
 
 def verify_checked(checked: CheckedStack, lookup: KeyLookup, *, now: float) -> VerifiedStack:
-    """Resolve each label's key with ``lookup``, check its window and revocation and the signature."""
+    """Resolve each label's key with ``lookup``, check its window and revocation and the signature.
+
+    ``now`` is the time the keys are used: after any fetch of them, so the signature's window is
+    checked again here (``check_stack`` checked it before the fetches, which may take seconds)."""
     message = checked.message
     verified = []
     for index, (entry, keyid, created, expires, base) in enumerate(checked.entries):
+        if now >= expires:
+            raise VerificationError("signature-expired", "the signature's window has ended", entry.label)
         key = _check_key(entry, lookup(entry, index), now)
         if not key.public.verify(entry.signature, base):
             raise VerificationError("bad-signature", _bad_signature_hint(message, entry), entry.label)

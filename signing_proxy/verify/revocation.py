@@ -97,9 +97,13 @@ class RevocationPoller:
         return sum(1 for s in self._states.values() if s.loop is not None and not s.loop.done())
 
     def revoked(self, directory_url: str) -> frozenset[str]:
-        """The revoked set held for the directory at ``directory_url`` (empty when none)."""
+        """What the lists of the directory at ``directory_url`` revoked, held or kept aside (empty
+        when none): it stays revoked when the directory stops naming a list."""
         state = self._states.get(directory_url)
-        return state.revoked if state is not None else frozenset()
+        if state is not None:
+            return state.revoked
+        kept = self._retired.peek(directory_url)
+        return kept.revoked if kept is not None else frozenset()
 
     def age_s(self, directory_url: str) -> float | None:
         """Seconds since the directory's list was last fetched successfully (None: never)."""

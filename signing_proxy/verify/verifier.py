@@ -173,7 +173,8 @@ class RequestVerifier:
             await self._key_for(entry, keyid, brokers if index else agent, budgeted=not index)
             for index, (entry, keyid, *_rest) in enumerate(checked.entries)
         ]
-        stack = verify_checked(checked, lambda _entry, index: keys[index], now=now)
+        # the keys' and the signatures' windows at the time the keys are used, after their fetches
+        stack = verify_checked(checked, lambda _entry, index: keys[index], now=self.clock())
         if agent and agent[0].url is not None:
             self.resolver.vouch(agent[0].url)
         return stack
@@ -218,10 +219,16 @@ class RequestVerifier:
     async def _key_for(
         self, entry: SignatureEntry, keyid: str, sources: list[_Source], *, budgeted: bool
     ) -> VerificationKey | None:
-        for source in sources:
-            key = source.directory.lookup(keyid)
-            if key is not None:
-                return await self._verification_key(entry, key, source)
+        found = [(source, key) for source in sources if (key := source.directory.lookup(keyid)) is not None]
+        if sum(1 for source, _ in found if source.url is not None) > 1:
+            # spec: a broker's key is found "in the broker's own directory"; one that two directories
+            # list is no one's own, and either could hide the other's revocation of it
+            raise VerificationError(
+                "ambiguous-key", "more than one broker directory lists this keyid", entry.label
+            )
+        if found:
+            keys = [await self._verification_key(entry, key, source) for source, key in found]
+            return next((key for key in keys if key.revoked), keys[0])  # revoked where it is listed
         for source in sources:  # a key rotated in since we cached the directory: re-fetch, rate-limited
             if source.url is None:
                 continue
@@ -239,7 +246,8 @@ class RequestVerifier:
     async def _verification_key(
         self, entry: SignatureEntry, key: DirectoryKey, source: _Source
     ) -> VerificationKey:
-        revoked = False
+        # what this directory's lists revoked stays revoked, also once it names no list (spec)
+        revoked = source.url is not None and key.thumbprint in self._poller.revoked(source.url)
         revocation_url = source.directory.revocation_url
         if revocation_url is not None and source.url is not None:
             try:
@@ -250,7 +258,7 @@ class RequestVerifier:
                     "the revocation list of the key's directory has not been fetched",
                     entry.label,
                 ) from None
-            revoked = key.thumbprint in revoked_set  # a set lookup in this directory's set only
+            revoked = revoked or key.thumbprint in revoked_set  # in this directory's set only
         return VerificationKey(key.public, key.not_before, key.not_after, revoked, source.base)
 
 

@@ -21,6 +21,8 @@ from signing_proxy.core.keys import (
     render_directory,
     render_revocation_list,
 )
+from signing_proxy.core.signatures import Message, attach_signature, hop_components, sign_message
+from signing_proxy.core.uri import parse_absolute_uri
 from signing_proxy.verify import (
     DirectoryError,
     DirectoryResolver,
@@ -40,6 +42,7 @@ from signing_proxy.verify.revocation import (
     REVOKED_ENTRY_COST,
     _State,
 )
+from signing_proxy.verify.verifier import VerifierPolicy
 from tests.verify.fakes import NOW, Clock, FakeFetch, Ticks
 from tests.verify.strangers import BODY, LOOPBACK, TARGET, directory_doc, host, signed
 
@@ -217,7 +220,7 @@ async def test_a_revoked_thumbprint_stays_revoked_after_its_directory_left_the_c
         fetch.answers[REV_URL] = listing(as_of=NOW + 300)  # the directory's later list omits the key
         await resolver.get("https://b.example")  # and strangers push the directory out of the cache
         await asyncio.sleep(0)
-        assert poller.revoked(DIR_URL) == frozenset()  # not tracked while out of the cache
+        assert poller.revoked(DIR_URL) == {KEY.thumbprint}  # kept aside while out of the cache
     assert fetch.calls.count(REV_URL) == 2  # each time back: its list fetched before its keys count
     await verifier.close()
 
@@ -291,4 +294,73 @@ async def test_a_returning_directory_takes_its_kept_set_out_of_the_aside_store_a
     with pytest.raises(VerificationError) as err:
         await asyncio.wait_for(pending, 5)
     assert err.value.reason == "key-revoked"
+    await verifier.close()
+
+
+async def test_a_revoked_thumbprint_stays_revoked_when_its_directory_stops_naming_a_list() -> None:
+    """The spec lets a directory drop ``revocation_url`` (rotation and not_after then rule); a key
+    its list once revoked must not come back with the same directory, listed and unrevoked."""
+    fetch, resolver, _, verifier, request = revoked_agent_with_a_one_entry_cache()
+    with pytest.raises(VerificationError) as first:
+        await verifier.verify("POST", TARGET, request, BODY)
+    assert first.value.reason == "key-revoked"
+    plain = render_directory(Directory((DirectoryKey(KEY.public, NOW - 10, NOW + 3600),)))
+    fetch.answers[DIR_URL] = FetchResult(200, plain, None)  # the same key, and no list named
+    resolver.clock.now += 400  # the cached directory expires: the new one is fetched
+    with pytest.raises(VerificationError) as again:
+        await verifier.verify("POST", TARGET, signed('"https://agent.example"', KEY, now=NOW + 400), BODY)
+    assert again.value.reason == "key-revoked"
+    await verifier.close()
+
+
+BROKER = SigningKey.from_seed(bytes([7]) * 32)
+BROKER_A, BROKER_B = "https://broker-a.example", "https://broker-b.example"
+
+
+@pytest.mark.parametrize("order", [(BROKER_B, BROKER_A), (BROKER_A, BROKER_B)])
+async def test_a_broker_key_two_directories_list_is_refused_whatever_their_order(
+    order: tuple[str, str],
+) -> None:
+    """Broker B revoked its key; broker A's directory lists the same key, with no list. Taken from the
+    first directory that listed it, the verdict hung on the configuration's order: A's directory
+    hid B's revocation and took the credit for B's signature."""
+    clock, fetch = Clock(), FakeFetch()
+    window = (NOW - 10, NOW + 3600)
+    fetch.answers[DIR_URL] = FetchResult(
+        200, render_directory(Directory((DirectoryKey(KEY.public, *window),))), None
+    )
+    revoking = Directory((DirectoryKey(BROKER.public, *window),), BROKER_B + "/revoked.json")
+    fetch.answers[directory_url(BROKER_B)] = FetchResult(200, render_directory(revoking), None)
+    fetch.answers[BROKER_B + "/revoked.json"] = listing(BROKER.thumbprint)
+    listing_too = Directory((DirectoryKey(BROKER.public, *window),))
+    fetch.answers[directory_url(BROKER_A)] = FetchResult(200, render_directory(listing_too), None)
+    resolver = DirectoryResolver(fetch, clock=clock)
+    verifier = RequestVerifier(resolver, VerifierPolicy(broker_directories=order), clock=clock)
+    fields = signed('"https://agent.example"', KEY, now=NOW)
+    message = Message("POST", parse_absolute_uri(TARGET), fields)
+    hop = sign_message(
+        message, BROKER, created=NOW, expires=NOW + 60, label="broker", components=hop_components("agent")
+    )
+    attach_signature(fields, hop)
+    with pytest.raises(VerificationError) as caught:
+        await verifier.verify("POST", TARGET, fields, BODY)
+    assert (caught.value.reason, caught.value.label) == ("ambiguous-key", "broker")
+    await verifier.close()
+
+
+async def test_the_window_is_checked_again_after_the_keys_were_fetched() -> None:
+    """The directory took 4 s: the signature (expires in 1 s) ended while its key was fetched."""
+    clock, fetch = Clock(), FakeFetch()
+    body = render_directory(Directory((DirectoryKey(KEY.public, NOW - 10, NOW + 3600),)))
+    fetch.answers[DIR_URL] = FetchResult(200, body, None)
+
+    async def slow(url: str) -> FetchResult:
+        clock.now += 4.0
+        return await fetch(url)
+
+    verifier = RequestVerifier(DirectoryResolver(slow, clock=clock), clock=clock)
+    request = signed('"https://agent.example"', KEY, now=NOW, created=NOW - 2, expires=NOW + 1)
+    with pytest.raises(VerificationError) as caught:
+        await verifier.verify("POST", TARGET, request, BODY)
+    assert caught.value.reason == "signature-expired"
     await verifier.close()
