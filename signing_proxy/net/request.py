@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 from ..core.errors import FieldError
@@ -104,6 +105,29 @@ class Request:
         if self.head_done:
             return  # a chunked trailer: never merged into the (signed) header section; dropped
         self.headers.append((name.decode("latin-1"), value.decode("latin-1")))
+
+    def read_framing(self) -> None:
+        """Content-Length and Transfer-Encoding of a complete head (llhttp checked their syntax and
+        that they do not conflict). ProxyError 501 for a transfer coding other than chunked: llhttp
+        decodes only that layer, and what is left would go on as if it were the content."""
+        codings: list[str] = []
+        for name, value in self.headers:
+            lname = name.lower()
+            if lname == "content-length":
+                self.framed = True
+                with contextlib.suppress(ValueError):
+                    self.content_length = int(value)
+            elif lname == "transfer-encoding":
+                self.framed = True
+                codings += list_tokens(value)
+        if codings and codings != ["chunked"]:  # RFC 9112 section 6.1: 501 for a coding not understood
+            raise ProxyError(
+                501,
+                "transfer-coding-not-implemented",
+                "a request may use no transfer coding but chunked",
+            )
+        if codings and self.version == "1.0":
+            self.keep_alive = False  # RFC 9112 section 6.1: its framing is faulty; close after the answer
 
     def upgrades_to_websocket(self) -> bool:
         """``Upgrade: websocket`` (the only upgrade we proxy) with no body of its own."""

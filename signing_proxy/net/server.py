@@ -238,14 +238,7 @@ class ClientConnection(asyncio.Protocol):
         req.method = parser.get_method().decode("ascii", "replace")
         req.version = parser.get_http_version()
         req.keep_alive = parser.should_keep_alive()
-        for name, value in req.headers:
-            lname = name.lower()
-            if lname == "content-length":
-                req.framed = True
-                with contextlib.suppress(ValueError):
-                    req.content_length = int(value)
-            elif lname == "transfer-encoding":
-                req.framed = True
+        req.read_framing()
         engine = self.engine
         budget = engine.limits.max_buffered_bytes
         declared = req.content_length

@@ -696,6 +696,38 @@ ROWS = [
         (Want(200, b"hello", "length"),),
     ),
     Row(
+        # RFC 9112 section 6.1: llhttp takes the chunked layer off and leaves gzip on; forwarded, the
+        # compressed bytes went out signed and digested as if they were the content
+        "gzip-then-chunked-request",
+        (
+            Ex(
+                "POST",
+                HELLO,
+                body=b"compressed",
+                chunked=True,
+                fields=("Transfer-Encoding: gzip",),
+                reaches_origin=False,
+            ),
+        ),
+        (Want(501, reason="transfer-coding-not-implemented"),),
+        after="closed",
+    ),
+    Row(
+        "http1.0-chunked-request-keep-alive",  # RFC 9112 section 6.1: faulty framing; closed after the answer
+        (
+            Ex(
+                "POST",
+                ok(b"posted"),
+                body=b"abc",
+                version="1.0",
+                chunked=True,
+                fields=("Connection: keep-alive",),
+            ),
+        ),
+        (Want(200, b"posted", "length"),),
+        after="closed",
+    ),
+    Row(
         "declared-length-over-max-body-and-budget",  # permanent: 413, not a 503 that invites retries
         (Ex("POST", HELLO, fields=(f"Content-Length: {256 * 1024 * 1024}",), reaches_origin=False),),
         (Want(413, reason="body-too-large"),),
