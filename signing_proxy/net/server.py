@@ -58,6 +58,9 @@ class Engine:
         self.limits = limits  # replaced whole on a configuration reload
         self.spawn = spawn
         self.connections: set[ClientConnection] = set()
+        # what tunnels, WebSocket pipes and TLS handshakes took over, counted by their owners: they
+        # hold sockets like connections, so they count against limits.max_connections too
+        self.taken_over: list[Callable[[], int]] = []
         self.buffered = 0  # request body bytes held by all connections (limits.max_buffered_bytes)
         self.refused = 0  # connections turned away at limits.max_connections
 
@@ -65,6 +68,10 @@ class Engine:
         """Give back what ``req``'s body held of the buffered budget; what still arrives is not kept."""
         self.buffered -= req.held
         req.held, req.released = 0, True
+
+    def open_count(self) -> int:
+        """Client connections open: served here, or taken over by a tunnel, a pipe or a handshake."""
+        return len(self.connections) + sum(count() for count in self.taken_over)
 
     def protocol(self, tunnel: Target | None = None) -> ClientConnection:
         """A new connection protocol; ``tunnel`` is the scheme, host and port of an intercepted CONNECT."""
@@ -133,7 +140,7 @@ class ClientConnection(asyncio.Protocol):
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         engine = self.engine
-        if len(engine.connections) >= engine.limits.max_connections:
+        if engine.open_count() >= engine.limits.max_connections:
             engine.refused += 1
             self._closed = True
             self.write_problem(full(), close=True)

@@ -129,9 +129,11 @@ async def switch(
     early: bytes,
     idle_s: float,
     on_finished: Callable[[BlindTunnel], None],
+    pipes: set[BlindTunnel],
     max_head_bytes: int = MAX_RESPONSE_HEAD_BYTES,
 ) -> Switched:
     """Send the prepared handshake; on ``101`` join client and upstream, else relay the refusal.
+    A pipe stays in ``pipes`` until it has finished (``on_finished`` takes it out).
 
     ``ProxyError`` when the upstream cannot be reached or answers garbage (nothing written yet).
     """
@@ -168,6 +170,7 @@ async def switch(
     tunnel.upstream.connection_made(upstream)
     with contextlib.suppress(AttributeError, RuntimeError):
         upstream.resume_reading()
+    pipes.add(tunnel)  # before it is attached: a pipe that ends at once is taken out, never left in
     tunnel.attach_client(raw, early)
     return Switched(101, piped=True, bytes_out=len(handshake.rest))
 

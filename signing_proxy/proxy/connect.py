@@ -263,6 +263,11 @@ class ConnectHandler:
         )
 
     # --- lifecycle ---
+    def taken_over(self) -> int:
+        """Client connections held here: TLS handshakes under way and blind tunnels (an intercepted
+        tunnel, once its handshake is done, is a ClientConnection the engine counts)."""
+        return len(self._starting) + len(self._tunnels)
+
     def close(self) -> None:
         """Close tunnels that are starting or blind (intercepted ones are ClientConnections)."""
         for start in list(self._starting):

@@ -129,6 +129,7 @@ class ProxyHandler:
         self.draining = draining
         self.transactions = transactions  # retrieval URLs bound by forwarded ExecuteTransaction answers
         self.connect: ConnectPolicy | None = None  # set once the CONNECT policy exists (it needs the engine)
+        self.pipes: set[BlindTunnel] = set()  # WebSocket pipes running (limits.max_connections counts them)
         self._observe_latency = metrics.upstream_latency.observe
 
     def count(self, outcome: str) -> None:
@@ -287,6 +288,7 @@ class ProxyHandler:
             early=early,
             idle_s=policy.idle_s,
             on_finished=self._websocket_finished,
+            pipes=self.pipes,
             max_head_bytes=self.pool.max_head_bytes,
         )
         outcome = "websocket" if switched.piped else ("signed" if outgoing.keyid else "unsigned")
@@ -294,6 +296,7 @@ class ProxyHandler:
         return switched.status, outcome, outgoing.keyid, switched.bytes_out
 
     def _websocket_finished(self, pipe: BlindTunnel) -> None:
+        self.pipes.discard(pipe)
         self.policy.access_log.event(
             "websocket",
             client=pipe.client_ip,

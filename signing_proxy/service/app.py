@@ -154,6 +154,7 @@ class ProxyApp:
             count=self.handler.count,
         )
         self.handler.connect = self.interception if self.gateway is None else None  # a gateway is no proxy
+        self.engine.taken_over += [self.interception.taken_over, lambda: len(self.handler.pipes)]
         self._wire_metric_callbacks()
 
     # --- parts ---
