@@ -24,6 +24,7 @@ from ..core.durations import parse_duration
 from ..core.errors import KeyFormatError
 from ..core.jwk import SigningKey
 from ..core.keys import format_rfc3339
+from ..core.pkcs11_uri import mask_pin_value
 from ..core.rotation import ROTATION_MARGIN_S, KeyRecord, activation_delay, choose_signing_key
 from ..errors import CliError, KeyFileError, KeyStoreError
 from ..storage.keyfile import load_key_file, write_private_file
@@ -91,8 +92,8 @@ def _store(args: argparse.Namespace) -> tuple[Config, KeyStore]:
         raise CliError(f"--agent: {exc}") from None
     if config.signing.key and agent == config.signing.agent:
         print(
-            f"note: signing.key is set ({config.signing.key}); `signing-proxy run` signs with that file, "
-            "not with this store",
+            f"note: signing.key is set ({mask_pin_value(config.signing.key)}); `signing-proxy run` signs "
+            "with that key, not with this store",
             file=sys.stderr,
         )
     return config, store

@@ -66,7 +66,11 @@ def load_config(path: Path | None) -> Config:
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML ({exc})") from None
+        # the position only: PyYAML's message quotes the offending line, which may hold a secret
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None)
+        raise ConfigError(f"{path}: not valid YAML{where} ({problem or 'syntax error'})") from None
     return parse_config(raw)
 
 

@@ -231,6 +231,7 @@ def test_env_with_proxy_auth_prints_placeholders_never_the_password(
 ) -> None:
     users = tmp_path / "proxy-users"
     users.write_text("agent-name:hunter2-secret\n")
+    users.chmod(0o600)
     config = write_config(
         tmp_path,
         {

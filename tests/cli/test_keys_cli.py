@@ -293,3 +293,13 @@ def test_keys_generate_and_show_take_a_file_or_a_token_key_not_both(tmp_path: Pa
     bad = run_cli("keys", "show", "--pkcs11", "pkcs11:token=t")  # names no key object
     assert bad.returncode == 2
     assert "--pkcs11: name the key" in bad.stderr
+
+
+def test_the_note_about_signing_key_never_shows_a_pin(tmp_path: Path) -> None:
+    """RFC 7512 lets a PKCS#11 URI carry its PIN (pin-value): the note named the key unmasked."""
+    config = tmp_path / "config.yaml"
+    uri = "pkcs11:token=t;object=k?module-path=/usr/lib/softhsm/libsofthsm2.so&pin-value=SECRET-PIN-4711"
+    config.write_text(f'data_dir: {tmp_path / "data"}\nsigning:\n  key: "{uri}"\n')
+    done = run_cli("keys", "list", "--config", str(config))
+    assert "signing.key is set (pkcs11:token=t;object=k" in done.stderr
+    assert "SECRET-PIN-4711" not in done.stdout + done.stderr

@@ -136,3 +136,21 @@ def test_config_check_masks_the_token_pin() -> None:
     assert shown["signing"]["pkcs11"]["pin"] == "(not shown)"
     env = redacted(parse_config({"signing": {"pkcs11": {"pin_env": "TOKEN_PIN"}}}))
     assert env["signing"]["pkcs11"]["pin_env"] == "TOKEN_PIN (value not shown)"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        'signing:\n  pkcs11:\n    module: /m.so\n    pin: "SECRET-PIN-4711\n',  # an unterminated string
+        "signing:\n  pkcs11: {pin: SECRET-PIN-4711 }}\n",  # a stray brace after it
+    ],
+)
+def test_a_yaml_slip_is_located_without_quoting_the_line(tmp_path: Path, text: str) -> None:
+    """PyYAML's message quotes the offending line; on the line of a PIN that was the PIN, printed
+    by ``config check`` and logged by a refused SIGHUP reload."""
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert "not valid YAML at line" in str(caught.value)
+    assert "SECRET" not in str(caught.value)

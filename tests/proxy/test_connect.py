@@ -439,6 +439,7 @@ def test_a_client_that_does_not_trust_the_ca_fails_the_handshake_and_the_log_say
 def test_proxy_auth_and_allow_list_apply_to_connect(tmp_path: Path) -> None:
     auth = tmp_path / "proxy-users"
     auth.write_text("agent:s3cret\n")
+    auth.chmod(0o600)
     with ProxyProcess(tmp_path, {"access": {"proxy_auth_file": str(auth)}}, key=KEY) as guarded:
         sock, head = connect_raw(guarded, "example.com:443")
         with sock:

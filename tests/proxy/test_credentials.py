@@ -8,6 +8,7 @@ HTTPS origin with its own test CA, two plain ones) and asserts what really arriv
 
 from __future__ import annotations
 
+import base64
 import http.client
 import signal
 from collections.abc import Iterator
@@ -17,11 +18,12 @@ from typing import Any
 import pytest
 import yaml
 
-from signing_proxy.config import CredentialRule, parse_config
+from signing_proxy.config import AccessConfig, CredentialRule, parse_config
 from signing_proxy.core.jwk import SigningKey
 from signing_proxy.core.uri import parse_absolute_uri
 from signing_proxy.errors import ConfigError
 from signing_proxy.net.leaves import LeafContextCache
+from signing_proxy.proxy.access import AccessControl
 from signing_proxy.proxy.pipeline import BearerStore
 from signing_proxy.storage.ca import CertificateAuthority
 from tests.harness import WAIT_S, ProxyProcess, VerifyingOrigin, run_cli, wait_for
@@ -231,3 +233,35 @@ def test_bearer_credentials_ignore_scheme_and_port_open_bearer_file_stops_start_
         refusal = next(line for line in proxy.stderr_lines if "new configuration refused" in line)
     assert "credentials[0].bearer_file: " in refusal
     assert "readable by its owner only" in refusal
+
+
+def auth_file(tmp_path: Path, data: bytes, mode: int) -> str:
+    path = tmp_path / "proxy-users"
+    path.write_bytes(data)
+    path.chmod(mode)
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("data", "mode", "reason"),
+    [
+        (b"agent:s3cret\n", 0o644, "proxy-auth-permissions"),  # passwords readable by everyone
+        (b"agent:s3cret\n", 0o640, "proxy-auth-permissions"),
+        (b"agent:\xff\xfe\n", 0o600, "proxy-auth-malformed"),  # not text: was a bare UnicodeDecodeError
+        (b"agent\n", 0o600, "proxy-auth-malformed"),
+    ],
+)
+def test_a_proxy_auth_file_is_read_like_every_file_of_secrets(
+    tmp_path: Path, data: bytes, mode: int, reason: str
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        AccessControl(AccessConfig(proxy_auth_file=auth_file(tmp_path, data, mode)))
+    assert caught.value.reason == reason
+    assert "s3cret" not in str(caught.value)
+
+
+def test_an_owner_only_proxy_auth_file_is_read(tmp_path: Path) -> None:
+    access = AccessControl(
+        AccessConfig(proxy_auth_file=auth_file(tmp_path, b"# users\nagent:s3cret\n", 0o600))
+    )
+    access.check_proxy_auth("Basic " + base64.b64encode(b"agent:s3cret").decode())  # no 407

@@ -422,6 +422,7 @@ def test_proxy_authentication_is_407_until_credentials_match(
 ) -> None:
     auth = tmp_path / "proxy-users"
     auth.write_text("# user:password\nagent:correct horse\n")
+    auth.chmod(0o600)
     with ProxyProcess(tmp_path, {"access": {"proxy_auth_file": str(auth)}}, key=KEY) as guarded:
         use_proxy(monkeypatch, guarded.url)
         refused = requests.get(origin.url("/p"), timeout=WAIT_S)

@@ -41,6 +41,7 @@ def test_metrics_move_after_a_signed_request_and_hold_no_secret(tmp_path: Path) 
     token.chmod(0o600)
     users = tmp_path / "users"
     users.write_text(f"agent:{PROXY_PASSWORD}\n")
+    users.chmod(0o600)
     config = {
         "credentials": [{"hosts": ["127.0.0.1"], "bearer_file": str(token), "allow_plaintext": True}],
         "access": {"proxy_auth_file": str(users)},
