@@ -92,6 +92,12 @@ REASONS = frozenset(
 
 _INT64_STRING = re.compile(r"-?(?:0|[1-9][0-9]*)")  # proto3 JSON int64: decimal string, no exponent
 _DURATION_STRING = re.compile(r"(?:0|[1-9][0-9]*)s")  # spec: "<seconds>s", whole seconds
+# digits past which a decimal string is out of range anyway (int() refuses past 4,300 of them)
+_INT64_DIGITS = len(str(INT64_MAX))
+_DURATION_DIGITS = len(str(DURATION_MAX_S))
+# NumericDates are compared with float clocks: an integer past 2**53 (JSON has no bound) would not
+# convert; no date of use is that far
+NUMERIC_DATE_MAX = 2**53
 _JWK_MEMBERS = frozenset({"kty", "crv", "x"})  # spec rule 5: the child jwk carries exactly these
 
 
@@ -183,6 +189,8 @@ def _numeric_date(claims: Mapping[str, Any], name: str, index: int) -> float | N
     # RFC 7519 section 2: NumericDate is a JSON number; bool is an int in Python, not in JSON.
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise link_error("bad-claim-type", index, f"{name} is a JSON number (NumericDate)")
+    if not -NUMERIC_DATE_MAX <= value <= NUMERIC_DATE_MAX:
+        raise link_error("bad-claim-value", index, f"{name} is out of range")
     return value
 
 
@@ -212,6 +220,8 @@ def _read_spend(value: Any, index: int) -> int:
     name = "svc_max_spend_cents"
     # proto3 JSON writes int64 as a decimal string and parsers accept a JSON integer too; so do we.
     if isinstance(value, str) and _INT64_STRING.fullmatch(value):
+        if len(value.lstrip("-")) > _INT64_DIGITS:
+            raise link_error("bad-claim-value", index, f"{name} is between 0 and {INT64_MAX}")
         cents = int(value)
     elif isinstance(value, int) and not isinstance(value, bool):
         cents = value
@@ -238,6 +248,8 @@ def _read_period(value: Any, index: int) -> int:
         raise link_error(
             "bad-claim-type", index, f'{name} is a Duration string of whole seconds, "<seconds>s"'
         )
+    if len(value) - 1 > _DURATION_DIGITS:
+        raise link_error("bad-claim-value", index, f"{name} is between 1s and {DURATION_MAX_S}s")
     seconds = int(value[:-1])
     # A zero period would reset the counters continuously, i.e. no cap at all.
     if not 1 <= seconds <= DURATION_MAX_S:

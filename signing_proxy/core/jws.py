@@ -98,16 +98,31 @@ def _no_constants(name: str) -> Any:
 
 
 def _loads_strict(data: bytes, what: str) -> Any:
-    """Strict UTF-8 JSON: unique member names, finite numbers only, no BOM."""
+    """Strict UTF-8 JSON: unique member names, finite numbers only, no BOM, no unpaired surrogate
+    (an escape ``\\ud800`` alone: RFC 7493 section 2.1; such a string cannot be written as UTF-8)."""
     try:
-        return json.loads(
-            data.decode("utf-8"),
-            object_pairs_hook=unique_members,
-            parse_float=_finite_float,
-            parse_constant=_no_constants,
+        text = data.decode("utf-8")
+        value = json.loads(
+            text, object_pairs_hook=unique_members, parse_float=_finite_float, parse_constant=_no_constants
         )
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        if "\\u" in text:  # only an escape can make a surrogate: strict UTF-8 has none
+            _encodable(value)
+    except (UnicodeError, ValueError, RecursionError) as exc:
         raise _malformed(f"{what} is not strict UTF-8 JSON") from exc
+    return value
+
+
+def _encodable(value: Any) -> None:
+    """UnicodeEncodeError when a string or a member name in ``value`` holds a lone surrogate."""
+    if isinstance(value, str):
+        value.encode("utf-8")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            key.encode("utf-8")
+            _encodable(item)
+    elif isinstance(value, list):
+        for item in value:
+            _encodable(item)
 
 
 def _decode_part(part: str, what: str) -> bytes:

@@ -6,6 +6,7 @@ then asserts the precise sub-reason; the denial reason is always DENIAL_REASON_D
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ from signing_proxy.core.delegation import (
     THUMBPRINT_URI_PREFIX,
     Caps,
     VerifiedDelegation,
+    check_chain,
     extend_chain,
     inspect_chain,
     issue_authority,
@@ -673,3 +675,45 @@ def test_inspect_chain_decodes_without_verifying() -> None:
     with pytest.raises(DelegationError) as info:
         inspect_chain(token + "~")
     assert info.value.reason == "malformed-chain"
+
+
+def _hostile_child(claims: dict[str, Any]) -> str:
+    """An owner-signed root for PRINCIPAL, and a child link PRINCIPAL signs with ``claims``."""
+    root = sign_jwt({"iss": "https://owner.example", "cnf": {"jkt": PRINCIPAL.thumbprint}}, OWNER)
+    payload = json.dumps({"iss": "p", "cnf": {"jkt": AGENT.thumbprint}, **claims})  # escapes as JSON may
+    header = {"alg": "EdDSA", "typ": "JWT", "jwk": PRINCIPAL.public.jwk()}
+    return root + "~" + sign_jws(header, payload.encode("ascii"), PRINCIPAL)
+
+
+@pytest.mark.parametrize(
+    ("claims", "reason"),
+    [
+        ({"svc_max_spend_cents": "9" * 5000}, "bad-claim-value"),  # int() refuses past 4,300 digits
+        ({"svc_quota_period": "9" * 5000 + "s"}, "bad-claim-value"),
+        ({"svc_max_spend_cents": "9" * 20}, "bad-claim-value"),
+        ({"exp": 10**400}, "bad-claim-value"),  # a JSON integer no float holds: an OverflowError later
+        ({"nbf": -(10**30)}, "bad-claim-value"),
+        ({"sub": "\ud800"}, "malformed-token"),  # a lone surrogate: no header can carry it
+        ({"iss": "a\udc00b"}, "malformed-token"),
+    ],
+)
+def test_a_hostile_link_is_refused_with_a_reason_not_a_builtin_error(
+    claims: dict[str, Any], reason: str
+) -> None:
+    """Each of these raised ValueError, OverflowError or UnicodeEncodeError (in verify_chain, in the
+    quota window or in the gateway's headers): an answer of 500 where the spec asks for
+    DENIAL_REASON_DELEGATION_INVALID."""
+    chain = _hostile_child(claims)
+    for check in (
+        lambda: verify_chain(chain, owner_keys=[OWNER.public], holder_jkt=AGENT.thumbprint, now=NOW),
+        lambda: check_chain(chain, now=NOW),
+    ):
+        with pytest.raises(DelegationError) as caught:
+            check()
+        assert caught.value.reason == reason
+
+
+def test_a_surrogate_pair_escape_is_text_and_accepted() -> None:
+    chain = _hostile_child({"sub": "\ud83d\ude00"})  # one character, escaped as JSON may escape it
+    verified = verify_chain(chain, owner_keys=[OWNER.public], holder_jkt=AGENT.thumbprint, now=NOW)
+    assert verified.links[1].sub == "\U0001f600"
