@@ -33,6 +33,7 @@ from typing import Any, Protocol
 
 from ..config import DiscoveryConfig
 from ..core.errors import Error, FieldError, ManifestError, ProtocolError
+from ..core.json_bounds import loads_bounded
 from ..core.manifest import (
     MANIFEST_MEDIA_TYPE,
     AuthorizedExchange,
@@ -48,6 +49,7 @@ from ..net.client import FetchedResponse
 from ..net.framing import HOP_BY_HOP
 from ..net.upstream import ResponseHead
 from ..verify.directory import ttl_from_cache_control
+from .manifest_cache import ManifestCache
 
 __all__ = [
     "CONTENT_RULES",
@@ -72,8 +74,8 @@ ENVELOPE_VERSION = "1.0"  # spec: Endpoints (request body ``ver``) and Versionin
 LINK_REL = "describedby"  # RFC 8288 registry: "a resource providing information about the link's context"
 PROBLEM_REASON = "content-rules"
 DISCOVER_MAX_BYTES = 1024 * 1024  # our choice: the spec gives no body-size limit for offers
+MAX_SHOWN_DEPTH = 64  # our choice: a DiscoverResources answer nested deeper is not shown
 NEGATIVE_TTL_S = 30.0  # our choice: a refused or unreachable manifest is retried after this (or cache_min_s)
-MAX_CACHED_MANIFESTS = 1024  # our choice: bound on the manifest cache (oldest entry dropped)
 
 # What the agent is told when a fetch fails: a stable reason and one of these generic details. The
 # cause (an address class, a socket error, a certificate name) goes to the log only (DESIGN.md 7).
@@ -162,13 +164,6 @@ class Finding:
         return self.manifest is not None and bool(self.manifest.exchanges)
 
 
-@dataclass
-class _Entry:
-    manifest: WellKnownManifest | None
-    error: ManifestError | None
-    expires_at: float
-
-
 class Discovery:
     """Manifest lookup with a bounded cache, DiscoverResources, and the agent's 403 answer."""
 
@@ -187,7 +182,7 @@ class Discovery:
         self._counter = count
         self.clock = clock
         # keyed by (egress, url): what the agent's origin served is not an answer for a stranger's naming
-        self._cache: dict[tuple[bool, str], _Entry] = {}
+        self.cache = ManifestCache()
         self._inflight: dict[tuple[bool, str], asyncio.Future[WellKnownManifest]] = {}
         self.fetches = 0  # manifest fetches sent (cache misses)
 
@@ -247,8 +242,8 @@ class Discovery:
         otherwise (the default) it is a stranger's URL and goes through the egress policy.
         """
         key = (not same_origin, url)
-        entry = self._cache.get(key)
-        if entry is not None and self.clock() < entry.expires_at:
+        entry = self.cache.fresh(key, self.clock())
+        if entry is not None:
             self._count("manifest_hits")
             if entry.manifest is not None:
                 return entry.manifest
@@ -314,21 +309,15 @@ class Discovery:
                     ttl = ttl_from_cache_control(
                         answer.header("cache-control"), self.config.cache_min_s, self.config.cache_max_s
                     )
-                    self._store((egress, url), _Entry(manifest, None, self.clock() + ttl))
+                    manifest = self.cache.keep((egress, url), manifest, self.clock() + ttl, len(answer.body))
                     log.info(
                         "manifest %s: %d authorized exchanges, cached %gs", url, len(manifest.exchanges), ttl
                     )
                     return manifest
         log.info("manifest %s refused: %s", url, error.reason)
         negative_ttl = min(NEGATIVE_TTL_S, float(self.config.cache_min_s))
-        self._store((egress, url), _Entry(None, error, self.clock() + negative_ttl))
+        self.cache.refuse((egress, url), error, self.clock() + negative_ttl)
         raise error
-
-    def _store(self, key: tuple[bool, str], entry: _Entry) -> None:
-        self._cache.pop(key, None)
-        while len(self._cache) >= MAX_CACHED_MANIFESTS:
-            del self._cache[next(iter(self._cache))]  # the oldest insertion
-        self._cache[key] = entry
 
     async def discover_resources(self, manifest: WellKnownManifest, uri: str) -> dict[str, object]:
         """POST DiscoverResources for ``uri`` at the first DIRECT exchange; its answer or why not.
@@ -389,14 +378,14 @@ class Discovery:
             out["error"] = {"reason": reason, "detail": detail}
             return out
         out["status"] = answer.status
-        try:
-            response = json.loads(answer.body)
-        except (UnicodeDecodeError, ValueError, RecursionError):
+        try:  # shown to the agent inside our problem document: finite numbers, nesting bounded
+            response = loads_bounded(answer.body, max_depth=MAX_SHOWN_DEPTH)
+        except ValueError:  # UnicodeDecodeError included
             response = None
-        if not isinstance(response, dict):  # whatever else it is, it is not shown (an internal page, ...)
-            out["error"] = {
+        if not isinstance(response, dict):
+            out["error"] = {  # whatever else it is, it is not shown (an internal page, ...)
                 "reason": "discover-resources-malformed",
-                "detail": "the answer is not a JSON object",
+                "detail": f"the answer is not a JSON object (finite numbers, depth {MAX_SHOWN_DEPTH})",
             }
             return out
         if answer.status != 200:  # an error document is not a DiscoverResources response: not shown

@@ -12,6 +12,7 @@ from signing_proxy.config import parse_config
 from signing_proxy.core.uri import parse_absolute_uri
 from signing_proxy.errors import EgressError, ProxyError
 from signing_proxy.net.client import FetchedResponse
+from signing_proxy.proxy import manifest_cache
 from signing_proxy.proxy.discovery import Discovery, Finding
 
 EDGE = parse_absolute_uri("https://pub.example/articles/1")
@@ -200,6 +201,10 @@ async def test_discovery_request_forgery_a_stranger_url_is_refused_not_repaired(
         ((200, b'["internal"]'), "discover-resources-malformed"),
         ((200, b'"internal"'), "discover-resources-malformed"),
         ((200, b"<h1>internal</h1>"), "discover-resources-malformed"),
+        # each reads with json.loads and cannot be written back inside the problem document: a 500
+        ((200, b'{"internal": ' + b"[" * 100 + b"]" * 100 + b"}"), "discover-resources-malformed"),
+        ((200, b'{"internal": 1e999}'), "discover-resources-malformed"),
+        ((200, b'{"internal": NaN}'), "discover-resources-malformed"),
         ((500, b'{"admin": "internal"}'), "discover-resources-refused"),
         (
             ProxyError(502, "upstream-connect-failed", "10.0.0.7:443: [Errno 111] internal"),
@@ -231,3 +236,19 @@ async def test_discovery_request_forgery_an_exchange_endpoint_with_a_query_is_ne
     finding = await discovery(fetch, discover_resources=True).find("x", EDGE)
     assert member(finding, "discover_resources")["error"]["reason"] == "egress-query"
     assert [c[1] for c in fetch.calls] == [OWN]
+
+
+async def test_the_manifest_cache_keeps_what_discovery_reads_within_its_bounds() -> None:
+    """A stranger's origin can name a new manifest URL with each refusal: each entry holds only what
+    discovery reads, and all of them at most manifest_cache.MAX_BYTES as charged."""
+    ballast = {"ext": {"deep": [[[[[0] * 50] * 10] * 10]]}, "unknown": list(range(2000))}
+    body = json.dumps({**MANIFEST, **ballast}).encode()
+    fetch = Fetches({f"{OWN}?n={i}": (200, body) for i in range(600)})
+    found = discovery(fetch)
+    for i in range(600):
+        manifest = await found.manifest(f"{OWN}?n={i}", same_origin=True)
+        assert (dict(manifest.ext), dict(manifest.extra), manifest.catalog_contributors) == ({}, {}, ())
+        assert manifest.exchanges  # what the refusal answer shows is kept
+    assert found.cache.bytes <= manifest_cache.MAX_BYTES
+    assert len(found.cache) == manifest_cache.MAX_BYTES // (4 * len(body))  # the oldest went
+    assert len(fetch.calls) == 600

@@ -1,0 +1,53 @@
+"""A stranger's JSON read to be shown again inside ours: finite numbers and bounded nesting.
+
+``json.loads`` accepts what ``json.dumps`` then cannot write back as JSON: ``1e999`` reads as
+infinity (written ``Infinity``), and a document nested just under the recursion limit reads, but
+fails to be written once it sits a few levels deeper inside another document.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+__all__ = ["loads_bounded"]
+
+
+def loads_bounded(data: bytes | str, *, max_depth: int) -> Any:
+    """``json.loads(data)``; ValueError for a non-finite number or more than ``max_depth`` levels of
+    arrays and objects (also for what ``json.loads`` refuses, and a RecursionError)."""
+    try:
+        value = json.loads(data, parse_constant=_no_constant, parse_float=_finite)
+    except RecursionError:
+        raise ValueError("nested too deep") from None
+    if not _nested_at_most(value, max_depth):
+        raise ValueError(f"nested deeper than {max_depth} levels")
+    return value
+
+
+def _no_constant(name: str) -> object:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):  # 1e999
+        raise ValueError("a number out of range")
+    return value
+
+
+def _nested_at_most(value: object, depth: int) -> bool:
+    """Whether ``value`` nests at most ``depth`` arrays and objects (level by level, no recursion)."""
+    level: list[object] = [value]
+    for _ in range(depth):
+        inner: list[object] = []
+        for item in level:
+            if isinstance(item, dict):
+                inner.extend(item.values())
+            elif isinstance(item, list):
+                inner.extend(item)
+        if not inner:
+            return True
+        level = inner
+    return not any(isinstance(item, dict | list) for item in level)
