@@ -327,7 +327,13 @@ def _build(
     credential = bearers.for_target(target)
     if credential is not None and (credential[0].override or not authorization):
         authorization = f"Bearer {credential[1]}"
-    if profiles is not None or retry is not None:
+    # An exchange call and a bound retrieval fetch are signed under the spec's profile with the key
+    # they are bound to (the delegation's holder, the transaction's key), whatever a profile rule, a
+    # learned host or a challenge asks: web-bot-auth would drop the Requester and the binding.
+    pinned = (requester is not None and requester.is_exchange_call(method, target)) or (
+        transactions is not None and transactions.bound_key(target) is not None
+    )
+    if (profiles is not None or retry is not None) and not pinned:
         if retry is not None:
             profile = retry.profile
         else:
