@@ -92,7 +92,8 @@ class ClientConnection(asyncio.Protocol):
         self.engine = engine
         self.tunnel = tunnel  # inside an intercepted CONNECT: scheme, host and port of the tunnel
         self.client_ip = "-"
-        self.client_allowed = False  # set by the handler once per connection
+        self.client_allowed = False  # set by the handler, for the access rules in ``access_of``
+        self.access_of: object = None  # the handler's access rules client_allowed was decided by
         self.keep_alive = True
         self.request_version = "1.1"
         self.upstream: Any = None  # the upstream connection of the exchange in flight (flow control)

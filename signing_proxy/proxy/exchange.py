@@ -140,7 +140,8 @@ class ProxyHandler:
 
     # --- net.server.Handler ---
     def connection_made(self, conn: ClientConnection) -> None:
-        conn.client_allowed = self.policy.access.client_allowed(conn.client_ip)  # once, not per request
+        access = self.policy.access  # decided once per connection, and again after a reload changed it
+        conn.client_allowed, conn.access_of = access.client_allowed(conn.client_ip), access
 
     async def serve(self, conn: ClientConnection, req: Request) -> bool:
         policy = self.policy
@@ -249,6 +250,8 @@ class ProxyHandler:
         self, conn: ClientConnection, req: Request, policy: Policy
     ) -> tuple[Target | None, LocalEndpoint | None]:
         """Where the request goes; access control happens here so no refused request reaches upstream."""
+        if conn.access_of is not policy.access:  # a reload: the rules apply to open connections too
+            conn.client_allowed, conn.access_of = policy.access.client_allowed(conn.client_ip), policy.access
         if not conn.client_allowed:
             raise ProxyError(
                 403, "client-not-allowed", "this address may not use the proxy (access.allow_clients)"

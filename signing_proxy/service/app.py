@@ -90,6 +90,8 @@ class ProxyApp:
         "gateway",
         "admin",
     )
+    # the key provider is built at start: which key signs is not live configuration (the label is)
+    RESTART_ONLY_SIGNING = ("key", "agent", "pkcs11", "key_lifetime_s")
 
     def __init__(self, config: Config, keys: KeyProvider, *, clock: Callable[[], float] = time.time) -> None:
         self.config = config
@@ -237,12 +239,21 @@ class ProxyApp:
         with a ConfigError), then swapped in one step: a request sees the old or the new, never a mix.
         """
         self.access_writer.wake()  # lines logged before the reload go out now, whatever it decides
+        old = self.config
+        pending = [name for name in self.RESTART_ONLY if getattr(config, name) != getattr(old, name)]
+        pending += [
+            f"signing.{name}"
+            for name in self.RESTART_ONLY_SIGNING
+            if getattr(config.signing, name) != getattr(old.signing, name)
+        ]
+        kept = {name: getattr(old, name) for name in self.RESTART_ONLY}
+        signing = dataclasses.replace(
+            config.signing, **{name: getattr(old.signing, name) for name in self.RESTART_ONLY_SIGNING}
+        )
+        config = dataclasses.replace(config, signing=signing, **kept)
         bearers = BearerStore(config.credentials)
         requester = injector_for(config, self.keys, clock=self.clock)  # refused like at start-up
         signer = self._signer(config)
-        pending = [name for name in self.RESTART_ONLY if getattr(config, name) != getattr(self.config, name)]
-        kept = {name: getattr(self.config, name) for name in self.RESTART_ONLY}
-        config = dataclasses.replace(config, **kept)
         policy = self._policy(config)
         self.config = config
         self.bearers, self.signer, self.requester = bearers, signer, requester
