@@ -26,6 +26,8 @@ __all__ = [
     "DIRECTORY_SIGNATURE_TAG",
     "WEB_DIRECTORY_MEDIA_TYPE",
     "directory_proof_base",
+    "directory_proof_bases",
+    "directory_proof_fields",
     "directory_proof_params",
     "proven_keys",
     "sign_directory_response",
@@ -56,17 +58,34 @@ def sign_directory_response(
     body: bytes, authority: str, keys: Sequence[SigningKey], *, created: int, expires: int
 ) -> list[tuple[str, str]]:
     """Content-Digest, Signature-Input and Signature with one proof per key (labels ``binding0``…)."""
+    digest, planned = directory_proof_bases(
+        body, authority, [key.thumbprint for key in keys], created=created, expires=expires
+    )
+    signatures = [key.sign(base) for key, (_, base) in zip(keys, planned, strict=True)]
+    return directory_proof_fields(digest, [params for params, _ in planned], signatures)
+
+
+def directory_proof_bases(
+    body: bytes, authority: str, keyids: Sequence[str], *, created: int, expires: int
+) -> tuple[str, list[tuple[str, bytes]]]:
+    """The body's Content-Digest, and per key its Signature-Input value and the base it signs (for a
+    caller that signs elsewhere: a key on a token signs off the event loop)."""
     digest = content_digest(body)
-    inputs, signatures = [], []
-    for i, key in enumerate(keys):
-        params = directory_proof_params(key.thumbprint, created, expires)
-        signature = key.sign(directory_proof_base(authority, digest, params))
-        inputs.append(f"binding{i}={params}")
-        signatures.append(f"binding{i}=:{b64_encode(signature)}:")
+    planned = []
+    for keyid in keyids:
+        params = directory_proof_params(keyid, created, expires)
+        planned.append((params, directory_proof_base(authority, digest, params)))
+    return digest, planned
+
+
+def directory_proof_fields(
+    digest: str, params: Sequence[str], signatures: Sequence[bytes]
+) -> list[tuple[str, str]]:
+    """The three fields from the proofs' parameters and signatures, in key order."""
     return [
         ("Content-Digest", digest),
-        ("Signature-Input", ", ".join(inputs)),
-        ("Signature", ", ".join(signatures)),
+        ("Signature-Input", ", ".join(f"binding{i}={value}" for i, value in enumerate(params))),
+        ("Signature", ", ".join(f"binding{i}=:{b64_encode(sig)}:" for i, sig in enumerate(signatures))),
     ]
 
 

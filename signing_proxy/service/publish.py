@@ -20,7 +20,7 @@ from typing import Final
 from aiohttp import web
 
 from ..config import Config, parse_host_port
-from ..core.directory_proof import WEB_DIRECTORY_MEDIA_TYPE, sign_directory_response
+from ..core.directory_proof import WEB_DIRECTORY_MEDIA_TYPE, directory_proof_bases, directory_proof_fields
 from ..core.errors import KeyFormatError
 from ..core.keys import (
     DIRECTORY_MEDIA_TYPE,
@@ -32,8 +32,9 @@ from ..core.keys import (
 )
 from ..core.manifest import MANIFEST_PATH, render_agent_manifest
 from ..core.uri import parse_absolute_uri
-from ..errors import problem_body
+from ..errors import TokenError, problem_body
 from ..storage.keystore import StoreState, StoreWatcher
+from ..storage.pkcs11 import TokenKey
 
 __all__ = [
     "AGENTS_PREFIX",
@@ -170,9 +171,29 @@ class PublishServer:
         # our keys to a stranger's domain)
         keys = [state.private[k.thumbprint] for k in directory.keys if k.thumbprint in state.private]
         created = int(now)
-        proofs = sign_directory_response(
-            body, self.authority, keys, created=created, expires=created + self.max_age_s
+        digest, planned = directory_proof_bases(
+            body,
+            self.authority,
+            [k.thumbprint for k in keys],
+            created=created,
+            expires=created + self.max_age_s,
         )
+        try:  # a key on a token signs on the token's thread, bounded: a stranger never stalls the loop
+            signatures = [
+                await key.sign_async(base) if isinstance(key, TokenKey) else key.sign(base)
+                for key, (_, base) in zip(keys, planned, strict=True)
+            ]
+        except TokenError as exc:
+            log.warning(
+                "no signed directory for agent %s: a token did not sign (%s)", publication.agent, exc.reason
+            )
+            return _problem(
+                503,
+                "token-unavailable",
+                "a key's token cannot sign the directory's proofs now",
+                **{"Retry-After": "5"},
+            )
+        proofs = directory_proof_fields(digest, [params for params, _ in planned], signatures)
         return _document(body, WEB_DIRECTORY_MEDIA_TYPE, cache, Vary="Accept", **dict(proofs))
 
     async def start(self, *, reuse_port: bool = False) -> list[tuple[str, int]]:
