@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..config import AccessConfig
 from ..errors import ConfigError, ProxyError
-from ..storage.files import PrivateFileError, read_private
+from .credentials import read_secret_text
 
 __all__ = ["AccessControl"]
 
@@ -81,22 +81,6 @@ MAX_AUTH_FILE_BYTES = 1024 * 1024  # our bound: a file of user:password lines
 def _read_auth_file(path: Path) -> str:
     """The text of ``access.proxy_auth_file``: it holds passwords, so it must be owner-only (0600)
     like a bearer or PIN file; ConfigError with a stable reason otherwise."""
-    where = "access.proxy_auth_file"
-    try:
-        data = read_private(path, max_bytes=MAX_AUTH_FILE_BYTES)
-    except PrivateFileError as exc:
-        if exc.reason == "too-open":
-            raise ConfigError(
-                f"{where}: {path} mode is {exc.mode:04o}; it must be readable by its owner only "
-                f"(run: chmod 600 {path})",
-                reason="proxy-auth-permissions",
-            ) from None
-        raise ConfigError(f"{where}: {path} {exc.detail}", reason="proxy-auth-unreadable") from None
-    if len(data) > MAX_AUTH_FILE_BYTES:
-        raise ConfigError(
-            f"{where}: {path} is larger than {MAX_AUTH_FILE_BYTES} bytes", reason="proxy-auth-malformed"
-        )
-    try:
-        return data.decode()
-    except UnicodeDecodeError:
-        raise ConfigError(f"{where}: {path} is not UTF-8 text", reason="proxy-auth-malformed") from None
+    return read_secret_text(
+        path, "access.proxy_auth_file", max_bytes=MAX_AUTH_FILE_BYTES, reasons="proxy-auth"
+    )

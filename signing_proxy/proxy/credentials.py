@@ -12,7 +12,7 @@ from ..core.uri import Target
 from ..errors import ConfigError
 from ..storage.files import PrivateFileError, read_private
 
-__all__ = ["MAX_BEARER_FILE_BYTES", "BearerStore"]
+__all__ = ["MAX_BEARER_FILE_BYTES", "BearerStore", "read_secret_text"]
 
 log = logging.getLogger("signing_proxy.proxy.pipeline")  # the logger its lines always had
 
@@ -74,21 +74,26 @@ MAX_BEARER_FILE_BYTES = 16 * 1024  # our choice: far above any real token, far b
 
 def _read_bearer_file(path: Path, where: str) -> str:
     """One owner-only file's token, stripped; ConfigError naming ``where`` with a stable reason."""
+    return read_secret_text(path, where, max_bytes=MAX_BEARER_FILE_BYTES, reasons="credential").strip()
+
+
+def read_secret_text(path: Path, where: str, *, max_bytes: int, reasons: str) -> str:
+    """The UTF-8 text of a file of secrets (tokens, passwords), which must be its owner's only; else
+    ConfigError naming ``where``, its reason ``<reasons>-permissions``, ``-unreadable`` or
+    ``-malformed`` (larger than ``max_bytes``, or not text)."""
     try:
-        data = read_private(path, max_bytes=MAX_BEARER_FILE_BYTES)
+        data = read_private(path, max_bytes=max_bytes)
     except PrivateFileError as exc:
         if exc.reason == "too-open":
             raise ConfigError(
                 f"{where}: {path} mode is {exc.mode:04o}; it must be readable by its owner only "
                 f"(run: chmod 600 {path})",
-                reason="credential-permissions",
+                reason=f"{reasons}-permissions",
             ) from None
-        raise ConfigError(f"{where}: {path} {exc.detail}", reason="credential-unreadable") from None
-    if len(data) > MAX_BEARER_FILE_BYTES:
-        raise ConfigError(
-            f"{where}: {path} is larger than {MAX_BEARER_FILE_BYTES} bytes", reason="credential-malformed"
-        )
+        raise ConfigError(f"{where}: {path} {exc.detail}", reason=f"{reasons}-unreadable") from None
+    if len(data) > max_bytes:
+        raise ConfigError(f"{where}: {path} is larger than {max_bytes} bytes", reason=f"{reasons}-malformed")
     try:
-        return data.decode().strip()
+        return data.decode()
     except UnicodeDecodeError:
-        raise ConfigError(f"{where}: {path} is not text", reason="credential-malformed") from None
+        raise ConfigError(f"{where}: {path} is not text", reason=f"{reasons}-malformed") from None

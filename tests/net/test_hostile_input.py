@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import json
 import socket
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -87,6 +87,16 @@ async def rig(request: pytest.FixtureRequest) -> AsyncIterator[tuple[Engine, Hol
 
 async def opened(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     return await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), WAIT_S)
+
+
+async def answer_to(port: int, data: bytes) -> bytes:
+    """Everything the engine writes back to one connection that sent ``data``, until it closes."""
+    reader, writer = await opened(port)
+    try:
+        writer.write(data)
+        return await asyncio.wait_for(reader.read(-1), WAIT_S)
+    finally:
+        writer.close()
 
 
 # --- 1. header limits are checked only after a header is complete ---------------------------------
@@ -252,32 +262,26 @@ async def test_a_trailer_section_is_bounded_while_it_arrives(rig: tuple[Engine, 
     grew the proxy's memory without bound (and cost quadratic time) until the read timeout."""
     _, handler, port = rig
     handler.release.set()
-    reader, writer = await opened(port)
-    writer.write(
+    answer = await answer_to(
+        port,
         b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\nX-T: "
-        + b"a" * BIG  # the trailer field never ends
+        + b"a" * BIG,  # the trailer field never ends
     )
-    answer = await asyncio.wait_for(reader.read(-1), WAIT_S)
     assert answer.startswith(b"HTTP/1.1 431 ")
     assert b'"reason":"header-too-large"' in answer
-    writer.close()
 
 
 async def test_a_long_chunked_body_is_not_a_long_trailer(rig: tuple[Engine, Holding, int]) -> None:
     """The bound counts what follows the body's last bytes: chunks of any number pass it."""
     _, handler, port = rig
     handler.release.set()
-    reader, writer = await opened(port)
     # 60 one-byte chunks with extensions: ~7 KB of framing around 60 bytes of content (limits 4 KiB, 64)
     chunks = b"1;ext=" + b"e" * 100 + b"\r\nx\r\n"
     chunks = chunks * 60 + b"0\r\nX-Sum: 1\r\n\r\n"
-    writer.write(
-        b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n" + chunks
-    )
-    answer = await asyncio.wait_for(reader.read(-1), WAIT_S)
+    head = b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+    answer = await answer_to(port, head + chunks)
     assert answer.startswith(b"HTTP/1.1 200 ")
     assert answer.endswith(b"x" * 60)
-    writer.close()
 
 
 # --- through a real proxy ---------------------------------------------------------------------------
@@ -341,14 +345,11 @@ def test_a_long_url_through_the_proxy_is_414_before_it_ends(tmp_path: Path) -> N
         assert sock.recv(65536).startswith(b"HTTP/1.1 414 ")
 
 
-async def test_header_limits_apply_to_upstream_response_heads_while_they_arrive() -> None:
-    async def endless_head(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await reader.readuntil(b"\r\n\r\n")
-        writer.write(b"HTTP/1.1 200 OK\r\nX-Big: " + b"a" * BIG)  # the head never ends
-        await writer.drain()
-        await asyncio.sleep(WAIT_S)  # hold the connection open, sending nothing more
-
-    server = await asyncio.start_server(endless_head, "127.0.0.1", 0)
+async def fetched_from(
+    serve: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]],
+) -> ProxyError:
+    """How a fetch with a 4 KiB head limit from an upstream that runs ``serve`` is refused."""
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     pool = UpstreamPool(
         UpstreamConfig(), connect_timeout_s=WAIT_S, read_timeout_s=WAIT_S, max_head_bytes=4096
@@ -357,10 +358,21 @@ async def test_header_limits_apply_to_upstream_response_heads_while_they_arrive(
     try:
         with pytest.raises(ProxyError) as info:
             await asyncio.wait_for(client.fetch("GET", f"http://127.0.0.1:{port}/", max_bytes=1024), WAIT_S)
-        assert (info.value.status, info.value.reason) == (502, "upstream-header-too-large")
+        return info.value
     finally:
         pool.close()
         server.close()
+
+
+async def test_header_limits_apply_to_upstream_response_heads_while_they_arrive() -> None:
+    async def endless_head(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nX-Big: " + b"a" * BIG)  # the head never ends
+        await writer.drain()
+        await asyncio.sleep(WAIT_S)  # hold the connection open, sending nothing more
+
+    refusal = await fetched_from(endless_head)
+    assert (refusal.status, refusal.reason) == (502, "upstream-header-too-large")
 
 
 async def test_upstream_trailers_are_bounded_while_they_arrive() -> None:
@@ -376,19 +388,8 @@ async def test_upstream_trailers_are_bounded_while_they_arrive() -> None:
                 await writer.drain()
         await asyncio.sleep(WAIT_S)
 
-    server = await asyncio.start_server(endless_trailer, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    pool = UpstreamPool(
-        UpstreamConfig(), connect_timeout_s=WAIT_S, read_timeout_s=WAIT_S, max_head_bytes=4096
-    )
-    client = HttpClient(pool, TimeoutsConfig())
-    try:
-        with pytest.raises(ProxyError) as info:
-            await asyncio.wait_for(client.fetch("GET", f"http://127.0.0.1:{port}/", max_bytes=1024), WAIT_S)
-        assert (info.value.status, info.value.reason) == (502, "upstream-header-too-large")
-    finally:
-        pool.close()
-        server.close()
+    refusal = await fetched_from(endless_trailer)
+    assert (refusal.status, refusal.reason) == (502, "upstream-header-too-large")
 
 
 def test_a_body_answered_without_being_read_gives_its_budget_back(proxy: ProxyProcess) -> None:
