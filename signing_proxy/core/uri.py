@@ -64,8 +64,9 @@ class Target:
 def canonical_path_query(path_query: str) -> str:
     """Drop a fragment and a bare trailing ``?``; empty path -> ``/``; refuse bytes not allowed on a wire."""
     path_query = path_query.split("#", 1)[0]
-    if path_query.endswith("?"):
+    if path_query.endswith("?") and path_query.find("?") == len(path_query) - 1:
         path_query = path_query[:-1]  # libraries disagree on an empty query; never send one
+        # (only an empty one: the "?" that ends "a=1?" is part of the query a handler reads)
     if not path_query.startswith("/"):
         if path_query.startswith("?") or not path_query:
             path_query = "/" + path_query
