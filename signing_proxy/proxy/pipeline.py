@@ -165,7 +165,7 @@ class Signer:
                 components, key.thumbprint, created, created + validity, extra_params
             )
             base = signature_base(message, components, params)
-        except SigningError as exc:
+        except (SigningError, FieldError) as exc:  # a field the base cannot be built from
             if self.metrics is not None:
                 self.metrics.signing_failure(exc.reason)
             raise ProxyError(400, exc.reason, f"cannot sign this request: {exc.detail}") from None

@@ -17,6 +17,7 @@ from typing import Any
 
 from ..config import Config
 from ..core.errors import KeyFormatError, VerificationError
+from ..core.fields import Fields
 from ..core.jwk import PublicKey, public_key_from_jwk
 from ..core.profiles import (
     SVC,
@@ -25,6 +26,7 @@ from ..core.profiles import (
     profile_components,
     signature_agent_field,
 )
+from ..core.sfv import parse_dictionary
 from ..core.signatures import Message, SignatureEntry, hop_components, parse_signature_stack
 from ..core.uri import Target
 from ..errors import ConfigError, ProxyError
@@ -66,6 +68,17 @@ def unique_label(wanted: str, taken: Sequence[str]) -> str:
     while f"{wanted}{n}" in taken:
         n += 1
     return f"{wanted}{n}"
+
+
+def _agent_members(fields: Fields) -> list[str]:
+    """The keys of a Signature-Agent Dictionary (none when it is absent or not a Dictionary)."""
+    raw = fields.combined("signature-agent")
+    if raw is None:
+        return []
+    try:
+        return list(parse_dictionary(raw))
+    except (ValueError, UnicodeError):  # a String (the legacy form) or malformed: no member keys
+        return []
 
 
 class RelayPipeline:
@@ -141,7 +154,9 @@ class RelayPipeline:
                     status, exc.reason, f"incoming signature refused{where}: {exc.detail}", headers
                 ) from None
         labels = [e.label for e in entries]
-        label = unique_label(self.label, labels)
+        # unique among the signature labels and the Signature-Agent members, which the web-bot-auth
+        # hop keys by label too (an agent may add members it does not cover; ours must not clash)
+        label = unique_label(self.label, [*labels, *_agent_members(fields)])
         profile = self.profiles.select(target.host)
         try:
             incoming = entry_profile(entries[0].param("tag"), entries[0].label)

@@ -153,6 +153,31 @@ def test_relay_stacks_a_web_bot_auth_label_that_both_verifiers_accept() -> None:
     assert accepted == ["agent", "broker"]
 
 
+def test_a_relay_label_steps_aside_for_an_agents_signature_agent_member_of_its_name() -> None:
+    """An agent may add Signature-Agent members it does not cover. One named like the relay's
+    label made the relay append a second member of that key, and building its base failed with a
+    FieldError nobody answered: a 500 and a traceback for a stack that verifies."""
+    url = "https://www.shop.example/cart"
+    first = _prepare(url, ProfileSelector(_config(profiles=RULES).profiles))
+    lines = [
+        (name, value + ', broker="https://evil.example"')
+        if name.lower() == "signature-agent"
+        else (name, value)
+        for name, value in _fields(first)
+    ]
+    out = asyncio.run(
+        _relay(profiles=RULES).prepare("GET", parse_absolute_uri(url), lines, b"", framed=False)
+    )
+    fields = _fields(out)
+    assert fields.combined("signature-agent") == (
+        'agent="https://agent.example", broker="https://evil.example", broker2="https://broker.example"'
+    )
+    keys = {AGENT.thumbprint: AGENT.public, BROKER.thumbprint: BROKER.public}
+    lookup = lambda e, _i: VerificationKey(keys[e.keyid])  # noqa: E731
+    stack = verify_stack(Message("GET", parse_absolute_uri(url), fields), b"", lookup, now=NOW + 1)
+    assert [signature.label for signature in stack.signatures] == ["agent", "broker2"]
+
+
 def test_relay_refuses_to_mix_profiles() -> None:
     url = "https://www.shop.example/cart"
     spec_signed = _prepare(url, None, _config())  # the agent signed under svc
