@@ -1,7 +1,8 @@
 """httpx: ``SignatureAuth``, an ``httpx.Auth`` in httpx's generator style, sync and async.
 
 httpx runs an auth flow last, on the request exactly as it will be sent (URL, headers, body), so the
-signature covers the final request. The body is read first (``requires_request_body``): a streamed
+signature covers the request sent (an empty query is dropped from its URL first; a redirect the
+client follows itself, ``follow_redirects=True``, would resend this signature: leave it off). The body is read first (``requires_request_body``): a streamed
 body is read up to ``limits.max_body_bytes`` and then sent from memory with a ``Content-Length``;
 a larger one raises ``NotSigned`` (413) and nothing is sent. The async flow looks at the key store
 (and the delegation file) in a worker thread, never on the event loop.
@@ -52,6 +53,8 @@ class SignatureAuth(httpx.Auth):
         yield request
 
     def _sign(self, request: httpx.Request) -> None:
+        if request.url.raw_path.endswith(b"?") and not request.url.query:  # sent as "/p?" otherwise
+            request.url = request.url.copy_with(query=None)  # the target signed: no empty query
         headers = request.headers
         lines = headers.multi_items()
         content = request.content

@@ -30,7 +30,7 @@ from ..config.profiles import ProfileName
 from ..core.errors import FieldError
 from ..core.keys import KeyProvider
 from ..core.profiles import PROFILES as SIGNING_PROFILES
-from ..core.uri import parse_absolute_uri
+from ..core.uri import host_authority, parse_absolute_uri
 from ..errors import ConfigError, ProxyError
 from ..proxy.pipeline import BearerStore, SigningPipeline
 from ..proxy.pipeline import Signer as PipelineSigner
@@ -216,6 +216,12 @@ class Signer:
             raise too_large(self.max_body_bytes)
         try:
             target = parse_absolute_uri(url)
+            hosts = [value for name, value in lines if name.lower() == "host"]
+            if hosts:  # the library sends the caller's Host: the target URI a verifier rebuilds uses it
+                if len(hosts) > 1:
+                    raise FieldError("malformed-host", "a request carries one Host")
+                authority = host_authority(hosts[0], target.scheme)
+                target = parse_absolute_uri(f"{target.scheme}://{authority}{target.path_query}")
         except FieldError as exc:
             raise NotSigned(400, exc.reason, f"cannot sign a request to this URL: {exc.detail}") from None
         try:

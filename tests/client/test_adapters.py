@@ -83,6 +83,23 @@ async def test_get_without_body(driver: Driver, origin: VerifyingOrigin) -> None
     assert_verified(origin, b"")
 
 
+@pytest.mark.parametrize("path", ["/p?", "/p??", "/p?a=1?", "/p?x=1#frag"])
+async def test_what_is_signed_is_the_target_sent(driver: Driver, origin: VerifyingOrigin, path: str) -> None:
+    """Libraries send these as they are, or cut them; the signature must cover what arrives."""
+    assert await driver.send("GET", origin.url(path)) == 200
+    assert_verified(origin, b"")
+
+
+async def test_a_host_set_by_the_caller_is_the_authority_signed(
+    driver: Driver, origin: VerifyingOrigin
+) -> None:
+    """Connecting to an address with ``Host: api.example``: the library sends that Host, so the
+    target URI a verifier rebuilds names it (it was signed with the URL's authority, and refused)."""
+    assert await driver.send("GET", origin.url("/p"), headers={"Host": "api.example"}) == 200
+    assert_verified(origin, b"")
+    assert origin.arrivals[0].header("host") == "api.example"
+
+
 async def test_post_json(driver: Driver, origin: VerifyingOrigin) -> None:
     assert await driver.send("POST", origin.url("/items"), json={"name": "x", "n": [1, 2]}) == 200
     arrival = origin.arrivals[0]
