@@ -2,10 +2,11 @@
 
 httpx runs an auth flow last, on the request exactly as it will be sent (URL, headers, body), so the
 signature covers the request sent (an empty query is dropped from its URL first; a redirect the
-client follows itself, ``follow_redirects=True``, would resend this signature: leave it off). The body is read first (``requires_request_body``): a streamed
-body is read up to ``limits.max_body_bytes`` and then sent from memory with a ``Content-Length``;
-a larger one raises ``NotSigned`` (413) and nothing is sent. The async flow looks at the key store
-(and the delegation file) in a worker thread, never on the event loop.
+client follows itself, ``follow_redirects=True``, would resend this signature: leave it off). The
+body is read first (``requires_request_body``): a streamed body is read up to
+``limits.max_body_bytes`` and then sent from memory with a ``Content-Length``; a larger one raises
+``NotSigned`` (413) and nothing is sent. The async flow looks at the key store (and the delegation
+file) in a worker thread, never on the event loop.
 """
 
 from __future__ import annotations

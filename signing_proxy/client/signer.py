@@ -236,5 +236,5 @@ class Signer:
     def declared_too_large(self, content_length: str | None) -> None:
         """Refuse (``NotSigned`` 413) a body whose declared length is above the limit, before reading it."""
         declared = (content_length or "").strip()
-        if declared.isdigit() and int(declared) > self.max_body_bytes:
+        if declared.isascii() and declared.isdigit() and int(declared) > self.max_body_bytes:
             raise too_large(self.max_body_bytes)

@@ -63,7 +63,7 @@ def requester_type_name(value: object) -> str:
         raise ValueError("a RequesterType is a name such as REQUESTER_TYPE_AGENT or its number")
     if isinstance(value, int):
         name = REQUESTER_TYPES.get(value)
-    elif isinstance(value, str) and value.isdigit():
+    elif isinstance(value, str) and value.isascii() and value.isdigit():
         name = REQUESTER_TYPES.get(int(value))
     else:
         name = value if value in _TYPE_NUMBERS else None

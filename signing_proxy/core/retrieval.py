@@ -171,7 +171,9 @@ def _binding(value: object, holder: dict[str, Any]) -> TransactionBinding | None
     if expires_at is None:
         expires = query_param(target.path_query, "expires")
         expires_at = (
-            int(expires) if expires is not None and expires.isdigit() and len(expires) <= 15 else None
+            int(expires)
+            if expires is not None and expires.isascii() and expires.isdigit() and len(expires) <= 15
+            else None
         )
     return TransactionBinding(target.uri, agent_id, expires_at)
 

@@ -94,7 +94,7 @@ def parse_authority(authority: str, scheme: str) -> tuple[str, int]:
     if not _valid_host(host):
         raise FieldError("malformed-target", "missing or invalid host")
     if port_text:
-        if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        if not (port_text.isascii() and port_text.isdigit()) or not 0 < int(port_text) < 65536:
             raise FieldError("malformed-target", "invalid port")
         port = int(port_text)
     else:

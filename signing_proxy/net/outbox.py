@@ -20,9 +20,21 @@ from __future__ import annotations
 
 import asyncio
 
-__all__ = ["HOLD_MAX_BYTES", "Outbox"]
+__all__ = ["CLOSE_DRAIN_S", "HOLD_MAX_BYTES", "Outbox", "close_within"]
 
 HOLD_MAX_BYTES = 64 * 1024  # our choice: a write this large goes at once, and so does a fuller outbox
+# our choice: how long a closing transport may take to hand its last bytes to a peer that reads
+# nothing before it is aborted (asyncio's close waits for them without end, and the connection's
+# place among limits.max_connections with it)
+CLOSE_DRAIN_S = 30.0
+
+
+def close_within(transport: asyncio.Transport, limit_s: float = CLOSE_DRAIN_S) -> None:
+    """``transport.close()``, aborted after ``limit_s`` if it still holds bytes the peer has not read."""
+    transport.close()
+    buffered = getattr(transport, "get_write_buffer_size", None)  # uvloop's are not WriteTransports
+    if buffered is not None and buffered():
+        asyncio.get_running_loop().call_later(limit_s, transport.abort)  # a no-op once it has closed
 
 
 class Outbox:
@@ -67,12 +79,12 @@ class Outbox:
         if self.transport is not None and not self.transport.is_closing():
             self.transport.write(data)
 
-    def close(self) -> None:
-        """Close the transport after what is held (which it still writes out)."""
+    def close(self, limit_s: float = CLOSE_DRAIN_S) -> None:
+        """Close the transport after what is held (which it still writes out, for ``limit_s`` at most)."""
         self.flush()
         self._ended = True
         if self.transport is not None:
-            self.transport.close()
+            close_within(self.transport, limit_s)
 
     def write_eof(self) -> None:
         """Half-close after what is held."""

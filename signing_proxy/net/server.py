@@ -330,7 +330,7 @@ class ClientConnection(asyncio.Protocol):
         if self._linger is not None:
             return  # a lingering close ends by its own timer or the client's EOF
         if self.transport is not None and not self.transport.is_closing():
-            self.outbox.close()
+            self.outbox.close(self.engine.limits.client_idle_s)  # a client that reads nothing: aborted
 
     def linger(self) -> None:
         """Close after an answer the client may still be sending into (RFC 9112 section 9.6): half-close,

@@ -21,6 +21,8 @@ import ssl
 from collections.abc import Callable
 from typing import Any
 
+from .outbox import close_within
+
 __all__ = ["CERTIFICATE_ALERTS", "TlsSession", "TlsTransport"]
 
 log = logging.getLogger("signing_proxy.net.tls")
@@ -282,7 +284,7 @@ class TlsSession(asyncio.Protocol):
                 self.sslobj.unwrap()  # sends close_notify; the peer's answer is not awaited
             self._flush()
         if not self.raw.is_closing():
-            self.raw.close()
+            close_within(self.raw)  # bounded: a client that never reads the end is aborted
 
     def abort(self) -> None:
         self.closing = True

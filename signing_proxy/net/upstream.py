@@ -407,17 +407,29 @@ class UpstreamPool:
         }
         self.connections_opened = 0
 
+    @property
+    def idle_origins(self) -> int:
+        """The (scheme, host, port) with idle connections kept: none is kept without one."""
+        return len(self._idle)
+
     def _tls_for(self, host: str) -> ssl.SSLContext:
         return self._tls_pinned.get(host, self._tls_default)
 
     def take_idle(self, target: Target) -> UpstreamConnection | None:
-        queue = self._idle.get((target.scheme, target.host, target.port))
+        key = (target.scheme, target.host, target.port)
+        queue = self._idle.get(key)
         while queue:
             conn = queue.pop()
             conn._timer.clear()
             if conn.is_usable:
                 return conn
+        self._forget_if_empty(key)
         return None
+
+    def _forget_if_empty(self, key: tuple[str, str, int]) -> None:
+        """No idle connection to ``key`` left: its entry goes (clients choose the host names)."""
+        if not self._idle.get(key, True):
+            del self._idle[key]
 
     async def connect(self, target: Target) -> UpstreamConnection:
         key = (target.scheme, target.host, target.port)
@@ -466,6 +478,7 @@ class UpstreamPool:
         conn.used = True
         if not conn.is_usable:
             conn.close()
+            self._forget_if_empty(conn.key)
             return
         queue = self._idle.setdefault(conn.key, deque())
         if len(queue) >= self.config.pool_max_idle_per_host:
@@ -480,6 +493,7 @@ class UpstreamPool:
         if queue is not None:
             with contextlib.suppress(ValueError):
                 queue.remove(conn)
+            self._forget_if_empty(conn.key)
         conn.close()
 
     def close(self) -> None:

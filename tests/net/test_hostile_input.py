@@ -18,12 +18,14 @@ import pytest
 from signing_proxy.config import TimeoutsConfig, UpstreamConfig
 from signing_proxy.core.jwk import SigningKey
 from signing_proxy.errors import ProxyError
+from signing_proxy.net import upstream
 from signing_proxy.net.client import HttpClient
 from signing_proxy.net.request import Limits, Request
 from signing_proxy.net.server import ClientConnection, Engine
 from signing_proxy.net.upstream import UpstreamPool
 from signing_proxy.net.websocket import _Handshake
 from tests.harness import WAIT_S, ProxyProcess, VerifyingOrigin
+from tests.net.test_connection_memory import until
 
 KEY = SigningKey.generate()
 BIG = 200_000  # far above every limit below; never sent whole by a well-behaved test
@@ -437,3 +439,96 @@ async def test_a_websocket_handshake_answer_keeps_its_head_and_bounds_what_follo
     with pytest.raises(ProxyError) as bad:
         await asyncio.wait_for(framed.done, WAIT_S)
     assert bad.value.reason == "upstream-bad-response"
+
+
+class Answering:
+    """Answers each request with ``size`` bytes, waits for the client to read them, then closes."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.left = -1  # what the transport still held after the answer was written
+
+    def connection_made(self, conn: ClientConnection) -> None:
+        pass
+
+    async def serve(self, conn: ClientConnection, req: Request) -> bool:
+        conn.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % self.size + b"x" * self.size)
+        conn.outbox.flush()
+        assert conn.transport is not None
+        self.left = conn.transport.get_write_buffer_size()
+        await conn.drain()
+        return False
+
+
+async def never_reading(size: int, limits: Limits, wait_s: float) -> tuple[int, Answering]:
+    """An engine answering ``size`` bytes to a client that sends a request and reads nothing: the
+    connections it still counts after ``wait_s``, and the handler."""
+    loop = asyncio.get_running_loop()
+    handler = Answering(size)
+    tasks: set[asyncio.Task[object]] = set()
+
+    def spawn(coro: object) -> asyncio.Task[object]:
+        task = loop.create_task(coro)  # type: ignore[arg-type]
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+        return task
+
+    engine = Engine(handler, limits, spawn)
+    server = await loop.create_server(engine.protocol, "127.0.0.1", 0)
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    try:
+        await loop.sock_connect(sock, server.sockets[0].getsockname()[:2])
+        await loop.sock_sendall(sock, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        await asyncio.sleep(wait_s)  # the client reads nothing
+        return engine.open_count(), handler
+    finally:
+        sock.close()
+        for conn in list(engine.connections):
+            conn.abort()
+        server.close()
+
+
+async def test_a_connection_closing_to_a_client_that_reads_nothing_gives_its_place_back() -> None:
+    """An answer whose end fits under the write buffer's mark never pauses writing, so nothing
+    waits on the client; asyncio's close then waits for it to read, without end, and the connection
+    held one of limits.max_connections for good. Now it is aborted after client_idle_s."""
+    limits = Limits(max_header_bytes=1024, max_body_bytes=64, client_idle_s=0.5, read_s=0.5)
+    _, probed = await never_reading(16_000_000, limits, 0.3)  # what the kernels take, at most
+    taken = probed.size - probed.left
+    still_open, handler = await never_reading(taken + 20_000, limits, 4 * limits.client_idle_s)
+    assert 0 < handler.left < 64 * 1024  # the end was left in the buffer, under the mark
+    assert still_open == 0
+
+
+async def test_an_origin_whose_idle_connections_are_gone_leaves_nothing_in_the_pool(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Clients choose host names (wildcard DNS makes them unlimited): each left an entry in the pool
+    after its connections expired, ~1 KB per name, for good."""
+    monkeypatch.setattr(upstream, "POOL_IDLE_S", 0.05)
+
+    async def no_content(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+            while True:
+                await reader.readuntil(b"\r\n\r\n")
+                writer.write(b"HTTP/1.1 204 No Content\r\n\r\n")
+        writer.close()
+
+    servers = [await asyncio.start_server(no_content, f"127.0.0.{i}", 0) for i in range(2, 12)]
+    pool = UpstreamPool(UpstreamConfig(), connect_timeout_s=WAIT_S, read_timeout_s=WAIT_S)
+    client = HttpClient(pool, TimeoutsConfig())
+    try:
+        for server in servers:
+            host, port = server.sockets[0].getsockname()[:2]
+            answer = await asyncio.wait_for(
+                client.fetch("GET", f"http://{host}:{port}/", max_bytes=16), WAIT_S
+            )
+            assert answer.status == 204
+        assert pool.idle_origins == len(servers)  # kept for reuse, one origin each
+        await until(lambda: pool.idle_origins == 0)  # expired: nothing of them stays
+    finally:
+        pool.close()
+        for server in servers:
+            server.close()
