@@ -165,10 +165,12 @@ def busy() -> ProxyError:
 
 
 def parse_connect_target(raw: str) -> tuple[str, int]:
-    """CONNECT's authority-form target -> (host, port); a port is required."""
+    """CONNECT's authority-form target -> (host, port); a port is required. A fully qualified name's
+    root dot goes (``a.example.`` is ``a.example``), as a client's SNI and a leaf name it."""
     if ":" not in raw.rsplit("]", 1)[-1]:
         raise ProxyError(400, "malformed-target", "CONNECT needs host:port")
     try:
-        return parse_authority(raw, "https")
+        host, port = parse_authority(raw, "https")
     except FieldError as exc:
         raise ProxyError.of(exc) from None
+    return host.removesuffix("."), port
