@@ -94,10 +94,12 @@ class UpstreamConfig:
     ca_file: str | None = None  # extra CAs trusted for upstream TLS, on top of the system store
     pin_ca_files: Mapping[str, str] = field(default_factory=dict)  # host -> CA file (only these CAs)
     pool_max_idle_per_host: int = 256  # idle keep-alive connections per origin (each closes after 30 s idle)
+    pool_max_idle: int = 1024  # ... and in all: clients choose the origins, so their number is theirs
     next_hop: str | None = None  # a relay every request is sent to, in absolute form (http:// or https://)
 
     def _check(self, path: str) -> None:
         positive(self.pool_max_idle_per_host, f"{path}.pool_max_idle_per_host")
+        positive(self.pool_max_idle, f"{path}.pool_max_idle")
         if self.next_hop is not None:
             scheme, sep, rest = self.next_hop.partition("://")
             if not sep or scheme not in ("http", "https") or not rest.strip("/") or "/" in rest.strip("/"):

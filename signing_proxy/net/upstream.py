@@ -401,6 +401,7 @@ class UpstreamPool:
         self.connect_timeout_s = connect_timeout_s
         self.read_timeout_s = read_timeout_s
         self._idle: dict[tuple[str, str, int], deque[UpstreamConnection]] = {}
+        self._idle_count = 0  # connections in _idle (config.pool_max_idle)
         self._tls_default = client_tls_context(config.ca_file)
         self._tls_pinned = {
             host.lower(): client_tls_context(only=path) for host, path in config.pin_ca_files.items()
@@ -420,6 +421,7 @@ class UpstreamPool:
         queue = self._idle.get(key)
         while queue:
             conn = queue.pop()
+            self._idle_count -= 1
             conn._timer.clear()
             if conn.is_usable:
                 return conn
@@ -481,18 +483,20 @@ class UpstreamPool:
             self._forget_if_empty(conn.key)
             return
         queue = self._idle.setdefault(conn.key, deque())
-        if len(queue) >= self.config.pool_max_idle_per_host:
+        if len(queue) >= self.config.pool_max_idle_per_host or self._idle_count >= self.config.pool_max_idle:
             conn.close()
+            self._forget_if_empty(conn.key)
             return
         conn.resume_reading()  # paused for a slow client of the last exchange: the next one reads
         queue.append(conn)
+        self._idle_count += 1
         conn.pooled(POOL_IDLE_S, self._expire)
 
     def _expire(self, conn: UpstreamConnection) -> None:
         queue = self._idle.get(conn.key)
-        if queue is not None:
-            with contextlib.suppress(ValueError):
-                queue.remove(conn)
+        if queue is not None and conn in queue:
+            queue.remove(conn)
+            self._idle_count -= 1
             self._forget_if_empty(conn.key)
         conn.close()
 
@@ -501,3 +505,4 @@ class UpstreamPool:
             for conn in queue:
                 conn.close()
         self._idle.clear()
+        self._idle_count = 0

@@ -502,33 +502,54 @@ async def test_a_connection_closing_to_a_client_that_reads_nothing_gives_its_pla
     assert still_open == 0
 
 
+async def no_content(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+        while True:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 204 No Content\r\n\r\n")
+    writer.close()
+
+
+@pytest.fixture
+async def origins() -> AsyncIterator[list[str]]:
+    """Ten origins on 127.0.0.2 to 127.0.0.11, each answering 204 to every request."""
+    servers = [await asyncio.start_server(no_content, f"127.0.0.{i}", 0) for i in range(2, 12)]
+    try:
+        yield [f"http://{host}:{port}/" for host, port in (s.sockets[0].getsockname()[:2] for s in servers)]
+    finally:
+        for server in servers:
+            server.close()
+
+
+async def fetched_each(pool: UpstreamPool, urls: list[str]) -> None:
+    client = HttpClient(pool, TimeoutsConfig())
+    for url in urls:
+        answer = await asyncio.wait_for(client.fetch("GET", url, max_bytes=16), WAIT_S)
+        assert answer.status == 204
+
+
 async def test_an_origin_whose_idle_connections_are_gone_leaves_nothing_in_the_pool(
-    monkeypatch: pytest.MonkeyPatch,
+    origins: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Clients choose host names (wildcard DNS makes them unlimited): each left an entry in the pool
     after its connections expired, ~1 KB per name, for good."""
     monkeypatch.setattr(upstream, "POOL_IDLE_S", 0.05)
-
-    async def no_content(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
-            while True:
-                await reader.readuntil(b"\r\n\r\n")
-                writer.write(b"HTTP/1.1 204 No Content\r\n\r\n")
-        writer.close()
-
-    servers = [await asyncio.start_server(no_content, f"127.0.0.{i}", 0) for i in range(2, 12)]
     pool = UpstreamPool(UpstreamConfig(), connect_timeout_s=WAIT_S, read_timeout_s=WAIT_S)
-    client = HttpClient(pool, TimeoutsConfig())
     try:
-        for server in servers:
-            host, port = server.sockets[0].getsockname()[:2]
-            answer = await asyncio.wait_for(
-                client.fetch("GET", f"http://{host}:{port}/", max_bytes=16), WAIT_S
-            )
-            assert answer.status == 204
-        assert pool.idle_origins == len(servers)  # kept for reuse, one origin each
+        await fetched_each(pool, origins)
+        assert pool.idle_origins == len(origins)  # kept for reuse, one origin each
         await until(lambda: pool.idle_origins == 0)  # expired: nothing of them stays
     finally:
         pool.close()
-        for server in servers:
-            server.close()
+
+
+async def test_idle_connections_are_bounded_in_all_not_only_per_origin(origins: list[str]) -> None:
+    """Only each origin's idle connections were bounded: many origins kept many sockets open."""
+    pool = UpstreamPool(UpstreamConfig(pool_max_idle=3), connect_timeout_s=WAIT_S, read_timeout_s=WAIT_S)
+    try:
+        await fetched_each(pool, origins)
+        assert pool.idle_origins == 3
+        await fetched_each(pool, origins[:3])  # those kept are reused, and kept again
+        assert (pool.idle_origins, pool.connections_opened) == (3, len(origins))
+    finally:
+        pool.close()
