@@ -10,6 +10,7 @@ parent, which keeps a bound (not listening) SO_REUSEPORT socket on it so every w
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import os
 import signal
@@ -42,15 +43,29 @@ def run_workers(count: int, worker: Callable[[int], int]) -> int:
     stopping = False
     last_start: dict[int, float] = {}
 
+    parent = os.getpid()
+
     def spawn(index: int) -> None:
         now = time.monotonic()
         if now - last_start.get(index, 0.0) < RESTART_BACKOFF_S:
             time.sleep(RESTART_BACKOFF_S)
+        if stopping:  # a SIGTERM came during the wait: its children were told, a new one would not be
+            return
         last_start[index] = time.monotonic()
-        pid = os.fork()
+        signals = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+        signal.pthread_sigmask(signal.SIG_BLOCK, signals)  # none lands before the child is recorded
+        try:
+            pid = os.fork()
+            if pid:
+                children[pid] = index
+        finally:
+            if pid:
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
         if pid == 0:  # the worker: default signal handling; its own loop installs handlers
-            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            for sig in signals:
                 signal.signal(sig, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
+            _end_with(parent)
             code = 1
             try:
                 code = worker(index)
@@ -62,7 +77,6 @@ def run_workers(count: int, worker: Callable[[int], int]) -> int:
                 sys.stdout.flush()
                 sys.stderr.flush()
                 os._exit(code)
-        children[pid] = index
 
     def forward(sig: int, _frame: object) -> None:
         nonlocal stopping
@@ -100,3 +114,16 @@ def run_workers(count: int, worker: Callable[[int], int]) -> int:
         log.error("worker %d exited unexpectedly (status %d); restarting it", index, code)
         spawn(index)
     return status
+
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _end_with(parent: int) -> None:
+    """Have the kernel send this worker SIGTERM when its parent dies (it would serve on, on the
+    shared port, with the old configuration); a parent already gone ends it now."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    if os.getppid() != parent:  # it died between the fork and the prctl
+        os.kill(os.getpid(), signal.SIGTERM)

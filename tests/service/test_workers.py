@@ -58,3 +58,31 @@ def test_workers_share_the_port_and_stop_together(tmp_path: Path) -> None:
     for pid in workers:
         assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
     assert os.getpid() not in workers
+
+
+def alive(pid: int) -> bool:
+    stat = Path(f"/proc/{pid}/stat")
+    try:
+        return stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_workers_end_with_their_parent_even_when_it_is_killed(tmp_path: Path) -> None:
+    """A parent SIGKILLed (or OOM-killed) left its workers serving on the shared port with the old
+    configuration, beside the instance a supervisor starts next."""
+    with ProxyProcess(tmp_path, {}, key=KEY, extra_args=("--workers", "2")) as proxy:
+        assert proxy.proc is not None
+        wait_for(
+            lambda: sum("listening on" in line for line in proxy.stderr_lines) >= 2, "both workers listening"
+        )
+        workers = children(proxy.proc.pid)
+        assert len(workers) == 2
+        proxy.proc.kill()
+        proxy.proc.wait(WAIT_S)
+        try:
+            wait_for(lambda: not any(alive(pid) for pid in workers), "the workers ending with their parent")
+        finally:
+            for pid in workers:  # ours: never left behind, whatever the outcome
+                if alive(pid):
+                    os.kill(pid, signal.SIGKILL)
