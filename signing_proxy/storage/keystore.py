@@ -53,7 +53,7 @@ from .files import (
     read_private,
 )
 from .keyfile import KeyFileError, load_key_file, write_private_file
-from .keyindex import MAX_INDEX_BYTES, IndexEntry, StoreState, parse_index, render_index
+from .keyindex import MAX_INDEX_BYTES, MAX_STORE_KEYS, IndexEntry, StoreState, parse_index, render_index
 from .pkcs11 import TokenKey
 
 __all__ = [
@@ -273,9 +273,12 @@ class KeyStore:
                     f"{format_rfc3339(pending[0].activation)}; revoke it first or wait",
                 )
             live = [r for r in state.records if not r.revoked and now < r.not_after]
-            if len(live) >= MAX_DIRECTORY_KEYS:
+            if len(live) >= MAX_DIRECTORY_KEYS or len(entries) >= MAX_STORE_KEYS:
+                # the index's own bound counts expired and revoked keys too: past it, nothing reads it
                 raise KeyStoreError(
-                    "too-many-keys", self.path, f"{len(live)} keys are published; run `keys prune` first"
+                    "too-many-keys",
+                    self.path,
+                    f"{len(live)} keys are published, {len(entries)} kept; run `keys prune` first",
                 )
             start = math.floor(now)
             activation = start if activate_in_s == 0 else math.ceil(now) + activate_in_s
@@ -293,6 +296,8 @@ class KeyStore:
             key = key or SigningKey.generate()
             if state.record(key.thumbprint) is not None:
                 raise KeyStoreError("key-exists", self.path, f"key {key.thumbprint} is already in the store")
+            if key.thumbprint in state.revocations.revoked:  # pruned, still revoked: it would never sign
+                raise KeyStoreError("key-revoked", self.path, f"key {key.thumbprint} was revoked")
             later = activation if activation > start else None
             new = IndexEntry.of(key, start, activation + lifetime_s, created, later)
             moved: list[KeyRecord] = []
@@ -318,7 +323,8 @@ class KeyStore:
             record = state.record(thumbprint)
             if record is None:
                 raise KeyStoreError("unknown-key", self.path, f"agent {self.agent!r} has no key {thumbprint}")
-            if record.revoked:
+            if record.revoked:  # a revoke cut short before its unlink: the private key goes now
+                self.key_path(thumbprint).unlink(missing_ok=True)
                 return False
             if len(state.revocations.revoked) >= MAX_REVOKED_THUMBPRINTS:
                 raise KeyStoreError("too-many-revoked", self.path, "the revocation list is full")

@@ -14,7 +14,8 @@ import pytest
 
 from signing_proxy.core.durations import parse_duration
 from signing_proxy.core.jwk import PRIVATE_JWK_MEMBERS, SigningKey, load_private_key
-from signing_proxy.core.keys import format_rfc3339, parse_directory, render_directory
+from signing_proxy.core.keys import RevocationList, format_rfc3339, parse_directory, render_directory
+from signing_proxy.storage.keyindex import IndexEntry, parse_index
 from signing_proxy.storage.keystore import (
     KeyStore,
     KeyStoreError,
@@ -543,3 +544,48 @@ def test_durations(text: str, seconds: int) -> None:
 def test_bad_durations_are_refused(text: str) -> None:
     with pytest.raises(ValueError, match=r"duration|longer"):
         parse_duration(text)
+
+
+def test_a_revoked_key_pruned_away_is_not_taken_back_by_a_rotation(tmp_path: Path) -> None:
+    """``keys rotate --pkcs11 URI`` reuses a token's key; one revoked and pruned was accepted again:
+    it loaded as revoked and never signed, while the rotation had cut the signing key's window."""
+    store = KeyStore(tmp_path / "data")
+    store.create(T, lifetime_s=90 * 86_400)
+    reused = SigningKey.generate()
+    store.rotate(T + 100, key=reused)
+    store.rotate(T + 200)
+    store.revoke(reused.thumbprint, T + 300)
+    assert len(store.prune(T + 400)) == 1
+    before = store.load()
+    with pytest.raises(KeyStoreError) as caught:
+        store.rotate(T + 500, key=reused, activate_in_s=3630)
+    assert caught.value.reason == "key-revoked"
+    assert store.load().records == before.records  # nothing was cut
+
+
+def test_a_rotation_past_the_index_bound_is_refused_and_the_store_stays_readable(tmp_path: Path) -> None:
+    """Expired and revoked keys stay in the index until pruned; a rotation that made it 1,025 entries
+    long wrote what nothing could read again, prune (the way out) included."""
+    store = KeyStore(tmp_path / "data")
+    store.create(T, lifetime_s=90 * 86_400)
+    entries, revocations = parse_index(store.index_path.read_bytes(), "default")
+    old = [
+        IndexEntry.of(SigningKey.generate(), T - 10_000 + i, T - 9_000 + i, T - 10_000 + i)
+        for i in range(1023)
+    ]
+    store._write_index(entries + old, RevocationList(revocations.as_of, frozenset(e.thumbprint for e in old)))
+    with pytest.raises(KeyStoreError) as caught:
+        store.rotate(T + 10)
+    assert caught.value.reason == "too-many-keys"
+    assert len(store.prune(T + 10)) == 1023  # the documented way out still works
+    store.rotate(T + 20)
+
+
+def test_revoking_again_deletes_a_private_key_a_cut_short_revoke_left(store: KeyStore) -> None:
+    second, _ = store.rotate(T + 10)
+    key_file = store.key_path(second.thumbprint)
+    store.revoke(second.thumbprint, T + 20, force=True)
+    key_file.write_bytes(b"left by a crash between the index and the unlink")
+    key_file.chmod(0o600)
+    assert store.revoke(second.thumbprint, T + 30, force=True) is False  # already revoked
+    assert not key_file.exists()
