@@ -115,6 +115,11 @@ def _run_workers(config: Config, keys: KeyProvider, args: argparse.Namespace, wo
 
     def worker(index: int) -> int:
         _use_uvloop()
+        # the parent's copy of the store is the one it started with: a worker restarted later would
+        # sign, and publish, with keys rotated or revoked since, until its first reload a second on
+        reload = getattr(keys, "reload", None)
+        if reload is not None:
+            reload(force=True)
         try:
             return asyncio.run(_serve(config, keys, args, reuse_port=True, worker=index))
         except REFUSALS as exc:

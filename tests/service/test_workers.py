@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from pathlib import Path
@@ -10,7 +11,7 @@ import pytest
 import requests
 
 from signing_proxy.core.jwk import SigningKey
-from tests.harness import WAIT_S, ProxyProcess, VerifyingOrigin, wait_for
+from tests.harness import WAIT_S, ProxyProcess, VerifyingOrigin, run_cli, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -86,3 +87,26 @@ def test_workers_end_with_their_parent_even_when_it_is_killed(tmp_path: Path) ->
             for pid in workers:  # ours: never left behind, whatever the outcome
                 if alive(pid):
                     os.kill(pid, signal.SIGKILL)
+
+
+def test_a_restarted_worker_signs_with_the_store_as_it_is_now(tmp_path: Path) -> None:
+    """The parent loaded the store once, at start; a worker it restarted later signed and published
+    that copy (keys rotated or revoked since) until its first reload."""
+    data = tmp_path / "data"
+    assert run_cli("keys", "rotate", "--data-dir", str(data)).returncode == 0  # the store, with K1
+    config = {"data_dir": str(data), "signing": {"key": None}}
+    with ProxyProcess(tmp_path, config, extra_args=("--workers", "2")) as proxy:
+        assert proxy.proc is not None
+
+        def announced() -> list[str]:
+            return [
+                line.split("keyid=")[1].split()[0] for line in proxy.stderr_lines if "listening on" in line
+            ]
+
+        wait_for(lambda: len(announced()) >= 2, "both workers listening")
+        assert run_cli("keys", "rotate", "--now", "--data-dir", str(data)).returncode == 0  # K2 signs now
+        current = json.loads(run_cli("keys", "list", "--json", "--data-dir", str(data)).stdout)["signing"]
+        assert current not in announced()
+        os.kill(min(children(proxy.proc.pid)), signal.SIGKILL)
+        wait_for(lambda: len(announced()) >= 3, "the worker restarted")
+        assert announced()[2] == current
