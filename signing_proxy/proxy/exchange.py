@@ -45,6 +45,7 @@ log = logging.getLogger("signing_proxy.proxy")
 
 LocalEndpoint = Callable[[ClientConnection, Request], int]
 _CLOSING_STATUSES = frozenset({400, 403, 413, 431})  # the rest of the connection cannot be trusted
+_LOGGED_TARGET_CHARS = 261  # a DNS name (253) and a port: an access line stays one pipe write (PIPE_BUF)
 
 
 class Prepare(Protocol):
@@ -151,7 +152,8 @@ class ProxyHandler:
         profile: str | None = None
         try:
             if req.method == "CONNECT":  # refused (ProxyError) or the tunnel takes the transport over
-                host = req.url.decode("latin-1").rpartition("@")[2]  # userinfo is never logged
+                # userinfo is never logged; a stranger's target up to 8 KiB is cut to a host's length
+                host = req.url.decode("latin-1").rpartition("@")[2][:_LOGGED_TARGET_CHARS]
                 if self.connect is None:
                     raise ProxyError(405, "connect-not-supported", "CONNECT is not served here")
                 status, outcome = await self.connect.handle(conn, req)

@@ -173,8 +173,8 @@ class Signer:
 
     def _attach(self, message: Message, key: SigningKey, member: SignedMember) -> str:
         attach_signature(message.fields, member)
-        if self.metrics is not None:
-            self.metrics.signed(member.label)
+        if self.metrics is not None:  # the configured label: a relay's made unique (broker2, ...) is not
+            self.metrics.signed(self.label)  # a metric label a request may choose
         return key.thumbprint
 
     def _key(self, now: float, keyid: str | None, missing: Callable[[], ProxyError] | None) -> SigningKey:

@@ -24,7 +24,7 @@ from signing_proxy.net.request import Limits, Request
 from signing_proxy.net.server import ClientConnection, Engine
 from signing_proxy.net.upstream import UpstreamPool
 from signing_proxy.net.websocket import _Handshake
-from tests.harness import WAIT_S, ProxyProcess, VerifyingOrigin
+from tests.harness import WAIT_S, ProxyProcess, VerifyingOrigin, wait_for
 from tests.net.test_connection_memory import until
 
 KEY = SigningKey.generate()
@@ -553,3 +553,20 @@ async def test_idle_connections_are_bounded_in_all_not_only_per_origin(origins: 
         assert (pool.idle_origins, pool.connections_opened) == (3, len(origins))
     finally:
         pool.close()
+
+
+def test_a_strangers_connect_target_is_logged_at_a_hosts_length(proxy: ProxyProcess) -> None:
+    """A refused CONNECT logged its whole target (up to 8 KiB): a line longer than one pipe write,
+    which other writers of a shared stderr (workers) could tear."""
+    answer = raw(proxy, b"CONNECT " + b"a" * 8000 + b".example:443 HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 4")
+
+    def logged() -> list[dict[str, object]]:
+        docs = [json.loads(line) for line in proxy.stderr_lines if line.startswith('{"event":"request"')]
+        return [doc for doc in docs if doc["method"] == "CONNECT"]
+
+    wait_for(lambda: bool(logged()), "the CONNECT's access line")
+    host = logged()[-1]["host"]
+    assert isinstance(host, str)
+    assert host.startswith("aaaa")
+    assert len(host) <= 261

@@ -17,6 +17,7 @@ from signing_proxy.core.profiles import SVC, WEB_BOT_AUTH
 from signing_proxy.core.signatures import Message, VerificationKey, verify_stack
 from signing_proxy.core.uri import parse_absolute_uri
 from signing_proxy.errors import ProxyError
+from signing_proxy.metrics import Metrics
 from signing_proxy.net.framing import Outgoing
 from signing_proxy.proxy.pipeline import BearerStore, Signer, SigningPipeline
 from signing_proxy.proxy.profiles import ProfileSelector
@@ -176,6 +177,24 @@ def test_a_relay_label_steps_aside_for_an_agents_signature_agent_member_of_its_n
     lookup = lambda e, _i: VerificationKey(keys[e.keyid])  # noqa: E731
     stack = verify_stack(Message("GET", parse_absolute_uri(url), fields), b"", lookup, now=NOW + 1)
     assert [signature.label for signature in stack.signatures] == ["agent", "broker2"]
+
+
+def test_a_relays_signatures_are_counted_under_its_configured_label() -> None:
+    """The label a relay stacks is made unique against what the request carries (broker2, broker3,
+    ...): as a metric label, a request could have chosen any number of them."""
+    url = "https://www.shop.example/cart"
+    relay = _relay(profiles=RULES)
+    relay.signer.metrics = Metrics()
+    for extra in ("broker", "broker2", "broker3"):
+        first = _prepare(url, ProfileSelector(_config(profiles=RULES).profiles))
+        lines = [
+            (name, f'{value}, {extra}="https://evil.example"')
+            if name.lower() == "signature-agent"
+            else (name, value)
+            for name, value in _fields(first)
+        ]
+        asyncio.run(relay.prepare("GET", parse_absolute_uri(url), lines, b"", framed=False))
+    assert relay.signer.metrics.callbacks.signatures == {"broker": 3}
 
 
 def test_relay_refuses_to_mix_profiles() -> None:
