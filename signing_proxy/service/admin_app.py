@@ -73,7 +73,9 @@ async def start_admin_listener(
     app: web.Application, host: str, port: int, *, reuse_port: bool
 ) -> tuple[web.AppRunner, tuple[str, int]]:
     """Serve ``app`` on ``host:port``; the runner (``cleanup()`` stops it) and the bound address."""
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    # no lingering for a body nobody reads (aiohttp's 10 s): a stranger's unsent body would hold the
+    # proxy's shutdown that long before it drains; the admin endpoints read no body
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, lingering_time=0.0)
     await runner.setup()
     site = web.TCPSite(runner, host, port, reuse_port=reuse_port or None)
     await site.start()

@@ -10,6 +10,7 @@ it in one step. Background work goes through ``spawn`` only, which keeps a refer
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import time
@@ -402,13 +403,14 @@ class ProxyApp:
     async def stop(self, drain_s: float = 5.0) -> None:
         """Stop accepting, let in-flight exchanges finish up to ``drain_s``, then close everything."""
         self.draining = True
-        if self._admin_runner is not None:
-            await self._admin_runner.cleanup()
-            self._admin_runner = None
-        for server in self._servers:
+        for server in self._servers:  # first: the drain starts now, whatever the admin listener holds
             server.close()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + drain_s
+        if self._admin_runner is not None:
+            runner, self._admin_runner = self._admin_runner, None
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(runner.cleanup(), max(drain_s, 1.0))
         while self._tasks and loop.time() < deadline:
             if not self.engine.busy():
                 break

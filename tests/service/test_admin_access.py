@@ -6,6 +6,9 @@ loopback out makes this test's own client the stranger, which gets ``403 client-
 
 from __future__ import annotations
 
+import signal
+import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -53,3 +56,18 @@ def test_smaller_holes_admin_port_refuses_clients_outside_admin_allow_clients(
         assert doc["reason"] == "client-not-allowed"
         assert "admin.allow_clients" in doc["detail"]
     assert "signing_proxy_" not in answers["/metrics"].text
+
+
+def test_a_strangers_unsent_body_on_the_admin_port_does_not_hold_the_shutdown(tmp_path: Path) -> None:
+    """A refused client declared a body and sent none: the admin listener waited for it (aiohttp
+    lingers 10 s) before the proxy port even closed, so SIGTERM took 10 s + drain_s."""
+    config = {"admin": {"listen": "127.0.0.1:0", "allow_clients": ["10.0.0.0/8"]}, "timeouts": {"drain_s": 1}}
+    with ProxyProcess(tmp_path, config, key=SigningKey.generate()) as proxy:
+        assert proxy.proc is not None
+        with socket.create_connection(("127.0.0.1", proxy.admin_port), timeout=WAIT_S) as sock:
+            sock.sendall(b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n")  # and no body
+            assert sock.recv(4096).startswith(b"HTTP/1.1 403 ")
+            started = time.monotonic()
+            proxy.proc.send_signal(signal.SIGTERM)
+            assert proxy.proc.wait(WAIT_S) == 0
+            assert time.monotonic() - started < 5.0  # drain_s and its margins; it was over 10 s
