@@ -46,7 +46,7 @@ from ..proxy.relay import RelayPipeline
 from ..proxy.requester import RELOAD_CHECK_INTERVAL_S, RequesterInjector, injector_for
 from ..proxy.transactions import TransactionKeys
 from .admin import local_endpoints
-from .linewriter import CLOSE_WAIT_S, LineWriter
+from .linewriter import CLOSE_WAIT_S, LineWriter, route_logging
 
 if TYPE_CHECKING:
     from aiohttp.web import AppRunner
@@ -114,6 +114,7 @@ class ProxyApp:
         self.client = HttpClient(self.pool, config.timeouts, via=next_hop_target(config))
         # access-log lines, written off the request path by one thread; kept across reloads
         self.access_writer = LineWriter(STDERR_FD)
+        self._unroute_logging: Callable[[], None] = lambda: None  # set at start (route_logging)
         self.access_pending: Pending = []  # the access log's lines, in order across reloads
         # the live parts, rebuilt whole by ``reload``
         self.signer = self._signer(config)
@@ -370,6 +371,8 @@ class ProxyApp:
         )
         self._servers.append(server)
         self.access_writer.start()
+        # log records on stderr go through the writer too: a stalled pipe drops, never blocks the loop
+        self._unroute_logging = route_logging(logging.getLogger("signing_proxy"), self.access_writer)
         self.spawn(self._watch_token_file())
         if self.gateway is not None and self.gateway.watcher is not None:
             self.spawn(self.gateway.watcher.run())  # spec rule 7: providers' manifests
@@ -430,4 +433,5 @@ class ProxyApp:
         if self.gateway is not None:
             await self.gateway.close()
         # last: every line of the drained requests and closed tunnels is queued by now
+        self._unroute_logging()  # what is logged from here on goes to stderr directly, as before start
         await self.access_writer.aclose(CLOSE_WAIT_S)

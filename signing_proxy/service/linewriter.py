@@ -25,7 +25,7 @@ import stat
 import threading
 from collections.abc import Callable
 
-__all__ = ["CLOSE_WAIT_S", "LineWriter"]
+__all__ = ["CLOSE_WAIT_S", "LineWriter", "LineWriterHandler", "route_logging"]
 
 log = logging.getLogger("signing_proxy.service.linewriter")
 
@@ -72,6 +72,7 @@ class LineWriter:
         self._lost = 0  # lines the sink refused: EPIPE, ENOSPC... (thread)
         self._blocks: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()  # None: the end
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread = 0  # the thread write() runs on, once started on a loop
         self._timer: asyncio.TimerHandle | None = None
         self._thread: threading.Thread | None = None
         self._chunk: int | None = CHUNK_BYTES  # None: a block in one call
@@ -93,6 +94,7 @@ class LineWriter:
             return
         with contextlib.suppress(RuntimeError):
             self._loop = asyncio.get_running_loop()
+            self._loop_thread = threading.get_ident()
         with contextlib.suppress(OSError):  # unknown: chunked, the safe way
             mode = os.fstat(self.fd).st_mode
             if not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
@@ -119,6 +121,18 @@ class LineWriter:
             self.wake()
         elif self._timer is None:
             self._timer = self._loop.call_later(self.interval_s, self.wake)
+
+    def write_soon(self, line: str) -> None:
+        """``write`` from any thread: on the loop's thread at once, from another one handed to the
+        loop (a thread never touches what the loop gathers)."""
+        loop = self._loop
+        if loop is None or threading.get_ident() == self._loop_thread:
+            self.write(line)
+            return
+        try:
+            loop.call_soon_threadsafe(self.write, line)
+        except RuntimeError:  # the loop has closed: nothing will gather it
+            self._lost += line.count("\n") or 1
 
     def later(self, produce: Callable[[], None]) -> None:
         """Call ``produce`` (which writes lines) at the next flush or close: within ``interval_s``
@@ -201,3 +215,47 @@ class LineWriter:
             except OSError:  # EPIPE, EBADF, ENOSPC: the rest of this block is lost, and counted
                 return data.count(b"\n", pos) or 1
         return 0
+
+
+class LineWriterHandler(logging.Handler):
+    """A ``logging`` handler writing each record, formatted, through a ``LineWriter``: a sink that
+    stalls drops lines (counted) and never blocks the thread that logs, the event loop's above all."""
+
+    def __init__(self, writer: LineWriter, level: int = logging.NOTSET) -> None:
+        super().__init__(level)
+        self.writer = writer
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.writer.write_soon(self.format(record) + "\n")
+        except Exception:  # as logging.StreamHandler does: a record that cannot be written is reported
+            self.handleError(record)
+
+
+def route_logging(logger: logging.Logger, writer: LineWriter) -> Callable[[], None]:
+    """Send what ``logger``'s stream handlers write to ``writer``'s file descriptor through it (with
+    their formatters and levels); return what puts them back. A record written straight to a pipe
+    nobody reads blocked the event loop at the first log line, and SIGTERM with it."""
+    saved = logger.handlers[:]
+    routed = [_routed(handler, writer) for handler in saved]
+    logger.handlers[:] = routed
+
+    def restore() -> None:
+        if logger.handlers == routed:  # unless someone (another app in this process) set others since
+            logger.handlers[:] = saved
+
+    return restore
+
+
+def _routed(handler: logging.Handler, writer: LineWriter) -> logging.Handler:
+    stream = getattr(handler, "stream", None)
+    if type(handler) is not logging.StreamHandler or stream is None:
+        return handler
+    try:
+        if stream.fileno() != writer.fd:
+            return handler
+    except (OSError, ValueError):  # no file descriptor (a test's StringIO): left as it is
+        return handler
+    routed = LineWriterHandler(writer, handler.level)
+    routed.setFormatter(handler.formatter)
+    return routed

@@ -13,7 +13,11 @@ import logging
 import math
 import os
 import random
+import select
 import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -27,7 +31,7 @@ from signing_proxy.cli.common import configure_logging
 from signing_proxy.core.jwk import SigningKey
 from signing_proxy.metrics import Metrics
 from signing_proxy.proxy.accesslog import MAX_PENDING, AccessLog, Pending
-from signing_proxy.service.linewriter import LineWriter
+from signing_proxy.service.linewriter import LineWriter, LineWriterHandler, route_logging
 from tests.harness import WAIT_S, ProxyProcess, VerifyingOrigin, wait_for
 
 KEY = SigningKey.generate()
@@ -569,3 +573,80 @@ def test_every_request_served_before_sighup_and_sigterm_is_in_the_log(tmp_path: 
     paths = [doc for doc in proxy.access_lines() if doc["host"] == "127.0.0.1"]
     assert len(paths) == 100
     assert all(doc["outcome"] == "signed" for doc in paths)
+
+
+def test_log_records_do_not_block_the_loop_when_stderr_stalls(tmp_path: Path) -> None:
+    """stderr a pipe nobody reads once the proxy has started: the access log drops (counted), and
+    the log records went straight to the pipe from the event loop, so the first one blocked it:
+    SIGTERM's "shutting down" line, and the proxy with it, never ended."""
+    key = tmp_path / "agent-key.pem"
+    fd = os.open(key, os.O_WRONLY | os.O_CREAT, 0o600)
+    os.write(fd, SigningKey.generate().to_pem())
+    os.close(fd)
+    config = {"listen": "127.0.0.1:0", "data_dir": str(tmp_path / "data"), "signing": {"key": str(key)}}
+    (tmp_path / "config.yaml").write_text(json.dumps({**config, "timeouts": {"drain_s": 1}}))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "signing_proxy", "run", "--config", str(tmp_path / "config.yaml")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert proc.stderr is not None
+        port = 0
+        while not port:  # read until it listens; from then on nobody reads its stderr
+            line = proc.stderr.readline().decode()
+            assert line, "the proxy ended before it listened"
+            if "listening on http://" in line:
+                port = int(line.split("listening on http://")[1].split()[0].rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=WAIT_S) as sock:
+            for _ in range(3000):  # ~440 KiB of access lines: far past a pipe's 64 KiB
+                sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+                answer = b""
+                while not answer.endswith(b"}"):
+                    answer += sock.recv(4096)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(WAIT_S) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stderr is not None:
+            proc.stderr.close()
+
+
+def test_records_from_any_thread_reach_the_writer_in_order_and_the_handlers_come_back(
+    loop: LoopThread,
+) -> None:
+    """route_logging swaps a logger's stderr handler for one writing through the LineWriter (the
+    loop's thread writes at once, another thread's record is handed to the loop), and puts it back."""
+    read_end, write_end = os.pipe()
+    logger = logging.getLogger("signing_proxy.test-routing")
+    original = logging.StreamHandler(os.fdopen(write_end, "w", closefd=False))  # the writer's descriptor
+    original.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+    logger.handlers[:] = [original]
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    writer = LineWriter(write_end, interval_s=3600.0)
+    try:
+        restores: list[Callable[[], None]] = []
+        loop.call(lambda: (writer.start(), restores.append(route_logging(logger, writer))))
+        assert isinstance(logger.handlers[0], LineWriterHandler)
+        loop.call(lambda: logger.info("from the loop"))
+        worker = threading.Thread(target=logger.warning, args=("from a thread",))
+        worker.start()
+        worker.join(WAIT_S)
+        wait_for(
+            lambda: writer.backlog_bytes > len("INFO from the loop\n"), "the thread's record handed over"
+        )
+        loop.call(writer.wake)
+        wait_for(lambda: select.select([read_end], [], [], 0)[0] != [], "lines written")
+        time.sleep(0.1)
+        assert os.read(read_end, 4096) == b"INFO from the loop\nWARNING from a thread\n"
+        restores[0]()
+        assert logger.handlers == [original]
+    finally:
+        loop.aclose(writer)
+        original.close()
+        logger.handlers[:] = []
+        os.close(read_end)
+        os.close(write_end)
