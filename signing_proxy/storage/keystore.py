@@ -236,7 +236,9 @@ class KeyStore:
             start = math.floor(now)
             first = start if created_at is None else min(created_at, start)
             entry = IndexEntry.of(key, start, start + lifetime_s, first)
-            self._write_key(key)
+            # no index yet, so nothing refers to a key file already here: one a create cut short
+            # left (a crash before its index) is written again, not a refusal at every later start
+            self._write_key(key, overwrite=True)
             self._write_index([entry], RevocationList(start))
             return entry.record()
 
@@ -382,9 +384,9 @@ class KeyStore:
                 raise KeyStoreError("store-unreadable", lock_path, f"cannot open: {exc.strerror}") from None
             yield
 
-    def _write_key(self, key: SigningKey) -> None:
+    def _write_key(self, key: SigningKey, *, overwrite: bool = False) -> None:
         if not isinstance(key, TokenKey):  # a token key stays on its token: the index names it
-            write_private_file(self.key_path(key.thumbprint), key.to_pem())
+            write_private_file(self.key_path(key.thumbprint), key.to_pem(), overwrite=overwrite)
 
     def _write_index(self, entries: Sequence[IndexEntry], revocations: RevocationList) -> None:
         data = render_index(self.agent, entries, revocations)

@@ -589,3 +589,28 @@ def test_revoking_again_deletes_a_private_key_a_cut_short_revoke_left(store: Key
     key_file.chmod(0o600)
     assert store.revoke(second.thumbprint, T + 30, force=True) is False  # already revoked
     assert not key_file.exists()
+
+
+def test_a_create_cut_short_before_its_index_is_done_again_at_the_next_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Importing agent-key.pem writes the key's file, then the index; a crash between the two left
+    a file every later start refused to overwrite: the store never came up without a hand's help."""
+    data = tmp_path / "data"
+    data.mkdir(mode=0o700)
+    legacy = SigningKey.generate()
+    (data / "agent-key.pem").write_bytes(legacy.to_pem())
+    (data / "agent-key.pem").chmod(0o600)
+
+    def crash(self: KeyStore, *_args: object) -> None:
+        raise SystemExit("power lost between the key file and the index")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(KeyStore, "_write_index", crash)
+        with pytest.raises(SystemExit):
+            open_or_create(data, "default", T)
+    store = KeyStore(data)
+    assert store.key_path(legacy.thumbprint).exists()
+    assert not store.index_path.exists()
+    open_or_create(data, "default", T + 1)  # the next start
+    assert [record.thumbprint for record in store.load().records] == [legacy.thumbprint]
