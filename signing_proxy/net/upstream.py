@@ -10,13 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
-import os
 import socket
 import ssl
 from collections import deque
 from collections.abc import Callable
-from pathlib import Path
 from typing import Protocol, TypeVar, cast
 
 import httptools
@@ -24,6 +21,7 @@ import httptools
 from ..config import UpstreamConfig
 from ..core.uri import Target
 from ..errors import ProxyError
+from .dial import client_tls_context, open_upstream
 from .framing import framed_interim, list_tokens_bytes
 from .outbox import Outbox
 from .timers import Deadline
@@ -33,29 +31,10 @@ __all__ = [
     "ResponseSink",
     "UpstreamConnection",
     "UpstreamPool",
-    "client_tls_context",
-    "open_upstream",
 ]
 
 POOL_IDLE_S = 30.0  # close pooled connections idle this long (below common server keep-alive of 60-75 s)
 MAX_RESPONSE_HEAD_BYTES = 64 * 1024  # limits.max_response_header_bytes default: above it, 502
-
-
-@functools.lru_cache(maxsize=32)
-def client_tls_context(ca_file: str | None = None, *, only: str | None = None) -> ssl.SSLContext:
-    """Verifying client context: system store plus ``ca_file``; or ``only`` that CA (pinned).
-
-    One per CA choice and process: the proxy's pool and the package's own client share it (a context
-    holding the system store costs about 0.8 MiB, and upstream settings change only on restart).
-    """
-    if only is not None:
-        ctx = ssl.create_default_context(cafile=str(Path(only).expanduser()))
-    else:
-        ctx = ssl.create_default_context()
-        if ca_file:
-            ctx.load_verify_locations(cafile=str(Path(ca_file).expanduser()))
-    ctx.set_alpn_protocols(["http/1.1"])
-    return ctx
 
 
 class ResponseHead:
@@ -333,56 +312,6 @@ class UpstreamConnection(asyncio.Protocol):
 
 
 _P = TypeVar("_P", bound=asyncio.Protocol)
-
-
-async def open_upstream(
-    factory: Callable[[], _P],
-    host: str,
-    port: int,
-    *,
-    tls: ssl.SSLContext | None,
-    timeout_s: float,
-    address: str | None = None,
-) -> _P:
-    """Connect (and handshake) within ``timeout_s``; every failure is a ProxyError naming its cause.
-
-    With ``address`` (vetted by ``net.egress``) the socket goes to that address, never resolving
-    ``host`` again, while TLS SNI and certificate checks stay with ``host``.
-    """
-    authority = f"{host}:{port}"
-    bare = host.strip("[]")
-    loop = asyncio.get_running_loop()
-    try:
-        _transport, protocol = await asyncio.wait_for(
-            loop.create_connection(
-                factory,
-                bare if address is None else address,
-                port,
-                ssl=tls,
-                server_hostname=bare if tls else None,
-                flags=0 if address is None else socket.AI_NUMERICHOST,  # a vetted address: no DNS at all
-            ),
-            timeout_s,
-        )
-    except TimeoutError:
-        raise ProxyError(
-            504, "upstream-connect-timeout", f"connecting to {authority} took over {timeout_s:g} s"
-        ) from None
-    except ssl.SSLCertVerificationError as exc:
-        detail = exc.verify_message or "certificate verification failed"
-        raise ProxyError(502, "upstream-certificate-invalid", f"{authority}: {detail}") from None
-    except ssl.SSLError as exc:
-        raise ProxyError(
-            502, "upstream-tls-failed", f"{authority}: TLS handshake failed ({exc.reason})"
-        ) from None
-    except socket.gaierror:
-        raise ProxyError(502, "upstream-dns-failed", f"cannot resolve {bare}") from None
-    except OSError as exc:
-        if address is not None:  # asyncio's text names the address: callers may show details to strangers
-            cause = os.strerror(exc.errno) if exc.errno else "connection failed"
-            raise ProxyError(502, "upstream-connect-failed", f"{authority}: {cause}") from None
-        raise ProxyError(502, "upstream-connect-failed", f"{authority}: {exc.strerror or exc}") from None
-    return protocol
 
 
 class UpstreamPool:

@@ -26,12 +26,12 @@ from pathlib import Path
 from ..config import Config, host_matches
 from ..core.uri import Target
 from ..errors import ProxyError
+from ..net.dial import open_upstream
 from ..net.leaves import LeafContextCache
 from ..net.request import Request, parse_connect_target
 from ..net.server import ClientConnection
 from ..net.tls import CERTIFICATE_ALERTS
 from ..net.tunnel import CONNECT_ESTABLISHED, BlindTunnel, TunnelStart
-from ..net.upstream import open_upstream
 from ..storage.ca import (
     CA_CERT_FILENAME,
     CAError,

@@ -236,9 +236,7 @@ class KeyStore:
             start = math.floor(now)
             first = start if created_at is None else min(created_at, start)
             entry = IndexEntry.of(key, start, start + lifetime_s, first)
-            # no index yet, so nothing refers to a key file already here: one a create cut short
-            # left (a crash before its index) is written again, not a refusal at every later start
-            self._write_key(key, overwrite=True)
+            self._write_key(key, overwrite=True)  # no index refers to a file a create cut short left
             self._write_index([entry], RevocationList(start))
             return entry.record()
 
@@ -275,13 +273,9 @@ class KeyStore:
                     f"{format_rfc3339(pending[0].activation)}; revoke it first or wait",
                 )
             live = [r for r in state.records if not r.revoked and now < r.not_after]
-            if len(live) >= MAX_DIRECTORY_KEYS or len(entries) >= MAX_STORE_KEYS:
-                # the index's own bound counts expired and revoked keys too: past it, nothing reads it
-                raise KeyStoreError(
-                    "too-many-keys",
-                    self.path,
-                    f"{len(live)} keys are published, {len(entries)} kept; run `keys prune` first",
-                )
+            if len(live) >= MAX_DIRECTORY_KEYS or len(entries) >= MAX_STORE_KEYS:  # the index's bound too
+                detail = f"{len(live)} keys are published, {len(entries)} kept; run `keys prune` first"
+                raise KeyStoreError("too-many-keys", self.path, detail)
             start = math.floor(now)
             activation = start if activate_in_s == 0 else math.ceil(now) + activate_in_s
             cutoff = math.ceil(now) + activate_in_s + grace_s  # the activation's second + grace
