@@ -31,7 +31,7 @@ class ChallengeHold:
         self,
         sent: str,
         other: Callable[[ResponseHead, Target], bool] | None,
-        learn: Callable[[str], object] | None,
+        learn: Callable[[Target], object] | None,
     ) -> None:
         self.sent = sent  # the profile the first attempt was signed under
         self.other = other  # discovery's hold, consulted first
@@ -50,7 +50,7 @@ class ChallengeHold:
         if plan is None:
             return False
         if self.learn is not None:
-            self.learn(target.host)
+            self.learn(target)  # this origin's: scheme, host and port
         self.plan = plan
         return True
 
@@ -58,7 +58,7 @@ class ChallengeHold:
 def challenge_hold(
     outgoing: Outgoing,
     other: Callable[[ResponseHead, Target], bool] | None,
-    learn: Callable[[str], object] | None,
+    learn: Callable[[Target], object] | None,
 ) -> ChallengeHold | None:
     """A hold for ``outgoing`` when a challenge may be retried (signed, idempotent), else None."""
     if outgoing.profile is None or outgoing.method not in IDEMPOTENT:

@@ -118,11 +118,11 @@ class ProxyHandler:
         draining: Callable[[], bool],
         transactions: TransactionKeys | None = None,
         challenges: bool = False,
-        learn: Callable[[str], object] | None = None,
+        learn: Callable[[Target], object] | None = None,
     ) -> None:
         self.policy = policy
         self.challenges = challenges  # agent mode: retry once, signed as an Accept-Signature asks
-        self.learn = learn  # a host whose challenge asked for web-bot-auth (profiles.learn)
+        self.learn = learn  # an origin whose challenge asked for web-bot-auth (profiles.learn)
         self.pool = pool
         self.metrics = metrics
         self.local = local

@@ -338,7 +338,7 @@ def _build(
             profile = retry.profile
         else:
             assert profiles is not None
-            profile = profiles.select(target.host)
+            profile = profiles.select(target.host, target.scheme, target.port)
         if profile is not SVC:
             return _build_profiled(
                 Message(method, target, fields),
@@ -438,7 +438,10 @@ def _sign_plain(
     host = target.host
     if config.hosts.unsigned and any(host_matches(p, host) for p in config.hosts.unsigned):
         return None
-    if pipeline.profiles is not None and pipeline.profiles.select(host) is not SVC:
+    if (
+        pipeline.profiles is not None
+        and pipeline.profiles.select(host, target.scheme, target.port) is not SVC
+    ):
         return None
     if pipeline.requester is not None and pipeline.requester.is_exchange_call(method, target):
         return None

@@ -1,10 +1,12 @@
 """Which signing profile a destination gets: the ``profiles`` rules, then hosts learned from challenges.
 
-``ProfileSelector.select(host)`` is on the agent hop's hot path: with no rule, nothing learned and
-the default ``svc`` (the default configuration) it returns ``SVC`` after one truth test. Rules are
-host patterns, first match wins. With ``profiles.learn: true`` an origin whose ``Accept-Signature``
-asks for ``tag="web-bot-auth"`` is remembered as a web-bot-auth host (at most ``learn_max_hosts``,
-the oldest forgotten first); a rule naming the host still wins over what was learned.
+``ProfileSelector.select(host, scheme, port)`` is on the agent hop's hot path: with no rule, nothing
+learned and the default ``svc`` (the default configuration) it returns ``SVC`` after one truth test.
+Rules are host patterns, first match wins. With ``profiles.learn: true`` an origin whose
+``Accept-Signature`` asks for ``tag="web-bot-auth"`` is remembered as a web-bot-auth origin (at most
+``learn_max_hosts``, the oldest forgotten first): that origin only, scheme and port included, so a
+challenge over plain http or on another port changes nothing for the https origin of the same name.
+A rule naming the host still wins over what was learned.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ class ProfileSelector:
     __slots__ = ("_by_rule", "_default", "_learned", "_trivial", "config")
 
     def __init__(self, config: ProfilesConfig) -> None:
-        self._learned: OrderedDict[str, SigningProfile] = OrderedDict()
+        self._learned: OrderedDict[tuple[str, str, int], SigningProfile] = OrderedDict()  # by origin
         self.configure(config)
 
     def configure(self, config: ProfilesConfig) -> None:
@@ -47,24 +49,25 @@ class ProfileSelector:
             self._learned.popitem(last=False)
         self._trivial = not config.rules and self._default is SVC
 
-    def select(self, host: str) -> SigningProfile:
+    def select(self, host: str, scheme: str = "https", port: int = 443) -> SigningProfile:
         if self._trivial and not self._learned:
             return SVC
         for rule, profile in self._by_rule:  # first match wins
             if any(host_matches(p, host) for p in rule.hosts):
                 return profile
-        learned = self._learned.get(host.lower())
+        learned = self._learned.get((scheme, host.lower(), port))
         return learned if learned is not None else self._default
 
-    def learn(self, host: str, profile: SigningProfile) -> bool:
-        """Remember ``profile`` for ``host`` when learning is on; True when something changed."""
+    def learn(self, host: str, profile: SigningProfile, scheme: str = "https", port: int = 443) -> bool:
+        """Remember ``profile`` for the origin ``scheme://host:port`` when learning is on; True when
+        something changed."""
         if not self.config.learn or self.config.rule_for(host) is not None:
             return False
-        host = host.lower()
-        if self._learned.get(host) is profile:
+        origin = (scheme, host.lower(), port)
+        if self._learned.get(origin) is profile:
             return False
-        self._learned[host] = profile
-        self._learned.move_to_end(host)
+        self._learned[origin] = profile
+        self._learned.move_to_end(origin)
         while len(self._learned) > self.config.learn_max_hosts:
             self._learned.popitem(last=False)
         return True

@@ -157,7 +157,7 @@ class RelayPipeline:
         # unique among the signature labels and the Signature-Agent members, which the web-bot-auth
         # hop keys by label too (an agent may add members it does not cover; ours must not clash)
         label = unique_label(self.label, [*labels, *_agent_members(fields)])
-        profile = self.profiles.select(target.host)
+        profile = self.profiles.select(target.host, target.scheme, target.port)
         try:
             incoming = entry_profile(entries[0].param("tag"), entries[0].label)
         except VerificationError as exc:

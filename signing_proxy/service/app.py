@@ -283,9 +283,10 @@ class ProxyApp:
             self.config, self.signer, self.bearers, self.requester, self.transactions, self.profiles
         )
 
-    def _learn(self, host: str) -> bool:
-        """An Accept-Signature challenge asked ``host`` for web-bot-auth (kept when profiles.learn)."""
-        return self.profiles.learn(host, WEB_BOT_AUTH)
+    def _learn(self, target: Target) -> bool:
+        """An Accept-Signature challenge from ``target``'s origin asked for web-bot-auth (kept when
+        profiles.learn)."""
+        return self.profiles.learn(target.host, WEB_BOT_AUTH, target.scheme, target.port)
 
     async def prepare(
         self,

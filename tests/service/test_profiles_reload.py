@@ -27,7 +27,7 @@ async def test_reload_swaps_rules_and_keeps_learned_hosts_while_learning(tmp_pat
     app = ProxyApp(_config(tmp_path, learn=True), StaticKeyProvider(SigningKey.generate()))
     try:
         assert app.profiles.select("news.example") is SVC
-        assert app._learn("learned.example")
+        assert app.profiles.learn("learned.example", WEB_BOT_AUTH)  # what a challenge from its origin does
         rules = [{"hosts": ["news.example"], "profile": "web-bot-auth"}]
         app.reload(_config(tmp_path, learn=True, rules=rules))
         assert app.profiles.select("news.example") is WEB_BOT_AUTH
