@@ -122,17 +122,23 @@ class LineWriter:
         elif self._timer is None:
             self._timer = self._loop.call_later(self.interval_s, self.wake)
 
-    def write_soon(self, line: str) -> None:
-        """``write`` from any thread: on the loop's thread at once, from another one handed to the
-        loop (a thread never touches what the loop gathers)."""
+    def write_now(self, line: str) -> None:
+        """``line`` handed to the writing thread at once (a log record: seldom, and awaited by whoever
+        reads the log), from any thread: on the loop's thread directly, from another through the loop
+        (a thread never touches what the loop gathers)."""
         loop = self._loop
         if loop is None or threading.get_ident() == self._loop_thread:
-            self.write(line)
+            self._write_and_wake(line)
             return
         try:
-            loop.call_soon_threadsafe(self.write, line)
+            loop.call_soon_threadsafe(self._write_and_wake, line)
         except RuntimeError:  # the loop has closed: nothing will gather it
             self._lost += line.count("\n") or 1
+
+    def _write_and_wake(self, line: str) -> None:
+        self.write(line)
+        if not self._closed:
+            self.wake()
 
     def later(self, produce: Callable[[], None]) -> None:
         """Call ``produce`` (which writes lines) at the next flush or close: within ``interval_s``
@@ -227,7 +233,7 @@ class LineWriterHandler(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            self.writer.write_soon(self.format(record) + "\n")
+            self.writer.write_now(self.format(record) + "\n")
         except Exception:  # as logging.StreamHandler does: a record that cannot be written is reported
             self.handleError(record)
 

@@ -79,7 +79,7 @@ def test_delegated_calls_keep_the_bound_key_through_a_rotation_until_its_window_
             sent = [r for r in exchange.received if delegated(r.body)]
             assert sent
             assert all(r.keyid == old for r in sent)  # never signed with a key the chain does not name
-            assert any("stops signing at" in line for line in proxy.stderr_lines)
+            wait_for(lambda: any("stops signing at" in line for line in proxy.stderr_lines), "the warning")
 
             setup.extend("--holder-config", str(setup.config_path))  # re-issued to the new key
 

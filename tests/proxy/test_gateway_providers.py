@@ -51,4 +51,7 @@ def test_gateway_reports_a_provider_that_drops_this_exchange(tmp_path: Path) -> 
             wait_for(lambda: state() == "removed", "the exchange's removal to be noticed")
             metrics = requests.get(admin + "/metrics", timeout=WAIT_S, proxies={"http": ""}).text
             assert 'signing_proxy_gateway_providers{state="removed"} 1.0' in metrics
-            assert any("no longer lists exchange exchange.example" in x for x in gateway.stderr_lines)
+            wait_for(  # a log line: written by the writer's thread, a moment after the state changed
+                lambda: any("no longer lists exchange exchange.example" in x for x in gateway.stderr_lines),
+                "the warning that the provider dropped this exchange",
+            )

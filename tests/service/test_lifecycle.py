@@ -55,7 +55,7 @@ def test_sigterm_lets_an_in_flight_request_finish(tmp_path: Path) -> None:
     assert isinstance(resp, requests.Response)
     assert resp.status_code == 200
     assert resp.text == "finished"
-    assert any("draining in-flight requests" in line for line in proxy.stderr_lines)
+    wait_for(lambda: any("draining in-flight" in line for line in proxy.stderr_lines), "the drain's line")
 
 
 def reload_with(proxy: ProxyProcess, text: str, marker: str) -> None:
@@ -82,7 +82,10 @@ def test_sighup_applies_a_good_config_and_refuses_a_bad_one(tmp_path: Path) -> N
             "listen": "127.0.0.1:1",
         }
         reload_with(proxy, yaml.safe_dump(good), "configuration reloaded")
-        assert any("not applied until restart: listen" in line for line in proxy.stderr_lines)
+        wait_for(
+            lambda: any("not applied until restart: listen" in line for line in proxy.stderr_lines),
+            "the reload's line naming what needs a restart",
+        )
         assert via(proxy, origin.url("/b")).json()["verified"] is True  # still on the old port
         assert origin.arrivals[-1].header("authorization") == "Bearer reloaded-secret"
 
