@@ -434,14 +434,11 @@ def _sign_plain(
     just computed (``base_of``); about a fifth of the agent hop's CPU per request. None for
     anything else, and for anything the general path refuses (it then answers with its error):
     ``tests/proxy/test_plain_path.py`` holds the two byte-equal on generated requests."""
-    config, signer = pipeline.config, pipeline.signer
+    config, signer, profiles = pipeline.config, pipeline.signer, pipeline.profiles
     host = target.host
     if config.hosts.unsigned and any(host_matches(p, host) for p in config.hosts.unsigned):
         return None
-    if (
-        pipeline.profiles is not None
-        and pipeline.profiles.select(host, target.scheme, target.port) is not SVC
-    ):
+    if profiles is not None and profiles.select(host, target.scheme, target.port) is not SVC:
         return None
     if pipeline.requester is not None and pipeline.requester.is_exchange_call(method, target):
         return None
