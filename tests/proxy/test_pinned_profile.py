@@ -48,8 +48,8 @@ def signed_call(pipeline: SigningPipeline) -> tuple[str | None, bool]:
     return out.profile, "requester" in json.loads(out.body)
 
 
-def test_a_host_learned_from_a_challenge_does_not_reach_its_exchange_calls() -> None:
-    pipeline, selector = exchange_pipeline({"learn": True})
+def challenged(selector: ProfileSelector, url: str) -> None:
+    """``url``'s origin answers 401 asking for web-bot-auth, and the proxy learns from it."""
     hold = ChallengeHold("svc", None, lambda t: selector.learn(t.host, WEB_BOT_AUTH, t.scheme, t.port))
     head = ResponseHead(
         status=401,
@@ -59,7 +59,12 @@ def test_a_host_learned_from_a_challenge_does_not_reach_its_exchange_calls() -> 
         keep_alive=True,
         headers=[(b"Accept-Signature", CHALLENGE)],
     )
-    hold(head, parse_absolute_uri("https://exchange.example/anything"))  # the exchange's own origin
+    assert hold(head, parse_absolute_uri(url))
+
+
+def test_a_host_learned_from_a_challenge_does_not_reach_its_exchange_calls() -> None:
+    pipeline, selector = exchange_pipeline({"learn": True})
+    challenged(selector, "https://exchange.example/anything")  # the exchange's own origin
     assert selector.select("exchange.example") is WEB_BOT_AUTH  # learned, for its other requests
     assert signed_call(pipeline) == (SVC.name, True)
 
@@ -68,16 +73,7 @@ def test_a_challenge_teaches_its_own_origin_only() -> None:
     """Learning was keyed by host name: a web-bot-auth challenge over plain http, or on another
     port (anyone on the path can send one), switched the https origin of that name."""
     _, selector = exchange_pipeline({"learn": True})
-    hold = ChallengeHold("svc", None, lambda t: selector.learn(t.host, WEB_BOT_AUTH, t.scheme, t.port))
-    head = ResponseHead(
-        status=401,
-        reason="",
-        version="1.1",
-        content_length=0,
-        keep_alive=True,
-        headers=[(b"Accept-Signature", CHALLENGE)],
-    )
-    hold(head, parse_absolute_uri("http://news.example:8080/x"))
+    challenged(selector, "http://news.example:8080/x")
     assert selector.select("news.example", "http", 8080) is WEB_BOT_AUTH
     assert selector.select("news.example", "https", 443) is SVC
     assert selector.select("news.example", "http", 80) is SVC
