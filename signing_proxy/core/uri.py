@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import ipaddress
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .errors import FieldError
@@ -105,12 +106,15 @@ def parse_authority(authority: str, scheme: str) -> tuple[str, int]:
     return host.lower(), port
 
 
-def host_authority(value: str, scheme: str) -> str:
-    """A ``Host`` field value, stripped, when it is exactly ``uri-host [ ":" port ]`` (RFC 9110
-    section 7.2); FieldError ``malformed-host`` for anything else. A verifier that builds the target
-    URI from Host needs this: a ``/``, ``?``, ``#`` or ``@`` riding in it would move the path the
-    signature covers away from the one the request goes to."""
-    authority = value.strip()
+def host_authority(values: Sequence[str], scheme: str) -> str:
+    """The one ``Host`` field value of a request (``values``: every Host line it carries), stripped,
+    when it is exactly ``uri-host [ ":" port ]`` (RFC 9110 section 7.2); FieldError ``malformed-host``
+    for anything else. A verifier that builds the target URI from Host needs this: a ``/``, ``?``,
+    ``#`` or ``@`` riding in it would move the path the signature covers away from the one the
+    request goes to."""
+    if len(values) != 1:
+        raise FieldError("malformed-host", "a request carries one Host")
+    authority = values[0].strip()
     try:
         if "@" in authority:
             raise FieldError("malformed-host", "userinfo")

@@ -117,11 +117,9 @@ class GatewayPipeline:
         """The URI the client signed: our external origin, else ``http://`` + the Host it sent."""
         if self.external_origin is not None:
             return self.external_origin + target.path_query
-        hosts = [v for n, v in lines if n.lower() == "host"]
-        if len(hosts) != 1:
-            raise ProxyError(400, "malformed-host", "a request to the gateway carries one Host")
         try:
-            return f"http://{host_authority(hosts[0], 'http')}{target.path_query}"
+            authority = host_authority([v for n, v in lines if n.lower() == "host"], "http")
+            return f"http://{authority}{target.path_query}"
         except FieldError as exc:
             raise ProxyError(400, exc.reason, exc.detail) from None
 
