@@ -154,10 +154,10 @@ class RelayPipeline:
                     status, exc.reason, f"incoming signature refused{where}: {exc.detail}", headers
                 ) from None
         labels = [e.label for e in entries]
-        # unique among the signature labels and the Signature-Agent members, which the web-bot-auth
-        # hop keys by label too (an agent may add members it does not cover; ours must not clash)
-        label = unique_label(self.label, [*labels, *_agent_members(fields)])
         profile = self.profiles.select(target.host, target.scheme, target.port)
+        # a web-bot-auth hop keys its Signature-Agent member by its label too: unique among those as
+        # well (an agent may add members it does not cover); a spec hop adds none, so parses none
+        label = unique_label(self.label, labels if profile is SVC else [*labels, *_agent_members(fields)])
         try:
             incoming = entry_profile(entries[0].param("tag"), entries[0].label)
         except VerificationError as exc:
