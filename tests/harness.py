@@ -91,6 +91,15 @@ def wait_for(condition: Callable[[], bool], what: str, limit_s: float = WAIT_S) 
         time.sleep(0.02)
 
 
+async def until(ready: Callable[[], object], what: str = "the condition", limit_s: float = WAIT_S) -> None:
+    """``wait_for`` on an event loop: poll a state that has no event of its own, the loop running."""
+    deadline = time.monotonic() + limit_s
+    while not ready():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
 def wait_port(port: int, limit_s: float = WAIT_S) -> None:
     """Wait until something accepts connections on 127.0.0.1:``port``."""
 

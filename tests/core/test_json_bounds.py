@@ -32,7 +32,8 @@ def test_nesting_up_to_the_bound_is_read_and_written_back(depth: int) -> None:
     """``depth`` objects, each inside the one before: the bound counts arrays and objects."""
     text = '{"k": ' * depth + "1.5" + "}" * depth
     value = loads_bounded(text, max_depth=64)
-    assert json.dumps({"outer": [value]}, allow_nan=False)  # room left to show it inside ours
+    assert value == json.loads(text)
+    json.dumps({"outer": [value]}, allow_nan=False)  # room left to show it inside ours: no error
 
 
 def test_width_is_not_depth() -> None:

@@ -24,7 +24,7 @@ from signing_proxy.net.request import Limits, Request
 from signing_proxy.net.server import ClientConnection, Engine
 from signing_proxy.net.tunnel import BlindTunnel, TunnelStart
 from signing_proxy.storage.ca import CertificateAuthority
-from tests.harness import WAIT_S
+from tests.harness import WAIT_S, until
 from tests.net.test_engine import running
 
 HEAD_FIELDS = 200  # each 400 bytes: 80 KB, over the 64 KiB head limit (431)
@@ -49,13 +49,6 @@ def no_cycle_collector() -> Iterator[None]:
         yield
     finally:
         gc.enable()
-
-
-async def until(ready: Callable[[], object]) -> None:
-    """Poll a state that has no event of its own, up to WAIT_S."""
-    async with asyncio.timeout(WAIT_S):
-        while not ready():  # noqa: ASYNC110 - a state with no event of its own
-            await asyncio.sleep(0.01)
 
 
 async def freed(ref: weakref.ref[object]) -> bool:

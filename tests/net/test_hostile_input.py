@@ -24,8 +24,7 @@ from signing_proxy.net.request import Limits, Request
 from signing_proxy.net.server import ClientConnection, Engine
 from signing_proxy.net.upstream import UpstreamPool
 from signing_proxy.net.websocket import _Handshake
-from tests.harness import WAIT_S, ProxyProcess, VerifyingOrigin, wait_for
-from tests.net.test_connection_memory import until
+from tests.harness import WAIT_S, ProxyProcess, VerifyingOrigin, until, wait_for
 
 KEY = SigningKey.generate()
 BIG = 200_000  # far above every limit below; never sent whole by a well-behaved test
@@ -559,7 +558,8 @@ def test_a_strangers_connect_target_is_logged_at_a_hosts_length(proxy: ProxyProc
     """A refused CONNECT logged its whole target (up to 8 KiB): a line longer than one pipe write,
     which other writers of a shared stderr (workers) could tear."""
     answer = raw(proxy, b"CONNECT " + b"a" * 8000 + b".example:443 HTTP/1.1\r\nHost: x\r\n\r\n")
-    assert answer.startswith(b"HTTP/1.1 4")
+    assert answer.startswith(b"HTTP/1.1 400 ")
+    assert b'"reason":"malformed-target"' in answer
 
     def logged() -> list[dict[str, object]]:
         docs = [json.loads(line) for line in proxy.stderr_lines if line.startswith('{"event":"request"')]

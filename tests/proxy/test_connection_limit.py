@@ -16,8 +16,7 @@ from signing_proxy.config import parse_config
 from signing_proxy.core.jwk import SigningKey
 from signing_proxy.core.keys import StaticKeyProvider
 from signing_proxy.service.app import ProxyApp
-from tests.harness import WAIT_S
-from tests.net.test_connection_memory import until
+from tests.harness import WAIT_S, until
 
 LIMIT = 2
 Streams = tuple[asyncio.StreamReader, asyncio.StreamWriter]

@@ -21,7 +21,7 @@ import yaml
 from signing_proxy.config import AccessConfig, CredentialRule, parse_config
 from signing_proxy.core.jwk import SigningKey
 from signing_proxy.core.uri import parse_absolute_uri
-from signing_proxy.errors import ConfigError
+from signing_proxy.errors import ConfigError, ProxyError
 from signing_proxy.net.leaves import LeafContextCache
 from signing_proxy.proxy.access import AccessControl
 from signing_proxy.proxy.pipeline import BearerStore
@@ -264,4 +264,7 @@ def test_an_owner_only_proxy_auth_file_is_read(tmp_path: Path) -> None:
     access = AccessControl(
         AccessConfig(proxy_auth_file=auth_file(tmp_path, b"# users\nagent:s3cret\n", 0o600))
     )
-    access.check_proxy_auth("Basic " + base64.b64encode(b"agent:s3cret").decode())  # no 407
+    assert access.check_proxy_auth("Basic " + base64.b64encode(b"agent:s3cret").decode()) == "agent"
+    with pytest.raises(ProxyError) as refused:  # the file was read, not taken as empty (no check at all)
+        access.check_proxy_auth("Basic " + base64.b64encode(b"agent:wrong").decode())
+    assert refused.value.status == 407

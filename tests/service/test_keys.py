@@ -3,10 +3,8 @@ event loop (periodic for a changed store, forced on SIGHUP, stopped with the ser
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -17,16 +15,11 @@ from signing_proxy.core.keys import StaticKeyProvider
 from signing_proxy.errors import ConfigError, KeyStoreError
 from signing_proxy.service.keys import KeyServices, key_provider_for, start_key_services
 from signing_proxy.storage.keystore import KeyStore, StoreKeyProvider, StoreWatcher
-from tests.harness import wait_for
+from tests.harness import until
 
 
 def config(tmp_path: Path, **raw: object) -> Config:
     return parse_config({"listen": "127.0.0.1:0", "data_dir": str(tmp_path / "data"), **raw})
-
-
-async def until(condition: Callable[[], bool], what: str) -> None:
-    """``harness.wait_for`` on a worker thread, so the event loop (and the refresh) keeps running."""
-    await asyncio.to_thread(wait_for, condition, what)
 
 
 def test_signing_key_set_gives_that_key(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ import pytest
 from signing_proxy.core.durations import parse_duration
 from signing_proxy.core.jwk import PRIVATE_JWK_MEMBERS, SigningKey, load_private_key
 from signing_proxy.core.keys import RevocationList, format_rfc3339, parse_directory, render_directory
-from signing_proxy.storage.keyindex import IndexEntry, parse_index
+from signing_proxy.storage.keyindex import IndexEntry, parse_index, render_index
 from signing_proxy.storage.keystore import (
     KeyStore,
     KeyStoreError,
@@ -573,7 +573,8 @@ def test_a_rotation_past_the_index_bound_is_refused_and_the_store_stays_readable
         IndexEntry.of(SigningKey.generate(), T - 10_000 + i, T - 9_000 + i, T - 10_000 + i)
         for i in range(1023)
     ]
-    store._write_index(entries + old, RevocationList(revocations.as_of, frozenset(e.thumbprint for e in old)))
+    revoked = RevocationList(revocations.as_of, frozenset(e.thumbprint for e in old))
+    store.index_path.write_bytes(render_index("default", entries + old, revoked))
     with pytest.raises(KeyStoreError) as caught:
         store.rotate(T + 10)
     assert caught.value.reason == "too-many-keys"

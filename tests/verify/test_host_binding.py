@@ -137,14 +137,19 @@ async def test_a_host_carrying_a_path_is_refused(
     assert '"reason":"malformed-host"' in text
 
 
-@pytest.mark.parametrize("hosts", [["user@127.0.0.1:{port}"], ["127.0.0.1:{port}", "127.0.0.1:{port}"]])
-async def test_userinfo_and_a_second_host_are_refused(app: tuple[int, list[str]], hosts: list[str]) -> None:
+async def test_userinfo_in_host_is_refused(app: tuple[int, list[str]]) -> None:
     port, ran = app
     host = f"127.0.0.1:{port}"
-    status, text = await send(
-        port, "/feed", [h.format(port=port) for h in hosts], signed(f"http://{host}/feed", b"{}"), b"{}"
-    )
-    assert status in {400, 401}, text  # aiohttp's own parser may refuse a second Host first
+    status, text = await send(port, "/feed", [f"user@{host}"], signed(f"http://{host}/feed", b"{}"), b"{}")
+    assert (status, ran) == (401, []), text
+    assert '"reason":"malformed-host"' in text
+
+
+async def test_a_second_host_is_refused(app: tuple[int, list[str]]) -> None:
+    port, ran = app
+    host = f"127.0.0.1:{port}"
+    status, text = await send(port, "/feed", [host, host], signed(f"http://{host}/feed", b"{}"), b"{}")
+    assert status in {400, 401}, text  # aiohttp's own parser refuses a second Host before us
     assert ran == []
 
 
