@@ -184,7 +184,7 @@ class ProxyApp:
             ),
             prepare=self.prepare,
             access_log=AccessLog(
-                enabled=config.log.access_log,
+                enabled=config.log.access_log and config.log.level in ("debug", "info"),
                 fmt=config.log.format,
                 write=self.access_writer.write,
                 later=self.access_writer.later,

@@ -28,9 +28,12 @@ import pytest
 import requests
 
 from signing_proxy.cli.common import configure_logging
+from signing_proxy.config import Config, parse_config
 from signing_proxy.core.jwk import SigningKey
+from signing_proxy.core.keys import StaticKeyProvider
 from signing_proxy.metrics import Metrics
 from signing_proxy.proxy.accesslog import MAX_PENDING, AccessLog, Pending
+from signing_proxy.service.app import ProxyApp
 from signing_proxy.service.linewriter import LineWriter, LineWriterHandler, route_logging
 from tests.harness import WAIT_S, ProxyProcess, VerifyingOrigin, wait_for
 
@@ -215,13 +218,31 @@ def test_a_duration_is_written_as_the_float_of_its_milliseconds_was(fmt: str) ->
     assert got == [repr(duration / 100) for duration in wanted]
 
 
-def test_off_and_below_info_nothing_is_formatted(logged: io.StringIO) -> None:
+def test_off_nothing_is_formatted() -> None:
     written: list[str] = []
-    configure("info", "text", logged)
-    AccessLog(enabled=False, fmt="text", write=written.append).request(**REQUEST)
-    configure("warning", "json", logged)  # log.level: warning silenced the access logger too
-    AccessLog(enabled=True, fmt="json", write=written.append).request(**REQUEST)
-    assert written == []
+    access = AccessLog(enabled=False, fmt="text", write=written.append)
+    access.request(**REQUEST)
+    access.event("tunnel", **TUNNEL)
+    assert (written, access.records) == ([], None)
+
+
+async def test_the_level_decides_at_start_and_at_each_reload(tmp_path: Path) -> None:
+    """Above ``info`` no line is written, as when the access logger decided; a reload's level
+    counts for its own log, which is made before the level is set."""
+
+    def config(level: str) -> Config:
+        return parse_config(
+            {"data_dir": str(tmp_path), "intercept": {"enabled": False}, "log": {"level": level}}
+        )
+
+    app = ProxyApp(config("warning"), StaticKeyProvider(SigningKey.generate()))
+    try:
+        assert app.handler.policy.access_log.records is None
+        for level, writes in (("info", True), ("error", False), ("debug", True)):
+            app.reload(config(level))
+            assert (app.handler.policy.access_log.records is not None) is writes, level
+    finally:
+        await app.stop(drain_s=0)
 
 
 # --- the writer: order, stop, a sink that never reads ----------------------------------------------
