@@ -210,6 +210,35 @@ def micro_figures() -> dict[str, float]:
     return figures
 
 
+def https_load(proxy_port: int, tls_port: int, tmp: Path, duration: int, conns: int) -> dict[str, Any]:
+    """``bench/https_load.py`` through the proxy at ``proxy_port``: its JSON figures (errors refused)."""
+    out = subprocess.run(
+        [
+            *pin(0),
+            PY,
+            str(ROOT / "bench/https_load.py"),
+            "--proxy",
+            f"127.0.0.1:{proxy_port}",
+            "--target",
+            f"127.0.0.1:{tls_port}",
+            "--ca",
+            str(tmp / "data" / "ca.pem"),
+            "--connections",
+            str(conns),
+            "--duration",
+            str(duration),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=duration + 60,
+    ).stdout
+    doc: dict[str, Any] = json.loads(out)
+    if doc["errors"]:
+        raise RuntimeError(f"HTTPS load saw errors: {doc['first_error']}")
+    return doc
+
+
 def https_rows(  # noqa: PLR0917
     proxy_pid: int, proxy_port: int, tls_port: int, tmp: Path, duration: int, conn_counts: list[int]
 ) -> list[dict[str, float]]:
@@ -217,30 +246,7 @@ def https_rows(  # noqa: PLR0917
     rows = []
     for conns in conn_counts:
         cpu0 = cpu_seconds(proxy_pid)
-        out = subprocess.run(
-            [
-                *pin(0),
-                PY,
-                str(ROOT / "bench/https_load.py"),
-                "--proxy",
-                f"127.0.0.1:{proxy_port}",
-                "--target",
-                f"127.0.0.1:{tls_port}",
-                "--ca",
-                str(tmp / "data" / "ca.pem"),
-                "--connections",
-                str(conns),
-                "--duration",
-                str(duration),
-            ],
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=duration + 60,
-        ).stdout
-        doc = json.loads(out)
-        if doc["errors"]:
-            raise RuntimeError(f"HTTPS load saw errors: {doc['first_error']}")
+        doc = https_load(proxy_port, tls_port, tmp, duration, conns)
         doc["connections"] = conns
         doc["proxy_cpu_us_per_request"] = (cpu_seconds(proxy_pid) - cpu0) / max(doc["requests"], 1) * 1e6
         rows.append(doc)
@@ -388,6 +394,18 @@ def gateway_rows(  # noqa: PLR0917
     return rows
 
 
+def at_once(loads: list[tuple[int, Callable[[], int]]]) -> list[float]:
+    """Run each ``(pid, load)`` at the same time (``load`` returns how many requests it made) and
+    return each process's CPU us per request over its load."""
+    cpu0 = [cpu_seconds(pid) for pid, _load in loads]
+    with concurrent.futures.ThreadPoolExecutor(len(loads)) as pool:
+        served = [run.result() for run in [pool.submit(load) for _pid, load in loads]]
+    return [
+        (cpu_seconds(pid) - before) / count * 1e6
+        for (pid, _load), before, count in zip(loads, cpu0, served, strict=True)
+    ]
+
+
 def access_log_pair(  # noqa: PLR0917
     wrk: str, on: tuple[int, int], off: tuple[int, int], origin_port: int, duration: int, tmp: Path
 ) -> tuple[float, float]:
@@ -401,22 +419,43 @@ def access_log_pair(  # noqa: PLR0917
     for name in ("on", "off"):  # each wrk its own script file
         (tmp / name).mkdir(exist_ok=True)
 
-    def both(seconds: int) -> list[int]:
-        with concurrent.futures.ThreadPoolExecutor(2) as pool:
-            runs = [
-                pool.submit(run_wrk, wrk, port, url, "POST", 64, seconds, tmp / name)
-                for (_pid, port), name in ((on, "on"), (off, "off"))
-            ]
-            return [run.result()[3] for run in runs]
+    def loads(seconds: int) -> list[tuple[int, Callable[[], int]]]:
+        def load(port: int, name: str) -> Callable[[], int]:
+            return lambda: run_wrk(wrk, port, url, "POST", 64, seconds, tmp / name)[3]
 
-    both(2)  # warm: both open their upstream connections
-    cpu0 = [cpu_seconds(pid) for pid, _port in (on, off)]
-    served = both(duration)
-    on_us, off_us = (
-        (cpu_seconds(pid) - before) / count * 1e6
-        for (pid, _port), before, count in zip((on, off), cpu0, served, strict=True)
-    )
+        return [(pid, load(port, name)) for (pid, port), name in ((on, "on"), (off, "off"))]
+
+    at_once(loads(2))  # warm: both open their upstream connections
+    on_us, off_us = at_once(loads(duration))
     return on_us, off_us
+
+
+def https_pair(  # noqa: PLR0917
+    wrk: str,
+    plain: tuple[int, int],
+    https: tuple[int, int],
+    origin_port: int,
+    tls_port: int,
+    duration: int,
+    tmp: Path,
+) -> tuple[float, float]:
+    """CPU us per request of two proxies of the default configuration loaded at once, both (pid, port)
+    on the proxy's core: ``plain`` with POST 1 KiB over plain HTTP (64 connections), ``https`` with
+    the same through 64 intercepted keep-alive tunnels. Their ratio is the share HTTPS keeps of the
+    plain figure (each proxy is held by its CPU: requests/s is one over the CPU per request), which
+    measured minutes apart moved with the machine's speed: 71 % to 104 % in one run of one tree."""
+    url = f"http://127.0.0.1:{origin_port}/bench"
+    (tmp / "plain").mkdir(exist_ok=True)
+
+    def loads(seconds: int) -> list[tuple[int, Callable[[], int]]]:
+        return [
+            (plain[0], lambda: run_wrk(wrk, plain[1], url, "POST", 64, seconds, tmp / "plain")[3]),
+            (https[0], lambda: int(https_load(https[1], tls_port, tmp, seconds, 64)["requests"])),
+        ]
+
+    at_once(loads(2))  # warm: tunnels, leaf certificates, upstream connections
+    plain_us, https_us = at_once(loads(duration))
+    return plain_us, https_us
 
 
 def headline(  # noqa: PLR0917
@@ -430,12 +469,15 @@ def headline(  # noqa: PLR0917
     duration: int,
     rounds: int,
     logs: tuple[tuple[int, int], tuple[int, int]],
+    https_peer: tuple[int, int],
 ) -> dict[str, object]:
     """The issue-21 figures again, in ``rounds`` alternating rounds: the default proxy and the naive
     signer (POST 1 KiB, 64 connections), the origin direct and the default proxy (one connection),
-    intercepted HTTPS (64 tunnels), and the access log's cost in place (``access_log_pair`` of the
-    ``logs`` proxies, (pid, port) with the log on and off). Rows measured minutes apart drift apart
-    with the machine's speed; alternating, they drift together, and the medians say what holds."""
+    intercepted HTTPS (64 tunnels) alone and against plain HTTP at once (``https_pair``: the default
+    proxy and ``https_peer``, (pid, port) of another), and the access log's cost in place
+    (``access_log_pair`` of the ``logs`` proxies, (pid, port) with the log on and off). Rows
+    measured minutes apart drift apart with the machine's speed; alternating, they drift together,
+    and the medians say what holds."""
     naive_port = free_port()
     naive_cmd = [*pin(1), PY, str(ROOT / "bench/naive.py"), "--port", str(naive_port)]
     per_round: list[dict[str, float]] = []
@@ -449,6 +491,9 @@ def headline(  # noqa: PLR0917
             direct = DIRECT["POST", 1] = run_wrk(wrk, origin_port, "/bench", "POST", 1, duration, tmp)
             one = load_rows(wrk, DEFAULT_ROW, pid, port, origin_port, "POST", [1], duration, tmp)[0]
             https = https_rows(pid, port, tls_port, tmp, duration, [64])[0]
+            plain_us, https_us = https_pair(
+                wrk, (pid, port), https_peer, origin_port, tls_port, duration, tmp
+            )
             log_on, log_off = access_log_pair(wrk, *logs, origin_port, duration, tmp)
             per_round.append(
                 {
@@ -462,6 +507,9 @@ def headline(  # noqa: PLR0917
                     "https_rps": https["rps"],
                     "https_share": https["rps"] / ours[4][0],
                     "https_cpu_us_per_request": https["proxy_cpu_us_per_request"],
+                    "https_paired_share": plain_us / https_us,
+                    "https_paired_plain_us": plain_us,
+                    "https_paired_us": https_us,
                     "access_log_on_us": log_on,
                     "access_log_off_us": log_off,
                     "access_log_us": log_on - log_off,
@@ -476,9 +524,11 @@ def print_headline(doc: dict[str, Any], duration: int) -> None:
     print(
         f"\nHeadline, {len(rounds)} alternating rounds ({duration} s runs; POST 1 KiB; default "
         "configuration against the naive signer at 64 connections, then the origin direct and the "
-        "proxy at 1, then intercepted HTTPS at 64 tunnels, then two proxies started together, the "
-        "default configuration and the same with log.access_log: false, loaded at once, 64 "
-        "connections each, both on the proxy's core):"
+        "proxy at 1, then intercepted HTTPS at 64 tunnels, then two proxies of the default "
+        "configuration on the proxy's core loaded at once, one over plain HTTP and one through 64 "
+        "tunnels (HTTPS paired: plain CPU per request over HTTPS CPU per request), then two proxies "
+        "started together, the default configuration and the same with log.access_log: false, "
+        "loaded at once, 64 connections each, both on the proxy's core):"
     )
     for i, r in enumerate([*rounds, doc["median"]], 1):
         label = f"round {i}" if i <= len(rounds) else "median "
@@ -487,7 +537,9 @@ def print_headline(doc: dict[str, Any], duration: int) -> None:
             f"p99 {r['p99_ms']:.2f} ms | naive-sign {r['naive_rps']:>6.0f} req/s "
             f"{r['naive_cpu_us_per_request']:.1f} us/req | {r['ratio']:.2f}x | added p50 at 1 conn "
             f"{r['added_p50_ms_1conn']:.2f} ms | HTTPS {r['https_rps']:>6.0f} req/s, "
-            f"{r['https_share']:.0%} of plain, {r['https_cpu_us_per_request']:.1f} us/req | access log "
+            f"{r['https_share']:.0%} of plain, {r['https_cpu_us_per_request']:.1f} us/req | HTTPS "
+            f"paired {r['https_paired_share']:.0%} ({r['https_paired_plain_us']:.1f} over "
+            f"{r['https_paired_us']:.1f} us/req) | access log "
             f"{r['access_log_us']:+.1f} us/req (on {r['access_log_on_us']:.1f}, "
             f"off {r['access_log_off_us']:.1f})"
         )
@@ -620,12 +672,17 @@ def main() -> int:
             log_on_port, log_off_port = free_port(), free_port()
             log_on = start_proxy(default_config, log_on_port, "log-on.log")
             log_off = start_proxy(log_off_config, log_off_port, "log-off.log")
+            # intercepted HTTPS beside plain HTTP at once: a proxy of its own (tunnels and a TLS pool
+            # would set the access log's pair apart)
+            https_peer_port = free_port()
+            https_peer = start_proxy(default_config, https_peer_port, "https-peer.log")
             default_proxy = start_proxy(default_config, default_port, "default.log")
             wait_port(origin_port)
             wait_port(proxy_port)
             wait_port(default_port)
             wait_port(log_on_port)
             wait_port(log_off_port)
+            wait_port(https_peer_port)
             time.sleep(0.3)
             results["proxy idle RSS (MiB)"] = rss_kib(default_proxy.pid) / 1024
             rows: list[Row] = []
@@ -663,6 +720,7 @@ def main() -> int:
                     duration,
                     rounds,
                     ((log_on.pid, log_on_port), (log_off.pid, log_off_port)),
+                    (https_peer.pid, https_peer_port),
                 )
             if args.workers > 1:  # scaling: the default configuration with N workers
                 port = free_port()

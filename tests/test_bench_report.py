@@ -29,6 +29,7 @@ def load_report() -> ModuleType:
 
 
 report = load_report()
+PAIRED = "intercepted HTTPS against plain HTTP, paired (at once, CPU per request)"
 
 
 def post(
@@ -60,6 +61,9 @@ def headline(**overrides: float) -> dict[str, float]:
         "https_rps": 8_000.0,
         "https_share": 0.73,
         "https_cpu_us_per_request": 110.0,
+        "https_paired_share": 0.81,
+        "https_paired_plain_us": 100.0,
+        "https_paired_us": 123.5,
         "access_log_on_us": 95.0,
         "access_log_off_us": 92.5,
         "access_log_us": 2.5,
@@ -130,9 +134,21 @@ def test_each_target_is_judged_on_the_table_and_the_medians() -> None:
     assert judged["CPU per request, 64 connections"] == ("96.4 µs", "90.0 µs", "**no**")  # the table missed
     assert judged["added p50 at 1 connection"] == ("0.24 ms", "0.24 ms", "yes")
     assert judged["intercepted HTTPS against plain HTTP, 64"] == ("75%", "73%", "**no**")
+    assert judged[PAIRED] == ("—", "81%", "yes")
     assert judged["relay against the naive relay, 64 connections"] == ("4.44x", "—", "yes")
     assert judged["access log, on \N{MINUS SIGN} off"] == ("—", "2.5 µs", "yes")
     assert judged["idle RSS"][2] == "yes"
+
+
+def test_rounds_show_the_paired_https_share_and_a_run_from_before_it_has_none() -> None:
+    assert "| 81% (100.0 / 123.5 µs) |" in report.render(run_doc())
+    doc = run_doc()
+    for figures in [*doc["headline"]["rounds"], doc["headline"]["median"]]:
+        for name in ("https_paired_share", "https_paired_plain_us", "https_paired_us"):
+            del figures[name]
+    text = report.render(doc)
+    assert verdicts(text)[PAIRED] == ("—", "—", "not measured")
+    assert "| 73% of plain, 110.0 µs | — |" in text.replace("8,000 req/s, ", "")
 
 
 def test_a_run_without_rounds_leaves_their_targets_not_measured() -> None:
