@@ -35,8 +35,9 @@ _HUNDREDTHS = tuple(f".{c:02d}".rstrip("0") if c else ".0" for c in range(100))
 # 10**15 repr() may: 99999999999999.98 for d = 10**16 - 1). Three centuries: the general path past it.
 _EXACT = 10**15
 # lines waiting to be formatted: past this, formatted at once. About the writer's interval of the
-# fastest traffic (12,000 requests/s): a batch that large costs the least per line. A host is at most a
-# request line (8 KiB), so what waits stays under 8 MiB whatever strangers send.
+# fastest traffic (12,000 requests/s): a batch that large costs the least per line. A host is at most
+# 253 characters (core.uri.MAX_HOST_CHARS; a CONNECT target is cut to 261), the other fields are
+# shorter: what waits stays under a megabyte whatever strangers send.
 MAX_PENDING = 1024
 # (whether its log writes JSON, time, client, method, host, status, duration in hundredths of a
 #  millisecond, bytes_in, bytes_out, keyid, profile, outcome). Atoms only, not the log itself: the
