@@ -336,6 +336,17 @@ def test_access_log_has_one_line_per_request_without_secrets(
     } <= set(entry)
     assert entry["keyid"] == KEY.thumbprint
     assert entry["outcome"] == "signed"
+    # each field in its place: the exchange builds the log's record itself (AccessLog.request, written out)
+    assert (entry["client"], entry["method"], entry["status"], entry["bytes_in"]) == (
+        "127.0.0.1",
+        "GET",
+        200,
+        0,
+    )
+    assert entry["bytes_out"] > 0
+    assert entry["profile"] == "svc"
+    assert isinstance(entry["duration_ms"], float)
+    assert 0 <= entry["duration_ms"] < WAIT_S * 1000
     assert not any("s3cr3t-token" in line for line in proxy.stderr_lines)
 
 
