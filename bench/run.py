@@ -8,10 +8,11 @@ core 1 when there are two cores, and prints requests/s, p50/p99 latency and prox
 for GET and POST 1 KiB at 1, 16 and 64 connections — direct and through the proxy — plus peak RSS
 while streaming 100 MiB and micro-figures of the core signer. Then the headline figures again, in
 alternating rounds (``--headline-rounds``, default 3): the default configuration against the naive
-signer at 64 connections, the added p50 at one connection, intercepted HTTPS against plain HTTP,
-and the access log's cost in place (two proxies alike but for the log, loaded at once on the
-proxy's core, so that the machine's drift touches both alike), with their medians, since rows
-measured minutes apart drift apart with the machine's speed. The origin verifies a sample of the
+signer at 64 connections, the added p50 at one connection, intercepted HTTPS against plain HTTP
+(one after the other, and at once: two proxies on the proxy's core, one loaded over each), and the
+access log's cost in place (two proxies alike but for the log, loaded at once on the proxy's core),
+with their medians. Measured at once, the machine's drift touches both alike; rows measured
+minutes apart drift apart with the machine's speed. The origin verifies a sample of the
 proxied requests and the run fails if any sample does not verify.
 """
 
