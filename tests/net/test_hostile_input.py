@@ -25,6 +25,7 @@ from signing_proxy.net.server import ClientConnection, Engine
 from signing_proxy.net.upstream import UpstreamPool
 from signing_proxy.net.websocket import _Handshake
 from tests.harness import WAIT_S, ProxyProcess, VerifyingOrigin, until, wait_for
+from tests.net.test_engine import running
 
 KEY = SigningKey.generate()
 BIG = 200_000  # far above every limit below; never sent whole by a well-behaved test
@@ -56,34 +57,17 @@ class Holding:
         return conn.keep_alive
 
 
-async def serving(limits: Limits) -> tuple[Engine, Holding, asyncio.Server]:
-    tasks: set[asyncio.Task[object]] = set()
-
-    def spawn(coro: object) -> asyncio.Task[object]:
-        task = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
-        return task
-
-    handler = Holding()
-    engine = Engine(handler, limits, spawn)
-    server = await asyncio.get_running_loop().create_server(engine.protocol, "127.0.0.1", 0)
-    return engine, handler, server
-
-
 @pytest.fixture
 async def rig(request: pytest.FixtureRequest) -> AsyncIterator[tuple[Engine, Holding, int]]:
     limits = getattr(request, "param", None) or Limits(
         max_header_bytes=4096, max_body_bytes=64, client_idle_s=5, read_s=5, max_request_line_bytes=1024
     )
-    engine, handler, server = await serving(limits)
-    try:
-        yield engine, handler, server.sockets[0].getsockname()[1]
-    finally:
-        handler.release.set()
-        server.close()
-        engine.close_all()
-        await asyncio.wait_for(server.wait_closed(), WAIT_S)
+    handler = Holding()
+    async with running(handler, limits) as (engine, port):
+        try:
+            yield engine, handler, port
+        finally:
+            handler.release.set()
 
 
 async def opened(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
@@ -464,29 +448,17 @@ async def never_reading(size: int, limits: Limits, wait_s: float) -> tuple[int, 
     connections it still counts after ``wait_s``, and the handler."""
     loop = asyncio.get_running_loop()
     handler = Answering(size)
-    tasks: set[asyncio.Task[object]] = set()
-
-    def spawn(coro: object) -> asyncio.Task[object]:
-        task = loop.create_task(coro)  # type: ignore[arg-type]
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
-        return task
-
-    engine = Engine(handler, limits, spawn)
-    server = await loop.create_server(engine.protocol, "127.0.0.1", 0)
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.setblocking(False)
-    try:
-        await loop.sock_connect(sock, server.sockets[0].getsockname()[:2])
-        await loop.sock_sendall(sock, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-        await asyncio.sleep(wait_s)  # the client reads nothing
-        return engine.open_count(), handler
-    finally:
-        sock.close()
-        for conn in list(engine.connections):
-            conn.abort()
-        server.close()
+    async with running(handler, limits) as (engine, port):
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.setblocking(False)
+        try:
+            await loop.sock_connect(sock, ("127.0.0.1", port))
+            await loop.sock_sendall(sock, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            await asyncio.sleep(wait_s)  # the client reads nothing
+            return engine.open_count(), handler
+        finally:
+            sock.close()
 
 
 async def test_a_connection_closing_to_a_client_that_reads_nothing_gives_its_place_back() -> None:

@@ -18,12 +18,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from signing_proxy.core.digest import content_digest
-from signing_proxy.core.fields import Fields
 from signing_proxy.core.jwk import SigningKey
-from signing_proxy.core.keys import Directory, DirectoryKey, render_directory
-from signing_proxy.core.signatures import Message, attach_signature, sign_message
-from signing_proxy.core.uri import parse_absolute_uri
 from signing_proxy.verify import (
     DirectoryResolver,
     FetchResult,
@@ -35,6 +30,8 @@ from signing_proxy.verify.gateway import GatewayVerifier
 from signing_proxy.verify.gateway_aiohttp import gateway_middleware
 from signing_proxy.verify.issuers import IssuerKeys
 from tests.harness import WAIT_S
+from tests.verify import strangers
+from tests.verify.strangers import directory_doc
 
 AGENT = SigningKey.generate()
 AGENT_DIR = "https://agent.example"
@@ -43,26 +40,11 @@ AGENT_DIR = "https://agent.example"
 async def fetch(url: str) -> FetchResult:
     if url != directory_url(AGENT_DIR):
         return FetchResult(404, b"", None)
-    now = int(time.time())
-    return FetchResult(
-        200, render_directory(Directory((DirectoryKey(AGENT.public, now - 60, now + 3600),))), None
-    )
+    return FetchResult(200, directory_doc(AGENT, now=int(time.time())), None)
 
 
 def signed(uri: str, body: bytes) -> list[tuple[str, str]]:
-    fields = Fields(
-        [
-            ("Content-Digest", content_digest(body)),
-            ("Authorization", ""),
-            ("Signature-Agent", f'"{AGENT_DIR}"'),
-        ]
-    )
-    now = int(time.time())
-    member = sign_message(
-        Message("POST", parse_absolute_uri(uri), fields), AGENT, created=now, expires=now + 60
-    )
-    attach_signature(fields, member)
-    return list(fields)
+    return list(strangers.signed(f'"{AGENT_DIR}"', AGENT, now=int(time.time()), url=uri, body=body))
 
 
 async def send(
