@@ -42,7 +42,7 @@ MAX_PENDING = 1024
 # (whether its log writes JSON, time, client, method, host, status, duration in hundredths of a
 #  millisecond, bytes_in, bytes_out, keyid, profile, outcome). Atoms only, not the log itself: the
 # cycle collector untracks such a tuple at its first pass. One holding the log stayed tracked, was
-# promoted with the ~200 others waiting for a flush and walked again by older passes (about 0.2 us
+# promoted with the others waiting for a flush (~200 then) and walked again by older passes (about 0.2 us
 # per request at Python's thresholds, timed with gc.callbacks).
 Record = tuple[bool, float, str, str, str, int | None, int, int, int, str | None, str | None, str]
 Pending = list[Record | str]  # records, and the lines of events (formatted at once), in order
