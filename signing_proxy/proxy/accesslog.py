@@ -75,7 +75,7 @@ class AccessLog:
         # where a request's Record goes (then ``recorded``): the queue, or None when no line is written
         self.records: Pending | None = self._pending if enabled else None
 
-    def request(  # noqa: PLR0917 - one call per request: positional, no dict of keywords
+    def request(  # noqa: PLR0917 - a line's fields, in its order
         self,
         client: str,
         method: str,
@@ -88,14 +88,14 @@ class AccessLog:
         profile: str | None,
         outcome: str,
     ) -> None:
-        """One request: ``key=value`` pairs (None values left out), or a JSON object.
+        """One request: ``key=value`` pairs (None values left out), or a JSON object. The exchange
+        appends the same ``Record`` to ``records`` itself (this call, written out: issue 21).
 
         ``duration_10us``: how long it took, in hundredths of a millisecond (written ``duration_ms``,
         as the float ``duration_10us / 100`` is written)."""
-        records = self.records
-        if records is None:
+        if self.records is None:
             return
-        records.append(
+        self._queue(
             (
                 self.json,
                 time.time(),
@@ -111,9 +111,6 @@ class AccessLog:
                 outcome,
             )
         )
-        waiting = len(records)
-        if waiting == 1 or waiting >= MAX_PENDING:
-            self.recorded()
 
     def recorded(self) -> None:
         """After appending the first record to ``records`` (or the ``MAX_PENDING``-th): the flush is
@@ -138,10 +135,9 @@ class AccessLog:
         """Wait for the writer's next flush; past ``MAX_PENDING`` waiting, go out now."""
         pending = self._pending
         pending.append(item)
-        if len(pending) == 1:
-            self._later(self.flush)
-        elif len(pending) >= MAX_PENDING:
-            self.flush()
+        waiting = len(pending)
+        if waiting == 1 or waiting >= MAX_PENDING:
+            self.recorded()
 
     def flush(self) -> None:
         """Format what waits (any log's), in order, and write it as one block; idempotent."""
