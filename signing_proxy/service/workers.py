@@ -56,12 +56,13 @@ def run_workers(count: int, worker: Callable[[int], int]) -> int:
         signal.pthread_sigmask(signal.SIG_BLOCK, signals)  # none lands before the child is recorded
         try:
             pid = os.fork()
-            if pid:
-                children[pid] = index
-        finally:
-            if pid:
-                signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
-        if pid == 0:  # the worker: default signal handling; its own loop installs handlers
+        except OSError:  # no child: the parent takes its signals again
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
+            raise
+        if pid:
+            children[pid] = index
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
+        else:  # the worker: default signal handling; its own loop installs handlers
             for sig in signals:
                 signal.signal(sig, signal.SIG_DFL)
             signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)

@@ -11,6 +11,7 @@ import pytest
 import requests
 
 from signing_proxy.core.jwk import SigningKey
+from signing_proxy.service.workers import run_workers
 from tests.harness import WAIT_S, ProxyProcess, VerifyingOrigin, run_cli, wait_for
 
 pytestmark = pytest.mark.integration
@@ -110,3 +111,21 @@ def test_a_restarted_worker_signs_with_the_store_as_it_is_now(tmp_path: Path) ->
         os.kill(min(children(proxy.proc.pid)), signal.SIGKILL)
         wait_for(lambda: len(announced()) >= 3, "the worker restarted")
         assert announced()[2] == current
+
+
+def test_a_fork_that_fails_raises_its_error_and_leaves_the_parents_signals_unblocked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def no_fork() -> int:
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(os, "fork", no_fork)
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    try:
+        with pytest.raises(BlockingIOError):
+            run_workers(1, lambda _index: 0)
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    assert not blocked & {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
