@@ -17,6 +17,7 @@ from typing import Any
 
 from ..core.errors import ManifestError
 from ..core.manifest import WellKnownManifest
+from ..verify.cache import LruCache
 
 __all__ = ["MAX_BYTES", "MAX_ENTRIES", "CachedManifest", "ManifestCache"]
 
@@ -36,21 +37,25 @@ class CachedManifest:
     manifest: WellKnownManifest | None
     error: ManifestError | None
     expires_at: float
-    cost: int
 
 
 class ManifestCache:
-    """Manifests and refusals by ``(egress, url)``, oldest dropped first past either bound."""
+    """Manifests and refusals by ``(egress, url)``, oldest dropped first past either bound (looking
+    one up leaves its place alone: the oldest insertion goes first)."""
 
     def __init__(self) -> None:
-        self._entries: dict[Key, CachedManifest] = {}
-        self.bytes = 0  # the entries' costs
+        self._entries: LruCache[Key, CachedManifest] = LruCache(MAX_ENTRIES, MAX_BYTES)
 
     def __len__(self) -> int:
         return len(self._entries)
 
+    @property
+    def bytes(self) -> int:
+        """The entries' costs."""
+        return self._entries.bytes
+
     def fresh(self, key: Key, now: float) -> CachedManifest | None:
-        entry = self._entries.get(key)
+        entry = self._entries.peek(key)
         return entry if entry is not None and now < entry.expires_at else None
 
     def keep(
@@ -58,18 +63,8 @@ class ManifestCache:
     ) -> WellKnownManifest:
         """Cache what discovery reads of ``manifest``, and return that."""
         kept = replace(manifest, catalog_contributors=(), ext=_NOTHING, extra=_NOTHING)
-        self._store(key, CachedManifest(kept, None, expires_at, _PARSED_FACTOR * document_bytes))
+        self._entries.put(key, CachedManifest(kept, None, expires_at), _PARSED_FACTOR * document_bytes)
         return kept
 
     def refuse(self, key: Key, error: ManifestError, expires_at: float) -> None:
-        self._store(key, CachedManifest(None, error, expires_at, _ERROR_COST))
-
-    def _store(self, key: Key, entry: CachedManifest) -> None:
-        entries = self._entries
-        old = entries.pop(key, None)
-        self.bytes -= old.cost if old is not None else 0
-        while entries and (len(entries) >= MAX_ENTRIES or self.bytes + entry.cost > MAX_BYTES):
-            self.bytes -= entries.pop(next(iter(entries))).cost  # the oldest insertion
-        if entry.cost <= MAX_BYTES:
-            entries[key] = entry
-            self.bytes += entry.cost
+        self._entries.put(key, CachedManifest(None, error, expires_at), _ERROR_COST)
