@@ -327,19 +327,21 @@ def _build(
     credential = bearers.for_target(target)
     if credential is not None and (credential[0].override or not authorization):
         authorization = f"Bearer {credential[1]}"
-    # An exchange call and a bound retrieval fetch are signed under the spec's profile with the key
-    # they are bound to (the delegation's holder, the transaction's key), whatever a profile rule, a
-    # learned host or a challenge asks: web-bot-auth would drop the Requester and the binding.
-    pinned = (requester is not None and requester.is_exchange_call(method, target)) or (
-        transactions is not None and transactions.bound_key(target) is not None
-    )
-    if (profiles is not None or retry is not None) and not pinned:
+    if profiles is not None or retry is not None:
         if retry is not None:
             profile = retry.profile
         else:
             assert profiles is not None
             profile = profiles.select(target.host, target.scheme, target.port)
-        if profile is not SVC:
+        # An exchange call and a bound retrieval fetch are signed under the spec's profile with the
+        # key they are bound to (the delegation's holder, the transaction's key), whatever a profile
+        # rule, a learned host or a challenge asks: web-bot-auth would drop the Requester and the
+        # binding. Asked only when another profile is chosen: most requests are not.
+        pinned = profile is not SVC and (
+            (requester is not None and requester.is_exchange_call(method, target))
+            or (transactions is not None and transactions.bound_key(target) is not None)
+        )
+        if profile is not SVC and not pinned:
             return _build_profiled(
                 Message(method, target, fields),
                 body,
