@@ -130,12 +130,8 @@ OTHERS = (None, "", "é", "日本", "\x00\x1f\x7f", '"\\/', "\U0001f600", Name("
 def test_json_lines_are_what_json_dumps_writes_for_any_value(value: object) -> None:
     written: list[str] = []
     access = AccessLog(enabled=True, fmt="json", write=written.append)
-    logging.getLogger("signing_proxy.access").setLevel(logging.INFO)
-    try:
-        access.event("request", a=value, b="x")
-        access.event("tunnel", c=value)
-    finally:
-        logging.getLogger("signing_proxy.access").setLevel(logging.NOTSET)
+    access.event("request", a=value, b="x")
+    access.event("tunnel", c=value)
     assert written == [
         json.dumps({"event": "request", "a": value, "b": "x"}, separators=(",", ":")) + "\n",
         json.dumps({"event": "tunnel", "c": value}, separators=(",", ":")) + "\n",
@@ -173,18 +169,14 @@ def test_the_request_fast_paths_write_what_the_general_writer_writes(
 ) -> None:
     """``request`` formats the usual shapes with one f-string: byte for byte the general line."""
     monkeypatch.setattr(time, "time", lambda: 1_700_000_000.25)
-    logging.getLogger("signing_proxy.access").setLevel(logging.INFO)
     written: list[str] = []
     access = AccessLog(enabled=True, fmt=fmt, write=written.append)
-    try:
-        access.request(**fields)
-        if fmt == "json":
-            expected = json.dumps({"event": "request", **as_logged(fields)}, separators=(",", ":"))
-        else:
-            pairs = " ".join(f"{k}={v}" for k, v in as_logged(fields).items() if v is not None)
-            expected = access._prefix(time.time()) + pairs
-    finally:
-        logging.getLogger("signing_proxy.access").setLevel(logging.NOTSET)
+    access.request(**fields)
+    if fmt == "json":
+        expected = json.dumps({"event": "request", **as_logged(fields)}, separators=(",", ":"))
+    else:
+        pairs = " ".join(f"{k}={v}" for k, v in as_logged(fields).items() if v is not None)
+        expected = access._prefix(time.time()) + pairs
     assert written == [expected + "\n"]
 
 
@@ -202,15 +194,11 @@ def durations() -> list[int]:
 @pytest.mark.parametrize("fmt", ["text", "json"])
 def test_a_duration_is_written_as_the_float_of_its_milliseconds_was(fmt: str) -> None:
     """The fast paths write hundredths of a millisecond without a float: byte for byte ``repr``."""
-    logging.getLogger("signing_proxy.access").setLevel(logging.INFO)
     written: list[str] = []
     access = AccessLog(enabled=True, fmt=fmt, write=written.append)
     wanted = durations()
-    try:
-        for duration in wanted:
-            access.request(**{**REQUEST, "duration_10us": duration})
-    finally:
-        logging.getLogger("signing_proxy.access").setLevel(logging.NOTSET)
+    for duration in wanted:
+        access.request(**{**REQUEST, "duration_10us": duration})
     if fmt == "json":
         got = [line.split('"duration_ms":')[1].split(",")[0] for line in written]
     else:
@@ -402,7 +390,6 @@ def test_a_pipe_nobody_reads_drops_lines_with_a_counter_and_never_blocks() -> No
 def test_recorded_lines_are_formatted_at_the_flush_with_the_same_bytes_in_order(
     fmt: str, loop: LoopThread, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    logging.getLogger("signing_proxy.access").setLevel(logging.INFO)
     pipe = PipeReader()
     writer = LineWriter(pipe.write_fd, interval_s=3600.0)  # only wake() flushes
     deferred = AccessLog(enabled=True, fmt=fmt, write=writer.write, later=writer.later)
@@ -425,38 +412,29 @@ def test_recorded_lines_are_formatted_at_the_flush_with_the_same_bytes_in_order(
         loop.call(writer.wake)  # SIGHUP's reload, or the timer: what was recorded goes out
         wait_for(lambda: bytes(pipe.data) == "".join(at_once).encode(), "the recorded lines, formatted")
     finally:
-        logging.getLogger("signing_proxy.access").setLevel(logging.NOTSET)
         loop.aclose(writer)
         pipe.close_writer_and_join()
 
 
 def test_lines_recorded_before_close_are_written(loop: LoopThread) -> None:
-    logging.getLogger("signing_proxy.access").setLevel(logging.INFO)
     pipe = PipeReader()
     writer = LineWriter(pipe.write_fd, interval_s=3600.0)  # nothing would go out before close
     access = AccessLog(enabled=True, fmt="json", write=writer.write, later=writer.later)
-    try:
-        loop.call(lambda: (writer.start(), access.request(**REQUEST), access.event("tunnel", **TUNNEL)))
-        loop.aclose(writer)
-    finally:
-        logging.getLogger("signing_proxy.access").setLevel(logging.NOTSET)
+    loop.call(lambda: (writer.start(), access.request(**REQUEST), access.event("tunnel", **TUNNEL)))
+    loop.aclose(writer)
     docs = [json.loads(line) for line in pipe.close_writer_and_join().splitlines()]
     assert [doc["event"] for doc in docs] == ["request", "tunnel"]
     assert writer.dropped == 0
 
 
 def test_past_max_pending_records_are_formatted_at_once() -> None:
-    logging.getLogger("signing_proxy.access").setLevel(logging.INFO)
     written: list[str] = []
     asked: list[Callable[[], None]] = []  # a writer whose flush never comes
     access = AccessLog(enabled=True, fmt="text", write=written.append, later=asked.append)
-    try:
-        for _ in range(MAX_PENDING - 1):
-            access.request(**REQUEST)
-        assert (written, len(asked)) == ([], 1)  # held, the flush asked for once
+    for _ in range(MAX_PENDING - 1):
         access.request(**REQUEST)
-    finally:
-        logging.getLogger("signing_proxy.access").setLevel(logging.NOTSET)
+    assert (written, len(asked)) == ([], 1)  # held, the flush asked for once
+    access.request(**REQUEST)
     assert len(written) == 1  # one block
     assert written[0].count("\n") == MAX_PENDING
     asked[0]()  # the flush that was asked for finds nothing left: idempotent
@@ -466,19 +444,15 @@ def test_past_max_pending_records_are_formatted_at_once() -> None:
 def test_logs_of_successive_reloads_share_one_queue_and_keep_the_order_of_their_lines() -> None:
     """A request in flight across a SIGHUP logs to the log it started with: its line still comes
     out between the lines logged before and after it, each in its own log's format."""
-    logging.getLogger("signing_proxy.access").setLevel(logging.INFO)
     written: list[str] = []
     asked: list[Callable[[], None]] = []
     shared: Pending = []
     old = AccessLog(enabled=True, fmt="text", write=written.append, later=asked.append, pending=shared)
     new = AccessLog(enabled=True, fmt="json", write=written.append, later=asked.append, pending=shared)
-    try:
-        new.request(**{**REQUEST, "host": "a.example"})
-        old.request(**{**REQUEST, "host": "b.example"})  # began before the reload, ended after it
-        new.event("tunnel", **TUNNEL)
-        new.request(**{**REQUEST, "host": "c.example"})
-    finally:
-        logging.getLogger("signing_proxy.access").setLevel(logging.NOTSET)
+    new.request(**{**REQUEST, "host": "a.example"})
+    old.request(**{**REQUEST, "host": "b.example"})  # began before the reload, ended after it
+    new.event("tunnel", **TUNNEL)
+    new.request(**{**REQUEST, "host": "c.example"})
     assert len(asked) == 1  # one flush asked for, by the first line
     asked[0]()
     [block] = written
@@ -493,17 +467,11 @@ def test_logs_of_successive_reloads_share_one_queue_and_keep_the_order_of_their_
 def test_a_waiting_record_holds_only_atoms_so_the_collector_lets_it_go_at_its_first_pass() -> None:
     """Records wait up to a flush interval, ~200 of them under load: one that held a tracked object
     (the log itself, as it once did) stayed tracked, was promoted and walked by every later pass."""
-    logging.getLogger("signing_proxy.access").setLevel(logging.INFO)
     waiting: Pending = []
-    try:
-        for fmt in ("text", "json"):
-            access = AccessLog(
-                enabled=True, fmt=fmt, write=lambda _: None, later=lambda _: None, pending=waiting
-            )
-            access.request(**REQUEST)
-            access.request(**{**REQUEST, "status": None, "keyid": "kid"})
-    finally:
-        logging.getLogger("signing_proxy.access").setLevel(logging.NOTSET)
+    for fmt in ("text", "json"):
+        access = AccessLog(enabled=True, fmt=fmt, write=lambda _: None, later=lambda _: None, pending=waiting)
+        access.request(**REQUEST)
+        access.request(**{**REQUEST, "status": None, "keyid": "kid"})
     assert len(waiting) == 4
     gc.collect(0)
     assert [gc.is_tracked(record) for record in waiting] == [False] * 4
@@ -512,17 +480,13 @@ def test_a_waiting_record_holds_only_atoms_so_the_collector_lets_it_go_at_its_fi
 def test_a_line_that_cannot_be_formatted_does_not_take_the_others_with_it(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    logging.getLogger("signing_proxy.access").setLevel(logging.INFO)
     written: list[str] = []
     asked: list[Callable[[], None]] = []
     access = AccessLog(enabled=True, fmt="json", write=written.append, later=asked.append)
-    try:
-        access.request(**REQUEST)
-        access.request(**{**REQUEST, "host": b"not text"})  # a bug upstream of the log
-        access.request(**{**REQUEST, "host": "after.example"})
-        asked[0]()
-    finally:
-        logging.getLogger("signing_proxy.access").setLevel(logging.NOTSET)
+    access.request(**REQUEST)
+    access.request(**{**REQUEST, "host": b"not text"})  # a bug upstream of the log
+    access.request(**{**REQUEST, "host": "after.example"})
+    asked[0]()
     assert [json.loads(line)["host"] for line in written[0].splitlines()] == [
         "origin.example",
         "after.example",
