@@ -52,7 +52,6 @@ _SIDE = (
 _HTTPS = "**intercepted HTTPS**, keep-alive tunnels, default configuration"
 MISSING = "—"
 _MINUS = "\N{MINUS SIGN}"
-_OVER = "/"
 
 
 def _post(doc: Doc, config: str, conns: int) -> Mapping[str, Any] | None:
@@ -137,10 +136,7 @@ def _paired(r: Mapping[str, Any]) -> str:
     """The paired HTTPS share of a round (runs before it had none)."""
     if "https_paired_share" not in r:
         return MISSING
-    return (
-        f"{r['https_paired_share']:.0%} ({r['https_paired_plain_us']:.1f} {_OVER} "
-        f"{r['https_paired_us']:.1f} µs)"
-    )
+    return f"{r['https_paired_share']:.0%} ({r['https_paired_plain_us']:.1f} / {r['https_paired_us']:.1f} µs)"
 
 
 @dataclass(frozen=True)

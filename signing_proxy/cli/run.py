@@ -25,6 +25,7 @@ from ..proxy.connect import load_interception_ca
 from ..service.app import ProxyApp
 from ..service.keys import key_provider_for, start_key_services
 from ..service.workers import MAX_WORKERS, reserve_port, run_workers
+from ..storage.keystore import StoreWatcher
 from .common import REFUSALS, add_config_flag, config_from, configure_logging, error_line, show_host
 
 __all__ = ["add_parsers", "cmd_run"]
@@ -117,9 +118,8 @@ def _run_workers(config: Config, keys: KeyProvider, args: argparse.Namespace, wo
         _use_uvloop()
         # the parent's copy of the store is the one it started with: a worker restarted later would
         # sign, and publish, with keys rotated or revoked since, until its first reload a second on
-        reload = getattr(keys, "reload", None)
-        if reload is not None:
-            reload(force=True)
+        if isinstance(keys, StoreWatcher):
+            keys.reload(force=True)
         try:
             return asyncio.run(_serve(config, keys, args, reuse_port=True, worker=index))
         except REFUSALS as exc:

@@ -154,9 +154,7 @@ def _authority(authority: str, scheme: str) -> tuple[str, int]:
     if not rest:
         return host.lower(), DEFAULT_PORTS[scheme]
     port_text = rest[1:]
-    if rest[0] != ":" or not (
-        port_text.isascii() and port_text.isdigit() and len(port_text) <= 5 and 0 < int(port_text) < 65536
-    ):
+    if rest[0] != ":" or not (port_text.isdigit() and len(port_text) <= 5 and 0 < int(port_text) < 65536):
         raise EgressError("egress-host", "the port must be a number from 1 to 65535")
     return host.lower(), int(port_text)
 
