@@ -25,7 +25,7 @@ from signing_proxy.net.server import ClientConnection, Engine
 from signing_proxy.net.upstream import UpstreamPool
 from signing_proxy.net.websocket import _Handshake
 from tests.harness import WAIT_S, ProxyProcess, VerifyingOrigin, until, wait_for
-from tests.net.test_engine import running
+from tests.net.test_engine import exchange, running
 
 KEY = SigningKey.generate()
 BIG = 200_000  # far above every limit below; never sent whole by a well-behaved test
@@ -72,16 +72,6 @@ async def rig(request: pytest.FixtureRequest) -> AsyncIterator[tuple[Engine, Hol
 
 async def opened(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     return await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), WAIT_S)
-
-
-async def answer_to(port: int, data: bytes) -> bytes:
-    """Everything the engine writes back to one connection that sent ``data``, until it closes."""
-    reader, writer = await opened(port)
-    try:
-        writer.write(data)
-        return await asyncio.wait_for(reader.read(-1), WAIT_S)
-    finally:
-        writer.close()
 
 
 # --- 1. header limits are checked only after a header is complete ---------------------------------
@@ -247,7 +237,7 @@ async def test_a_trailer_section_is_bounded_while_it_arrives(rig: tuple[Engine, 
     grew the proxy's memory without bound (and cost quadratic time) until the read timeout."""
     _, handler, port = rig
     handler.release.set()
-    answer = await answer_to(
+    answer = await exchange(
         port,
         b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\nX-T: "
         + b"a" * BIG,  # the trailer field never ends
@@ -264,7 +254,7 @@ async def test_a_long_chunked_body_is_not_a_long_trailer(rig: tuple[Engine, Hold
     chunks = b"1;ext=" + b"e" * 100 + b"\r\nx\r\n"
     chunks = chunks * 60 + b"0\r\nX-Sum: 1\r\n\r\n"
     head = b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
-    answer = await answer_to(port, head + chunks)
+    answer = await exchange(port, head + chunks)
     assert answer.startswith(b"HTTP/1.1 200 ")
     assert answer.endswith(b"x" * 60)
 
