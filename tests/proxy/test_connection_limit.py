@@ -1,6 +1,7 @@
 """limits.max_connections counts every client connection the proxy holds open: served ones, and those
 a WebSocket pipe or a blind tunnel took over (they left the engine's set when they were taken over,
-so any client could hold any number of sockets open through pipes to a server of its own)."""
+so any client could hold any number of sockets open through pipes to a server of its own), and an
+intercepted CONNECT still waiting for its TLS handshake."""
 
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ async def world(tmp_path: Path) -> AsyncIterator[dict[str, Any]]:
         {
             "listen": "127.0.0.1:0",
             "data_dir": str(tmp_path),
-            "intercept": {"enabled": False, "tunnel": ["127.0.0.1"], "allowed_ports": [tcp_port]},
+            "intercept": {"enabled": True, "tunnel": ["127.0.0.1"], "allowed_ports": [tcp_port]},
             "log": {"access_log": False},
             "limits": {"max_connections": LIMIT},
         }
@@ -77,14 +78,20 @@ def handshake(ws_port: int) -> bytes:
     )
 
 
-def connect(tcp_port: int) -> bytes:
-    return b"CONNECT 127.0.0.1:%d HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n\r\n" % (tcp_port, tcp_port)
+def connect(tcp_port: int, host: bytes = b"127.0.0.1") -> bytes:
+    return b"CONNECT %s:%d HTTP/1.1\r\nHost: %s:%d\r\n\r\n" % (host, tcp_port, host, tcp_port)
 
 
-@pytest.mark.parametrize("kind", ["websocket", "tunnel"])
+@pytest.mark.parametrize("kind", ["websocket", "tunnel", "interception"])
 async def test_pipes_and_tunnels_count_against_max_connections(world: dict[str, Any], kind: str) -> None:
+    """``interception``: a CONNECT the proxy will intercept, whose client never starts its TLS
+    handshake: the connection waits for a ClientHello, and still holds its place."""
     app, port = world["app"], world["port"]
-    request = handshake(world["ws_port"]) if kind == "websocket" else connect(world["tcp_port"])
+    request = {
+        "websocket": handshake(world["ws_port"]),
+        "tunnel": connect(world["tcp_port"]),
+        "interception": connect(world["tcp_port"], host=b"localhost"),
+    }[kind]
     wanted = (
         b"HTTP/1.1 101 Switching Protocols" if kind == "websocket" else b"HTTP/1.1 200 Connection Established"
     )
