@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -86,6 +87,31 @@ def test_workers_end_with_their_parent_even_when_it_is_killed(tmp_path: Path) ->
             wait_for(lambda: not any(alive(pid) for pid in workers), "the workers ending with their parent")
         finally:
             for pid in workers:  # ours: never left behind, whatever the outcome
+                if alive(pid):
+                    os.kill(pid, signal.SIGKILL)
+
+
+def test_a_sigterm_during_a_restarts_backoff_forks_no_worker(tmp_path: Path) -> None:
+    """A worker that dies within RESTART_BACKOFF_S of its start is restarted after a wait; a SIGTERM
+    in that wait reached the running workers, and the parent then forked one that nobody told to
+    stop, and waited for it without end."""
+    with ProxyProcess(tmp_path, {}, key=KEY, extra_args=("--workers", "2")) as proxy:
+        assert proxy.proc is not None
+        parent = proxy.proc.pid
+        wait_for(lambda: sum("listening on" in line for line in proxy.stderr_lines) >= 2, "both workers")
+        first = children(parent)
+        seen = set(first)
+        try:
+            os.kill(min(first), signal.SIGKILL)
+            wait_for(lambda: bool(children(parent) - seen), "the worker restarted")
+            restarted = children(parent) - seen
+            seen |= restarted
+            os.kill(restarted.pop(), signal.SIGKILL)  # again at once: its next start waits out the backoff
+            time.sleep(0.2)  # the parent has reaped it and sleeps
+            proxy.proc.send_signal(signal.SIGTERM)
+            assert proxy.proc.wait(WAIT_S) == 0
+        finally:
+            for pid in children(parent) | seen:  # ours: never left behind, whatever the outcome
                 if alive(pid):
                     os.kill(pid, signal.SIGKILL)
 
