@@ -11,14 +11,14 @@ import json
 import math
 from typing import Any
 
-__all__ = ["loads_bounded"]
+__all__ = ["finite_float", "loads_bounded", "no_constant"]
 
 
 def loads_bounded(data: bytes | str, *, max_depth: int) -> Any:
     """``json.loads(data)``; ValueError for a non-finite number or more than ``max_depth`` levels of
     arrays and objects (also for what ``json.loads`` refuses, and a RecursionError)."""
     try:
-        value = json.loads(data, parse_constant=_no_constant, parse_float=_finite)
+        value = json.loads(data, parse_constant=no_constant, parse_float=finite_float)
     except RecursionError:
         raise ValueError("nested too deep") from None
     if not _nested_at_most(value, max_depth):
@@ -26,11 +26,13 @@ def loads_bounded(data: bytes | str, *, max_depth: int) -> Any:
     return value
 
 
-def _no_constant(name: str) -> object:
+def no_constant(name: str) -> object:
+    """A ``parse_constant`` hook: ``NaN``, ``Infinity`` and ``-Infinity`` are refused (ValueError)."""
     raise ValueError(f"{name} is not JSON")
 
 
-def _finite(text: str) -> float:
+def finite_float(text: str) -> float:
+    """A ``parse_float`` hook: a number too large for a float (``1e999``) is refused (ValueError)."""
     value = float(text)
     if math.isinf(value):  # 1e999
         raise ValueError("a number out of range")

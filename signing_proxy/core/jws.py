@@ -13,13 +13,13 @@ payload is not JSON.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from .b64 import b64url_decode, b64url_encode
 from .errors import DelegationError
+from .json_bounds import finite_float, no_constant
 from .jwk import PublicKey, SigningKey
 
 __all__ = [
@@ -85,44 +85,19 @@ def unique_members(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return obj
 
 
-def _finite_float(text: str) -> float:
-    # 1e999 parses to inf; a NumericDate of infinity would never expire.
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError("non-finite number")
-    return value
-
-
-def _no_constants(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
 def _loads_strict(data: bytes, what: str) -> Any:
     """Strict UTF-8 JSON: unique member names, finite numbers only, no BOM, no unpaired surrogate
     (an escape ``\\ud800`` alone: RFC 7493 section 2.1; such a string cannot be written as UTF-8)."""
     try:
         text = data.decode("utf-8")
         value = json.loads(
-            text, object_pairs_hook=unique_members, parse_float=_finite_float, parse_constant=_no_constants
+            text, object_pairs_hook=unique_members, parse_float=finite_float, parse_constant=no_constant
         )
-        if "\\u" in text:  # only an escape can make a surrogate: strict UTF-8 has none
-            _encodable(value)
+        if "\\u" in text:  # only an escape can make a surrogate, which UTF-8 cannot write
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
     except (UnicodeError, ValueError, RecursionError) as exc:
         raise _malformed(f"{what} is not strict UTF-8 JSON") from exc
     return value
-
-
-def _encodable(value: Any) -> None:
-    """UnicodeEncodeError when a string or a member name in ``value`` holds a lone surrogate."""
-    if isinstance(value, str):
-        value.encode("utf-8")
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            key.encode("utf-8")
-            _encodable(item)
-    elif isinstance(value, list):
-        for item in value:
-            _encodable(item)
 
 
 def _decode_part(part: str, what: str) -> bytes:
