@@ -119,7 +119,7 @@ def parse_retrieval_url(url: str) -> RetrievalUrl:
     expires = values.get("expires", [""])[0]
     if not is_thumbprint(agent_id) or not is_thumbprint(keyid):
         raise _malformed("agent_id and keyid are RFC 7638 thumbprints")
-    if not (expires.isdigit() and expires.isascii() and len(expires) <= 15):
+    if _unix_seconds(expires) is None:
         raise _malformed("expires is unix seconds")
     try:
         signature = b64url_decode(sig)
@@ -170,11 +170,7 @@ def _binding(value: object, holder: dict[str, Any]) -> TransactionBinding | None
         return None  # unbound: a bearer URL, any key may fetch it
     if expires_at is None:
         expires = query_param(target.path_query, "expires")
-        expires_at = (
-            int(expires)
-            if expires is not None and expires.isascii() and expires.isdigit() and len(expires) <= 15
-            else None
-        )
+        expires_at = None if expires is None else _unix_seconds(expires)
     return TransactionBinding(target.uri, agent_id, expires_at)
 
 
@@ -203,3 +199,8 @@ def parse_transaction_response(body: bytes) -> TransactionResult:
                 elif isinstance(value, dict | list):
                     stack.append(value)
     return TransactionResult(echoed if is_thumbprint(echoed) else None, tuple(bindings[:MAX_BINDINGS]))
+
+
+def _unix_seconds(text: str) -> int | None:
+    """``text`` as unix seconds: ASCII digits, at most 15 of them (None when it is not)."""
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 15 else None
