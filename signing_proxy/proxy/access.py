@@ -16,6 +16,7 @@ __all__ = ["AccessControl"]
 
 _LOOPBACK = (ipaddress.ip_network("127.0.0.0/8"), ipaddress.ip_network("::1/128"))
 PROXY_AUTHENTICATE = ("Proxy-Authenticate", 'Basic realm="signing-proxy", charset="UTF-8"')
+MAX_AUTH_FILE_BYTES = 1024 * 1024  # our bound: a file of user:password lines
 
 
 class AccessControl:
@@ -26,7 +27,13 @@ class AccessControl:
         self._networks = tuple(nets) if nets else _LOOPBACK
         self._credentials: dict[bytes, bytes] = {}
         if config.proxy_auth_file:
-            text = _read_auth_file(Path(config.proxy_auth_file).expanduser())
+            # it holds passwords: owner-only (0600) like a bearer or PIN file, ConfigError otherwise
+            text = read_secret_text(
+                Path(config.proxy_auth_file).expanduser(),
+                "access.proxy_auth_file",
+                max_bytes=MAX_AUTH_FILE_BYTES,
+                reasons="proxy-auth",
+            )
             for number, raw_line in enumerate(text.splitlines(), 1):
                 line = raw_line.strip()
                 if not line or line.startswith("#"):
@@ -73,14 +80,3 @@ class AccessControl:
         raise ProxyError(
             407, "proxy-auth-required", "valid proxy credentials are required", headers=(PROXY_AUTHENTICATE,)
         )
-
-
-MAX_AUTH_FILE_BYTES = 1024 * 1024  # our bound: a file of user:password lines
-
-
-def _read_auth_file(path: Path) -> str:
-    """The text of ``access.proxy_auth_file``: it holds passwords, so it must be owner-only (0600)
-    like a bearer or PIN file; ConfigError with a stable reason otherwise."""
-    return read_secret_text(
-        path, "access.proxy_auth_file", max_bytes=MAX_AUTH_FILE_BYTES, reasons="proxy-auth"
-    )
