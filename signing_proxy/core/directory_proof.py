@@ -62,7 +62,7 @@ def sign_directory_response(
         body, authority, [key.thumbprint for key in keys], created=created, expires=expires
     )
     signatures = [key.sign(base) for key, (_, base) in zip(keys, planned, strict=True)]
-    return directory_proof_fields(digest, [params for params, _ in planned], signatures)
+    return directory_proof_fields(digest, planned, signatures)
 
 
 def directory_proof_bases(
@@ -79,12 +79,12 @@ def directory_proof_bases(
 
 
 def directory_proof_fields(
-    digest: str, params: Sequence[str], signatures: Sequence[bytes]
+    digest: str, planned: Sequence[tuple[str, bytes]], signatures: Sequence[bytes]
 ) -> list[tuple[str, str]]:
-    """The three fields from the proofs' parameters and signatures, in key order."""
+    """The three fields from ``directory_proof_bases``' plan and the signatures, in key order."""
     return [
         ("Content-Digest", digest),
-        ("Signature-Input", ", ".join(f"binding{i}={value}" for i, value in enumerate(params))),
+        ("Signature-Input", ", ".join(f"binding{i}={params}" for i, (params, _base) in enumerate(planned))),
         ("Signature", ", ".join(f"binding{i}=:{b64_encode(sig)}:" for i, sig in enumerate(signatures))),
     ]
 

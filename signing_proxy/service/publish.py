@@ -193,7 +193,7 @@ class PublishServer:
                 "a key's token cannot sign the directory's proofs now",
                 **{"Retry-After": "5"},
             )
-        proofs = directory_proof_fields(digest, [params for params, _ in planned], signatures)
+        proofs = directory_proof_fields(digest, planned, signatures)
         return _document(body, WEB_DIRECTORY_MEDIA_TYPE, cache, Vary="Accept", **dict(proofs))
 
     async def start(self, *, reuse_port: bool = False) -> list[tuple[str, int]]:
