@@ -36,7 +36,7 @@ _HUNDREDTHS = tuple(f".{c:02d}".rstrip("0") if c else ".0" for c in range(100))
 _EXACT = 10**15
 # lines waiting to be formatted: past this, formatted at once. About the writer's interval of the
 # fastest traffic (12,000 requests/s): a batch that large costs the least per line. A host is at most
-# 253 characters (core.uri.MAX_HOST_CHARS; a CONNECT target is cut to 261), the other fields are
+# 253 characters (core.uri.MAX_HOST_CHARS; a CONNECT target is cut to 259), the other fields are
 # shorter: what waits stays under a megabyte whatever strangers send.
 MAX_PENDING = 1024
 # (whether its log writes JSON, time, client, method, host, status, duration in hundredths of a

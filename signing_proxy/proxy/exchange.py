@@ -45,7 +45,7 @@ log = logging.getLogger("signing_proxy.proxy")
 
 LocalEndpoint = Callable[[ClientConnection, Request], int]
 _CLOSING_STATUSES = frozenset({400, 403, 413, 431})  # the rest of the connection cannot be trusted
-_LOGGED_TARGET_CHARS = 261  # a DNS name (253) and a port: an access line stays one pipe write (PIPE_BUF)
+_LOGGED_TARGET_CHARS = 259  # a DNS name (253), a colon and a port: an access line stays one pipe write
 
 
 class Prepare(Protocol):

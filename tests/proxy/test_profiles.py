@@ -14,7 +14,7 @@ from signing_proxy.core.fields import Fields
 from signing_proxy.core.jwk import SigningKey
 from signing_proxy.core.keys import StaticKeyProvider
 from signing_proxy.core.profiles import SVC, WEB_BOT_AUTH
-from signing_proxy.core.signatures import Message, VerificationKey, verify_stack
+from signing_proxy.core.signatures import Component, Message, VerificationKey, verify_stack
 from signing_proxy.core.uri import parse_absolute_uri
 from signing_proxy.errors import ProxyError
 from signing_proxy.metrics import Metrics
@@ -177,6 +177,24 @@ def test_a_relay_label_steps_aside_for_an_agents_signature_agent_member_of_its_n
     lookup = lambda e, _i: VerificationKey(keys[e.keyid])  # noqa: E731
     stack = verify_stack(Message("GET", parse_absolute_uri(url), fields), b"", lookup, now=NOW + 1)
     assert [signature.label for signature in stack.signatures] == ["agent", "broker2"]
+
+
+def test_a_field_no_signature_base_can_be_built_from_is_a_400_and_nothing_is_attached() -> None:
+    """A covered Dictionary member whose key the field names twice: no base can say which value it
+    covers. The Signer answers 400 (counted under its reason) and attaches nothing; it let the
+    FieldError through before (a 500 and a traceback), which the relay's label no longer provokes."""
+    metrics = Metrics()
+    signer = Signer(
+        StaticKeyProvider(AGENT), label="agent", validity_s=300, clock=lambda: NOW, metrics=metrics
+    )
+    fields = Fields([("Signature-Agent", 'agent="https://a.example", agent="https://b.example"')])
+    message = Message("GET", parse_absolute_uri("https://shop.example/"), fields)
+    with pytest.raises(ProxyError) as refused:
+        signer.sign(message, components=(Component("signature-agent", key="agent"),))
+    assert (refused.value.status, refused.value.reason) == (400, "duplicate-label")
+    assert "more than once" in refused.value.detail
+    assert fields.get_all("signature") == fields.get_all("signature-input") == []
+    assert b'signing_proxy_signing_failures_total{reason="duplicate-label"} 1.0' in metrics.render()
 
 
 def test_a_relays_signatures_are_counted_under_its_configured_label() -> None:
