@@ -41,6 +41,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Required, TypedDict
 
 from signing_proxy.core.b64 import b64url_decode, b64url_encode
 from signing_proxy.core.digest import content_digest
@@ -290,11 +291,9 @@ def serve_directories(args: argparse.Namespace) -> None:
         app.router.add_get("/stats", stats)
         runner = web.AppRunner(app, access_log=None, handle_signals=True)
         await runner.setup()
-        ports = []
         for _ in range(args.sites):
-            site = web.TCPSite(runner, "127.0.0.1", 0, backlog=1024)
-            await site.start()
-            ports.append(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
+            await web.TCPSite(runner, "127.0.0.1", 0, backlog=1024).start()
+        ports: list[int] = [address[1] for address in runner.addresses]  # one per site, in start order
         print(f"directories listening on {','.join(map(str, ports))}", flush=True)
         try:
             await asyncio.sleep(args.lifetime_s)  # stops by itself even if its parent died
@@ -428,11 +427,32 @@ def percentile(values: list[float], pct: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[int(pct) - 1]
 
 
+class AttackerFigures(TypedDict):
+    """What the ``--attack`` child prints as JSON when it is done."""
+
+    outcomes: dict[str, int]
+    elapsed_s: float
+
+
+class Figures(TypedDict, total=False):
+    """What ``run`` measures of the relay, the attacker and the directory host, for ``report``."""
+
+    machine: Required[str]
+    rss_before_kib: int
+    relay_cpu_during_attack: float
+    cores_busy_during_attack: str
+    rss_after_attack_kib: int
+    rss_after_kib: int
+    rss_peak_kib: int
+    attacker: AttackerFigures
+    directory_host_hits: dict[str, int]
+
+
 def run(args: argparse.Namespace) -> int:
     if CORES >= 2:
         os.sched_setaffinity(0, {0})  # the legitimate client shares core 0 with origin and attacker
     agent = SigningKey.generate()
-    figures: dict[str, object] = {"machine": f"{CORES} cores, Python {sys.version.split()[0]}"}
+    figures: Figures = {"machine": f"{CORES} cores, Python {sys.version.split()[0]}"}
     with tempfile.TemporaryDirectory() as tmp_name, contextlib.ExitStack() as stack:
         tmp = Path(tmp_name)
         lifetime = str(args.time_limit_s + 60)
@@ -530,30 +550,34 @@ def run_summary(run: Run) -> dict[str, object]:
 
 def report(
     args: argparse.Namespace,
-    figures: dict[str, object],
+    figures: Figures,
     runs: dict[str, Run],
     relay_alive: bool,
 ) -> int:
     before, after_attack, after = (
-        int(figures[k]) / 1024  # type: ignore[call-overload]
-        for k in ("rss_before_kib", "rss_after_attack_kib", "rss_after_kib")
+        figures["rss_before_kib"] / 1024,
+        figures["rss_after_attack_kib"] / 1024,
+        figures["rss_after_kib"] / 1024,
     )
     growth = max(after_attack, after) - before
-    attacker: dict[str, int] = figures["attacker"]["outcomes"]  # type: ignore[index]
-    elapsed_s = float(figures["attacker"]["elapsed_s"])  # type: ignore[index]
+    attacker = figures["attacker"]["outcomes"]
+    elapsed_s = float(figures["attacker"]["elapsed_s"])
     print(
         f"\nhostile verifier — {figures['machine']}; relay on core 1, origin + directory host + attacker "
         f"+ legitimate client on core 0; relay fetch timeout {FETCH_TIMEOUT_S:g} s, fetch budget "
         f"{'the default (verify.fetches_per_s)' if args.fetches_per_s is None else args.fetches_per_s}\n"
         f"attacker: {args.count} requests naming unique Signature-Agent directories, {args.concurrency} "
         f"connections, paced at {args.rate:g}/s: sent in {elapsed_s:.1f} s; relay CPU during the attack "
-        f"{float(figures['relay_cpu_during_attack']) * 100:.0f} % of a core; cores busy (any process): "  # type: ignore[arg-type]
+        f"{figures['relay_cpu_during_attack'] * 100:.0f} % of a core; cores busy (any process): "
         f"{figures['cores_busy_during_attack']}"
     )
     for name, count in sorted(attacker.items(), key=lambda kv: -kv[1]):
         print(f"    {count:>6}  {name}")
-    print(f"\nrelay RSS: {before:.1f} MiB before the attack, {after_attack:.1f} MiB right after, "
-          f"{after:.1f} MiB after the last quiet run (peak {int(figures['rss_peak_kib']) / 1024:.1f} MiB)")  # type: ignore[call-overload]  # fmt: skip
+    peak = figures["rss_peak_kib"] / 1024
+    print(
+        f"\nrelay RSS: {before:.1f} MiB before the attack, {after_attack:.1f} MiB right after, "
+        f"{after:.1f} MiB after the last quiet run (peak {peak:.1f} MiB)"
+    )
     verdict = "ok" if growth <= 20 else "MISSED"
     print(f"relay RSS growth: {growth:.1f} MiB (target <= 20 MiB: {verdict})")
     print(f"\nlegitimate traffic at {args.legit_rate:g}/s over one keep-alive connection:")
@@ -585,7 +609,7 @@ def report(
     else:
         print("every legitimate request was accepted")
     hits = figures.get("directory_host_hits") or {}
-    print(f"\ndirectory host served: {', '.join(f'{k} {v}' for k, v in sorted(hits.items()))}")  # type: ignore[union-attr]
+    print(f"\ndirectory host served: {', '.join(f'{k} {v}' for k, v in sorted(hits.items()))}")
     if not relay_alive:
         print("THE RELAY EXITED DURING THE RUN")
     summary = {

@@ -35,6 +35,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Required, TypedDict
 
 from procs import (
     CORES,
@@ -298,7 +299,7 @@ class Generator:
 
     def random_bytes(self, index: int) -> str | bytes:
         rng = self.rng
-        shapes = [
+        shapes: list[Callable[[], str | bytes]] = [
             lambda: rng.randbytes(rng.randint(1, 4096)),
             lambda: "".join(rng.choice(string.printable) for _ in range(rng.randint(1, 2000))),
             lambda: f"GET {self.base}/m/{index} HTTP/1.1\r\n".encode() + rng.randbytes(rng.randint(1, 2000)),
@@ -423,9 +424,20 @@ async def run_cases(cases: Iterator[Case], port: int, args: argparse.Namespace, 
     return time.monotonic() - start
 
 
+class Figures(TypedDict, total=False):
+    """What ``run`` measures of the proxy, for ``report``."""
+
+    machine: Required[str]
+    rss_start_kib: int
+    settle_s: float
+    rss_end_kib: int
+    rss_peak_kib: int
+    log_lines: int
+
+
 def run(args: argparse.Namespace) -> int:
     pin_self(0)
-    figures: dict[str, object] = {"machine": f"{CORES} cores, Python {sys.version.split()[0]}"}
+    figures: Figures = {"machine": f"{CORES} cores, Python {sys.version.split()[0]}"}
     with tempfile.TemporaryDirectory() as tmp_name, contextlib.ExitStack() as stack:
         tmp = Path(tmp_name)
         origin_log = tmp / "origin.log"
@@ -455,13 +467,17 @@ def run(args: argparse.Namespace) -> int:
 
 def report(  # noqa: PLR0917
     args: argparse.Namespace,
-    figures: dict[str, object],
+    figures: Figures,
     tally: Tally,
     elapsed: float,
     alive: bool,
     found: list[str],
 ) -> int:
-    start, peak, end = (int(figures[k]) / 1024 for k in ("rss_start_kib", "rss_peak_kib", "rss_end_kib"))  # type: ignore[call-overload]
+    start, peak, end = (
+        figures["rss_start_kib"] / 1024,
+        figures["rss_peak_kib"] / 1024,
+        figures["rss_end_kib"] / 1024,
+    )
     back = end - start <= RSS_RETURN_MIB
     print(
         f"\nmalformed input — {figures['machine']}; proxy on core 1, origin + generator on core 0\n"
@@ -489,7 +505,7 @@ def report(  # noqa: PLR0917
     print(
         f"\nproxy RSS: start {start:.1f} MiB, peak {peak:.1f} MiB, end {end:.1f} MiB "
         f"(end - start {end - start:+.1f} MiB; bound +{RSS_RETURN_MIB:g} MiB: {'ok' if back else 'MISSED'}; "
-        f"connections closed {float(figures['settle_s']):.1f} s after the run)"  # type: ignore[arg-type]
+        f"connections closed {figures['settle_s']:.1f} s after the run)"
     )
     print(f"proxy alive at the end: {'yes' if alive else 'NO'}")
     print(f"traceback in the proxy's log ({figures['log_lines']} lines): {'YES' if found else 'no'}")

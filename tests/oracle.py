@@ -60,7 +60,7 @@ def oracle_verify(
     verifier.allow_label_only_selection = True
     if not check_time:
         verifier.validate_created_and_expires = lambda *_a, **_k: None  # type: ignore[method-assign]
-    accepted = []
+    accepted: list[str] = []
     for label in labels:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", SignatureVerifyWarning)

@@ -9,9 +9,10 @@ scopes, remaining accesses — the only thing a handler should trust.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from ..core.errors import VerificationError
 from ..errors import problem_body
@@ -48,7 +49,7 @@ def gateway_refusal(refusal: GatewayRefusal) -> web.Response:
 
 def gateway_middleware(
     gateway: GatewayVerifier, *, external_origin: str | None = None, exempt_paths: Sequence[str] = ()
-) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+) -> Middleware:
     """aiohttp middleware: refuse what the gateway refuses; else ``request[GATEWAY]`` for the handler."""
 
     @web.middleware

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from ..core.errors import FieldError, VerificationError
 from ..core.fields import Fields
@@ -63,7 +64,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 def signature_middleware(
     verifier: RequestVerifier, *, external_origin: str | None = None, exempt_paths: Sequence[str] = ()
-) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+) -> Middleware:
     """aiohttp middleware: refuse unverified requests with 401 problem+json (503 when busy); else put the
     ``VerifiedStack`` in ``request[SIGNATURE]`` for the handler (trust only that)."""
 

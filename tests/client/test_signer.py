@@ -218,8 +218,8 @@ async def test_the_async_adapters_look_at_the_key_source_off_the_event_loop(orig
         assert r.status == 200
     assert len(keys.threads) == 2
     assert loop_thread not in keys.threads
-    with session(signer) as s:  # a sync client looks on its own thread, when due
-        assert s.get(origin.url("/requests"), timeout=15).status_code == 200
+    with session(signer) as sync:  # a sync client looks on its own thread, when due
+        assert sync.get(origin.url("/requests"), timeout=15).status_code == 200
     assert keys.threads[2] == loop_thread
     assert all(a.verified for a in origin.arrivals)
 

@@ -38,7 +38,9 @@ def test_the_drafts_signed_directory_vector_is_reproduced_byte_for_byte() -> Non
 def test_the_drafts_signed_directory_vector_proves_its_key() -> None:
     body = str(VECTOR["response_body"]).encode()
     fields = Fields(tuple(VECTOR["headers"].items()))
-    assert proven_keys(body, "signature-agent.test", fields, [PUBLIC], now=VECTOR_NOW) == {PUBLIC.thumbprint}
+    assert proven_keys(body, "signature-agent.test", fields, [PUBLIC], now=VECTOR_NOW) == frozenset(
+        {PUBLIC.thumbprint}
+    )
 
 
 def _signed(keys: list[SigningKey], body: bytes = b'{"keys":[]}') -> Fields:
@@ -50,9 +52,9 @@ def test_every_key_is_proven_and_an_unproven_key_is_not() -> None:
     stranger = SigningKey.generate()
     fields = _signed(keys)
     publics = [k.public for k in (*keys, stranger)]
-    assert proven_keys(b'{"keys":[]}', "dir.example", fields, publics, now=1500) == {
+    assert proven_keys(b'{"keys":[]}', "dir.example", fields, publics, now=1500) == frozenset(
         k.thumbprint for k in keys
-    }
+    )
 
 
 def test_a_tampered_body_proves_nothing() -> None:
@@ -69,7 +71,9 @@ def test_another_authority_or_time_outside_the_window_proves_nothing() -> None:
     assert proven_keys(b'{"keys":[]}', "evil.example", fields, [key.public], now=1500) == frozenset()
     assert proven_keys(b'{"keys":[]}', "dir.example", fields, [key.public], now=2000) == frozenset()
     assert proven_keys(b'{"keys":[]}', "dir.example", fields, [key.public], now=900) == frozenset()
-    assert proven_keys(b'{"keys":[]}', "dir.example", fields, [key.public], now=1000) == {key.thumbprint}
+    assert proven_keys(b'{"keys":[]}', "dir.example", fields, [key.public], now=1000) == frozenset(
+        {key.thumbprint}
+    )
 
 
 def test_a_response_without_directory_proofs_is_not_judged() -> None:

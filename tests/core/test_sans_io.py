@@ -53,7 +53,7 @@ FORBIDDEN_CALLS = {
 
 def violations(source: str) -> list[str]:
     """Every forbidden import and call in ``source``, as ``"imports X"`` / ``"line N calls Y()"``."""
-    found = []
+    found: list[str] = []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]

@@ -51,9 +51,11 @@ SPECIAL = st.sampled_from([",", ";", "=", "(", ")", '"', ":", " ", "\t", "\\", "
 def http_sf_verdict(text: str) -> Any:
     """http-sf's own reading of ``text``, or the name of its refusal."""
     try:
-        return dict(http_sf.parse(text.encode("ascii"), tltype="dictionary"))
+        parsed = http_sf.parse(text.encode("ascii"), tltype="dictionary")
     except (ValueError, UnicodeEncodeError) as exc:
         return type(exc).__name__
+    assert isinstance(parsed, dict)  # tltype="dictionary": http-sf's parse_dictionary, always a dict
+    return dict(parsed)
 
 
 def our_verdict(text: str) -> Any:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import TypedDict, Unpack
 
 import pytest
 
@@ -41,6 +42,34 @@ AGENT = SigningKey.from_seed(bytes(range(32)))
 BROKER = SigningKey.from_seed(bytes(range(1, 33)))
 OTHER = SigningKey.from_seed(bytes(range(2, 34)))
 
+Param = tuple[str, str | int]
+"""One signature parameter, as ``serialize_params_value`` takes it."""
+
+
+class KeyState(TypedDict, total=False):
+    """What ``keys`` may set on every ``VerificationKey`` besides its public key."""
+
+    not_before: int | None
+    not_after: int | None
+    revoked: bool
+    source: str | None
+
+
+class StackLimits(TypedDict, total=False):
+    """The bounds of ``verify_stack`` a test may change."""
+
+    skew_s: int
+    max_validity_s: int | None
+    max_hops: int | None
+
+
+class VerifyOptions(StackLimits, total=False):
+    """Everything ``verify`` takes after the message."""
+
+    body: bytes | None
+    known: dict[str, VerificationKey] | None
+    now: float
+
 
 def unsigned(body: bytes = BODY, auth: str | None = "", agent: str | None = "") -> Message:
     lines = [("Content-Type", "application/json"), ("Content-Digest", content_digest(body))]
@@ -57,7 +86,7 @@ def forge(
     *,
     label: str = "agent",
     components: Sequence[Component] = SPEC_COMPONENTS,
-    params: Sequence[tuple[str, str | int]] | None = None,
+    params: Sequence[Param] | None = None,
 ) -> Message:
     """Sign exactly these components and params (in this order) and attach the result."""
     if params is None:
@@ -82,8 +111,8 @@ def add_hop(message: Message, key: SigningKey, label: str, previous: str) -> Mes
     return message
 
 
-def keys(*signers: SigningKey, **over: object) -> dict[str, VerificationKey]:
-    return {k.thumbprint: VerificationKey(k.public, **over) for k in signers}  # type: ignore[arg-type]
+def keys(*signers: SigningKey, **over: Unpack[KeyState]) -> dict[str, VerificationKey]:
+    return {k.thumbprint: VerificationKey(k.public, **over) for k in signers}
 
 
 def verify(
@@ -91,15 +120,15 @@ def verify(
     body: bytes | None = BODY,
     known: dict[str, VerificationKey] | None = None,
     now: float = NOW + 10,
-    **kw: int,
+    **kw: Unpack[StackLimits],
 ) -> VerifiedStack:
     known = keys(AGENT, BROKER) if known is None else known
     return verify_stack(message, body, lambda entry, _i: known.get(entry.keyid or ""), now=now, **kw)
 
 
-def refused(message: Message, reason: str, **kw: object) -> VerificationError:
+def refused(message: Message, reason: str, **kw: Unpack[VerifyOptions]) -> VerificationError:
     with pytest.raises(VerificationError) as err:
-        verify(message, **kw)  # type: ignore[arg-type]
+        verify(message, **kw)
     assert err.value.reason == reason, err.value
     return err.value
 
@@ -174,7 +203,12 @@ def test_rule1_component_covered_twice_is_refused() -> None:
 
 @pytest.mark.parametrize("missing", ["created", "expires", "alg", "keyid"])
 def test_rule2_required_parameters(missing: str) -> None:
-    params = [("keyid", AGENT.thumbprint), ("alg", "ed25519"), ("created", NOW), ("expires", NOW + 300)]
+    params: list[Param] = [
+        ("keyid", AGENT.thumbprint),
+        ("alg", "ed25519"),
+        ("created", NOW),
+        ("expires", NOW + 300),
+    ]
     params = [p for p in params if p[0] != missing]
     known = keys(AGENT)
     if missing == "keyid":
@@ -183,7 +217,7 @@ def test_rule2_required_parameters(missing: str) -> None:
 
 
 def test_alg_other_than_ed25519_is_refused() -> None:
-    params = [
+    params: list[Param] = [
         ("keyid", AGENT.thumbprint),
         ("alg", "rsa-pss-sha512"),
         ("created", NOW),
@@ -193,7 +227,7 @@ def test_alg_other_than_ed25519_is_refused() -> None:
 
 
 def test_unknown_signature_parameter_is_refused() -> None:
-    params = [
+    params: list[Param] = [
         ("keyid", AGENT.thumbprint),
         ("alg", "ed25519"),
         ("created", NOW),
@@ -204,7 +238,12 @@ def test_unknown_signature_parameter_is_refused() -> None:
 
 
 def test_expires_not_after_created_is_refused() -> None:
-    params = [("keyid", AGENT.thumbprint), ("alg", "ed25519"), ("created", NOW), ("expires", NOW)]
+    params: list[Param] = [
+        ("keyid", AGENT.thumbprint),
+        ("alg", "ed25519"),
+        ("created", NOW),
+        ("expires", NOW),
+    ]
     refused(forge(unsigned(), AGENT, params=params), "bad-signature-window")
 
 
@@ -222,7 +261,7 @@ def test_rule2_expired_signature_is_refused_at_the_boundary_skew_never_extends_e
 
 def test_lifetime_above_max_validity_is_refused_at_the_boundary() -> None:
     def lifetime(seconds: int) -> Message:
-        params = [
+        params: list[Param] = [
             ("keyid", AGENT.thumbprint),
             ("alg", "ed25519"),
             ("created", NOW),
@@ -239,12 +278,17 @@ def test_lifetime_above_max_validity_is_refused_at_the_boundary() -> None:
 def test_replay_for_years_is_refused() -> None:
     """Issue 15 attack 5: ``created=1``, ``expires=now+10y`` was accepted."""
     ten_years = 10 * 365 * 86400
-    params = [("keyid", AGENT.thumbprint), ("alg", "ed25519"), ("created", 1), ("expires", NOW + ten_years)]
+    params: list[Param] = [
+        ("keyid", AGENT.thumbprint),
+        ("alg", "ed25519"),
+        ("created", 1),
+        ("expires", NOW + ten_years),
+    ]
     refused(forge(unsigned(), AGENT, params=params), "validity-too-long")
 
 
 def test_keyid_that_is_not_a_thumbprint_is_refused_without_a_lookup() -> None:
-    params = [("keyid", "key-1"), ("alg", "ed25519"), ("created", NOW), ("expires", NOW + 300)]
+    params: list[Param] = [("keyid", "key-1"), ("alg", "ed25519"), ("created", NOW), ("expires", NOW + 300)]
 
     def lookup(_entry: object, _index: int) -> VerificationKey:
         raise AssertionError("looked up a keyid of the wrong shape")
@@ -317,7 +361,12 @@ def test_key_window_is_half_open() -> None:
 
 def test_signature_by_another_key_is_refused() -> None:
     message = unsigned()
-    params = [("keyid", AGENT.thumbprint), ("alg", "ed25519"), ("created", NOW), ("expires", NOW + 300)]
+    params: list[Param] = [
+        ("keyid", AGENT.thumbprint),
+        ("alg", "ed25519"),
+        ("created", NOW),
+        ("expires", NOW + 300),
+    ]
     refused(forge(message, OTHER, params=params), "bad-signature")
 
 

@@ -51,7 +51,7 @@ def no_cycle_collector() -> Iterator[None]:
         gc.enable()
 
 
-async def freed(ref: weakref.ref[object]) -> bool:
+async def freed(ref: Callable[[], object]) -> bool:
     """Whether ``ref``'s object goes within a second (a close runs through a few callbacks)."""
     for _ in range(100):
         if ref() is None:
@@ -60,7 +60,7 @@ async def freed(ref: weakref.ref[object]) -> bool:
     return False
 
 
-def referrers(ref: weakref.ref[object]) -> list[str]:
+def referrers(ref: Callable[[], object]) -> list[str]:
     """What still holds ``ref``'s object: the failure message."""
     return [type(r).__name__ for r in gc.get_referrers(ref())]
 

@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import dataclasses
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 
 import pytest
 
@@ -49,8 +49,8 @@ async def running(
     ``tasks``: a set the caller watches, holding the tasks the engine spawned until they finish."""
     tasks = set() if tasks is None else tasks
 
-    def spawn(coro: object) -> asyncio.Task[object]:
-        task = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]
+    def spawn(coro: Coroutine[object, object, object]) -> asyncio.Task[object]:
+        task = asyncio.get_running_loop().create_task(coro)
         tasks.add(task)
         task.add_done_callback(tasks.discard)
         return task
@@ -204,7 +204,9 @@ async def test_a_broken_body_of_the_request_in_flight_is_refused_at_once() -> No
     assert handler.seen == []
 
 
-async def test_the_engine_tracks_open_connections(engine: tuple[Engine, Echo, int]) -> None:
+async def test_the_engine_tracks_open_connections(
+    engine: tuple[Engine, Echo, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
     eng, _, port = engine
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -218,7 +220,7 @@ async def test_the_engine_tracks_open_connections(engine: tuple[Engine, Echo, in
         original(exc)
         closed.set()
 
-    conn.connection_lost = lost  # type: ignore[method-assign]
+    monkeypatch.setattr(conn, "connection_lost", lost)
     writer.close()
     await asyncio.wait_for(closed.wait(), WAIT_S)
     assert eng.connections == set()

@@ -149,11 +149,8 @@ class Exchange(OnItsOwnLoop):
             app.router.add_post(DISCOVER, self.discover)
             runner = web.AppRunner(app, access_log=None, handle_signals=False)
             await runner.setup()
-            site = web.TCPSite(runner, "127.0.0.1", 0)
-            await site.start()
-            server = site._server
-            assert server is not None
-            self.port = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
+            await web.TCPSite(runner, "127.0.0.1", 0).start()
+            self.port = runner.addresses[0][1]
 
         async def stop() -> None:
             if runner is not None:

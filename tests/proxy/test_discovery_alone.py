@@ -59,10 +59,12 @@ class Fetches:
 
 
 class Requester:
+    """A requester without a delegation: its document is the same whether one is asked for or not."""
+
     def __init__(self) -> None:
         self.asked = 0
 
-    def document(self) -> dict[str, object]:
+    def document(self, *, delegation: bool = True) -> dict[str, object]:
         self.asked += 1
         return {"id": "agent-1"}
 

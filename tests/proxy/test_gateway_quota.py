@@ -49,9 +49,23 @@ def gateway(backend: Backend, store: str, **extra: Any) -> dict[str, Any]:
 def capped_chain(owner: SigningKey, holder: str) -> str:
     principal = SigningKey.generate()
     now = int(time.time())
-    caps = {"max_accesses": LIMIT, "quota_period_s": PERIOD_S}
-    authority = issue_authority(owner, iss=OWNER_ISS, holder_jkt=principal.thumbprint, exp=now + 600, **caps)
-    return extend_chain(authority, principal, holder_jkt=holder, now=now, exp=now + 300, **caps)
+    authority = issue_authority(
+        owner,
+        iss=OWNER_ISS,
+        holder_jkt=principal.thumbprint,
+        exp=now + 600,
+        max_accesses=LIMIT,
+        quota_period_s=PERIOD_S,
+    )
+    return extend_chain(
+        authority,
+        principal,
+        holder_jkt=holder,
+        now=now,
+        exp=now + 300,
+        max_accesses=LIMIT,
+        quota_period_s=PERIOD_S,
+    )
 
 
 def burst(agent: ProxyProcess, gateways: list[ProxyProcess], body: bytes) -> list[requests.Response]:

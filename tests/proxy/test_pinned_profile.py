@@ -36,6 +36,7 @@ def exchange_pipeline(profiles: dict[str, object]) -> tuple[SigningPipeline, Pro
             },
         }
     )
+    assert config.requester is not None  # the section above configures one
     keys = StaticKeyProvider(SigningKey.generate())
     selector = ProfileSelector(config.profiles)
     signer = Signer(keys, label="agent", validity_s=300)

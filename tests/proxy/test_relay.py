@@ -117,7 +117,7 @@ def build(
     send_path: str | None = None,
     key: SigningKey = AGENT,
     created: int | None = None,
-    mutate: Callable[[Fields], None] | None = None,
+    mutate: Callable[[Fields], object] | None = None,  # what it returns is not used
 ) -> bytes:
     """A request signed by ``key`` as an agent for ``sign_path``, then sent for ``send_path``."""
     created = int(time.time()) if created is None else created
@@ -167,17 +167,8 @@ async def test_relay_verifies_then_stacks_its_label_keeping_covered_fields(rig: 
     assert arrival.oracle == "ok", arrival.oracle
     assert arrival.labels == ["agent", "broker"]
     assert arrival.keyids == [AGENT.thumbprint, RELAY.thumbprint]
-    sent = dict(
-        (n.lower(), v)
-        for n, v in Fields(
-            [
-                tuple(line.split(": ", 1))
-                for line in raw.split(b"\r\n\r\n")[0]  # type: ignore[misc]
-                .decode()
-                .split("\r\n")[1:]
-            ]
-        )
-    )
+    field_lines = raw.split(b"\r\n\r\n")[0].decode().split("\r\n")[1:]
+    sent = {name.lower(): value for name, value in (line.split(": ", 1) for line in field_lines)}
     for name in ("authorization", "signature-agent", "content-digest"):
         assert arrival.header(name) == sent[name], name  # byte-for-byte
     assert (arrival.header("signature-input") or "").startswith(sent["signature-input"] + ", broker=")

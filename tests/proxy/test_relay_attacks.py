@@ -69,9 +69,9 @@ async def exchange(
     data = await asyncio.wait_for(reader.read(), WAIT_S)
     writer.close()
     await writer.wait_closed()
-    head, _, body = data.partition(b"\r\n\r\n")
-    status = int(head.split(b" ", 2)[1])
-    return status, head.decode("latin-1"), json.loads(body) if body.startswith(b"{") else {}
+    answer, _, body = data.partition(b"\r\n\r\n")
+    status = int(answer.split(b" ", 2)[1])
+    return status, answer.decode("latin-1"), json.loads(body) if body.startswith(b"{") else {}
 
 
 def publish(found: Host, key: SigningKey, *revoked: str) -> None:

@@ -431,10 +431,10 @@ def test_revoked_key_stops_signing_at_once_and_no_valid_key_means_503(tmp_path: 
         assert cli(proxy, "keys", "rotate").returncode == 0
         sighup_and_wait(proxy, before)
 
-        def ready() -> bool:  # the reload line awaited may be the previous step's late one: poll
+        def ready_again() -> bool:  # the reload line awaited may be the previous step's late one: poll
             return session().get(proxy.url + "/readyz", timeout=WAIT_S).status_code == 200
 
-        wait_for(ready, "readiness back after the rotation")
+        wait_for(ready_again, "readiness back after the rotation")
         assert through(proxy, origin.url("/d")).status_code == 200
         assert origin.arrivals[-1].verified
 

@@ -78,10 +78,10 @@ async def test_every_published_key_has_a_valid_possession_proof(
     assert raw.count('("@authority";req "content-digest")') == 2
     publics = [k.public for k in directory.keys]
     for key in directory.keys:  # each key's proof on its own
-        assert proven_keys(body, "dir.example", fields, [key.public], now=NOW) == {key.thumbprint}
-    assert proven_keys(body, "dir.example", fields, publics, now=NOW) == {
+        assert proven_keys(body, "dir.example", fields, [key.public], now=NOW) == frozenset({key.thumbprint})
+    assert proven_keys(body, "dir.example", fields, publics, now=NOW) == frozenset(
         k.thumbprint for k in directory.keys
-    }
+    )
     # bound to our public authority, not to whatever Host was asked
     assert proven_keys(body, "127.0.0.1", fields, publics, now=NOW) == frozenset()
 

@@ -158,7 +158,8 @@ async def server() -> AsyncIterator[TestServer]:
     app.router.add_get("/huge/.well-known/http-message-signatures-directory", huge)
     app.router.add_get("/slow/.well-known/http-message-signatures-directory", slow)
     app.router.add_get("/moved/.well-known/http-message-signatures-directory", moved)
-    async with TestServer(app, host="127.0.0.1") as srv:
+    srv = TestServer(app, host="127.0.0.1")
+    async with srv:  # started here, closed on the way out (``as`` gives the base class's type)
         try:
             yield srv
         finally:

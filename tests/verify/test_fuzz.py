@@ -337,7 +337,7 @@ revocation_urls = st.one_of(st.just(REV_URL), st.just(REV_URL), url_shape, json_
 
 
 JWK_MEMBERS = ("kty", "crv", "x", "d", "alg", "use", "kid", "not_before", "not_after")
-member_values = st.sampled_from(
+member_values: st.SearchStrategy[object] = st.sampled_from(
     [{}, [], None, 0, True, "", "EdDSA", "Ed25519", "ed25519", "ES256", "sig", "enc", "OKP", AGENT.thumbprint]
 )
 
@@ -365,8 +365,8 @@ def directory_docs(draw: st.DrawFn) -> bytes:
         keys = [DirectoryKey(k.public, NOW - 60, NOW + 3600) for k in draw(st.permutations([AGENT, BROKER]))]
         return render_directory(Directory(tuple(keys), draw(st.sampled_from([REV_URL, REV_URL, None]))))
     signers = [AGENT, *draw(st.lists(st.sampled_from([AGENT, BROKER]), max_size=2))]
-    keys = [_valid_jwk(k) for k in draw(st.permutations(signers))]
-    for jwk in keys:
+    jwks = [_valid_jwk(k) for k in draw(st.permutations(signers))]
+    for jwk in jwks:
         for _ in range(draw(st.sampled_from([0, 0, 1, 2]))):
             member = draw(
                 st.sampled_from([*JWK_MEMBERS, *JWK_MEMBERS[3:]])
@@ -377,7 +377,7 @@ def directory_docs(draw: st.DrawFn) -> bytes:
                 jwk[member] = draw(timestamps)
             else:
                 jwk[member] = draw(st.one_of(member_values, member_values, json_values))
-    doc: dict[str, Any] = {"keys": keys}
+    doc: dict[str, Any] = {"keys": jwks}
     if draw(st.sampled_from([True, True, False])):
         doc["revocation_url"] = draw(revocation_urls)
     if draw(st.booleans()):
@@ -393,8 +393,8 @@ def revocation_docs(draw: st.DrawFn) -> bytes:
     """A valid revocation list (sometimes naming the agent's key) edited, arbitrary JSON, or bytes."""
     shape = draw(st.sampled_from(["valid", "valid", "edited", "edited", "edited", "json", "bytes"]))
     if shape == "valid":
-        revoked = draw(st.sets(st.sampled_from([AGENT.thumbprint, BROKER.thumbprint])))
-        return render_revocation_list(RevocationList(NOW - draw(st.sampled_from([0, 60, 10**6])), revoked))
+        listed = frozenset(draw(st.sets(st.sampled_from([AGENT.thumbprint, BROKER.thumbprint]))))
+        return render_revocation_list(RevocationList(NOW - draw(st.sampled_from([0, 60, 10**6])), listed))
     if shape == "json":
         return json.dumps(draw(json_values)).encode()
     if shape == "bytes":

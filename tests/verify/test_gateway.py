@@ -23,7 +23,7 @@ from signing_proxy.core.keys import Directory, DirectoryKey, render_directory
 from signing_proxy.core.requester import DelegationDoc, RequesterDoc
 from signing_proxy.verify import DirectoryResolver, FetchResult, RequestVerifier, RevocationPoller
 from signing_proxy.verify.cache import TokenBucket
-from signing_proxy.verify.counters import SqliteCounterStore, Taken
+from signing_proxy.verify.counters import CounterStore, SqliteCounterStore, Taken
 from signing_proxy.verify.gateway import (
     DELEGATION_INVALID,
     QUOTA_EXCEEDED,
@@ -276,8 +276,9 @@ async def test_quota_counts_per_chain_and_refuses_with_retry_after(world: World)
 async def test_retry_after_counts_from_the_refusal_not_from_the_request(world: World) -> None:
     """A take that waits (another worker holds the store's lock and opens the window meanwhile) must
     not announce more than the window's remaining time: the wait is counted from the refusal."""
-    inner = world.gateway.store
-    assert inner is not None
+    store = world.gateway.store
+    assert store is not None
+    inner: CounterStore = store  # the narrowed type, kept inside the methods below
 
     class WaitingStore:
         async def take_all(self, counters: Sequence[QuotaCounter], now: float) -> tuple[int, Taken]:
@@ -287,7 +288,10 @@ async def test_retry_after_counts_from_the_refusal_not_from_the_request(world: W
         async def first_seen(self, key: str, ttl_s: float, now: float) -> bool:
             return await inner.first_seen(key, ttl_s, now)
 
-    world.gateway.store = WaitingStore()  # type: ignore[assignment]
+        async def close(self) -> None:  # a whole CounterStore (the world fixture closes the inner one)
+            await inner.close()
+
+    world.gateway.store = WaitingStore()
     chain = world.chain(max_accesses=1, quota_period_s=60)
     await world.check(world.body(chain))  # the window: NOW + 0.5 .. NOW + 60.5
     world.clock.now = NOW + 2

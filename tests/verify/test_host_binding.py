@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncIterator
 
 import pytest
 from aiohttp import web
@@ -66,16 +65,14 @@ async def send(
     return int(head.split(b" ", 2)[1]), rest.decode("latin-1")
 
 
-Middleware = Callable[[web.Request, Any], Any]
-
-
 @pytest.fixture(params=["signature_middleware", "gateway_middleware"])
 async def app(request: pytest.FixtureRequest) -> AsyncIterator[tuple[int, list[str]]]:
     """An application behind one of the verifier's middlewares; the paths its handler ran for."""
     verifier = RequestVerifier(DirectoryResolver(fetch))
     if request.param == "signature_middleware":
-        middleware: Middleware = signature_middleware(verifier)
+        middleware = signature_middleware(verifier)
     else:
+        assert verifier.revocations is not None  # RequestVerifier makes one when none is given
         issuers = IssuerKeys(verifier.resolver, verifier.revocations, verifier.egress, grace_s=0)
         middleware = gateway_middleware(GatewayVerifier(verifier, issuers))
     ran: list[str] = []

@@ -52,6 +52,11 @@ DIR_URL = "https://agent.example/.well-known/http-message-signatures-directory"
 REV_URL = "https://agent.example/revocations.json"
 
 
+async def never_wakes(_seconds: float) -> None:
+    """An injected sleep that never returns: the periodic poller waits in it until cancelled."""
+    await asyncio.Event().wait()
+
+
 def live_states() -> int:
     """Revocation states still in memory (GC-tracked objects, reachable or cyclic garbage)."""
     return sum(isinstance(o, _State) for o in gc.get_objects())
@@ -82,7 +87,7 @@ async def test_polls_every_300s_with_10_percent_jitter_while_tracked_and_stops_w
 
 async def test_each_poll_replaces_the_set_but_a_listed_thumbprint_stays_revoked_for_its_directory() -> None:
     clock, fetch = Clock(), FakeFetch()
-    poller = RevocationPoller(fetch, clock=clock, sleep=lambda _s: asyncio.Event().wait())
+    poller = RevocationPoller(fetch, clock=clock, sleep=never_wakes)
     fetch.answers[REV_URL] = listing(KEY.thumbprint)
     assert await poller.poll_once(DIR_URL, REV_URL)
     assert poller.revoked(DIR_URL) == {KEY.thumbprint}
@@ -112,7 +117,7 @@ async def test_a_failed_poll_keeps_the_last_set_and_its_age_shows_it() -> None:
 async def test_a_list_never_fetched_fails_closed_and_is_retried_after_retry_s() -> None:
     clock, fetch = Clock(), FakeFetch()
     fetch.answers[REV_URL] = FetchResult(503, b"", None)
-    poller = RevocationPoller(fetch, clock=clock, sleep=lambda _s: asyncio.Event().wait(), retry_s=30)
+    poller = RevocationPoller(fetch, clock=clock, sleep=never_wakes, retry_s=30)
     for _ in range(3):
         with pytest.raises(DirectoryError) as err:
             await poller.ensure(DIR_URL, REV_URL)
@@ -132,7 +137,7 @@ async def test_a_set_is_charged_to_its_directory_and_leaves_with_it() -> None:
     fetch.answers[DIR_URL] = FetchResult(200, body, None)
     fetch.answers[REV_URL] = listing(OTHER.thumbprint)
     resolver = DirectoryResolver(fetch, clock=clock, max_entries=1)
-    poller = RevocationPoller(fetch, clock=clock, sleep=lambda _s: asyncio.Event().wait())
+    poller = RevocationPoller(fetch, clock=clock, sleep=never_wakes)
     poller.attach(resolver)
     await resolver.get("https://agent.example")
     await poller.ensure(DIR_URL, REV_URL)
@@ -175,7 +180,7 @@ async def test_a_forgotten_directory_frees_its_set_without_waiting_for_the_cycle
     the task, every evicted set would wait for a full collection (a hostile run grew by ~40 MiB)."""
     clock, fetch = Clock(), FakeFetch()
     fetch.answers[REV_URL] = listing(OTHER.thumbprint)
-    poller = RevocationPoller(fetch, clock=clock, sleep=lambda _s: asyncio.Event().wait())
+    poller = RevocationPoller(fetch, clock=clock, sleep=never_wakes)
     await poller.ensure(DIR_URL, REV_URL)
     await asyncio.sleep(0)  # the periodic poller is waiting in its sleep
     gc.collect()
@@ -204,7 +209,7 @@ def revoked_agent_with_a_one_entry_cache() -> tuple[
         200, render_directory(Directory(())), None
     )
     resolver = DirectoryResolver(fetch, clock=clock, max_entries=1)
-    poller = RevocationPoller(fetch, clock=clock, sleep=lambda _s: asyncio.Event().wait())
+    poller = RevocationPoller(fetch, clock=clock, sleep=never_wakes)
     verifier = RequestVerifier(resolver, revocations=poller, clock=clock)
     return fetch, resolver, poller, verifier, signed('"https://agent.example"', KEY, now=NOW)
 
@@ -251,7 +256,7 @@ async def test_sets_kept_aside_are_charged_per_thumbprint_and_large_ones_push_th
     """A set kept aside is charged REVOKED_ENTRY_COST per thumbprint against RETIRED_BYTES."""
     clock, fetch = Clock(), FakeFetch()
     resolver = DirectoryResolver(fetch, clock=clock, max_entries=1)
-    poller = RevocationPoller(fetch, clock=clock, sleep=lambda _s: asyncio.Event().wait())
+    poller = RevocationPoller(fetch, clock=clock, sleep=never_wakes)
     poller.attach(resolver)
     per_set = 5_000  # 800,000 bytes charged at 160 a thumbprint: two sets fit in 2 MiB, three do not
     charged = per_set * REVOKED_ENTRY_COST
@@ -306,6 +311,7 @@ async def test_a_revoked_thumbprint_stays_revoked_when_its_directory_stops_namin
     assert first.value.reason == "key-revoked"
     plain = render_directory(Directory((DirectoryKey(KEY.public, NOW - 10, NOW + 3600),)))
     fetch.answers[DIR_URL] = FetchResult(200, plain, None)  # the same key, and no list named
+    assert isinstance(resolver.clock, Clock)
     resolver.clock.now += 400  # the cached directory expires: the new one is fetched
     with pytest.raises(VerificationError) as again:
         await verifier.verify("POST", TARGET, signed('"https://agent.example"', KEY, now=NOW + 400), BODY)

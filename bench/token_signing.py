@@ -1,6 +1,6 @@
 """Signing throughput with a key on a PKCS#11 token beside a file key: requests/s through the proxy.
 
-    .venv/bin/python bench/pkcs11.py [--duration 10] [--conns 64] [--quick] [--json FILE]
+    .venv/bin/python bench/token_signing.py [--duration 10] [--conns 64] [--quick] [--json FILE]
 
 Initialises a SoftHSM2 token in a temporary directory (Debian ``softhsm2``; ``pip install
 '.[hsm]'``), makes an Ed25519 key pair on it with ``signing-proxy keys generate --pkcs11``, and starts
