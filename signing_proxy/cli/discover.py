@@ -109,10 +109,10 @@ async def _discover(config: Config, keys: KeyProvider, url: str, *, as_json: boo
 
 def _profile(config: Config, app: ProxyApp, url: str) -> str:
     """The signing profile the fetch of ``url`` goes out under (``unsigned`` for ``hosts.unsigned``)."""
-    host = parse_absolute_uri(url).host
-    if any(host_matches(p, host) for p in config.hosts.unsigned):
+    target = parse_absolute_uri(url)
+    if any(host_matches(p, target.host) for p in config.hosts.unsigned):
         return "unsigned"
-    return app.profiles.select(host).name
+    return app.profiles.select(target.host, target.scheme, target.port).name
 
 
 def _emit(as_json: bool, doc: dict[str, object]) -> None:

@@ -49,7 +49,9 @@ class ProfileSelector:
             self._learned.popitem(last=False)
         self._trivial = not config.rules and self._default is SVC
 
-    def select(self, host: str, scheme: str = "https", port: int = 443) -> SigningProfile:
+    def select(self, host: str, scheme: str, port: int) -> SigningProfile:
+        """The profile for a request to ``scheme://host:port``: the first rule naming the host, else
+        what a challenge from that origin taught, else the default."""
         if self._trivial and not self._learned:
             return SVC
         for rule, profile in self._by_rule:  # first match wins
@@ -58,7 +60,7 @@ class ProfileSelector:
         learned = self._learned.get((scheme, host.lower(), port))
         return learned if learned is not None else self._default
 
-    def learn(self, host: str, profile: SigningProfile, scheme: str = "https", port: int = 443) -> bool:
+    def learn(self, host: str, profile: SigningProfile, scheme: str, port: int) -> bool:
         """Remember ``profile`` for the origin ``scheme://host:port`` when learning is on; True when
         something changed."""
         if not self.config.learn or self.config.rule_for(host) is not None:

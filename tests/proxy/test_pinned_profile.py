@@ -66,7 +66,9 @@ def challenged(selector: ProfileSelector, url: str) -> None:
 def test_a_host_learned_from_a_challenge_does_not_reach_its_exchange_calls() -> None:
     pipeline, selector = exchange_pipeline({"learn": True})
     challenged(selector, "https://exchange.example/anything")  # the exchange's own origin
-    assert selector.select("exchange.example") is WEB_BOT_AUTH  # learned, for its other requests
+    assert (
+        selector.select("exchange.example", "https", 443) is WEB_BOT_AUTH
+    )  # learned, for its other requests
     assert signed_call(pipeline) == (SVC.name, True)
 
 

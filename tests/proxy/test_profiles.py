@@ -58,26 +58,26 @@ def _fields(out: Outgoing) -> Fields:
 
 def test_selector_first_match_wins_and_default_is_svc() -> None:
     selector = ProfileSelector(_config(profiles=RULES).profiles)
-    assert selector.select("api.shop.example") is WEB_BOT_AUTH
-    assert selector.select("elsewhere.example") is SVC
-    legacy = selector.select("legacy.example")
+    assert selector.select("api.shop.example", "https", 443) is WEB_BOT_AUTH
+    assert selector.select("elsewhere.example", "https", 443) is SVC
+    legacy = selector.select("legacy.example", "https", 443)
     assert legacy.name == "web-bot-auth"
     assert legacy.signature_agent == "string"
     everywhere = ProfileSelector(_config(profiles={"default": "web-bot-auth"}).profiles)
-    assert everywhere.select("anything.example") is WEB_BOT_AUTH
+    assert everywhere.select("anything.example", "https", 443) is WEB_BOT_AUTH
 
 
 def test_learning_is_off_by_default_and_bounded_when_on() -> None:
     off = ProfileSelector(_config().profiles)
-    assert not off.learn("a.example", WEB_BOT_AUTH)
-    assert off.select("a.example") is SVC
+    assert not off.learn("a.example", WEB_BOT_AUTH, "https", 443)
+    assert off.select("a.example", "https", 443) is SVC
     on = ProfileSelector(_config(profiles={"learn": True, "learn_max_hosts": 2, **RULES}).profiles)
     for host in ("a.example", "b.example", "c.example"):
-        assert on.learn(host, WEB_BOT_AUTH)
+        assert on.learn(host, WEB_BOT_AUTH, "https", 443)
     assert on.learned == 2
-    assert on.select("a.example") is SVC  # the oldest was forgotten
-    assert on.select("c.example") is WEB_BOT_AUTH
-    assert not on.learn("x.shop.example", SVC)  # a rule naming the host wins over learning
+    assert on.select("a.example", "https", 443) is SVC  # the oldest was forgotten
+    assert on.select("c.example", "https", 443) is WEB_BOT_AUTH
+    assert not on.learn("x.shop.example", SVC, "https", 443)  # a rule naming the host wins over learning
 
 
 def test_svc_destination_is_byte_identical_with_or_without_profiles() -> None:

@@ -26,13 +26,15 @@ def _config(tmp: Path, **profiles: object) -> Config:
 async def test_reload_swaps_rules_and_keeps_learned_hosts_while_learning(tmp_path: Path) -> None:
     app = ProxyApp(_config(tmp_path, learn=True), StaticKeyProvider(SigningKey.generate()))
     try:
-        assert app.profiles.select("news.example") is SVC
-        assert app.profiles.learn("learned.example", WEB_BOT_AUTH)  # what a challenge from its origin does
+        assert app.profiles.select("news.example", "https", 443) is SVC
+        assert app.profiles.learn(
+            "learned.example", WEB_BOT_AUTH, "https", 443
+        )  # what a challenge from its origin does
         rules = [{"hosts": ["news.example"], "profile": "web-bot-auth"}]
         app.reload(_config(tmp_path, learn=True, rules=rules))
-        assert app.profiles.select("news.example") is WEB_BOT_AUTH
-        assert app.profiles.select("learned.example") is WEB_BOT_AUTH
+        assert app.profiles.select("news.example", "https", 443) is WEB_BOT_AUTH
+        assert app.profiles.select("learned.example", "https", 443) is WEB_BOT_AUTH
         app.reload(_config(tmp_path, rules=rules))
-        assert app.profiles.select("learned.example") is SVC
+        assert app.profiles.select("learned.example", "https", 443) is SVC
     finally:
         await app.stop(drain_s=0)
