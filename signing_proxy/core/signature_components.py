@@ -12,7 +12,6 @@ to ``SPEC_COMPONENTS``, plus ``"signature";key=<previous label>`` for each later
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -132,9 +131,22 @@ def signing_params_value(
     )
 
 
-@functools.lru_cache(maxsize=64)
 def _inner_list(components: tuple[Component, ...]) -> str:
-    return "(" + " ".join(c.serialized for c in components) + ")"
+    """The components' Inner List, kept for the next signature of that shape when it is short: a
+    relay's hop covers ``"signature";key=`` the previous label, which a stranger chooses."""
+    inner = _INNER_LISTS.get(components)
+    if inner is None:
+        inner = "(" + " ".join(c.serialized for c in components) + ")"
+        if len(inner) <= _SHARED_INNER_CHARS:
+            if len(_INNER_LISTS) >= _SHARED_INNER_LISTS:  # the few shapes in use come back at once
+                _INNER_LISTS.clear()
+            _INNER_LISTS[components] = inner
+    return inner
+
+
+_INNER_LISTS: dict[tuple[Component, ...], str] = {}
+_SHARED_INNER_LISTS = 64
+_SHARED_INNER_CHARS = 512  # our choice: the spec's Inner List is 79 characters
 
 
 @dataclass(slots=True)

@@ -136,9 +136,20 @@ def _entry(label: str, member: Any, sig_member: Any) -> SignatureEntry:
     )
 
 
-@lru_cache(maxsize=256)
 def _component(name: str, key: str | None) -> Component:
-    # the same few identifiers on every request: built (and serialized) once; immutable, so shared
+    """The identifier a stranger's Signature-Input names. The same few come on every request: built
+    (and serialized) once and shared, being immutable; but only short ones (every identifier a
+    profile covers is), or 256 names of 60 KiB would stay held, about 30 MiB, until others evict them."""
+    if len(name) <= _SHARED_IDENTIFIER_CHARS and (key is None or len(key) <= _SHARED_IDENTIFIER_CHARS):
+        return _shared_component(name, key)
+    return Component(str(name), key)
+
+
+_SHARED_IDENTIFIER_CHARS = 64  # our choice: "signature-agent" is 15; a hop's label, a few more
+
+
+@lru_cache(maxsize=256)
+def _shared_component(name: str, key: str | None) -> Component:
     return Component(str(name), key)
 
 

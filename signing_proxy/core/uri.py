@@ -140,9 +140,14 @@ def _valid_host(host: str) -> bool:
     return all(_LABEL.fullmatch(label) for label in name.split("."))
 
 
-@functools.lru_cache(maxsize=1024)  # agents call the same few endpoints; Target is immutable
 def parse_absolute_uri(uri: str) -> Target:
     """Parse an absolute-form ``http://`` or ``https://`` URI into its canonical Target."""
+    if len(uri) <= _CACHED_URI_CHARS:
+        return _parse_cached(uri)
+    return _parse(uri)
+
+
+def _parse(uri: str) -> Target:
     scheme, sep, rest = uri.partition("://")
     scheme = scheme.lower()
     if not sep or scheme not in DEFAULT_PORTS:
@@ -154,3 +159,11 @@ def parse_absolute_uri(uri: str) -> Target:
             cut = pos
     host, port = parse_authority(rest[:cut], scheme)
     return Target(scheme, host, port, canonical_path_query(rest[cut:]))
+
+
+# Agents call the same few endpoints, and a Target is immutable: the parses of URIs up to 2,048
+# characters are kept, 1,024 at most. A longer URI (a request target may reach
+# limits.max_request_line_bytes) is parsed each time, so what the cache holds stays under about
+# 5 MiB whatever strangers send and however far the limits are raised.
+_CACHED_URI_CHARS = 2048
+_parse_cached = functools.lru_cache(maxsize=1024)(_parse)
