@@ -486,6 +486,9 @@ class ClientConnection(asyncio.Protocol):
                 finally:
                     self._serving = None
                     self.engine.release(req)
+                    # served: an idle keep-alive connection holds nothing of it (a body of up to
+                    # limits.max_body_bytes outside the buffered budget, its parsed field lines)
+                    req.body, req.headers = [], []
                 if not keep:
                     break
         except Exception:  # a bug: log it, never leave the client hanging

@@ -270,6 +270,9 @@ class UpstreamConnection(asyncio.Protocol):
     def _complete(self) -> None:
         sink, self.sink = self.sink, None
         self._parser = None
+        # an idle pooled connection holds nothing of the answer (a head of up to 64 KiB of short
+        # lines is nearly a megabyte parsed, and the pool keeps up to 1,024 connections)
+        self._headers, self._status_reason = [], b""
         self._timer.clear()
         if sink is not None:
             sink.on_complete()

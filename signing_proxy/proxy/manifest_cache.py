@@ -4,7 +4,8 @@ A refusing origin names the manifest URL, and a stranger's origin can name a new
 refusal (any query is allowed on the origin's own manifest path). So the cache keeps only what
 discovery reads of a manifest (``ver``, ``role``, ``domain``, ``contact``, ``exchanges``; not
 ``ext``, unknown members or contributors, which a 64 KiB document can make ~1.4 MB of once parsed),
-charges each entry (a manifest at 4x its document, a refusal at 1 KiB), and drops the oldest
+charges each entry (a manifest at 4x its document, a refusal at 1 KiB, and each its URL), and
+keeps of a refusal only its reason and the start of its detail. It drops the oldest
 entries past ``MAX_ENTRIES`` or ``MAX_BYTES``. Keys are ``(egress, url)``: what the agent's origin
 served is not an answer for a stranger's naming of the same URL.
 """
@@ -23,7 +24,8 @@ __all__ = ["MAX_BYTES", "MAX_ENTRIES", "CachedManifest", "ManifestCache"]
 
 MAX_ENTRIES = 1024  # our choice
 MAX_BYTES = 8 * 1024 * 1024  # our choice, as charged
-_ERROR_COST = 1024
+_ERROR_COST = 1024  # and the URL's length, charged with every entry
+_DETAIL_CHARS = 512  # a refusal's detail names the URL: kept that long at most
 _PARSED_FACTOR = 4  # a kept manifest's cost per byte of its document
 _NOTHING: MappingProxyType[str, Any] = MappingProxyType({})
 
@@ -63,8 +65,13 @@ class ManifestCache:
     ) -> WellKnownManifest:
         """Cache what discovery reads of ``manifest``, and return that."""
         kept = replace(manifest, catalog_contributors=(), ext=_NOTHING, extra=_NOTHING)
-        self._entries.put(key, CachedManifest(kept, None, expires_at), _PARSED_FACTOR * document_bytes)
+        cost = _PARSED_FACTOR * document_bytes + len(key[1])  # the URL a stranger chose, too
+        self._entries.put(key, CachedManifest(kept, None, expires_at), cost)
         return kept
 
     def refuse(self, key: Key, error: ManifestError, expires_at: float) -> None:
-        self._entries.put(key, CachedManifest(None, error, expires_at), _ERROR_COST)
+        """Remember the refusal's reason and detail (cut short), not ``error``: a raised error's
+        traceback holds the frames that read the answer (its body, its head, the parsed document),
+        up to 2.5 MB each."""
+        kept = ManifestError(error.reason, error.detail[:_DETAIL_CHARS])
+        self._entries.put(key, CachedManifest(None, kept, expires_at), _ERROR_COST + len(key[1]))

@@ -14,6 +14,7 @@ import contextlib
 import gc
 import socket
 import ssl
+import tracemalloc
 import weakref
 from collections.abc import Callable, Iterator
 
@@ -233,3 +234,41 @@ async def test_a_blind_tunnel_that_ends_is_freed_without_the_cycle_collector(
         client_sock.close()
         upstream.close()
         await asyncio.wait_for(upstream.wait_closed(), WAIT_S)
+
+
+class Count:
+    """Reads each body, answers with its length, and keeps the connection: it holds no body."""
+
+    def connection_made(self, conn: ClientConnection) -> None:
+        pass
+
+    async def serve(self, conn: ClientConnection, req: Request) -> bool:
+        body = await conn.read_body(req)
+        conn.local_response(200, "text/plain", b"%d" % len(body))
+        return conn.keep_alive
+
+
+async def test_an_idle_keep_alive_connection_holds_nothing_of_the_request_it_served() -> None:
+    """A served request stayed referenced by its connection until the next one began: its body (up
+    to limits.max_body_bytes, no longer counted against max_buffered_bytes) and its field lines, for
+    as long as the client kept the connection idle (client_idle_s)."""
+    body = b"b" * (4 * 1024 * 1024)
+    limits = Limits(max_header_bytes=65536, max_body_bytes=len(body), client_idle_s=WAIT_S, read_s=WAIT_S)
+    async with running(Count(), limits) as (engine, port):
+        reader, writer, _conn = await connected(engine, port)
+        try:
+            gc.collect()
+            tracemalloc.start()
+            start = tracemalloc.get_traced_memory()[0]
+            head = f"POST http://127.0.0.1/ HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
+            writer.write(head.encode() + body)
+            answer = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), WAIT_S)
+            assert answer.startswith(b"HTTP/1.1 200 ")
+            assert await asyncio.wait_for(reader.readexactly(7), WAIT_S) == b"4194304"
+            await until(lambda: engine.buffered == 0 and len(engine.connections) == 1)
+            gc.collect()
+            held_mib = (tracemalloc.get_traced_memory()[0] - start) / 2**20
+        finally:
+            tracemalloc.stop()
+            writer.close()
+    assert held_mib < 1.0  # 4.0 MiB while the connection kept the body

@@ -3,12 +3,15 @@ no app, no CA, no sockets. The loopback behaviour with a real edge is in test_di
 
 from __future__ import annotations
 
+import gc
 import json
+import tracemalloc
 from typing import Any
 
 import pytest
 
 from signing_proxy.config import parse_config
+from signing_proxy.core.errors import ManifestError
 from signing_proxy.core.uri import parse_absolute_uri
 from signing_proxy.errors import EgressError, ProxyError
 from signing_proxy.net.client import FetchedResponse
@@ -254,3 +257,31 @@ async def test_the_manifest_cache_keeps_what_discovery_reads_within_its_bounds()
     assert found.cache.bytes <= manifest_cache.MAX_BYTES
     assert len(found.cache) == manifest_cache.MAX_BYTES // (4 * len(body))  # the oldest went
     assert len(fetch.calls) == 600
+
+
+async def test_a_cached_refusal_holds_its_reason_not_the_answer_it_read() -> None:
+    """A refusal used to keep the error itself, and a raised error's traceback holds the frames that
+    read the answer: a 60 KB document parsed into ~10,000 lists stayed held, about 1.4 MB per
+    refusal, charged 1 KiB. Each URL a stranger names is charged too."""
+    body = b"[" + b"[]," * 19_999 + b"[]]"  # JSON, not a manifest object
+    urls = [f"{OWN}?n={i}&pad={'p' * 20_000}" for i in range(100)]
+    fetch = Fetches({url: (200, body) for url in urls})
+    found = discovery(fetch)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        start = tracemalloc.get_traced_memory()[0]
+        for url in urls:
+            with pytest.raises(ManifestError):
+                await found.manifest(url, same_origin=True)
+        gc.collect()
+        held_mib = (tracemalloc.get_traced_memory()[0] - start) / 2**20
+    finally:
+        tracemalloc.stop()
+    assert held_mib < 8.0  # 124 MiB when each refusal kept its error
+    entry = found.cache.fresh((fetch.egress[urls[-1]], urls[-1]), found.clock())
+    assert entry is not None
+    assert entry.error is not None
+    assert entry.error.__traceback__ is None
+    assert len(entry.error.detail) <= 512
+    assert found.cache.bytes >= 100 * 20_000  # each URL charged
