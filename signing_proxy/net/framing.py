@@ -152,6 +152,16 @@ def response_head(status: int, fields: Sequence[tuple[str, str]], *, close: bool
     return "".join(parts).encode("latin-1")
 
 
+def local_answer(status: int, content_type: str, body: bytes, *, close: bool) -> bytes:
+    """A whole response the proxy makes itself: never cached."""
+    fields = [
+        ("Content-Type", content_type),
+        ("Content-Length", str(len(body))),
+        ("Cache-Control", "no-store"),
+    ]
+    return response_head(status, fields, close=close) + body
+
+
 def problem_response(error: ProxyError, *, close: bool = False, **extra: object) -> bytes:
     """A whole problem+json response (RFC 9457) for ``error``, its extra header fields included."""
     body = problem_body(error.status, error.reason, error.detail, **extra)

@@ -17,7 +17,9 @@ __all__ = [
     "Request",
     "busy",
     "full",
+    "head_too_large",
     "parse_connect_target",
+    "too_large",
 ]
 
 RETRY_AFTER_S = 1  # our choice: when the proxy is full, a client may try again this soon
@@ -153,6 +155,14 @@ def full() -> ProxyError:
         "the proxy holds limits.max_connections connections; try again shortly",
         headers=(("Retry-After", str(RETRY_AFTER_S)),),
     )
+
+
+def head_too_large() -> ProxyError:
+    return ProxyError(431, "header-too-large", "request head or trailers exceed limits.max_header_bytes")
+
+
+def too_large(limit: int) -> ProxyError:
+    return ProxyError(413, "body-too-large", f"request body exceeds limits.max_body_bytes ({limit} bytes)")
 
 
 def busy() -> ProxyError:

@@ -21,15 +21,17 @@ import httptools
 
 from ..core.uri import Target
 from ..errors import ProxyError
-from .framing import problem_response, response_head
+from .framing import local_answer, problem_response
 from .outbox import Outbox
-from .request import AbortConnection, Limits, Request, busy, full
+from .request import AbortConnection, Limits, Request, busy, full, head_too_large, too_large
 from .timers import TIMER_SLACK_S, Deadline
 
 __all__ = ["ClientConnection", "Engine", "Handler"]
 
 log = logging.getLogger("signing_proxy.proxy")
 
+MAX_PARSED_AHEAD = 32  # our choice: pipelined requests parsed ahead of the one served; the rest waits
+PIPELINED_SLICE_BYTES = 1024  # while requests wait, parsed this much at a time (57 heads at most)
 LINGER_S = 2.0  # our choice (RFC 9112 section 9.6 gives none): how long a closing connection drains
 LINGER_MIN_BYTES = 1024 * 1024  # and how much it discards before closing anyway: limits.max_body_bytes,
 # at least this (a refused upload is read to its declared end, so its sender sees the answer, not a reset)
@@ -116,6 +118,7 @@ class ClientConnection(asyncio.Protocol):
         self._drain_waiter: asyncio.Future[None] | None = None
         self._task: asyncio.Task[None] | None = None
         self._reading_paused = False
+        self._unparsed = b""  # read past MAX_PARSED_AHEAD queued requests: parsed as the queue drains
 
     @property
     def closed(self) -> bool:
@@ -158,19 +161,23 @@ class ClientConnection(asyncio.Protocol):
                 if self._discarded > max(LINGER_MIN_BYTES, self.engine.limits.max_body_bytes):
                     self._end_linger()
             return
+        if self._unparsed:  # what waits unparsed comes first
+            data, self._unparsed = self._unparsed + data, b""
         limit = self.engine.limits.max_header_bytes
         chunk = b""
         try:
             while data:
+                if len(self._ready) >= MAX_PARSED_AHEAD:  # parsed far enough ahead: the rest waits
+                    self._unparsed = data  # reading is paused: nothing more arrives meanwhile
+                    return
+                step = PIPELINED_SLICE_BYTES if self._ready else len(data)  # pipelined: little at a time
                 # A head is bounded while it arrives, and so is a chunked body's trailer section: never
                 # more than the limit (and one read) is handed to the parser without body coming out of
                 # it (it would buffer a field whole, however long, before calling us back).
                 room = limit - self._head_fed
                 if room <= 0:
-                    raise ProxyError(
-                        431, "header-too-large", "request head or trailers exceed limits.max_header_bytes"
-                    )
-                chunk = data[:room]
+                    raise head_too_large()
+                chunk = data[: min(room, step)]
                 self._head_fed += len(chunk)
                 data = data[len(chunk) :]
                 parser = self._parser
@@ -180,9 +187,7 @@ class ClientConnection(asyncio.Protocol):
         except httptools.HttpParserUpgrade as exc:
             offset = exc.args[0] if exc.args else len(chunk)
             self._on_upgrade(chunk[offset:] + data)
-        except httptools.HttpParserError as exc:
-            self._protocol_error(exc)
-        except ProxyError as exc:
+        except (httptools.HttpParserError, ProxyError) as exc:
             self._protocol_error(exc)
 
     def eof_received(self) -> bool | None:
@@ -201,6 +206,7 @@ class ClientConnection(asyncio.Protocol):
             self._linger.cancel()
             self._linger = None
         self._timer.cancel()
+        self._unparsed = b""
         self.engine.connections.discard(self)
         for req in (*self._ready, *((self._current,) if self._current is not None else ())):
             self.engine.release(req)
@@ -413,12 +419,7 @@ class ClientConnection(asyncio.Protocol):
         self.write(problem_response(error, close=close or not self.keep_alive))
 
     def local_response(self, status: int, content_type: str, body: bytes) -> int:
-        fields = [
-            ("Content-Type", content_type),
-            ("Content-Length", str(len(body))),
-            ("Cache-Control", "no-store"),
-        ]
-        self.write(response_head(status, fields, close=not self.keep_alive) + body)
+        self.write(local_answer(status, content_type, body, close=not self.keep_alive))
         return status
 
     def local_json(self, status: int, doc: object) -> int:
@@ -431,9 +432,7 @@ class ClientConnection(asyncio.Protocol):
         limit = self.engine.limits.max_body_bytes
         if req.too_large or (req.content_length is not None and req.content_length > limit):
             req.too_large = True
-            raise ProxyError(
-                413, "body-too-large", f"request body exceeds limits.max_body_bytes ({limit} bytes)"
-            )
+            raise too_large(limit)
         if req.over_budget:
             raise busy()
         if not req.complete:
@@ -446,9 +445,7 @@ class ClientConnection(asyncio.Protocol):
             if req.over_budget:
                 raise busy()
             if req.too_large:
-                raise ProxyError(
-                    413, "body-too-large", f"request body exceeds limits.max_body_bytes ({limit} bytes)"
-                )
+                raise too_large(limit)
             if not ok:
                 if self._closed or self._eof:
                     raise AbortConnection
@@ -466,6 +463,8 @@ class ClientConnection(asyncio.Protocol):
                 if not await self._wait(lambda: bool(self._ready), idle_s):
                     break
                 req = self._ready.popleft()
+                if self._unparsed and len(self._ready) < MAX_PARSED_AHEAD:
+                    self.data_received(b"")  # the rest of a read, now that the queue has room
                 if req.refusal is not None:  # a broken request's turn: the answers before it are out
                     self._refuse(req.refusal)
                     break
@@ -486,9 +485,7 @@ class ClientConnection(asyncio.Protocol):
                 finally:
                     self._serving = None
                     self.engine.release(req)
-                    # served: an idle keep-alive connection holds nothing of it (a body of up to
-                    # limits.max_body_bytes outside the buffered budget, its parsed field lines)
-                    req.body, req.headers = [], []
+                    req.body, req.headers = [], []  # served: an idle connection holds none of it
                 if not keep:
                     break
         except Exception:  # a bug: log it, never leave the client hanging

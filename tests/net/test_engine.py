@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Coroutine
 import pytest
 
 from signing_proxy.errors import ProxyError
+from signing_proxy.net import server
 from signing_proxy.net.request import AbortConnection, Limits, Request
 from signing_proxy.net.server import ClientConnection, Engine, Handler
 
@@ -190,6 +191,35 @@ async def test_a_broken_request_arriving_while_one_is_in_flight_waits_for_its_an
     assert answer.startswith(b"HTTP/1.1 200 OK\r\n")
     assert answer.index(b"GET /a ") < answer.index(b"HTTP/1.1 400 ")
     assert handler.seen == [("GET", b"/a", b"")]
+
+
+async def test_pipelined_requests_are_parsed_no_further_ahead_than_the_bound() -> None:
+    """One read of pipelined requests was parsed whole while the first was served: 256 KiB of
+    minimal requests is ~14,000 parsed requests (5.7 MiB) on one connection. The queue now stops at
+    MAX_PARSED_AHEAD (give or take one slice of heads), the rest waits as bytes, and every request is
+    still answered, in order."""
+    handler = Slow()
+    count = 3000
+    async with running(handler, LIMITS) as (engine, port):
+        reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), WAIT_S)
+        try:
+            writer.write(b"".join(b"GET /%d HTTP/1.1\r\nHost: x\r\n\r\n" % i for i in range(count)))
+            await asyncio.wait_for(handler.started.wait(), WAIT_S)
+            await asyncio.sleep(0.1)  # what was read is parsed as far as it will be
+            (conn,) = engine.connections
+            queued = len(conn._ready)
+            handler.go.set()
+            last = b"GET /%d " % (count - 1)
+            answers = b""
+            while last not in answers:
+                answers += await asyncio.wait_for(reader.read(65536), WAIT_S)
+        finally:
+            writer.close()
+    assert (
+        1 < queued <= server.MAX_PARSED_AHEAD + server.PIPELINED_SLICE_BYTES // len("GET / HTTP/1.1\r\n\r\n")
+    )
+    assert [url for _method, url, _body in handler.seen] == [b"/%d" % i for i in range(count)]
+    assert answers.count(b"HTTP/1.1 200 OK\r\n") == count
 
 
 async def test_a_broken_body_of_the_request_in_flight_is_refused_at_once() -> None:
