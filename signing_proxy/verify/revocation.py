@@ -1,5 +1,5 @@
-"""Revocation lists of other participants' directories: one revoked set per directory, polled while
-the directory is cached.
+"""Revocation lists of other participants' directories: one revoked set per directory, polled while the
+directory is cached.
 
 A list applies only to the keys of the directory that names it (DESIGN section 7): a stranger's
 directory can name anyone's thumbprints and change nothing for anyone else. ``RevocationPoller``
@@ -7,10 +7,11 @@ keeps, per directory URL, the set its ``revocation_url`` served: each successful
 (spec "Key publication, rotation and revocation" 3), except that a thumbprint this directory's list
 once named stays refused for this directory (spec "States and transitions": "a revoked thumbprint
 stays revoked"), also after the directory left the cache and came back: sets of directories that
-left are kept aside, for 4,096 directories and 2 MiB at most. A directory whose list was never
-fetched fails closed (``revocation-unavailable``), retried at most every ``retry_s``; a failed later
-poll keeps the last set. Each tracked directory is polled every 300 s +/-10 % with an injected
-clock, sleep and random source, and its poller cancelled when the resolver drops the directory.
+left are kept aside, for 4,096 directories and 4 MiB at most (each charged its thumbprints and its
+URL). A directory whose list was never fetched fails closed (``revocation-unavailable``), retried at
+most every ``retry_s``; a failed later poll keeps the last set. Each tracked directory is polled
+every 300 s +/-10 % with an injected clock, sleep and random source, and its poller cancelled when
+the resolver drops the directory.
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ MAX_REVOKED_PER_DIRECTORY = MAX_REVOCATION_LIST_BYTES // _THUMBPRINT_BYTES  # wh
 # A directory leaving the cache keeps what its lists revoked, here, for when it comes back (spec: "a
 # revoked thumbprint stays revoked"); bounded like every store a stranger can fill, oldest dropped
 RETIRED_DIRECTORIES = 4096
-RETIRED_BYTES = 2 * 1024 * 1024  # as charged: REVOKED_ENTRY_COST per thumbprint
+RETIRED_BYTES = 4 * 1024 * 1024  # as charged: REVOKED_ENTRY_COST per thumbprint, and per set its URL
+RETIRED_SET_COST = 512  # measured: a kept set's objects beside its thumbprints and its URL (~400 bytes)
 
 
 def parse_bounded_list(body: bytes) -> RevocationList:
@@ -156,7 +158,8 @@ class RevocationPoller:
         state = self._states.pop(directory_url, None)
         if state is not None and state.current is not None and state.current.revoked:
             revoked = state.current
-            self._retired.put(directory_url, revoked, len(revoked.revoked) * REVOKED_ENTRY_COST)
+            cost = len(revoked.revoked) * REVOKED_ENTRY_COST + len(directory_url) + RETIRED_SET_COST
+            self._retired.put(directory_url, revoked, cost)
         loop = state.loop if state is not None else None
         if state is not None and loop is not None:
             # dropped, not only cancelled: a task cancelled before it ran holds its frame, which holds

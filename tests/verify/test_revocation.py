@@ -9,6 +9,7 @@ import base64
 import gc
 import hashlib
 import time
+import tracemalloc
 
 import pytest
 
@@ -39,6 +40,7 @@ from signing_proxy.verify.revocation import (
     MAX_REVOCATION_LIST_BYTES,
     RETIRED_BYTES,
     RETIRED_DIRECTORIES,
+    RETIRED_SET_COST,
     REVOKED_ENTRY_COST,
     _State,
 )
@@ -252,13 +254,35 @@ def thumbprints(n: int, tag: str) -> list[str]:
     ]
 
 
+async def test_what_sets_kept_aside_hold_stays_near_their_bound_whatever_the_urls() -> None:
+    """Each set kept aside was charged for its thumbprints only: 4,096 one-thumbprint sets of
+    directories with 2,000-character URLs were charged 640 KiB and held 10.4 MiB."""
+    poller = RevocationPoller(FakeFetch())
+    gc.collect()
+    tracemalloc.start()
+    try:
+        start = tracemalloc.get_traced_memory()[0]
+        for n in range(RETIRED_DIRECTORIES):
+            url = f"https://d{n}.example/.well-known/http-message-signatures-directory?{'q' * 2000}"
+            one = frozenset(thumbprints(1, str(n)))
+            poller._states[url] = _State(REV_URL, current=RevocationList(NOW, one))
+            poller.forget(url)
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0] - start
+    finally:
+        tracemalloc.stop()
+    assert poller._retired.bytes <= RETIRED_BYTES
+    assert held < 1.5 * RETIRED_BYTES  # 10.4 MiB when only thumbprints were charged
+    await poller.close()
+
+
 async def test_sets_kept_aside_are_charged_per_thumbprint_and_large_ones_push_the_oldest_out() -> None:
     """A set kept aside is charged REVOKED_ENTRY_COST per thumbprint against RETIRED_BYTES."""
     clock, fetch = Clock(), FakeFetch()
     resolver = DirectoryResolver(fetch, clock=clock, max_entries=1)
     poller = RevocationPoller(fetch, clock=clock, sleep=never_wakes)
     poller.attach(resolver)
-    per_set = 5_000  # 800,000 bytes charged at 160 a thumbprint: two sets fit in 2 MiB, three do not
+    per_set = 10_000  # 1.6 MB charged at 160 a thumbprint: two sets fit in 4 MiB, three do not
     charged = per_set * REVOKED_ENTRY_COST
     assert 2 * charged <= RETIRED_BYTES < 3 * charged
     bases = [f"https://d{n}.example" for n in range(6)]
@@ -271,7 +295,8 @@ async def test_sets_kept_aside_are_charged_per_thumbprint_and_large_ones_push_th
         await resolver.get(base)  # evicts the previous directory (one entry at most): its set goes aside
         assert len(await poller.ensure(directory_url(base), revocations)) == per_set
     assert list(poller._retired) == [directory_url(base) for base in bases[3:5]]  # the oldest went
-    assert poller._retired.bytes == 2 * charged
+    urls = sum(len(directory_url(base)) for base in bases[3:5])
+    assert poller._retired.bytes == 2 * (charged + RETIRED_SET_COST) + urls
     await poller.close()
 
 
