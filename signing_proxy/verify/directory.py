@@ -65,6 +65,10 @@ CACHE_ENTRIES = 1024  # config verify.directory_cache_entries
 CACHE_BYTES = 8 * 1024 * 1024  # config verify.directory_cache_bytes (a 2-key directory: ~4 KiB charged)
 NEGATIVE_ENTRIES = 4096  # config verify.negative_cache_entries
 VOUCHED_ENTRIES = 4096  # directories that verified a signature lately: re-fetched without budget
+# Both stores above are keyed by URLs strangers name (up to 2,048 characters): each is also bounded
+# by this, charged per entry its URL and URL_ENTRY_COST (measured: ~300 bytes beside the URL).
+URL_STORE_BYTES = 2 * 1024 * 1024
+URL_ENTRY_COST = 320
 KEYID_REFETCH_S = 30.0  # config verify.keyid_refetch_s (issue 15: "at most once per 30 s")
 _MAX_AGE = re.compile(r"(?:^|[,\s])max-age\s*=\s*\"?(\d+)", re.IGNORECASE)
 
@@ -246,8 +250,8 @@ class DirectoryResolver:
     def __post_init__(self) -> None:
         self.pinned = {base.rstrip("/"): d for base, d in self.pinned.items()}
         self._cache = LruCache(self.max_entries, self.max_bytes, on_evict=self._evicted)
-        self._negative = LruCache(self.negative_entries)
-        self._vouched = LruCache(VOUCHED_ENTRIES)
+        self._negative = LruCache(self.negative_entries, URL_STORE_BYTES)
+        self._vouched = LruCache(VOUCHED_ENTRIES, URL_STORE_BYTES)
 
     def __len__(self) -> int:
         """Directories cached (pinned ones not counted)."""
@@ -302,7 +306,7 @@ class DirectoryResolver:
         """A signature just verified with a key of the directory at ``url``: should strangers'
         directories push it out of the (byte-bounded) cache, it comes back without budget. Strangers
         can add theirs only by verifying, one budgeted fetch each; the least recently vouched go."""
-        self._vouched.put(url, None)
+        self._vouched.put(url, None, len(url) + URL_ENTRY_COST)
 
     async def refetch_for_keyid(self, base: str, *, budgeted: bool = True) -> Directory | None:
         """Re-fetch a cached directory that lacks a signature's ``keyid`` (a key rotated in), at most
@@ -372,7 +376,9 @@ class DirectoryResolver:
                 stale.expires_at = now + self.negative_ttl_s
                 return stale.directory
             log.info("directory %s unavailable: %s: %s", url, exc.reason, exc.detail)
-            self._negative.put(url, _Failure(exc.reason, now + self.negative_ttl_s))
+            self._negative.put(
+                url, _Failure(exc.reason, now + self.negative_ttl_s), len(url) + URL_ENTRY_COST
+            )
             raise DirectoryError(exc.reason, f"{url} is unavailable") from None
         now = self.clock()
         directory = only_proven(directory, result, url, now, self.skew_s)

@@ -5,10 +5,15 @@ their caps, and no metric series per URL. Driven in-process with a fake, instant
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
+import tracemalloc
+
+import pytest
 
 from signing_proxy.core.jwk import SigningKey
 from signing_proxy.core.keys import DIRECTORY_PATH
+from signing_proxy.errors import DirectoryError
 from signing_proxy.verify import (
     DirectoryResolver,
     FetchResult,
@@ -16,6 +21,7 @@ from signing_proxy.verify import (
     RevocationPoller,
     VerificationError,
 )
+from signing_proxy.verify.directory import URL_STORE_BYTES
 from tests.verify.strangers import BODY, TARGET, directory_doc, forged, revocation_doc
 
 ATTACKER = SigningKey.from_seed(bytes(range(7, 39)))
@@ -96,3 +102,23 @@ async def test_state_bounds_the_byte_budget_holds_before_the_entry_cap() -> None
     await flood(verifier, now, 2_000)
     assert 0 < resolver.cached_bytes <= budget
     await verifier.close()
+
+
+async def test_state_bounds_failing_directories_with_long_urls_hold_what_the_store_is_charged() -> None:
+    """The negative cache was bounded by count only: 4,096 failed directory URLs of 2,000 characters
+    held about 9 MiB. Each entry is now charged its URL against URL_STORE_BYTES."""
+    world = AttackerWorld(int(time.time()), failing=True)
+    resolver = DirectoryResolver(world)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        start = tracemalloc.get_traced_memory()[0]
+        for n in range(NEGATIVE_ENTRIES):
+            with pytest.raises(DirectoryError):
+                await resolver.get(f"https://d{n}.attacker.example/{'p' * 1900}", budgeted=False)
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0] - start
+    finally:
+        tracemalloc.stop()
+    assert 0 < resolver.failures_cached < NEGATIVE_ENTRIES
+    assert held < 1.5 * URL_STORE_BYTES  # 9 MiB when only the count bounded it
