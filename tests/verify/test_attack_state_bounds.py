@@ -122,3 +122,13 @@ async def test_state_bounds_failing_directories_with_long_urls_hold_what_the_sto
         tracemalloc.stop()
     assert 0 < resolver.failures_cached < NEGATIVE_ENTRIES
     assert held < 1.5 * URL_STORE_BYTES  # 9 MiB when only the count bounded it
+
+
+def test_state_bounds_directories_that_vouched_are_charged_their_urls() -> None:
+    """A stranger's directory is remembered as vouched once a signature of its verified (one
+    budgeted fetch each): long URLs reach the byte bound before the count."""
+    resolver = DirectoryResolver(AttackerWorld(int(time.time())))
+    for n in range(4096):
+        resolver.vouch(f"https://d{n}.attacker.example/{'p' * 1900}{DIRECTORY_PATH}")
+    assert 0 < len(resolver._vouched) < 4096
+    assert resolver._vouched.bytes <= URL_STORE_BYTES
