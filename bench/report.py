@@ -257,13 +257,23 @@ TARGETS = (
 )
 
 
-def _shown(target: Target, value: float | None) -> str:
+def _shown(target: Target, value: float | None, extra: int = 0) -> str:
     if value is None:
         return MISSING
     if target.unit == "" and target.limit < 1:  # a share
-        return f"{value:.0%}"
-    digits = 2 if target.unit in {"x", " ms"} else 1
+        return f"{value:.{extra}%}"
+    digits = (2 if target.unit in {"x", " ms"} else 1) + extra
     return f"{value:.{digits}f}{target.unit}"
+
+
+def _beside_limit(target: Target, value: float | None) -> str:
+    """``value`` as shown, with the digits it takes not to read as the limit it misses (3.007 µs
+    against 3.0 was shown "3.0 µs", beside "no")."""
+    for extra in range(4):
+        text = _shown(target, value, extra)
+        if value is None or target.met(value) or text != _shown(target, target.limit, extra):
+            return text
+    return text
 
 
 def targets(doc: Doc) -> Iterator[str]:
@@ -276,8 +286,8 @@ def targets(doc: Doc) -> Iterator[str]:
         verdict = "not measured" if not verdicts else "yes" if all(verdicts) else "**no**"
         sign = "≤" if target.at_most else "≥"
         yield (
-            f"| {target.name} | {sign} {_shown(target, target.limit)} | {_shown(target, table_value)} | "
-            f"{_shown(target, rounds_value)} | {verdict} |"
+            f"| {target.name} | {sign} {_shown(target, target.limit)} | {_beside_limit(target, table_value)} "
+            f"| {_beside_limit(target, rounds_value)} | {verdict} |"
         )
 
 

@@ -183,3 +183,14 @@ def test_the_command_prints_markdown_and_names_a_file_it_cannot_read(tmp_path: P
     )
     assert missing.returncode == 2
     assert "absent.json" in missing.stderr
+
+
+def test_a_figure_that_misses_its_limit_by_less_than_its_rounding_is_shown_with_the_digits_it_takes() -> None:
+    """A median of 3.007 µs against 3.0 read "3.0 µs" beside "no"; one that meets it stays short."""
+    doc = run_doc()
+    doc["headline"]["median"]["access_log_us"] = 3.007
+    assert verdicts(report.render(doc))["access log, on \N{MINUS SIGN} off"] == ("—", "3.01 µs", "**no**")
+    doc["headline"]["median"]["access_log_us"] = 2.996
+    assert verdicts(report.render(doc))["access log, on \N{MINUS SIGN} off"] == ("—", "3.0 µs", "yes")
+    doc["headline"]["median"]["https_paired_share"] = 0.7996
+    assert verdicts(report.render(doc))[PAIRED] == ("—", "79.96%", "**no**")
