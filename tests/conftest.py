@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import json
+import logging
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,3 +18,14 @@ def load_vector(name: str) -> Any:
 @pytest.fixture
 def vectors() -> Any:
     return load_vector
+
+
+@pytest.fixture(autouse=True)
+def _package_logger_as_found() -> Iterator[None]:
+    """An in-process app sets the package logger's level from its configuration (``info`` by
+    default) and routes its handlers: every test leaves the logger as it found it. Left at ``info``,
+    a later test's refusals were captured by pytest as records, 70 MB of them in one test."""
+    logger = logging.getLogger("signing_proxy")
+    saved = logger.handlers[:], logger.level, logger.propagate
+    yield
+    logger.handlers[:], logger.level, logger.propagate = saved
