@@ -46,7 +46,7 @@ class ManifestCache:
     one up leaves its place alone: the oldest insertion goes first)."""
 
     def __init__(self) -> None:
-        self._entries: LruCache[Key, CachedManifest] = LruCache(MAX_ENTRIES, MAX_BYTES)
+        self._entries: LruCache[Key, CachedManifest] = LruCache(MAX_ENTRIES, MAX_BYTES, key_size=_url_length)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -65,8 +65,7 @@ class ManifestCache:
     ) -> WellKnownManifest:
         """Cache what discovery reads of ``manifest``, and return that."""
         kept = replace(manifest, catalog_contributors=(), ext=_NOTHING, extra=_NOTHING)
-        cost = _PARSED_FACTOR * document_bytes + len(key[1])  # the URL a stranger chose, too
-        self._entries.put(key, CachedManifest(kept, None, expires_at), cost)
+        self._entries.put(key, CachedManifest(kept, None, expires_at), _PARSED_FACTOR * document_bytes)
         return kept
 
     def refuse(self, key: Key, error: ManifestError, expires_at: float) -> None:
@@ -74,4 +73,9 @@ class ManifestCache:
         traceback holds the frames that read the answer (its body, its head, the parsed document),
         up to 2.5 MB each."""
         kept = ManifestError(error.reason, error.detail[:_DETAIL_CHARS])
-        self._entries.put(key, CachedManifest(None, kept, expires_at), _ERROR_COST + len(key[1]))
+        self._entries.put(key, CachedManifest(None, kept, expires_at), _ERROR_COST)
+
+
+def _url_length(key: Key) -> int:
+    """What an entry's key costs: the URL a stranger chose."""
+    return len(key[1])

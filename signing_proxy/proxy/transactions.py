@@ -73,7 +73,7 @@ class TransactionKeys:
     ) -> None:
         self.keys = keys
         self.clock = clock
-        self._urls: LruCache[str, _Entry] = LruCache(max_entries, max_bytes)
+        self._urls: LruCache[str, _Entry] = LruCache(max_entries, max_bytes, key_size=len)
 
     def __len__(self) -> int:
         return len(self._urls)
@@ -128,7 +128,7 @@ class TransactionKeys:
             until = min(until, now + MAX_TTL_S)
             if until <= now:
                 continue
-            self._urls.put(binding.url, _Entry(binding.agent_id, until), len(binding.url) + _ENTRY_OVERHEAD)
+            self._urls.put(binding.url, _Entry(binding.agent_id, until), _ENTRY_OVERHEAD)
             remembered += 1
         return remembered
 

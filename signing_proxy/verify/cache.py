@@ -20,7 +20,10 @@ V = TypeVar("V")
 
 
 class LruCache(Generic[K, V]):
-    """``max_entries`` entries and ``max_bytes`` bytes at most (sizes as the caller counts them)."""
+    """``max_entries`` entries and ``max_bytes`` bytes at most (sizes as the caller counts them).
+
+    ``key_size``: what a key costs beside its value, added to every size given (a URL a stranger
+    names, for one: its length)."""
 
     def __init__(
         self,
@@ -28,10 +31,12 @@ class LruCache(Generic[K, V]):
         max_bytes: int | None = None,
         *,
         on_evict: Callable[[K, V], None] | None = None,
+        key_size: Callable[[K], int] | None = None,
     ) -> None:
         self.max_entries = max_entries
         self.max_bytes = max_bytes
         self.on_evict = on_evict
+        self.key_size = key_size
         self.bytes = 0
         self.evictions = 0
         self._items: OrderedDict[K, tuple[V, int]] = OrderedDict()
@@ -66,6 +71,8 @@ class LruCache(Generic[K, V]):
         old = self._items.pop(key, None)
         if old is not None:
             self.bytes -= old[1]
+        if self.key_size is not None:
+            size += self.key_size(key)
         self._items[key] = (value, size)
         self.bytes += size
         self._shrink()
@@ -75,6 +82,8 @@ class LruCache(Generic[K, V]):
         item = self._items.get(key)
         if item is None:
             return
+        if self.key_size is not None:
+            size += self.key_size(key)
         self.bytes += size - item[1]
         self._items[key] = (item[0], size)
         self._shrink()

@@ -250,8 +250,8 @@ class DirectoryResolver:
     def __post_init__(self) -> None:
         self.pinned = {base.rstrip("/"): d for base, d in self.pinned.items()}
         self._cache = LruCache(self.max_entries, self.max_bytes, on_evict=self._evicted)
-        self._negative = LruCache(self.negative_entries, URL_STORE_BYTES)
-        self._vouched = LruCache(VOUCHED_ENTRIES, URL_STORE_BYTES)
+        self._negative = LruCache(self.negative_entries, URL_STORE_BYTES, key_size=len)
+        self._vouched = LruCache(VOUCHED_ENTRIES, URL_STORE_BYTES, key_size=len)
 
     def __len__(self) -> int:
         """Directories cached (pinned ones not counted)."""
@@ -306,7 +306,7 @@ class DirectoryResolver:
         """A signature just verified with a key of the directory at ``url``: should strangers'
         directories push it out of the (byte-bounded) cache, it comes back without budget. Strangers
         can add theirs only by verifying, one budgeted fetch each; the least recently vouched go."""
-        self._vouched.put(url, None, len(url) + URL_ENTRY_COST)
+        self._vouched.put(url, None, URL_ENTRY_COST)
 
     async def refetch_for_keyid(self, base: str, *, budgeted: bool = True) -> Directory | None:
         """Re-fetch a cached directory that lacks a signature's ``keyid`` (a key rotated in), at most
@@ -376,9 +376,7 @@ class DirectoryResolver:
                 stale.expires_at = now + self.negative_ttl_s
                 return stale.directory
             log.info("directory %s unavailable: %s: %s", url, exc.reason, exc.detail)
-            self._negative.put(
-                url, _Failure(exc.reason, now + self.negative_ttl_s), len(url) + URL_ENTRY_COST
-            )
+            self._negative.put(url, _Failure(exc.reason, now + self.negative_ttl_s), URL_ENTRY_COST)
             raise DirectoryError(exc.reason, f"{url} is unavailable") from None
         now = self.clock()
         directory = only_proven(directory, result, url, now, self.skew_s)

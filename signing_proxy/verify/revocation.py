@@ -81,7 +81,7 @@ class RevocationPoller:
     _states: dict[str, _State] = field(default_factory=dict)
     # revoked sets of directories that left the cache (non-empty ones only)
     _retired: LruCache[str, RevocationList] = field(
-        default_factory=lambda: LruCache(RETIRED_DIRECTORIES, RETIRED_BYTES)
+        default_factory=lambda: LruCache(RETIRED_DIRECTORIES, RETIRED_BYTES, key_size=len)
     )
 
     def attach(self, resolver: DirectoryResolver) -> None:
@@ -158,7 +158,7 @@ class RevocationPoller:
         state = self._states.pop(directory_url, None)
         if state is not None and state.current is not None and state.current.revoked:
             revoked = state.current
-            cost = len(revoked.revoked) * REVOKED_ENTRY_COST + len(directory_url) + RETIRED_SET_COST
+            cost = len(revoked.revoked) * REVOKED_ENTRY_COST + RETIRED_SET_COST  # and its URL
             self._retired.put(directory_url, revoked, cost)
         loop = state.loop if state is not None else None
         if state is not None and loop is not None:
