@@ -8,10 +8,6 @@ fits in one request head (64 KiB by default); before these bounds, a few hundred
 
 from __future__ import annotations
 
-import gc
-import tracemalloc
-from collections.abc import Callable, Iterator
-
 import pytest
 
 from signing_proxy.core.errors import ProtocolError
@@ -19,32 +15,19 @@ from signing_proxy.core.fields import Fields
 from signing_proxy.core.signature_components import signing_params_value
 from signing_proxy.core.signatures import hop_components, parse_signature_stack
 from signing_proxy.core.uri import parse_absolute_uri
+from tests.memory import held_after
 
 THUMBPRINT = "x" * 43
 
 
-@pytest.fixture
-def traced() -> Iterator[Callable[[], float]]:
-    """MiB allocated since the fixture started and still held (after a collection)."""
-    gc.collect()
-    tracemalloc.start()
-    start = tracemalloc.get_traced_memory()[0]
-
-    def held_mib() -> float:
-        gc.collect()
-        return (tracemalloc.get_traced_memory()[0] - start) / 2**20
-
-    yield held_mib
-    tracemalloc.stop()
-
-
-def test_long_component_identifiers_of_strangers_are_not_kept(traced: Callable[[], float]) -> None:
-    for i in range(300):
-        name = f"x{i:05d}" + "a" * 60_000
-        fields = Fields([("Signature-Input", f'sig=("{name}");created=1'), ("Signature", "sig=:AAAA:")])
-        [entry] = parse_signature_stack(fields)
-        assert entry.components[0].name == name
-    assert traced() < 2.0  # 29.5 MiB when every identifier was kept
+def test_long_component_identifiers_of_strangers_are_not_kept() -> None:
+    with held_after() as held:
+        for i in range(300):
+            name = f"x{i:05d}" + "a" * 60_000
+            fields = Fields([("Signature-Input", f'sig=("{name}");created=1'), ("Signature", "sig=:AAAA:")])
+            [entry] = parse_signature_stack(fields)
+            assert entry.components[0].name == name
+    assert held.mib < 2.0  # 29.5 MiB when every identifier was kept
 
 
 def test_short_component_identifiers_are_still_shared() -> None:
@@ -56,20 +39,22 @@ def test_short_component_identifiers_are_still_shared() -> None:
     assert [a is b for a, b in zip(first.components, again.components, strict=True)] == [True, True]
 
 
-def test_a_relay_hop_over_long_previous_labels_keeps_no_inner_list(traced: Callable[[], float]) -> None:
-    for i in range(100):
-        label = f"l{i:05d}" + "b" * 60_000
-        params = signing_params_value(hop_components(label), THUMBPRINT, 1, 2)
-        assert params.startswith('("@method" ')
-        assert label in params
-    assert traced() < 2.0  # 11 MiB when every Inner List was kept
+def test_a_relay_hop_over_long_previous_labels_keeps_no_inner_list() -> None:
+    with held_after() as held:
+        for i in range(100):
+            label = f"l{i:05d}" + "b" * 60_000
+            params = signing_params_value(hop_components(label), THUMBPRINT, 1, 2)
+            assert params.startswith('("@method" ')
+            assert label in params
+    assert held.mib < 2.0  # 11 MiB when every Inner List was kept
 
 
-def test_the_targets_of_long_uris_are_not_kept(traced: Callable[[], float]) -> None:
-    for i in range(1100):
-        target = parse_absolute_uri(f"https://origin.example/{i:05d}" + "c" * 8_000)
-        assert target.path_query.startswith(f"/{i:05d}")
-    assert traced() < 3.0  # 16 MiB when every parse was kept
+def test_the_targets_of_long_uris_are_not_kept() -> None:
+    with held_after() as held:
+        for i in range(1100):
+            target = parse_absolute_uri(f"https://origin.example/{i:05d}" + "c" * 8_000)
+            assert target.path_query.startswith(f"/{i:05d}")
+    assert held.mib < 3.0  # 16 MiB when every parse was kept
     short = "https://origin.example/short?q=1"
     assert parse_absolute_uri(short) is parse_absolute_uri(short)  # the common case is still kept
 

@@ -14,7 +14,6 @@ import contextlib
 import gc
 import socket
 import ssl
-import tracemalloc
 import weakref
 from collections.abc import Callable, Iterator
 
@@ -26,6 +25,7 @@ from signing_proxy.net.server import ClientConnection, Engine
 from signing_proxy.net.tunnel import BlindTunnel, TunnelStart
 from signing_proxy.storage.ca import CertificateAuthority
 from tests.harness import WAIT_S, until
+from tests.memory import held_after
 from tests.net.test_engine import running
 
 HEAD_FIELDS = 200  # each 400 bytes: 80 KB, over the 64 KiB head limit (431)
@@ -257,18 +257,13 @@ async def test_an_idle_keep_alive_connection_holds_nothing_of_the_request_it_ser
     async with running(Count(), limits) as (engine, port):
         reader, writer, _conn = await connected(engine, port)
         try:
-            gc.collect()
-            tracemalloc.start()
-            start = tracemalloc.get_traced_memory()[0]
-            head = f"POST http://127.0.0.1/ HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
-            writer.write(head.encode() + body)
-            answer = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), WAIT_S)
-            assert answer.startswith(b"HTTP/1.1 200 ")
-            assert await asyncio.wait_for(reader.readexactly(7), WAIT_S) == b"4194304"
-            await until(lambda: engine.buffered == 0 and len(engine.connections) == 1)
-            gc.collect()
-            held_mib = (tracemalloc.get_traced_memory()[0] - start) / 2**20
+            with held_after() as held:
+                head = f"POST http://127.0.0.1/ HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
+                writer.write(head.encode() + body)
+                answer = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), WAIT_S)
+                assert answer.startswith(b"HTTP/1.1 200 ")
+                assert await asyncio.wait_for(reader.readexactly(7), WAIT_S) == b"4194304"
+                await until(lambda: engine.buffered == 0 and len(engine.connections) == 1)
         finally:
-            tracemalloc.stop()
             writer.close()
-    assert held_mib < 1.0  # 4.0 MiB while the connection kept the body
+    assert held.mib < 1.0  # 4.0 MiB while the connection kept the body

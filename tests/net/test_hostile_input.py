@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import json
 import socket
-import tracemalloc
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
@@ -27,6 +25,7 @@ from signing_proxy.net.server import ClientConnection, Engine
 from signing_proxy.net.upstream import UpstreamPool
 from signing_proxy.net.websocket import _Handshake
 from tests.harness import WAIT_S, ProxyProcess, VerifyingOrigin, until, wait_for
+from tests.memory import held_after
 from tests.net.test_engine import exchange, running
 
 KEY = SigningKey.generate()
@@ -539,17 +538,10 @@ async def test_an_idle_pooled_connection_holds_nothing_of_the_answer_it_carried(
     try:
         url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/"
         await fetched_each(pool, [url])  # the pool's own structures, before measuring
-        gc.collect()
-        tracemalloc.start()
-        try:
-            start = tracemalloc.get_traced_memory()[0]
+        with held_after() as held:
             await fetched_each(pool, [url])
             assert pool.idle_origins == 1
-            gc.collect()
-            held_mib = (tracemalloc.get_traced_memory()[0] - start) / 2**20
-        finally:
-            tracemalloc.stop()
-        assert held_mib < 0.3  # 0.57 MiB while the idle connection kept the head
+        assert held.mib < 0.3  # 0.57 MiB while the idle connection kept the head
     finally:
         pool.close()
         server.close()

@@ -3,10 +3,8 @@ no app, no CA, no sockets. The loopback behaviour with a real edge is in test_di
 
 from __future__ import annotations
 
-import gc
 import json
 import logging
-import tracemalloc
 from typing import Any
 
 import pytest
@@ -18,6 +16,7 @@ from signing_proxy.errors import EgressError, ProxyError
 from signing_proxy.net.client import FetchedResponse
 from signing_proxy.proxy import manifest_cache
 from signing_proxy.proxy.discovery import Discovery, Finding
+from tests.memory import held_after
 
 EDGE = parse_absolute_uri("https://pub.example/articles/1")
 MANIFEST: dict[str, Any] = {
@@ -271,18 +270,11 @@ async def test_a_cached_refusal_holds_its_reason_not_the_answer_it_read(
     urls = [f"{OWN}?n={i}&pad={'p' * 20_000}" for i in range(100)]
     fetch = Fetches({url: (200, body) for url in urls})
     found = discovery(fetch)
-    gc.collect()
-    tracemalloc.start()
-    try:
-        start = tracemalloc.get_traced_memory()[0]
+    with held_after() as held:
         for url in urls:
             with pytest.raises(ManifestError):
                 await found.manifest(url, same_origin=True)
-        gc.collect()
-        held_mib = (tracemalloc.get_traced_memory()[0] - start) / 2**20
-    finally:
-        tracemalloc.stop()
-    assert held_mib < 8.0  # 124 MiB when each refusal kept its error
+    assert held.mib < 8.0  # 124 MiB when each refusal kept its error
     entry = found.cache.fresh((fetch.egress[urls[-1]], urls[-1]), found.clock())
     assert entry is not None
     assert entry.error is not None

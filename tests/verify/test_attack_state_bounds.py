@@ -5,10 +5,8 @@ their caps, and no metric series per URL. Driven in-process with a fake, instant
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import time
-import tracemalloc
 
 import pytest
 
@@ -23,6 +21,7 @@ from signing_proxy.verify import (
     VerificationError,
 )
 from signing_proxy.verify.directory import URL_STORE_BYTES
+from tests.memory import held_after
 from tests.verify.strangers import BODY, TARGET, directory_doc, forged, revocation_doc
 
 ATTACKER = SigningKey.from_seed(bytes(range(7, 39)))
@@ -115,19 +114,12 @@ async def test_state_bounds_failing_directories_with_long_urls_hold_what_the_sto
     caplog.set_level(logging.WARNING, logger="signing_proxy")
     world = AttackerWorld(int(time.time()), failing=True)
     resolver = DirectoryResolver(world)
-    gc.collect()
-    tracemalloc.start()
-    try:
-        start = tracemalloc.get_traced_memory()[0]
+    with held_after() as held:
         for n in range(NEGATIVE_ENTRIES):
             with pytest.raises(DirectoryError):
                 await resolver.get(f"https://d{n}.attacker.example/{'p' * 1900}", budgeted=False)
-        gc.collect()
-        held = tracemalloc.get_traced_memory()[0] - start
-    finally:
-        tracemalloc.stop()
     assert 0 < resolver.failures_cached < NEGATIVE_ENTRIES
-    assert held < 1.5 * URL_STORE_BYTES  # 9 MiB when only the count bounded it
+    assert held.bytes < 1.5 * URL_STORE_BYTES  # 9 MiB when only the count bounded it
 
 
 def test_state_bounds_directories_that_vouched_are_charged_their_urls() -> None:

@@ -9,7 +9,6 @@ import base64
 import gc
 import hashlib
 import time
-import tracemalloc
 
 import pytest
 
@@ -45,6 +44,7 @@ from signing_proxy.verify.revocation import (
     _State,
 )
 from signing_proxy.verify.verifier import VerifierPolicy
+from tests.memory import held_after
 from tests.verify.fakes import NOW, Clock, FakeFetch, Ticks
 from tests.verify.strangers import BODY, LOOPBACK, TARGET, directory_doc, host, signed
 
@@ -258,21 +258,14 @@ async def test_what_sets_kept_aside_hold_stays_near_their_bound_whatever_the_url
     """Each set kept aside was charged for its thumbprints only: 4,096 one-thumbprint sets of
     directories with 2,000-character URLs were charged 640 KiB and held 10.4 MiB."""
     poller = RevocationPoller(FakeFetch())
-    gc.collect()
-    tracemalloc.start()
-    try:
-        start = tracemalloc.get_traced_memory()[0]
+    with held_after() as held:
         for n in range(RETIRED_DIRECTORIES):
             url = f"https://d{n}.example/.well-known/http-message-signatures-directory?{'q' * 2000}"
             one = frozenset(thumbprints(1, str(n)))
             poller._states[url] = _State(REV_URL, current=RevocationList(NOW, one))
             poller.forget(url)
-        gc.collect()
-        held = tracemalloc.get_traced_memory()[0] - start
-    finally:
-        tracemalloc.stop()
     assert poller._retired.bytes <= RETIRED_BYTES
-    assert held < 1.5 * RETIRED_BYTES  # 10.4 MiB when only thumbprints were charged
+    assert held.bytes < 1.5 * RETIRED_BYTES  # 10.4 MiB when only thumbprints were charged
     await poller.close()
 
 
