@@ -32,6 +32,7 @@ from .signature_components import (
     parse_field_dictionary,
     serialize_sf_string,
 )
+from .uri import directory_base
 
 __all__ = [
     "PROFILES",
@@ -260,4 +261,7 @@ def web_signature_agent(fields: Fields, label: str, components: Sequence[Compone
 def _web_origin(url: str, label: str) -> str:
     if not url.startswith(("https://", "http://")) or any(c in url for c in ' "<>\\?#'):
         raise VerificationError("malformed-signature-agent", "Signature-Agent must be an http(s) URL", label)
-    return url.rstrip("/")
+    try:
+        return directory_base(url)  # one spelling per directory: its cache, revocation state and identity
+    except FieldError as exc:
+        raise VerificationError(exc.reason, exc.detail, label) from None

@@ -65,8 +65,10 @@ def requester_type_name(value: object) -> str:
         name = REQUESTER_TYPES.get(value)
     elif isinstance(value, str) and value.isascii() and value.isdigit():
         name = REQUESTER_TYPES.get(int(value))
-    else:
+    elif isinstance(value, str):
         name = value if value in _TYPE_NUMBERS else None
+    else:  # an object, an array, null, a float: never hashed (a dict or list would raise TypeError)
+        name = None
     if name is None:
         known = ", ".join(f"{n} ({i})" for i, n in REQUESTER_TYPES.items() if i)
         raise ValueError(f"unknown RequesterType {value!r}; one of {known}")

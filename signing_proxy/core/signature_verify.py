@@ -38,6 +38,7 @@ from .signature_components import (
     parse_field_dictionary,
     signature_base,
 )
+from .uri import directory_base
 
 __all__ = [
     "DEFAULT_MAX_VALIDITY_S",
@@ -158,7 +159,8 @@ _PLAIN_SF_STRING = re.compile(r'"[ !#-\[\]-~]*"')
 
 
 def parse_signature_agent(value: str | None) -> str | None:
-    """The directory base named by Signature-Agent: a bare URL or an RFC 8941 String; empty -> None."""
+    """The directory base named by Signature-Agent (a bare URL or an RFC 8941 String) in its one
+    spelling (``directory_base``); empty -> None."""
     if value is None:
         raise FieldError("missing-covered-header", "Signature-Agent header is absent")
     value = value.strip()
@@ -179,7 +181,7 @@ def parse_signature_agent(value: str | None) -> str | None:
         url = value
     if not url.startswith(("https://", "http://")) or any(c in url for c in ' "<>\\'):
         raise FieldError("malformed-signature-agent", "Signature-Agent must be an http(s) URL")
-    return url
+    return directory_base(url)  # one spelling per directory: its cache, revocation state and identity
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,14 @@ from dataclasses import dataclass
 
 from .errors import FieldError
 
-__all__ = ["DEFAULT_PORTS", "Target", "host_authority", "parse_absolute_uri", "parse_authority"]
+__all__ = [
+    "DEFAULT_PORTS",
+    "Target",
+    "directory_base",
+    "host_authority",
+    "parse_absolute_uri",
+    "parse_authority",
+]
 
 DEFAULT_PORTS = {"http": 80, "https": 443}
 MAX_HOST_CHARS = 253  # RFC 1035 section 2.3.4 (a name in text form, without its trailing dot)
@@ -167,3 +174,56 @@ def _parse(uri: str) -> Target:
 # 5 MiB whatever strangers send and however far the limits are raised.
 _CACHED_URI_CHARS = 2048
 _parse_cached = functools.lru_cache(maxsize=1024)(_parse)
+
+
+# RFC 3986 section 2.3: characters a percent-encoding stands for needlessly (section 6.2.2.2)
+_UNRESERVED = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-._~")
+_PERCENT = re.compile(r"%([0-9A-Fa-f]{2})")
+
+
+def directory_base(url: str) -> str:
+    """A key directory's base URL (a Signature-Agent value, an issuer) in the one spelling that keys
+    its cache, its revocation state and the identity a verifier reports.
+
+    Spellings of one directory are one (RFC 3986 section 6.2.2): scheme and host in lower case, no
+    default port, no trailing ``/``, a percent-encoding of an unreserved character decoded and the
+    others in upper case. Otherwise ``https://AGENT.example:443`` would be a directory seen for the
+    first time, with none of what ``https://agent.example``'s lists revoked (spec: "A revoked
+    thumbprint stays revoked"). FieldError ``malformed-signature-agent`` for what names no directory
+    base: not http(s), userinfo, a query, a fragment, or a ``.`` or ``..`` segment.
+    """
+    if len(url) <= _CACHED_BASE_CHARS:
+        return _directory_base_cached(url)
+    return _directory_base(url)
+
+
+def _directory_base(url: str) -> str:
+    _, sep, rest = url.partition("://")
+    if not sep:
+        raise FieldError("malformed-signature-agent", "a key directory's base is an http(s) URL")
+    if "?" in rest or "#" in rest:
+        raise FieldError("malformed-signature-agent", "a key directory's base has no query or fragment")
+    slash = rest.find("/")
+    if "@" in (rest if slash < 0 else rest[:slash]):
+        raise FieldError("malformed-signature-agent", "a key directory's base names no user (userinfo)")
+    try:
+        target = _parse(url)
+    except FieldError as exc:
+        raise FieldError("malformed-signature-agent", f"a key directory's base: {exc.detail}") from None
+    path = target.path_query
+    if "%" in path:
+        path = _PERCENT.sub(_normal_percent, path)
+    if any(segment in (".", "..") for segment in path.split("/")):
+        raise FieldError("malformed-signature-agent", "a key directory's base has a '.' or '..' segment")
+    return f"{target.scheme}://{target.authority}{path}".rstrip("/")
+
+
+def _normal_percent(match: re.Match[str]) -> str:
+    char = chr(int(match[1], 16))
+    return char if char in _UNRESERVED else f"%{match[1].upper()}"
+
+
+# Signature-Agent names the same few directories, request after request: the spellings of bases up
+# to 256 characters are kept, 1,024 at most (under 1 MiB with their results, whatever strangers send)
+_CACHED_BASE_CHARS = 256
+_directory_base_cached = functools.lru_cache(maxsize=1024)(_directory_base)

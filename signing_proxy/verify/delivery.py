@@ -175,17 +175,16 @@ class DeliveryVerifier:
                 raise VerificationError(
                     "retrieval-url-key-outside-window", f"key {bound.keyid} is outside its window"
                 )
-            if directory.revocation_url is not None:
-                poller = self.verifier.revocations
-                assert poller is not None  # RequestVerifier always has one
-                try:
-                    revoked = await poller.ensure(directory_url(base), directory.revocation_url)
-                except DirectoryError:
-                    raise VerificationError(
-                        "revocation-unavailable", "the exchange's revocation list has not been fetched"
-                    ) from None
-                if key.thumbprint in revoked:
-                    raise VerificationError("retrieval-url-key-revoked", f"key {bound.keyid} is revoked")
+            poller = self.verifier.revocations
+            assert poller is not None  # RequestVerifier always has one
+            try:
+                revoked = await poller.revoked_by(directory_url(base), directory.revocation_url)
+            except DirectoryError:
+                raise VerificationError(
+                    "revocation-unavailable", "the exchange's revocation list has not been fetched"
+                ) from None
+            if key.thumbprint in revoked:
+                raise VerificationError("retrieval-url-key-revoked", f"key {bound.keyid} is revoked")
             return self._verified(bound, key.public, base)
         if unavailable and unavailable == len(self.policy.exchange_directories):
             raise VerificationError("directory-unavailable", "no exchange directory could be fetched")

@@ -28,11 +28,11 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from ..core.directory_proof import proven_keys
-from ..core.errors import KeyFormatError
+from ..core.errors import FieldError, KeyFormatError
 from ..core.fields import Fields
 from ..core.keys import DIRECTORY_PATH, MAX_DIRECTORY_BYTES, Directory, parse_directory
 from ..core.signature_verify import DEFAULT_SKEW_S
-from ..core.uri import parse_absolute_uri
+from ..core.uri import directory_base, parse_absolute_uri
 from ..errors import VERIFIER_BUSY, DirectoryError, EgressError, Error, ProxyError
 from ..net.client import HttpClient
 from ..net.egress import EgressPolicy
@@ -87,8 +87,18 @@ Fetcher = Callable[[str], Awaitable[FetchResult]]
 
 
 def directory_url(base: str) -> str:
-    """``{base}/.well-known/http-message-signatures-directory`` without a doubled slash."""
-    return base.rstrip("/") + DIRECTORY_PATH
+    """``{base}/.well-known/http-message-signatures-directory`` for ``base`` in its one spelling
+    (``directory_base``), which keys the directory's cache entry and its revocation state."""
+    return base_key(base) + DIRECTORY_PATH
+
+
+def base_key(base: str) -> str:
+    """``base`` in its one spelling; one that names no directory base (the configuration's, whose
+    fetch will fail) only without a trailing ``/``."""
+    try:
+        return directory_base(base)
+    except FieldError:
+        return base.rstrip("/")
 
 
 def only_proven(directory: Directory, result: FetchResult, url: str, now: float, skew_s: int) -> Directory:
@@ -248,7 +258,7 @@ class DirectoryResolver:
     _inflight: dict[str, asyncio.Task[Directory]] = field(init=False, repr=False, default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.pinned = {base.rstrip("/"): d for base, d in self.pinned.items()}
+        self.pinned = {base_key(base): d for base, d in self.pinned.items()}
         self._cache = LruCache(self.max_entries, self.max_bytes, on_evict=self._evicted)
         self._negative = LruCache(self.negative_entries, URL_STORE_BYTES, key_size=len)
         self._vouched = LruCache(VOUCHED_ENTRIES, URL_STORE_BYTES, key_size=len)
@@ -266,7 +276,7 @@ class DirectoryResolver:
         return len(self._negative)
 
     def is_pinned(self, base: str) -> bool:
-        return base.rstrip("/") in self.pinned
+        return base_key(base) in self.pinned
 
     def holds(self, url: str) -> bool:
         """True while the directory at ``url`` is cached or pinned (its pollers may run)."""
@@ -284,7 +294,7 @@ class DirectoryResolver:
 
         ``budgeted=False`` for a directory the configuration names (a broker's): its first fetch
         spends no token of ``fetch_budget``."""
-        pinned = self.pinned.get(base.rstrip("/"))
+        pinned = self.pinned.get(base_key(base))
         if pinned is not None:
             return pinned
         url = directory_url(base)

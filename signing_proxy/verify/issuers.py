@@ -66,10 +66,7 @@ class IssuerKeys:
             # a directory the configuration names spends none of the budget of fetches that
             # strangers' requests may cause; an issuer named only by a token spends one
             directory = await self.resolver.get(base, budgeted=anchor is None)
-            # what its lists revoked stays revoked, also once the directory names no list (spec)
-            revoked = self.revocations.revoked(directory_url(base))
-            if directory.revocation_url is not None:
-                revoked |= await self.revocations.ensure(directory_url(base), directory.revocation_url)
+            revoked = await self.revocations.revoked_by(directory_url(base), directory.revocation_url)
         except DirectoryError as exc:
             if exc.reason == VERIFIER_BUSY:
                 raise  # no budget to fetch it now: the caller answers "retry", not "refused"

@@ -107,6 +107,19 @@ class RevocationPoller:
         kept = self._retired.peek(directory_url)
         return kept.revoked if kept is not None else frozenset()
 
+    async def revoked_by(self, directory_url: str, revocation_url: str | None) -> frozenset[str]:
+        """Every thumbprint the directory at ``directory_url`` has revoked: what its lists revoked
+        before (it stays revoked once the directory names no list: spec "A revoked thumbprint stays
+        revoked") and, while it names the list at ``revocation_url``, that list's set (``ensure``:
+        DirectoryError ``revocation-unavailable`` while the list was never fetched). Every verifier
+        asks this: one that asked only ``ensure`` forgot revocations when the list left the
+        directory."""
+        before = self.revoked(directory_url)
+        if revocation_url is None:
+            return before
+        listed = await self.ensure(directory_url, revocation_url)
+        return listed if before is listed or not before else before | listed
+
     def age_s(self, directory_url: str) -> float | None:
         """Seconds since the directory's list was last fetched successfully (None: never)."""
         state = self._states.get(directory_url)

@@ -246,19 +246,17 @@ class RequestVerifier:
     async def _verification_key(
         self, entry: SignatureEntry, key: DirectoryKey, source: _Source
     ) -> VerificationKey:
-        # what this directory's lists revoked stays revoked, also once it names no list (spec)
-        revoked = source.url is not None and key.thumbprint in self._poller.revoked(source.url)
-        revocation_url = source.directory.revocation_url
-        if revocation_url is not None and source.url is not None:
+        revoked = False
+        if source.url is not None:  # in this directory's sets only
             try:
-                revoked_set = await self._poller.ensure(source.url, revocation_url)
+                revoked_set = await self._poller.revoked_by(source.url, source.directory.revocation_url)
             except DirectoryError:
                 raise VerificationError(
                     "revocation-unavailable",
                     "the revocation list of the key's directory has not been fetched",
                     entry.label,
                 ) from None
-            revoked = revoked or key.thumbprint in revoked_set  # in this directory's set only
+            revoked = key.thumbprint in revoked_set
         return VerificationKey(key.public, key.not_before, key.not_after, revoked, source.base)
 
 

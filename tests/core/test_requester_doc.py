@@ -47,7 +47,7 @@ def test_spec_requester_type_unspecified_is_refused(value: object) -> None:
         requester_type_name(value)
 
 
-@pytest.mark.parametrize("value", ["AGENT", "requester_type_agent", 6, -1, True, None, 1.0])
+@pytest.mark.parametrize("value", ["AGENT", "requester_type_agent", 6, -1, True, None, 1.0, {"x": 1}, [1]])
 def test_unknown_requester_types_are_refused(value: object) -> None:
     with pytest.raises(ValueError, match="RequesterType"):
         requester_type_name(value)

@@ -55,7 +55,8 @@ async def test_forgery_an_internal_server_not_allow_listed_is_never_reached(
         # allow-listing only 10.0.0.0/8 admits plain http in principle: names must still be resolved
         verifier = build_verifier(client=client, egress=EgressPolicy(allow_private=("10.0.0.0/8",)))
         err = await refusal(verifier, named)
-    assert err.reason in ("signature-agent-refused", "directory-unavailable")
+    # a fragment names no directory base: refused before the egress policy is asked
+    assert err.reason in ("signature-agent-refused", "directory-unavailable", "malformed-signature-agent")
     assert internal.seen == []
 
 
@@ -88,29 +89,33 @@ async def test_forgery_an_internal_tls_port_gets_no_connection(
 
 async def test_forgery_a_link_local_metadata_address_is_refused_without_a_fetch(client: HttpClient) -> None:
     verifier = build_verifier(client=client)
-    err = await refusal(verifier, "http://169.254.169.254/latest/meta-data/iam/security-credentials/role#")
+    err = await refusal(verifier, "http://169.254.169.254/latest/meta-data/iam/security-credentials/role")
     assert err.reason == "signature-agent-refused"
     assert "169.254" not in err.detail
 
 
 @pytest.mark.parametrize(
-    ("shape", "egress_reason"),
+    ("shape", "rule"),
     [
-        ("http://user:secret@{authority}", "egress-userinfo"),
-        ("http://{authority}/?x=1", "egress-query"),
-        ("http://{authority}/role#", "egress-fragment"),
-        ("http://{authority}#", "egress-fragment"),
+        ("http://user:secret@{authority}", "names no user"),
+        ("http://{authority}/?x=1", "no query or fragment"),
+        ("http://{authority}/role#", "no query or fragment"),
+        ("http://{authority}#", "no query or fragment"),
+        ("http://{authority}/a/../b", "'..' segment"),
     ],
 )
 async def test_forgery_userinfo_query_or_fragment_is_refused_without_a_fetch(
-    client: HttpClient, shape: str, egress_reason: str
+    client: HttpClient, shape: str, rule: str
 ) -> None:
+    """None of these names a directory base (``directory_base``): refused as the header it is,
+    before the egress policy is asked, nothing fetched."""
     async with host() as allowed:
         allowed.directory(directory_doc(AGENT, now=int(time.time())))
         verifier = build_verifier(client=client, egress=LOOPBACK)
         err = await refusal(verifier, shape.format(authority=allowed.base.removeprefix("http://")))
-    assert (err.reason, allowed.seen) == ("signature-agent-refused", [])
-    assert egress_reason in err.detail  # the rule the client's own header broke, nothing fetched
+    assert (err.reason, allowed.seen) == ("malformed-signature-agent", [])
+    assert rule in err.detail  # the rule the client's own header broke
+    assert "secret" not in err.detail
 
 
 async def test_forgery_a_revocation_url_naming_an_internal_server_is_never_polled(client: HttpClient) -> None:

@@ -222,6 +222,25 @@ async def test_a_url_signed_by_a_revoked_exchange_key_is_refused() -> None:
     await verifier.close()
 
 
+async def test_a_revoked_exchange_key_stays_revoked_when_the_directory_stops_naming_a_list() -> None:
+    """spec "A revoked thumbprint stays revoked": the delivery verifier asked the list only while
+    the directory named one, so a directory re-served without ``revocation_url`` brought K back."""
+    clock, fake = Clock(), FakeFetch()
+    serve_directory(fake, EXCHANGE, revoked=frozenset({EXCHANGE.thumbprint}))
+    listed = fake.answers[directory_url(EXCHANGE_BASE)]
+    assert isinstance(listed, FetchResult)
+    fake.answers[directory_url(EXCHANGE_BASE)] = FetchResult(200, listed.body, "max-age=60")
+    verifier = delivery(pinned=(), directories=(EXCHANGE_BASE,), fake=fake, clock=clock)
+    url = bound_url()
+    assert await refused(verifier, url, fetch(url)) == "retrieval-url-key-revoked"
+    unlisted = Directory((DirectoryKey(EXCHANGE.public, NOW - 60, NOW + 3600),))  # K, and no list named
+    fake.answers[directory_url(EXCHANGE_BASE)] = FetchResult(200, render_directory(unlisted), "max-age=60")
+    clock.now += 100  # the cached directory expires (the signature does not): the new one is fetched
+    assert await refused(verifier, url, fetch(url)) == "retrieval-url-key-revoked"
+    assert fake.calls.count(directory_url(EXCHANGE_BASE)) == 2
+    await verifier.close()
+
+
 async def test_a_web_bot_auth_signature_covering_only_the_authority_is_refused() -> None:
     """A bound fetch is the spec's profile: a web-bot-auth label would not bind the URL or the body."""
     url = bound_url()

@@ -48,7 +48,7 @@ from signing_proxy.core.signatures import (
     parse_signature_stack,
     sign_message,
 )
-from signing_proxy.core.uri import parse_absolute_uri
+from signing_proxy.core.uri import directory_base, parse_absolute_uri
 from signing_proxy.errors import DirectoryError, Error
 from signing_proxy.verify import (
     DirectoryResolver,
@@ -586,7 +586,10 @@ def _agent_by_the_sf_parser(value: str) -> str | None:
         return "refused"
     if not url.startswith(("https://", "http://")) or any(c in url for c in ' "<>\\'):
         return "refused"
-    return str(url)
+    try:
+        return directory_base(url)  # the one spelling of the base it names
+    except FieldError:
+        return "refused"
 
 
 def _assert_read_as_the_sf_parser_reads(value: str) -> None:

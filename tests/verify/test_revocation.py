@@ -337,6 +337,47 @@ async def test_a_revoked_thumbprint_stays_revoked_when_its_directory_stops_namin
     await verifier.close()
 
 
+@pytest.mark.parametrize(
+    "spelling",
+    [
+        '"https://agent.example:443"',
+        "https://AGENT.Example/",
+        "https://agent.example:443/",
+        "https://agent.example/%7e/..",  # refused: no '..' segment in a base
+    ],
+)
+async def test_a_revoked_thumbprint_stays_revoked_whatever_the_spelling_of_its_directory(
+    spelling: str,
+) -> None:
+    """Each spelling of one directory was a directory of its own, with a fresh revocation state: once
+    the list stopped naming KEY (which the directory still listed), KEY was refused as
+    ``https://agent.example`` and accepted, as that directory, when spelled with ``:443``."""
+    fetch, _, poller, verifier, request = revoked_agent_with_a_one_entry_cache()
+    with pytest.raises(VerificationError) as first:
+        await verifier.verify("POST", TARGET, request, BODY)
+    assert first.value.reason == "key-revoked"
+    fetch.answers[REV_URL] = listing(as_of=NOW + 300)  # the list's next snapshot omits KEY
+    assert await poller.poll_once(DIR_URL, REV_URL)
+    with pytest.raises(VerificationError) as other:
+        await verifier.verify("POST", TARGET, signed(spelling, KEY, now=NOW), BODY)
+    assert other.value.reason == ("malformed-signature-agent" if ".." in spelling else "key-revoked")
+    assert fetch.calls.count(DIR_URL) == 1  # one directory, fetched once, whatever its spelling
+    await verifier.close()
+
+
+async def test_every_spelling_of_a_directory_verifies_as_its_one_identity() -> None:
+    clock, fetch = Clock(), FakeFetch()
+    body = render_directory(Directory((DirectoryKey(KEY.public, NOW - 10, NOW + 3600),)))
+    fetch.answers[DIR_URL] = FetchResult(200, body, None)
+    verifier = RequestVerifier(DirectoryResolver(fetch, clock=clock), clock=clock)
+    for spelling in ('"https://agent.example:443/"', "https://Agent.EXAMPLE", "https://agent.example/"):
+        stack = await verifier.verify("POST", TARGET, signed(spelling, KEY, now=NOW), BODY)
+        assert stack.directory == "https://agent.example"
+        assert stack.signature_agent == spelling  # the header as signed
+    assert fetch.calls == [DIR_URL]
+    await verifier.close()
+
+
 BROKER = SigningKey.from_seed(bytes([7]) * 32)
 BROKER_A, BROKER_B = "https://broker-a.example", "https://broker-b.example"
 
