@@ -38,6 +38,7 @@ from .requester import (
 from .scopes import scope_segments, scopes_cover
 
 __all__ = [
+    "ENDLESS_QUOTA_WINDOW_S",
     "ENVELOPE_MAJOR",
     "DelegationIn",
     "IngestError",
@@ -286,6 +287,13 @@ def check_mirror(mirror: DelegationIn, verified: VerifiedDelegation, now: float)
         raise DelegationError("mirror-mismatch", "delegation.issuer is not the token's iss")
 
 
+# Our choice (the spec: a lifetime quota is "bounded only by expiry"): a chain none of whose links
+# has exp keeps its count for a year from the first access. Any https issuer may sign such chains by
+# default (gateway.trusted_issuers_only: false), and a counter row kept for ever per chain was stored
+# state any stranger could grow without end.
+ENDLESS_QUOTA_WINDOW_S = 366 * 86_400
+
+
 class QuotaCounter(NamedTuple):
     """One access counter of a chain: ``limit`` accesses per ``window_s`` (None: never resets)."""
 
@@ -300,7 +308,8 @@ def quota_counters(
     """A counter per link that caps accesses, keyed by the chain up to that link (hashed, fixed
     length): a cap counts every access made under its grant, so siblings a principal delegated to
     share their parent's count, and each also has its own when its link caps it. Each window is the
-    link's ``quota_period``, else the link's remaining life (its ``exp``, else the chain's)."""
+    link's ``quota_period``, else the link's remaining life (its ``exp``, else the chain's), else
+    ``ENDLESS_QUOTA_WINDOW_S``."""
     parts = token.split("~")
     counters = []
     for index, link in enumerate(chain.links):
@@ -309,9 +318,12 @@ def quota_counters(
             continue
         period = link.caps.quota_period_s
         ends = link.exp if link.exp is not None else chain.expires_at
-        window: float | None = float(period) if period is not None else None
-        if window is None and ends is not None:
+        if period is not None:
+            window = float(period)
+        elif ends is not None:
             window = max(1.0, ends - now + leeway_s)  # a lifetime quota: until the grant ends
+        else:  # a grant that never ends: its count is kept this long, not for ever (strangers' rows)
+            window = float(ENDLESS_QUOTA_WINDOW_S)
         key = hashlib.sha256("~".join(parts[: index + 1]).encode("ascii")).hexdigest()
         counters.append(QuotaCounter(key, limit, window))
     return tuple(counters)

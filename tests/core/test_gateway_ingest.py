@@ -13,6 +13,7 @@ from signing_proxy.core.delegation_claims import Caps, VerifiedLink
 from signing_proxy.core.delegation_verify import VerifiedDelegation
 from signing_proxy.core.errors import DelegationError
 from signing_proxy.core.gateway_ingest import (
+    ENDLESS_QUOTA_WINDOW_S,
     DelegationIn,
     IngestError,
     check_mirror,
@@ -215,6 +216,14 @@ def test_a_lifetime_quota_ends_with_its_own_link_not_the_chains_shortest() -> No
     assert [c.window_s for c in quota_counters("root~child", own, NOW)] == [3600, 600]
     fallback = _chain(_link(None, 5), _link(NOW + 600, None))  # only the root caps, and has no exp
     assert [c.window_s for c in quota_counters("root~child", fallback, NOW)] == [600]
+
+
+def test_a_lifetime_quota_of_a_chain_that_never_ends_is_kept_a_year_not_for_ever() -> None:
+    """No link has exp and none a quota_period: the count had no window, so its stored row (sqlite,
+    Redis) was never removed, one per chain any https issuer could sign."""
+    chain = _chain(_link(None, 5), _link(None, 2))
+    windows = [c.window_s for c in quota_counters("root~child", chain, NOW)]
+    assert windows == [ENDLESS_QUOTA_WINDOW_S, ENDLESS_QUOTA_WINDOW_S] == [366 * 86_400] * 2
 
 
 def test_a_lifetime_quota_window_is_at_least_one_second() -> None:
