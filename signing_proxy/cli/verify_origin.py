@@ -63,6 +63,7 @@ async def _serve(
         build_verify_origin(policy, external_origin=external_origin, egress=egress),
         access_log=None,
         handle_signals=False,
+        auto_decompress=False,  # a Content-Digest covers the bytes sent, content coding included
     )
     await runner.setup()
     site = web.TCPSite(runner, host, port)

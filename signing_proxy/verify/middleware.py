@@ -54,9 +54,33 @@ async def as_received(request: web.Request, external_origin: str | None) -> tupl
             origin = f"{request.scheme}://{host_authority(hosts, request.scheme)}"
         except FieldError as exc:
             raise VerificationError(exc.reason, exc.detail) from None
+    if _decoded(request):
+        raise VerificationError(
+            "content-coding-decoded",
+            "this server decodes request bodies (aiohttp's auto_decompress): the Content-Digest of a "
+            "body sent with a Content-Encoding cannot be checked; run the server with auto_decompress=False",
+        )
     body = await request.read()
     lines = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.raw_headers]
     return request.method, origin + request.raw_path, Fields(lines), body
+
+
+# what aiohttp's request parsers decode (http_parser.py, _http_parser.pyx), compared as they compare
+_DECODED_CODINGS = frozenset({"gzip", "deflate", "br", "zstd"})
+
+
+def _decoded(request: web.Request) -> bool:
+    """Whether ``request.read()`` gives the body decoded, not the bytes sent: a Content-Encoding
+    aiohttp decodes, on a server that decodes (its ``auto_decompress``, on by default). Content-Digest
+    covers the content as sent, with its coding (RFC 9530), and the encoded bytes are gone by then:
+    a digest over them was refused and one over the decoded content accepted."""
+    codings = request.headers.getall("Content-Encoding", ())
+    if not any(c.isascii() and c.lower() in _DECODED_CODINGS for c in codings):
+        return False
+    # aiohttp keeps a server's keyword arguments privately: unreadable, it is taken to decode
+    server = getattr(request.protocol, "_manager", None)
+    options = getattr(server, "_kwargs", None)
+    return not isinstance(options, dict) or options.get("auto_decompress", True) is not False
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
