@@ -20,6 +20,7 @@ from ..core.durations import parse_duration
 from ..core.errors import KeyFormatError
 from ..core.jwk import PRIVATE_JWK_MEMBERS, PublicKey, SigningKey, public_key_from_jwk
 from ..core.keys import MAX_DIRECTORY_BYTES, format_rfc3339, is_thumbprint, parse_directory_key, parse_rfc3339
+from ..core.pkcs11_uri import mask_pin_value
 from ..core.requester import parse_duration_s
 from ..core.scopes import scope_segments
 from ..errors import CliError, KeyFileError, KeyStoreError
@@ -140,7 +141,7 @@ def proxy_holder_jkt(args: argparse.Namespace, now: float) -> tuple[str, list[st
     if config.signing.key:
         path = Path(config.signing.key).expanduser()
         jkt = signing_key_file(str(path), "signing.key").thumbprint
-        return jkt, [f"holder: the proxy's signing key {jkt} (signing.key {path})"]
+        return jkt, [f"holder: the proxy's signing key {jkt} (signing.key {mask_pin_value(str(path))})"]
     try:
         store = KeyStore(config.data_path, args.agent or config.signing.agent)
     except ValueError as exc:

@@ -40,6 +40,7 @@ _PATH_ATTRS: Final = frozenset(
     }
 )
 _QUERY_ATTRS: Final = frozenset({"pin-source", "pin-value", "module-name", "module-path"})
+_SECRET_ATTRS: Final = frozenset({"pin-value"})  # never shown, not even a character of it
 _PCT: Final = re.compile(r"%([0-9A-Fa-f]{2})")
 _REASON: Final = "bad-pkcs11-uri"
 
@@ -72,11 +73,13 @@ class Pkcs11Uri:
             ("model", self.model),
             ("object", self.object),
         ]
-        parts = [f"{name}={_quote(value.encode())}" for name, value in path if value is not None]
+        parts = [f"{name}={_quote(value.encode(), _PATH_SAFE)}" for name, value in path if value is not None]
         if self.id is not None:
             parts.append("id=" + "".join(f"%{b:02X}" for b in self.id))
         query = [("module-path", self.module_path), ("pin-source", self.pin_source)]
-        q = "&".join(f"{name}={_quote(value.encode())}" for name, value in query if value is not None)
+        q = "&".join(
+            f"{name}={_quote(value.encode(), _QUERY_SAFE)}" for name, value in query if value is not None
+        )
         return PKCS11_SCHEME + ";".join(parts) + (f"?{q}" if q else "")
 
     def describe(self) -> str:
@@ -91,13 +94,20 @@ class Pkcs11Uri:
         return f"{what} on {where}"
 
 
-def _quote(raw: bytes) -> str:
-    """Percent-encode all but RFC 3986 unreserved characters and a few safe path characters."""
-    safe = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~:[]@!$'()*+,/"
+# RFC 7512 section 2.3: pk11-res-avail (unreserved, ":[]@!$'()*+,=" less what separates), and
+# "&" in a path value, "/", "?" and "|" in a query value ("=" is always encoded here: never needed)
+_RES_AVAIL = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~:[]@!$'()*+,"
+_PATH_SAFE = _RES_AVAIL + b"&"
+_QUERY_SAFE = _RES_AVAIL + b"/?|"
+
+
+def _quote(raw: bytes, safe: bytes) -> str:
+    """Percent-encode every byte ``safe`` does not hold."""
     return "".join(chr(b) if b in safe else f"%{b:02X}" for b in raw)
 
 
-def _unquote(text: str, name: str) -> bytes:
+def _unquote(text: str, name: str, *, query: bool) -> bytes:
+    """A value's bytes; ``query``: a query attribute's, where RFC 7512 also allows ``|``."""
     out = bytearray()
     i = 0
     while i < len(text):
@@ -108,11 +118,12 @@ def _unquote(text: str, name: str) -> bytes:
                 raise KeyFormatError(_REASON, f"attribute {name!r}: malformed percent-encoding")
             out.append(int(match.group(1), 16))
             i += 3
-        elif ch.isascii() and ch.isprintable() and ch not in ' "<>\\^`{|}#':
+        elif ch.isascii() and ch.isprintable() and ch not in ' "<>\\^`{}#' and (ch != "|" or query):
             out.append(ord(ch))
             i += 1
         else:
-            raise KeyFormatError(_REASON, f"attribute {name!r}: character {ch!r} must be percent-encoded")
+            shown = "a character" if name in _SECRET_ATTRS else f"character {ch!r}"  # one of the PIN's
+            raise KeyFormatError(_REASON, f"attribute {name!r}: {shown} must be percent-encoded")
     return bytes(out)
 
 
@@ -123,15 +134,16 @@ def _attributes(text: str, sep: str, known: frozenset[str], where: str) -> dict[
     for item in text.split(sep):
         name, eq, value = item.partition("=")
         if not eq or not name:
-            raise KeyFormatError(_REASON, f"{where} attribute {item!r} is not name=value")
+            shown = mask_pin_value(item)  # a mistyped "pin-value" carries the PIN in its name
+            raise KeyFormatError(_REASON, f"{where} attribute {shown!r} is not name=value")
         name = name.lower()
         if name.startswith("x-"):
             continue  # vendor-specific: RFC 7512 lets a consumer ignore what it does not know
         if name not in known:
-            raise KeyFormatError(_REASON, f"unknown {where} attribute {name!r}")
+            raise KeyFormatError(_REASON, f"unknown {where} attribute {mask_pin_value(name)!r}")
         if name in found:
             raise KeyFormatError(_REASON, f"attribute {name!r} appears twice")
-        found[name] = _unquote(value, name)
+        found[name] = _unquote(value, name, query=sep == "&")
     return found
 
 
@@ -144,11 +156,14 @@ def _text(raw: bytes | None, name: str) -> str | None:
         raise KeyFormatError(_REASON, f"attribute {name!r} is not UTF-8") from None
 
 
-_PIN_VALUE: Final = re.compile(r"(?i)(pin-value=)[^&#]*")
+# a pin-value's value, also in what is not quite one: "pin-value=", "pin_value=", "pin-value:", or
+# the "=" forgotten ("pin-values3cr3t"), up to the next separator or space: a message may show the rest
+_PIN_VALUE: Final = re.compile(r"(?i)(pin[-_]?value[=:]?)[^&;?#\s]*")
 
 
 def mask_pin_value(value: str) -> str:
-    """``value`` with any ``pin-value=...`` query attribute's value replaced (for display)."""
+    """``value`` with any ``pin-value=...`` query attribute's value replaced (for display), and what
+    follows a mistyped one (``pin-value:``, ``pin_value=``, or no ``=`` at all) too."""
     return _PIN_VALUE.sub(r"\1(not shown)", value)
 
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Final
 
 from ..config import Config
 from ..core.keys import KeyProvider, StaticKeyProvider, format_rfc3339
-from ..core.pkcs11_uri import is_pkcs11_uri
+from ..core.pkcs11_uri import is_pkcs11_uri, mask_pin_value
 from ..errors import ConfigError, KeyFileError, KeyStoreError
 from ..storage.keyfile import load_key_file
 from ..storage.keystore import (
@@ -58,7 +58,8 @@ def file_key_provider(path: str | Path) -> KeyProvider:
     try:
         return StaticKeyProvider(load_key_file(Path(path).expanduser()))
     except KeyFileError as exc:
-        raise ConfigError(f"signing.key: {exc}") from None
+        # a mistyped pkcs11: URI ("pkcs11;...", "pkcs:...") is taken for a path: its PIN is not shown
+        raise ConfigError(mask_pin_value(f"signing.key: {exc}")) from None
 
 
 def key_provider_for(config: Config) -> KeyProvider:

@@ -93,6 +93,10 @@ def read_pin(
     if source is None and uri.pin_value is not None:
         return uri.pin_value
     if source is None and uri.pin_source is not None:
+        if uri.pin_source.startswith("|"):  # RFC 7512's example of a command: never run from a URI
+            raise TokenError(
+                "token-pin-missing", "pin-source names a command ('|...'); give a PIN file (or pin_env)"
+            )
         source = uri.pin_source.removeprefix("file://").removeprefix("file:")
     if source is None:
         return None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from signing_proxy.core.errors import KeyFormatError
-from signing_proxy.core.pkcs11_uri import is_pkcs11_uri, mask_pin_value, parse_pkcs11_uri
+from signing_proxy.core.pkcs11_uri import Pkcs11Uri, is_pkcs11_uri, mask_pin_value, parse_pkcs11_uri
 
 
 def test_path_and_query_attributes_are_read_and_percent_decoded() -> None:
@@ -45,11 +45,57 @@ def test_the_pin_value_is_read_but_never_shown() -> None:
     )
 
 
+PIN = "s3cr3t-4711"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        f"pkcs11:token=t;object=k?module-path=/m.so&pin-value{PIN}",  # the "=" forgotten
+        f"pkcs11:token=t;object=k?pin-value:{PIN}",  # ":" for "="
+        f"pkcs11:token=t;object=k?pin_value={PIN}",  # "_" for "-"
+        f"pkcs11:token=t;object=k?pin-value={PIN} ",  # a character to percent-encode
+        f"pkcs11:token=t;object=k?pin-value={PIN}^",
+        f"pkcs11:token=t;object=k;pin-value={PIN}",  # ";" for "?"
+        f"pkcs11:token=t;object=k?pin-value={PIN}%zz",
+    ],
+)
+def test_a_mistyped_pin_value_is_refused_without_showing_the_pin(text: str) -> None:
+    """The refusals echoed the item ("query attribute 'pin-values3cr3t-4711' is not name=value")
+    or the PIN's character that needed percent-encoding."""
+    with pytest.raises(KeyFormatError) as caught:
+        parse_pkcs11_uri(text)
+    assert caught.value.reason == "bad-pkcs11-uri"
+    assert PIN not in caught.value.detail
+    assert not any(part in caught.value.detail for part in ("s3cr3t", "4711", "' '", "'^'"))
+
+
+def test_mask_pin_value_covers_mistyped_forms() -> None:
+    for typo in (f"pin-value{PIN}", f"pin-value:{PIN}", f"PIN_VALUE={PIN}", f"pinvalue={PIN}"):
+        masked = mask_pin_value(f"pkcs11;token=t;object=k?{typo}&module-path=/m.so")
+        assert PIN not in masked
+        assert masked.endswith("(not shown)&module-path=/m.so")
+
+
 def test_str_round_trips() -> None:
     text = "pkcs11:token=Agent%20keys;object=agent;id=%01%02?module-path=/usr/lib/m.so"
     uri = parse_pkcs11_uri(text)
     assert str(uri) == text
     assert parse_pkcs11_uri(str(uri)) == uri
+
+
+def test_values_are_quoted_as_rfc_7512_says_for_a_path_and_for_a_query() -> None:
+    """A "/" is no pk11-path-res-avail character (it was left as it is in a path value); "|" is a
+    query value's (it was refused in one)."""
+    uri = Pkcs11Uri(
+        token="ops/keys", object="team&agent", module_path="/usr/lib/m.so", pin_source="|/bin/pin"
+    )
+    assert (
+        str(uri) == "pkcs11:token=ops%2Fkeys;object=team&agent?module-path=/usr/lib/m.so&pin-source=|/bin/pin"
+    )
+    assert parse_pkcs11_uri(str(uri)) == uri
+    with pytest.raises(KeyFormatError, match="must be percent-encoded"):
+        parse_pkcs11_uri("pkcs11:token=a|b;object=k")
 
 
 def test_vendor_attributes_are_ignored_and_the_scheme_is_case_insensitive() -> None:

@@ -42,6 +42,18 @@ def test_an_unusable_signing_key_is_refused_with_its_key_path(tmp_path: Path) ->
         key_provider_for(config(tmp_path, signing={"key": str(path)}))
 
 
+@pytest.mark.parametrize("scheme", ["pkcs11;", "pkcs:", "pkcs11//"])
+def test_a_mistyped_pkcs11_uri_is_refused_as_a_key_path_without_its_pin(tmp_path: Path, scheme: str) -> None:
+    """Not ``pkcs11:``, the value is a key file's path, and the refusal named the path: with the PIN."""
+    key = f"{scheme}token=t;object=k?module-path=/m.so&pin-value=s3cr3t-4711"
+    with pytest.raises(ConfigError) as caught:
+        key_provider_for(config(tmp_path, signing={"key": key}))
+    assert str(caught.value).startswith("signing.key: ")
+    assert "does not exist" in str(caught.value)
+    assert "s3cr3t" not in str(caught.value)
+    assert "pin-value=(not shown)" in str(caught.value)
+
+
 def test_the_first_run_creates_the_store(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.INFO, logger="signing_proxy"):
         provider = key_provider_for(config(tmp_path))

@@ -176,6 +176,12 @@ def test_pin_sources(tmp_path: Path) -> None:
         read_pin(pin=None, pin_env=None, pin_file=str(pin_file), uri=uri)
     assert caught.value.reason == "token-pin-missing"
     assert read_pin(pin=None, pin_env=None, pin_file=None, uri=uri) is None
+    # RFC 7512 allows "|" in a query value (its example of a PIN from a command); no command is run
+    command = parse_pkcs11_uri("pkcs11:token=t;object=k?pin-source=|/usr/bin/get-pin")
+    with pytest.raises(TokenError) as caught:
+        read_pin(pin=None, pin_env=None, pin_file=None, uri=command)
+    assert caught.value.reason == "token-pin-missing"
+    assert "names a command" in caught.value.detail
 
 
 def test_a_refused_pin_is_never_tried_again(hsm: SoftHsm, monkeypatch: pytest.MonkeyPatch) -> None:
