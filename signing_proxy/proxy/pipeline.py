@@ -12,8 +12,7 @@ current one. Nothing here awaits; the caller owns sockets and clocks.
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache, partial
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -23,29 +22,24 @@ from ..core.challenge import RetryPlan
 from ..core.digest import content_digest
 from ..core.errors import FieldError, SigningError
 from ..core.fields import Fields
-from ..core.jwk import SigningKey
-from ..core.keys import KeyProvider
 from ..core.profiles import SVC, SigningProfile, profile_components, signature_agent_field
-from ..core.signature_components import base_of, signature_base, signing_params_value
-from ..core.signature_key import SIGNATURE_KEY, SIGNATURE_KEY_COMPONENT, signature_key_member
+from ..core.signature_components import base_of, signing_params_value
 from ..core.signatures import (
     SPEC_COMPONENTS,
     Component,
     Message,
     SignedMember,
-    attach_signature,
     serialize_sf_string,
 )
 from ..core.uri import Target, parse_absolute_uri
-from ..errors import ProxyError, TokenError
+from ..errors import ProxyError
 from ..net.framing import NOT_FORWARDED, Outgoing, drop_hop_by_hop, outgoing
-from ..storage.pkcs11 import TokenKey
 from .credentials import BearerStore
 from .profiles import ProfileSelector, fresh_params
+from .signer import Signer
 from .transactions import TransactionKeys
 
 if TYPE_CHECKING:
-    from ..metrics import Metrics
     from .requester import RequesterInjector
 
 __all__ = [
@@ -63,135 +57,6 @@ log = logging.getLogger(__name__)
 AGENT_STRIPPED = frozenset(
     {"signature", "signature-input", "signature-agent", "signature-key", "content-digest"}
 )
-
-
-class Signer:
-    """Signs messages with the current key, or a named one; the window is ``[now, now + validity_s)``."""
-
-    def __init__(
-        self,
-        keys: KeyProvider,
-        *,
-        label: str,
-        validity_s: int,
-        clock: Callable[[], float] = time.time,
-        metrics: Metrics | None = None,
-    ):
-        self.keys = keys
-        self.label = label
-        self.validity_s = validity_s
-        self.clock = clock
-        self.metrics = metrics
-
-    def sign(
-        self,
-        message: Message,
-        *,
-        label: str | None = None,
-        components: Sequence[Component] = SPEC_COMPONENTS,
-        keyid: str | None = None,
-        present: bool = False,
-        missing: Callable[[], ProxyError] | None = None,
-        extra_params: Sequence[tuple[str, str | int]] = (),
-        max_validity_s: int | None = None,
-    ) -> str:
-        """Sign and attach; return the keyid. Raises ProxyError (503/400) instead of ever skipping.
-
-        ``keyid``: sign with that key of ours only, or raise ``missing()`` when it may not sign now.
-        ``present``: add a ``Signature-Key`` member for the label and cover it (a retrieval fetch).
-        ``extra_params`` follow the spec's four (a profile's ``nonce``, ``tag``); ``max_validity_s``
-        caps ``signing.validity_s`` (a profile's longest validity).
-        """
-        key, label, params, base = self._prepare(
-            message, label, components, keyid, present, missing, extra_params, max_validity_s
-        )
-        return self._attach(message, key, SignedMember(label, params, key.sign(base), base))
-
-    async def sign_off_loop(
-        self,
-        message: Message,
-        *,
-        label: str | None = None,
-        components: Sequence[Component] = SPEC_COMPONENTS,
-        keyid: str | None = None,
-        present: bool = False,
-        missing: Callable[[], ProxyError] | None = None,
-        extra_params: Sequence[tuple[str, str | int]] = (),
-        max_validity_s: int | None = None,
-    ) -> str:
-        """``sign`` for keys that wait on a device (``key.blocking``: a PKCS#11 token): the signature
-        is made on the token's thread, so the loop serves other requests meanwhile. A token that
-        fails or does not answer in time raises ProxyError 503 ``signing-token-unavailable``: the
-        request is refused, never forwarded unsigned. Other keys sign in-line, as ``sign`` does."""
-        key, label, params, base = self._prepare(
-            message, label, components, keyid, present, missing, extra_params, max_validity_s
-        )
-        if not isinstance(key, TokenKey):
-            return self._attach(message, key, SignedMember(label, params, key.sign(base), base))
-        try:
-            signature = await key.sign_async(base)
-        except TokenError as exc:
-            if self.metrics is not None:
-                self.metrics.signing_failure("signing-token-unavailable")
-            raise ProxyError(
-                503, "signing-token-unavailable", f"the signing key's token did not sign ({exc.reason})"
-            ) from None
-        return self._attach(message, key, SignedMember(label, params, signature, base))
-
-    def _prepare(  # noqa: PLR0917 - the keyword arguments of sign, passed on
-        self,
-        message: Message,
-        label: str | None,
-        components: Sequence[Component],
-        keyid: str | None,
-        present: bool,
-        missing: Callable[[], ProxyError] | None,
-        extra_params: Sequence[tuple[str, str | int]],
-        max_validity_s: int | None,
-    ) -> tuple[SigningKey, str, str, bytes]:
-        """The key, label, ``@signature-params`` value and signature base of one signature."""
-        now = self.clock()
-        key = self._key(now, keyid, missing)
-        label = label or self.label
-        if present:
-            message.fields.add(SIGNATURE_KEY, signature_key_member(label, key.public))
-            components = (*components, SIGNATURE_KEY_COMPONENT)
-        created = int(now)
-        validity = self.validity_s if max_validity_s is None else min(self.validity_s, max_validity_s)
-        try:
-            if validity <= 0:
-                raise SigningError("bad-signature-window", "expires must be after created")
-            params = signing_params_value(
-                components, key.thumbprint, created, created + validity, extra_params
-            )
-            base = signature_base(message, components, params)
-        except (SigningError, FieldError) as exc:  # a field the base cannot be built from
-            if self.metrics is not None:
-                self.metrics.signing_failure(exc.reason)
-            raise ProxyError(400, exc.reason, f"cannot sign this request: {exc.detail}") from None
-        return key, label, params, base
-
-    def _attach(self, message: Message, key: SigningKey, member: SignedMember) -> str:
-        attach_signature(message.fields, member)
-        if self.metrics is not None:  # the configured label: a relay's made unique (broker2, ...) is not
-            self.metrics.signed(self.label)  # a metric label a request may choose
-        return key.thumbprint
-
-    def _key(self, now: float, keyid: str | None, missing: Callable[[], ProxyError] | None) -> SigningKey:
-        key = self.keys.current(now) if keyid is None else self.keys.key_for(keyid, now)
-        if key is not None:
-            return key
-        if keyid is None:
-            error = ProxyError(
-                503, "no-valid-signing-key", "no signing key is valid now; see `signing-proxy keys list`"
-            )
-        elif missing is not None:
-            error = missing()
-        else:
-            error = ProxyError(503, "signing-key-unavailable", f"key {keyid} may not sign now")
-        if self.metrics is not None:
-            self.metrics.signing_failure(error.reason)
-        raise error
 
 
 def next_hop_target(config: Config) -> Target | None:
@@ -470,7 +335,8 @@ def _sign_plain(
     digest = content_digest(body)
     try:
         agent = _signature_agent(config.signing.signature_agent)
-        params = signing_params_value(SPEC_COMPONENTS, key.thumbprint, created, created + signer.validity_s)
+        expires = signer.expires(key, created, signer.validity_s)
+        params = signing_params_value(SPEC_COMPONENTS, key.thumbprint, created, expires)
         base = base_of(SPEC_COMPONENTS, (method, target.uri, digest, authorization, agent), params)
     except (SigningError, FieldError):
         return None

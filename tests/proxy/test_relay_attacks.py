@@ -85,7 +85,7 @@ async def test_relay_forgery_an_internal_server_is_never_reached_without_allow_p
 ) -> None:
     async with host() as internal, relay(tmp_path) as (port, origin):
         publish(internal, VICTIM)
-        for agent in (internal.base, f"{internal.base}/latest/meta-data/iam/security-credentials/role#"):
+        for agent in (internal.base, f"{internal.base}/latest/meta-data/iam/security-credentials/role"):
             status, doc = await send(port, origin, f'"{agent}"', VICTIM)
             assert (status, doc.get("reason")) == (401, "signature-agent-refused"), doc
             assert "Connect call failed" not in doc.get("detail", "")
