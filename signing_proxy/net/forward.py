@@ -235,8 +235,10 @@ async def forward(
         stream = ResponseStream(
             client, conn, outgoing.target, head_only=head_only, hold=hold, on_latency=on_latency, tap=tap
         )
-        client.upstream = conn
+        client.upstream = conn  # reads what the client can take: paused while its writes are
         conn.start(outgoing.head, outgoing.body, stream, head_only=head_only)
+        if client.write_paused:  # already: our earlier answers wait unread (pause_writing came before)
+            conn.pause_reading()
         try:
             await stream.done
         except ProxyError as error:

@@ -114,7 +114,7 @@ class ClientConnection(asyncio.Protocol):
         self._upgraded = False  # CONNECT: the bytes after the head belong to the tunnel
         self._linger: asyncio.TimerHandle | None = None
         self._discarded = 0
-        self._write_paused = False
+        self.write_paused = False  # our answers wait in the transport past its high-water mark
         self._drain_waiter: asyncio.Future[None] | None = None
         self._task: asyncio.Task[None] | None = None
         self._reading_paused = False
@@ -219,12 +219,12 @@ class ClientConnection(asyncio.Protocol):
             self._drain_waiter.set_result(None)
 
     def pause_writing(self) -> None:
-        self._write_paused = True
+        self.write_paused = True
         if self.upstream is not None:
             self.upstream.pause_reading()
 
     def resume_writing(self) -> None:
-        self._write_paused = False
+        self.write_paused = False
         if self.upstream is not None:
             self.upstream.resume_reading()
         if self._drain_waiter is not None and not self._drain_waiter.done():
@@ -324,7 +324,7 @@ class ClientConnection(asyncio.Protocol):
 
     async def drain(self) -> None:
         """Wait for the client to read; one that reads nothing for ``client_idle_s`` is cut off."""
-        if self._write_paused and not self._closed:
+        if self.write_paused and not self._closed:
             self._drain_waiter = self.loop.create_future()
             try:
                 await asyncio.wait_for(self._drain_waiter, self.engine.limits.client_idle_s)
@@ -468,14 +468,10 @@ class ClientConnection(asyncio.Protocol):
                 if req.refusal is not None:  # a broken request's turn: the answers before it are out
                     self._refuse(req.refusal)
                     break
-                if (
-                    self._reading_paused
-                    and not self._ready
-                    and not self._upgraded
-                    and self.transport is not None
-                ):
+                transport = self.transport
+                if self._reading_paused and not self._ready and not self._upgraded and transport is not None:
                     self._reading_paused = False
-                    self.transport.resume_reading()
+                    transport.resume_reading()
                 # after a CONNECT or Upgrade head no request follows: a tunnel, or closed after the answer
                 self.keep_alive = req.keep_alive and not self._upgraded
                 self.request_version = req.version
@@ -488,6 +484,9 @@ class ClientConnection(asyncio.Protocol):
                     req.body, req.headers = [], []  # served: an idle connection holds none of it
                 if not keep:
                     break
+                await self.drain()  # the next request waits until the client reads what it was sent
+        except AbortConnection:  # it read nothing for client_idle_s: cut off (drain)
+            pass
         except Exception:  # a bug: log it, never leave the client hanging
             log.exception("unexpected error serving %s", self.client_ip)
         finally:
