@@ -484,7 +484,8 @@ class ClientConnection(asyncio.Protocol):
                     req.body, req.headers = [], []  # served: an idle connection holds none of it
                 if not keep:
                     break
-                await self.drain()  # the next request waits until the client reads what it was sent
+                if self.write_paused:  # the next request waits until the client reads what it was sent
+                    await self.drain()
         except AbortConnection:  # it read nothing for client_idle_s: cut off (drain)
             pass
         except Exception:  # a bug: log it, never leave the client hanging
