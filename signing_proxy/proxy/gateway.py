@@ -134,9 +134,9 @@ class GatewayPipeline:
             verdict = await self.verifier.check(method, uri, fields, body)
         except GatewayRefusal as refusal:
             raise ProxyError(refusal.status, refusal.reason, refusal.detail, refusal.headers) from None
-        forwarded = Fields(
-            [(n, v) for n, v in fields if not n.lower().startswith(HEADER_PREFIX)] + verdict.headers()
-        )
+        # and their look-alikes: CGI, WSGI and many servers read X_Verified_Keyid as X-Verified-Keyid
+        kept = [(n, v) for n, v in fields if not n.lower().replace("_", "-").startswith(HEADER_PREFIX)]
+        forwarded = Fields(kept + verdict.headers())
         # keyid: the verified agent's, for the access log (a gateway adds no signature)
         agent = verdict.stack.agent.keyid
         return outgoing(method, target, forwarded, body, framed=framed, keyid=agent, via=None)

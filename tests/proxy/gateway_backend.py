@@ -48,7 +48,8 @@ class Backend(OnItsOwnLoop):
         await request.read()
         headers = {k.lower(): v for k, v in request.headers.items()}
         self.arrivals.append(headers)
-        verified = {k: v for k, v in headers.items() if k.startswith("x-verified-")}
+        # what a CGI or WSGI backend would read as X-Verified-*: "_" and "-" folded together
+        verified = {k: v for k, v in headers.items() if k.replace("_", "-").startswith("x-verified-")}
         return web.json_response({"path": request.path, "verified": verified})
 
     async def _directory(self, request: web.Request) -> web.Response:

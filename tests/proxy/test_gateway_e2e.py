@@ -158,12 +158,20 @@ def refused(resp: requests.Response, status: int, reason: str) -> dict[str, Any]
 def test_plain_request_reaches_the_backend_with_verified_headers_only(world: World) -> None:
     resp = requests.get(
         f"{world.gateway.url}/feed?page=2",
-        headers={"X-Verified-Requester-Id": "forged", "X-Verified-Hops": "9"},
+        headers={
+            "X-Verified-Requester-Id": "forged",
+            "X-Verified-Hops": "9",
+            # look-alikes a CGI or WSGI backend reads as the gateway's own (they were forwarded)
+            "X_Verified_Requester_Id": "admin",
+            "x-verified_hops": "0",
+            "X_VERIFIED_KEYID": "forged",
+        },
         proxies={"http": world.agent.url},
         timeout=WAIT_S,
     )
     assert resp.status_code == 200, resp.text
     verified = resp.json()["verified"]
+    assert all("_" not in name for name in verified), verified
     assert verified["x-verified-hops"] == "2"  # agent + relay, not the client's 9
     assert verified["x-verified-keyid"] == f"{world.agent_key.thumbprint}, {world.relay_jkt}"
     assert "x-verified-requester-id" not in verified  # the client's copy was dropped
