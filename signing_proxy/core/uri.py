@@ -136,8 +136,10 @@ def _valid_host(host: str) -> bool:
     empty, at most 63 characters each and 253 in all (RFC 1035 section 2.3.4; the IDNA step of a
     connect refuses anything else, so it is refused here, answered, before any I/O)."""
     if host.startswith("["):
+        if "%" in host:  # a zone identifier (Python reads fe80::1%eth0): never meaningful to a peer
+            return False
         try:
-            ipaddress.IPv6Address(host[1:-1])  # no zone identifier: never meaningful to a remote peer
+            ipaddress.IPv6Address(host[1:-1])
         except ValueError:
             return False
         return True

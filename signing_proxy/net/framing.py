@@ -42,6 +42,7 @@ HOP_BY_HOP = frozenset(
         "upgrade",
         "proxy-authorization",
         "proxy-authenticate",
+        "proxy-authentication-info",  # RFC 9110 section 11.7.3: for the next outbound client only
     }
 )
 # Regenerated for every request: framing, Host (RFC 9112 section 3.2.2), Expect (we answer 100 ourselves).

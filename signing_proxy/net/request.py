@@ -177,8 +177,10 @@ def busy() -> ProxyError:
 def parse_connect_target(raw: str) -> tuple[str, int]:
     """CONNECT's authority-form target -> (host, port); a port is required. A fully qualified name's
     root dot goes (``a.example.`` is ``a.example``), as a client's SNI and a leaf name it."""
-    if ":" not in raw.rsplit("]", 1)[-1]:
+    if not raw.rsplit("]", 1)[-1].rpartition(":")[2]:  # RFC 9110 section 9.3.6: an empty port too
         raise ProxyError(400, "malformed-target", "CONNECT needs host:port")
+    if "@" in raw:  # authority-form is host and port: userinfo would only hide the port's absence
+        raise ProxyError(400, "malformed-target", "a CONNECT target is host:port, without userinfo")
     try:
         host, port = parse_authority(raw, "https")
     except FieldError as exc:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import socket
 import ssl
 from collections import deque
@@ -35,6 +36,10 @@ __all__ = [
 
 POOL_IDLE_S = 30.0  # close pooled connections idle this long (below common server keep-alive of 60-75 s)
 MAX_RESPONSE_HEAD_BYTES = 64 * 1024  # limits.max_response_header_bytes default: above it, 502
+
+
+# a byte no reason-phrase holds: 1*( HTAB / SP / VCHAR / obs-text )
+_NOT_REASON = re.compile(rb"[^\t\x20-\x7e\x80-\xff]")
 
 
 class ResponseHead:
@@ -186,6 +191,10 @@ class UpstreamConnection(asyncio.Protocol):
         assert parser is not None
         assert self.sink is not None
         status = parser.get_status_code()
+        if not 100 <= status <= 599 or _NOT_REASON.search(self._status_reason):  # RFC 9112 section 4,
+            # RFC 9110 section 15: we rebuild the status line, and a client would refuse this one
+            self._fail(ProxyError(502, "upstream-bad-response", "upstream sent an invalid status line"))
+            return
         if 100 <= status < 200:  # interim response: not forwarded; the final one follows
             if framed_interim(status, self._headers):  # its "content" would reach the client raw
                 self._fail(ProxyError(502, "upstream-bad-response", "upstream framed an interim response"))

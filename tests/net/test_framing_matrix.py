@@ -623,6 +623,17 @@ ROWS = [
         (Ex(GET, ok(b"ok", "Connection: X-Secret, keep-alive", "X-Secret: internal", "X-Kept: yes")),),
         (Want(200, b"ok", "length", fields=(("x-kept", "yes"),), absent=("x-secret",)),),
     ),
+    # RFC 9110 sections 11.7.1 and 11.7.3: what a proxy on the way says applies to its next client only
+    Row(
+        "response-proxy-authentication-fields-are-dropped",
+        (
+            Ex(
+                GET,
+                ok(b"ok", 'Proxy-Authenticate: Basic realm="up"', "Proxy-Authentication-Info: nextnonce=1"),
+            ),
+        ),
+        (Want(200, b"ok", "length", absent=("proxy-authenticate", "proxy-authentication-info")),),
+    ),
     # RFC 9112 section 6.1: we send no TE and decode chunked only; any other coding is not content
     Row(
         "response-transfer-coding-gzip",

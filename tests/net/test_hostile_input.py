@@ -610,3 +610,46 @@ async def test_answers_a_client_never_reads_wait_in_its_socket_not_in_our_memory
             with contextlib.suppress(asyncio.CancelledError):
                 await sender
             sock.close()
+
+
+@pytest.mark.parametrize(
+    "status_line",
+    [b"HTTP/1.1 000 Zero", b"HTTP/1.1 099 Low", b"HTTP/1.1 200 O\x00K", b"HTTP/1.1 200 \x1b[31mRED\x1b[0m"],
+)
+async def test_an_upstream_status_line_no_client_could_read_is_a_502(status_line: bytes) -> None:
+    """We rebuild the status line from the code and reason upstream sent: ``000`` went out as
+    ``HTTP/1.1 0 Zero``, and control bytes in a reason went out as they came (RFC 9112 section 4:
+    3DIGIT and 1*( HTAB / SP / VCHAR / obs-text ); RFC 9110 section 15: 100 to 599)."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(status_line + b"\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+        writer.close()
+
+    refused = await fetched_from(serve)
+    assert (refused.status, refused.reason) == (502, "upstream-bad-response")
+    assert "status line" in refused.detail
+
+
+async def test_a_reason_phrase_with_tabs_and_obs_text_passes() -> None:
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 599 Tr\xe8s\tbien\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    pool = UpstreamPool(
+        UpstreamConfig(), connect_timeout_s=WAIT_S, read_timeout_s=WAIT_S, max_head_bytes=4096
+    )
+    try:
+        answer = await asyncio.wait_for(
+            HttpClient(pool, TimeoutsConfig()).fetch("GET", f"http://127.0.0.1:{port}/", max_bytes=1024),
+            WAIT_S,
+        )
+        assert (answer.status, answer.body) == (599, b"ok")
+    finally:
+        pool.close()
+        server.close()

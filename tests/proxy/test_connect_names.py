@@ -13,6 +13,7 @@ import pytest
 from signing_proxy.config import parse_config
 from signing_proxy.core.jwk import SigningKey
 from signing_proxy.core.keys import StaticKeyProvider
+from signing_proxy.errors import ProxyError
 from signing_proxy.net.request import parse_connect_target
 from signing_proxy.service.app import ProxyApp
 from tests.harness import WAIT_S
@@ -28,6 +29,23 @@ from tests.harness import WAIT_S
 )
 def test_a_connect_target_names_its_host_without_the_root_dot(raw: str, parsed: tuple[str, int]) -> None:
     assert parse_connect_target(raw) == parsed
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "a.example:",  # an empty port (RFC 9110 section 9.3.6: MUST reject); it dialled :443
+        "[::1]:",
+        "u:p@a.example",  # userinfo and no port: the ':' in it passed for the port's
+        "u@a.example:443",
+        "[fe80::1%25eth0]:443",  # an IPv6 zone identifier: meaningless to any peer but us
+        "[fe80::1%eth0]:443",
+    ],
+)
+def test_a_connect_target_that_is_not_host_and_port_is_refused(raw: str) -> None:
+    with pytest.raises(ProxyError) as caught:
+        parse_connect_target(raw)
+    assert (caught.value.status, caught.value.reason) == (400, "malformed-target")
 
 
 async def handshake(port: int, ca_pem: str, connect_host: str, sni: str | None) -> str:

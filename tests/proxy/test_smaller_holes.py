@@ -149,24 +149,28 @@ def test_smaller_holes_connect_userinfo_is_never_logged(tmp_path: Path, tick_ser
     }
     with VerifyingOrigin() as origin, ProxyProcess(tmp_path, config, key=AGENT) as proxy:
         origin.trust(AGENT)
-        tunnelled, head = connect(proxy, f"agent:{secret}@127.0.0.1:{tick_server.port}")
+        # authority-form is host and port (RFC 9110 section 9.3.6): userinfo is refused, unlogged
+        for port in (tick_server.port, 1):
+            refused, head = connect(proxy, f"agent:{secret}@127.0.0.1:{port}")
+            with refused:
+                assert head.startswith(b"HTTP/1.1 400"), head
+                assert b"malformed-target" in head + refused.recv(4096)
+        tunnelled, head = connect(proxy, f"127.0.0.1:{tick_server.port}")
         with tunnelled:
             assert head.startswith(b"HTTP/1.1 200"), head
-        refused, head = connect(proxy, f"agent:{secret}@127.0.0.1:1")  # a port not allowed: 403
-        with refused:
-            assert head.startswith(b"HTTP/1.1 403"), head
         with socket.create_connection(("127.0.0.1", proxy.port), timeout=WAIT_S) as plain:
             url = f"http://agent:{secret}@127.0.0.1:{origin.port}/userinfo"
             plain.sendall(f"GET {url} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode())
             assert recv_exactly(plain, 12).startswith(b"HTTP/1.1 200")
         wait_for(
-            lambda: len([d for d in proxy.access_lines() if d["method"] == "CONNECT"]) == 2,
-            "two CONNECT lines",
+            lambda: len([d for d in proxy.access_lines() if d["method"] == "CONNECT"]) == 3,
+            "three CONNECT lines",
         )
         wait_for(lambda: any(d["method"] == "GET" for d in proxy.access_lines()), "the GET line")
         wait_for(lambda: bool(events(proxy, "tunnel")), "the tunnel line")
     connects = [d for d in proxy.access_lines() if d["method"] == "CONNECT"]
-    assert sorted(d["host"] for d in connects) == sorted([f"127.0.0.1:{tick_server.port}", "127.0.0.1:1"])
+    tick = f"127.0.0.1:{tick_server.port}"
+    assert sorted(d["host"] for d in connects) == sorted([tick, tick, "127.0.0.1:1"])
     [get] = [d for d in proxy.access_lines() if d["method"] == "GET"]
     assert get["host"] == "127.0.0.1"
     assert events(proxy, "tunnel")[0]["host"] == f"127.0.0.1:{tick_server.port}"
