@@ -23,6 +23,7 @@ __all__ = [
     "host_authority",
     "parse_absolute_uri",
     "parse_authority",
+    "valid_host_field",
 ]
 
 DEFAULT_PORTS = {"http": 80, "https": 443}
@@ -129,6 +130,28 @@ def host_authority(values: Sequence[str], scheme: str) -> str:
     except FieldError:
         raise FieldError("malformed-host", "Host must be host[:port]") from None
     return authority
+
+
+def valid_host_field(value: str) -> bool:
+    """Whether a ``Host`` field value is ``uri-host [ ":" port ]``, or empty (RFC 9112 section 3.2:
+    what a client sends for a target without an authority)."""
+    if len(value) <= MAX_HOST_CHARS + 8:
+        return _valid_host_field(value)
+    return False  # longer than any host and port
+
+
+@functools.lru_cache(maxsize=256)
+def _valid_host_field(value: str) -> bool:
+    value = value.strip()
+    if not value:
+        return True
+    if "@" in value:
+        return False
+    try:
+        parse_authority(value, "http")
+    except FieldError:
+        return False
+    return True
 
 
 def _valid_host(host: str) -> bool:

@@ -53,6 +53,8 @@ class Request:
         "head_done",
         "headers",
         "held",
+        "host",
+        "host_lines",
         "keep_alive",
         "method",
         "over_budget",
@@ -76,6 +78,8 @@ class Request:
         self.keep_alive = True
         self.content_length: int | None = None
         self.framed = False  # the client sent Content-Length or Transfer-Encoding
+        self.host_lines = 0  # Host field lines in the head (RFC 9112 section 3.2: exactly one)
+        self.host: str | None = None  # the last one's value
         self.head_done = False  # field lines after this are chunked trailers: never headers
         self.fields = 0  # field lines seen, trailers included
         self.head_bytes = 0  # the target's and the field lines' bytes, trailers included
@@ -109,7 +113,7 @@ class Request:
         self.headers.append((name.decode("latin-1"), value.decode("latin-1")))
 
     def read_framing(self) -> None:
-        """Content-Length and Transfer-Encoding of a complete head (llhttp checked their syntax and
+        """Content-Length, Transfer-Encoding and Host of a complete head (llhttp checked the syntax and
         that they do not conflict). ProxyError 501 for a transfer coding other than chunked: llhttp
         decodes only that layer, and what is left would go on as if it were the content."""
         codings: list[str] = []
@@ -122,6 +126,9 @@ class Request:
             elif lname == "transfer-encoding":
                 self.framed = True
                 codings += list_tokens(value)
+            elif lname == "host":
+                self.host_lines += 1
+                self.host = value
         if codings and codings != ["chunked"]:  # RFC 9112 section 6.1: 501 for a coding not understood
             raise ProxyError(
                 501,

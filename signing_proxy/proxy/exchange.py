@@ -23,7 +23,7 @@ from typing import Protocol
 
 from ..core.challenge import RetryPlan
 from ..core.errors import FieldError
-from ..core.uri import Target, parse_absolute_uri
+from ..core.uri import Target, parse_absolute_uri, valid_host_field
 from ..errors import ProxyError
 from ..metrics import Metrics
 from ..net.forward import ResponseStream, forward
@@ -267,6 +267,12 @@ class ProxyHandler:
             raise ProxyError(
                 403, "client-not-allowed", "this address may not use the proxy (access.allow_clients)"
             )
+        if req.host_lines != 1 and (req.host_lines or req.version == "1.1"):
+            raise ProxyError(
+                400, "malformed-host", "an HTTP/1.1 request carries one Host (RFC 9112 section 3.2)"
+            )
+        if req.host is not None and not valid_host_field(req.host):
+            raise ProxyError(400, "malformed-host", "Host must be host[:port] (RFC 9112 section 3.2)")
         raw = req.url.decode("latin-1")
         tunnel = conn.tunnel
         if tunnel is not None:

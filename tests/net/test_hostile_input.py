@@ -653,3 +653,41 @@ async def test_a_reason_phrase_with_tabs_and_obs_text_passes() -> None:
     finally:
         pool.close()
         server.close()
+
+
+@pytest.mark.parametrize(
+    "host_lines",
+    [
+        "",  # none, in HTTP/1.1
+        "Host: a.example\r\nHost: b.example\r\n",
+        "Host: a.example/b?c\r\n",
+        "Host: user@a.example\r\n",
+        "Host: a.example:port\r\n",
+    ],
+)
+def test_a_request_without_exactly_one_valid_host_is_a_400(
+    proxy: ProxyProcess, origin: VerifyingOrigin, host_lines: str
+) -> None:
+    """RFC 9112 section 3.2: a server MUST answer 400 to an HTTP/1.1 request without Host, with more
+    than one Host line, or with an invalid one. They were served (Host is rebuilt from the target)."""
+    before = len(origin.arrivals)
+    answer = raw(
+        proxy, f"GET {origin.url('/host')} HTTP/1.1\r\n{host_lines}Connection: close\r\n\r\n".encode()
+    )
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 "), head
+    assert json.loads(body)["reason"] == "malformed-host"
+    assert len(origin.arrivals) == before
+
+
+@pytest.mark.parametrize(
+    ("version", "host_lines"),
+    [("1.1", "Host: a.example\r\n"), ("1.1", "Host: \r\n"), ("1.1", "Host: [::1]:8080\r\n"), ("1.0", "")],
+)
+def test_one_host_or_an_http_1_0_request_without_one_is_served(
+    proxy: ProxyProcess, origin: VerifyingOrigin, version: str, host_lines: str
+) -> None:
+    answer = raw(
+        proxy, f"GET {origin.url('/host')} HTTP/{version}\r\n{host_lines}Connection: close\r\n\r\n".encode()
+    )
+    assert answer.startswith(b"HTTP/1.1 200 "), answer[:200]
