@@ -267,17 +267,16 @@ def _check_params(
     unknown = {name for name, _ in entry.params} - _KNOWN_PARAMS
     if unknown:
         raise VerificationError("unknown-signature-parameter", f"parameters {sorted(unknown)}", label)
-    if web:  # the drafts: alg optional, a nonce a String, expiry within 24 hours (unless uncapped)
-        nonce = entry.param("nonce")
-        if nonce is not None and not isinstance(nonce, str):
-            raise VerificationError("malformed-signature-input", "nonce must be a String", label)
-        if max_validity_s is not None:
-            max_validity_s = min(max_validity_s, WEB_MAX_VALIDITY_S)
+    nonce = entry.param("nonce")  # RFC 9421 section 2.3: a String, like alg (a Token is not one)
+    if nonce is not None and nonce.__class__ is not str:
+        raise VerificationError("malformed-signature-input", "nonce must be a String", label)
+    if web and max_validity_s is not None:  # the drafts: alg optional, expiry within 24 hours
+        max_validity_s = min(max_validity_s, WEB_MAX_VALIDITY_S)
     alg = entry.param("alg")
     if alg is None and not web:
         raise VerificationError("missing-alg", 'alg="ed25519" is required', label)
-    if alg is not None and alg != ALG_ED25519:
-        raise VerificationError("unsupported-algorithm", f"alg {alg!r} is not ed25519", label)
+    if alg is not None and (alg.__class__ is not str or alg != ALG_ED25519):
+        raise VerificationError("unsupported-algorithm", f"alg {alg!r} is not the String ed25519", label)
     keyid = entry.keyid
     if not keyid:
         raise VerificationError("missing-keyid", "keyid is required", label)

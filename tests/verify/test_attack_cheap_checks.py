@@ -55,6 +55,20 @@ CASES: list[tuple[str, Callable[[str, int], Fields], str]] = [
         "missing-covered-component",
     ),
     ("alg", lambda a, n: forged(a, AGENT.thumbprint, now=n, alg="rsa-pss-sha512"), "unsupported-algorithm"),
+    (  # RFC 9421 section 2.3: alg is a String; the Token ed25519 compared equal to it
+        "alg as a Token",
+        lambda a, n: edit(
+            forged(a, AGENT.thumbprint, now=n),
+            "Signature-Input",
+            lambda v: v.replace('alg="ed25519"', "alg=ed25519"),
+        ),
+        "unsupported-algorithm",
+    ),
+    (  # and nonce a String: an Integer passed under the spec's profile
+        "nonce as an Integer",
+        lambda a, n: edit(forged(a, AGENT.thumbprint, now=n), "Signature-Input", lambda v: v + ";nonce=5"),
+        "malformed-signature-input",
+    ),
     ("keyid shape", lambda a, n: forged(a, "key-1", now=n), "unknown-keyid"),
     ("expired", lambda a, n: signed(a, AGENT, now=n, created=n - 120, expires=n - 1), "signature-expired"),
     (
