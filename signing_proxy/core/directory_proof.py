@@ -81,7 +81,10 @@ def directory_proof_bases(
 def directory_proof_fields(
     digest: str, planned: Sequence[tuple[str, bytes]], signatures: Sequence[bytes]
 ) -> list[tuple[str, str]]:
-    """The three fields from ``directory_proof_bases``' plan and the signatures, in key order."""
+    """The three fields from ``directory_proof_bases``' plan and the signatures, in key order; with no
+    key to prove, Content-Digest alone (an empty Dictionary is not serialized: RFC 8941 section 4.1)."""
+    if not planned:
+        return [("Content-Digest", digest)]
     return [
         ("Content-Digest", digest),
         ("Signature-Input", ", ".join(f"binding{i}={params}" for i, (params, _base) in enumerate(planned))),

@@ -76,6 +76,15 @@ def test_another_authority_or_time_outside_the_window_proves_nothing() -> None:
     )
 
 
+def test_a_directory_with_no_key_to_prove_carries_no_empty_signature_fields() -> None:
+    """An agent's directory served without its private keys has nothing to prove: it went out with
+    empty ``Signature-Input:`` and ``Signature:`` lines (RFC 8941 section 4.1: an empty Dictionary
+    is not serialized at all)."""
+    body = b'{"keys":[]}'
+    fields = sign_directory_response(body, "agent.example", [], created=VECTOR_NOW, expires=VECTOR_NOW + 60)
+    assert fields == [("Content-Digest", content_digest(body))]
+
+
 def test_a_response_without_directory_proofs_is_not_judged() -> None:
     key = SigningKey.generate()
     assert proven_keys(b"{}", "dir.example", Fields(()), [key.public], now=1500) is None
