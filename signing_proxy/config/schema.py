@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from ..core.rotation import ROTATION_MARGIN_S
 from ..errors import ConfigError
 from .build import build, to_plain
 from .checks import check_host_pattern, is_loopback, parse_host_port, positive
@@ -404,6 +405,13 @@ class Config:
                 )
             if self.publish.listen == self.listen and not self.listen.endswith(":0"):
                 raise ConfigError("publish.listen: must differ from listen (the proxy port)")
+        outlives = self.publish.directory_max_age_s + ROTATION_MARGIN_S
+        if self.signing.key_lifetime_s <= outlives:  # else a rotation cannot publish before use
+            raise ConfigError(
+                f"signing.key_lifetime_s: {self.signing.key_lifetime_s} s must exceed "
+                f"publish.directory_max_age_s + {ROTATION_MARGIN_S} s ({outlives} s): a new key signs "
+                "only once every cached copy of the directory holds it, and the old one must last that long"
+            )
 
     @property
     def data_path(self) -> Path:

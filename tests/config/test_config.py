@@ -154,3 +154,19 @@ def test_a_yaml_slip_is_located_without_quoting_the_line(tmp_path: Path, text: s
         load_config(path)
     assert "not valid YAML at line" in str(caught.value)
     assert "SECRET" not in str(caught.value)
+
+
+@pytest.mark.parametrize(("lifetime_s", "max_age_s"), [(3600, 86_400), (3630, 3600), (7200, 7170)])
+def test_a_key_that_cannot_outlive_a_cached_directory_is_refused(lifetime_s: int, max_age_s: int) -> None:
+    """With a key lifetime under the directory's max-age, every rotation let a key sign before the
+    verifiers holding a cached directory could know it (``keys rotate`` only warned)."""
+    raw = {"signing": {"key_lifetime_s": lifetime_s}, "publish": {"directory_max_age_s": max_age_s}}
+    with pytest.raises(
+        ConfigError, match=r"signing\.key_lifetime_s: .* must exceed publish\.directory_max_age_s"
+    ):
+        parse_config(raw)
+
+
+def test_a_key_that_outlives_a_cached_directory_by_the_margin_is_accepted() -> None:
+    config = parse_config({"signing": {"key_lifetime_s": 3631}, "publish": {"directory_max_age_s": 3600}})
+    assert config.signing.key_lifetime_s == 3631
