@@ -149,6 +149,7 @@ async def test_a_verifier_a_few_seconds_behind_us_still_finds_our_proofs_current
     publics = [k.public for k in parse_directory(body).keys]
     for behind in (0.5, 3.0, PROOF_CLOCK_MARGIN_S):
         proven = proven_keys(body, "dir.example", fields, publics, now=NOW - behind, skew_s=0)
+        assert proven is not None
         assert len(proven) == 2, behind
 
 
