@@ -405,6 +405,17 @@ class Config:
                 )
             if self.publish.listen == self.listen and not self.listen.endswith(":0"):
                 raise ConfigError("publish.listen: must differ from listen (the proxy port)")
+        web = self.profiles.default == "web-bot-auth" or any(
+            r.profile == "web-bot-auth" and r.signature_agent == "dictionary" for r in self.profiles.rules
+        )
+        agent = self.signing.signature_agent
+        if web and agent and not (agent.startswith("https://") and "/" not in agent[8:].rstrip("/")):
+            raise ConfigError(
+                f"signing.signature_agent: {agent!r} is sent to web-bot-auth destinations as a "
+                "Signature-Agent member, which the drafts (protocol-02) require to be an https origin "
+                "(https://agent.example) and verifiers otherwise ignore; or give the rule "
+                "signature_agent: string (the drafts' legacy form)"
+            )
         outlives = self.publish.directory_max_age_s + ROTATION_MARGIN_S
         if self.signing.key_lifetime_s <= outlives:  # else a rotation cannot publish before use
             raise ConfigError(

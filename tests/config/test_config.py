@@ -170,3 +170,29 @@ def test_a_key_that_cannot_outlive_a_cached_directory_is_refused(lifetime_s: int
 def test_a_key_that_outlives_a_cached_directory_by_the_margin_is_accepted() -> None:
     config = parse_config({"signing": {"key_lifetime_s": 3631}, "publish": {"directory_max_age_s": 3600}})
     assert config.signing.key_lifetime_s == 3631
+
+
+@pytest.mark.parametrize(
+    "agent", ["https://registry.example/agents/alice", "http://agent.example", "https://agent.example/a/"]
+)
+@pytest.mark.parametrize(
+    "profiles",
+    [{"default": "web-bot-auth"}, {"rules": [{"hosts": ["*.example.com"], "profile": "web-bot-auth"}]}],
+)
+def test_web_bot_auth_members_must_name_an_https_origin(agent: str, profiles: dict[str, Any]) -> None:
+    """protocol-02: a Signature-Agent member (the dictionary form) is an https origin; a verifier
+    ignores anything else, so the proxy signed requests no verifier could place."""
+    with pytest.raises(ConfigError, match=r"signing\.signature_agent: .* https origin"):
+        parse_config({"signing": {"signature_agent": agent}, "profiles": profiles})
+
+
+def test_the_legacy_string_form_and_the_spec_profile_keep_any_http_url() -> None:
+    legacy = {"rules": [{"hosts": ["a.example"], "profile": "web-bot-auth", "signature_agent": "string"}]}
+    for profiles in (legacy, {"default": "svc"}):
+        config = parse_config(
+            {"signing": {"signature_agent": "https://registry.example/agents/alice"}, "profiles": profiles}
+        )
+        assert config.signing.signature_agent.endswith("/alice")
+    assert parse_config(
+        {"signing": {"signature_agent": "https://agent.example/"}, "profiles": {"default": "web-bot-auth"}}
+    )
