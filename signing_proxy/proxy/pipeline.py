@@ -15,7 +15,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache, partial
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from ..config import Config, host_matches
 from ..core.challenge import RetryPlan
@@ -36,7 +36,7 @@ from ..errors import ProxyError
 from ..net.framing import NOT_FORWARDED, Outgoing, drop_hop_by_hop, outgoing
 from .credentials import BearerStore
 from .profiles import ProfileSelector, fresh_params
-from .signer import Signer
+from .signer import Signer, SignOptions
 from .transactions import TransactionKeys
 
 if TYPE_CHECKING:
@@ -156,13 +156,13 @@ class SigningPipeline:
         )
 
 
-_CURRENT_KEY: dict[str, Any] = {}  # sign with the current key (shared, never changed)
+_CURRENT_KEY: SignOptions = {}  # sign with the current key (shared, never changed)
 
 
 class _ToSign(NamedTuple):
     message: Message
     body: bytes
-    how: dict[str, Any]  # Signer.sign's keyword arguments: keyid, present, missing; a profile's
+    how: SignOptions  # keyid, present, missing; a profile's
     profile: str
 
     def signed(self, keyid: str) -> SignedFields:
@@ -231,7 +231,11 @@ def _build(
     if delegated is not None and requester is not None:  # never a key the chain does not name
         return _ToSign(message, body, {"keyid": delegated, "missing": requester.key_refusal}, SVC.name)
     if bound is not None:  # a retrieval URL: its transaction's key, presented
-        how = {"keyid": bound, "present": True, "missing": partial(TransactionKeys.refusal, bound)}
+        how: SignOptions = {
+            "keyid": bound,
+            "present": True,
+            "missing": partial(TransactionKeys.refusal, bound),
+        }
         return _ToSign(message, body, how, SVC.name)
     return _ToSign(message, body, _CURRENT_KEY, SVC.name)
 
@@ -269,7 +273,11 @@ def _build_profiled(
         params: tuple[tuple[str, str | int], ...] = (("nonce", retry.nonce), ("tag", profile.tag or ""))
     else:
         params = fresh_params(profile)
-    how = {"components": components, "extra_params": params, "max_validity_s": profile.max_validity_s}
+    how: SignOptions = {
+        "components": components,
+        "extra_params": params,
+        "max_validity_s": profile.max_validity_s,
+    }
     return _ToSign(message, body, how, profile.name)
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from ..config import Config
 from ..core.errors import KeyFormatError, VerificationError
@@ -38,6 +37,7 @@ from ..verify.revocation import RevocationPoller
 from ..verify.verifier import RequestVerifier, VerifierPolicy, refusal_answer
 from .pipeline import Signer, next_hop_target
 from .profiles import ProfileSelector, fresh_params
+from .signer import SignOptions
 
 __all__ = ["RelayPipeline", "load_public_key_file", "unique_label"]
 
@@ -170,7 +170,7 @@ class RelayPipeline:
             )
         message = Message(method, target, fields)
         if profile is SVC:
-            how: dict[str, Any] = {"label": label, "components": hop_components(labels[-1])}
+            how: SignOptions = {"label": label, "components": hop_components(labels[-1])}
         else:
             how = self._profiled(message, entries[-1], label, profile)
         if self.signer.keys.blocking:  # a key on a token: signed off the event loop
@@ -194,7 +194,7 @@ class RelayPipeline:
         previous: SignatureEntry,
         label: str,
         profile: SigningProfile,
-    ) -> dict[str, Any]:
+    ) -> SignOptions:
         """An outer web-bot-auth hop: our own Signature-Agent member (dictionary form, when the stack
         uses it or has none), the previous label's components, ``signature`` and ``signature-input``;
         returns how to sign it (``Signer.sign``'s keyword arguments)."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict, Unpack
 
 from ..core.errors import FieldError, SigningError
 from ..core.jwk import SigningKey
@@ -25,7 +25,19 @@ from ..storage.pkcs11 import TokenKey
 if TYPE_CHECKING:
     from ..metrics import Metrics
 
-__all__ = ["Signer"]
+__all__ = ["SignOptions", "Signer"]
+
+
+class SignOptions(TypedDict, total=False):
+    """How ``Signer.sign`` signs, beyond the defaults (the spec's five components, the current key)."""
+
+    label: str | None  # a label other than the configured one (a relay's, made unique)
+    components: Sequence[Component]
+    keyid: str | None  # sign with that key of ours only, or raise ``missing()`` if it may not sign now
+    present: bool  # add a ``Signature-Key`` member for the label and cover it (a retrieval fetch)
+    missing: Callable[[], ProxyError] | None
+    extra_params: Sequence[tuple[str, str | int]]  # after the spec's four (a profile's nonce, tag)
+    max_validity_s: int | None  # caps signing.validity_s (a profile's longest validity)
 
 
 class Signer:
@@ -47,49 +59,17 @@ class Signer:
         self.clock = clock
         self.metrics = metrics
 
-    def sign(
-        self,
-        message: Message,
-        *,
-        label: str | None = None,
-        components: Sequence[Component] = SPEC_COMPONENTS,
-        keyid: str | None = None,
-        present: bool = False,
-        missing: Callable[[], ProxyError] | None = None,
-        extra_params: Sequence[tuple[str, str | int]] = (),
-        max_validity_s: int | None = None,
-    ) -> str:
-        """Sign and attach; return the keyid. Raises ProxyError (503/400) instead of ever skipping.
-
-        ``keyid``: sign with that key of ours only, or raise ``missing()`` when it may not sign now.
-        ``present``: add a ``Signature-Key`` member for the label and cover it (a retrieval fetch).
-        ``extra_params`` follow the spec's four (a profile's ``nonce``, ``tag``); ``max_validity_s``
-        caps ``signing.validity_s`` (a profile's longest validity).
-        """
-        key, label, params, base = self._prepare(
-            message, label, components, keyid, present, missing, extra_params, max_validity_s
-        )
+    def sign(self, message: Message, **how: Unpack[SignOptions]) -> str:
+        """Sign and attach; return the keyid. Raises ProxyError (503/400) instead of ever skipping."""
+        key, label, params, base = self._prepare(message, how)
         return self._attach(message, key, SignedMember(label, params, key.sign(base), base))
 
-    async def sign_off_loop(
-        self,
-        message: Message,
-        *,
-        label: str | None = None,
-        components: Sequence[Component] = SPEC_COMPONENTS,
-        keyid: str | None = None,
-        present: bool = False,
-        missing: Callable[[], ProxyError] | None = None,
-        extra_params: Sequence[tuple[str, str | int]] = (),
-        max_validity_s: int | None = None,
-    ) -> str:
+    async def sign_off_loop(self, message: Message, **how: Unpack[SignOptions]) -> str:
         """``sign`` for keys that wait on a device (``key.blocking``: a PKCS#11 token): the signature
         is made on the token's thread, so the loop serves other requests meanwhile. A token that
         fails or does not answer in time raises ProxyError 503 ``signing-token-unavailable``: the
         request is refused, never forwarded unsigned. Other keys sign in-line, as ``sign`` does."""
-        key, label, params, base = self._prepare(
-            message, label, components, keyid, present, missing, extra_params, max_validity_s
-        )
+        key, label, params, base = self._prepare(message, how)
         if not isinstance(key, TokenKey):
             return self._attach(message, key, SignedMember(label, params, key.sign(base), base))
         try:
@@ -102,31 +82,24 @@ class Signer:
             ) from None
         return self._attach(message, key, SignedMember(label, params, signature, base))
 
-    def _prepare(  # noqa: PLR0917 - the keyword arguments of sign, passed on
-        self,
-        message: Message,
-        label: str | None,
-        components: Sequence[Component],
-        keyid: str | None,
-        present: bool,
-        missing: Callable[[], ProxyError] | None,
-        extra_params: Sequence[tuple[str, str | int]],
-        max_validity_s: int | None,
-    ) -> tuple[SigningKey, str, str, bytes]:
+    def _prepare(self, message: Message, how: SignOptions) -> tuple[SigningKey, str, str, bytes]:
         """The key, label, ``@signature-params`` value and signature base of one signature."""
         now = self.clock()
-        key = self._key(now, keyid, missing)
-        label = label or self.label
-        if present:
+        key = self._key(now, how.get("keyid"), how.get("missing"))
+        label = how.get("label") or self.label
+        components = how.get("components", SPEC_COMPONENTS)
+        if how.get("present", False):
             message.fields.add(SIGNATURE_KEY, signature_key_member(label, key.public))
             components = (*components, SIGNATURE_KEY_COMPONENT)
         created = int(now)
-        validity = self.validity_s if max_validity_s is None else min(self.validity_s, max_validity_s)
+        cap = how.get("max_validity_s")
+        validity = self.validity_s if cap is None else min(self.validity_s, cap)
         try:
             if validity <= 0:
                 raise SigningError("bad-signature-window", "expires must be after created")
             expires = self.expires(key, created, validity)
-            params = signing_params_value(components, key.thumbprint, created, expires, extra_params)
+            extra = how.get("extra_params", ())
+            params = signing_params_value(components, key.thumbprint, created, expires, extra)
             base = signature_base(message, components, params)
         except (SigningError, FieldError) as exc:  # a field the base cannot be built from
             if self.metrics is not None:
