@@ -11,8 +11,9 @@ from __future__ import annotations
 import functools
 import ipaddress
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from .errors import FieldError
 
@@ -34,6 +35,26 @@ _LABEL = re.compile(r"[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?", re.IGNORECASE)
 _TARGET_CHARS = frozenset(
     "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-._~:/?#[]@!$&'()*+,;=%"
 )
+
+
+_T = TypeVar("_T")
+
+
+def _cached_when_short(max_chars: int, maxsize: int) -> Callable[[Callable[[str], _T]], Callable[[str], _T]]:
+    """``functools.lru_cache`` for the calls whose argument is at most ``max_chars`` long; a longer
+    one is computed each time. Strangers choose these strings: a cache of ``maxsize`` entries of any
+    length could be made to hold megabytes, one of short ones holds little whatever is sent."""
+
+    def wrap(compute: Callable[[str], _T]) -> Callable[[str], _T]:
+        cached = functools.lru_cache(maxsize=maxsize)(compute)
+
+        @functools.wraps(compute)
+        def call(text: str) -> _T:
+            return cached(text) if len(text) <= max_chars else compute(text)
+
+        return call
+
+    return wrap
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,25 +144,15 @@ def host_authority(values: Sequence[str], scheme: str) -> str:
     if len(values) != 1:
         raise FieldError("malformed-host", "a request carries one Host")
     authority = values[0].strip()
-    try:
-        if "@" in authority:
-            raise FieldError("malformed-host", "userinfo")
-        parse_authority(authority, scheme)
-    except FieldError:
-        raise FieldError("malformed-host", "Host must be host[:port]") from None
+    if not authority or not valid_host_field(authority):
+        raise FieldError("malformed-host", "Host must be host[:port]")
     return authority
 
 
+@_cached_when_short(MAX_HOST_CHARS + 8, 256)  # a host and ":port": one per origin a client names
 def valid_host_field(value: str) -> bool:
     """Whether a ``Host`` field value is ``uri-host [ ":" port ]``, or empty (RFC 9112 section 3.2:
-    what a client sends for a target without an authority)."""
-    if len(value) <= MAX_HOST_CHARS + 8:
-        return _valid_host_field(value)
-    return False  # longer than any host and port
-
-
-@functools.lru_cache(maxsize=256)
-def _valid_host_field(value: str) -> bool:
+    what a client sends for a target without an authority); userinfo is no part of it."""
     value = value.strip()
     if not value:
         return True
@@ -172,14 +183,8 @@ def _valid_host(host: str) -> bool:
     return all(_LABEL.fullmatch(label) for label in name.split("."))
 
 
-def parse_absolute_uri(uri: str) -> Target:
-    """Parse an absolute-form ``http://`` or ``https://`` URI into its canonical Target."""
-    if len(uri) <= _CACHED_URI_CHARS:
-        return _parse_cached(uri)
-    return _parse(uri)
-
-
 def _parse(uri: str) -> Target:
+    """Parse an absolute-form ``http://`` or ``https://`` URI into its canonical Target."""
     scheme, sep, rest = uri.partition("://")
     scheme = scheme.lower()
     if not sep or scheme not in DEFAULT_PORTS:
@@ -197,8 +202,7 @@ def _parse(uri: str) -> Target:
 # characters are kept, 1,024 at most. A longer URI (a request target may reach
 # limits.max_request_line_bytes) is parsed each time, so what the cache holds stays under about
 # 5 MiB whatever strangers send and however far the limits are raised.
-_CACHED_URI_CHARS = 2048
-_parse_cached = functools.lru_cache(maxsize=1024)(_parse)
+parse_absolute_uri = _cached_when_short(2048, 1024)(_parse)
 
 
 # RFC 3986 section 2.3: characters a percent-encoding stands for needlessly (section 6.2.2.2)
@@ -206,6 +210,9 @@ _UNRESERVED = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ012
 _PERCENT = re.compile(r"%([0-9A-Fa-f]{2})")
 
 
+# Signature-Agent names the same few directories, request after request: the spellings of bases up
+# to 256 characters are kept, 1,024 at most (under 1 MiB with their results, whatever strangers send)
+@_cached_when_short(256, 1024)
 def directory_base(url: str) -> str:
     """A key directory's base URL (a Signature-Agent value, an issuer) in the one spelling that keys
     its cache, its revocation state and the identity a verifier reports.
@@ -217,12 +224,6 @@ def directory_base(url: str) -> str:
     thumbprint stays revoked"). FieldError ``malformed-signature-agent`` for what names no directory
     base: not http(s), userinfo, a query, a fragment, or a ``.`` or ``..`` segment.
     """
-    if len(url) <= _CACHED_BASE_CHARS:
-        return _directory_base_cached(url)
-    return _directory_base(url)
-
-
-def _directory_base(url: str) -> str:
     _, sep, rest = url.partition("://")
     if not sep:
         raise FieldError("malformed-signature-agent", "a key directory's base is an http(s) URL")
@@ -232,7 +233,7 @@ def _directory_base(url: str) -> str:
     if "@" in (rest if slash < 0 else rest[:slash]):
         raise FieldError("malformed-signature-agent", "a key directory's base names no user (userinfo)")
     try:
-        target = _parse(url)
+        target = _parse(url)  # not kept in the targets' cache
     except FieldError as exc:
         raise FieldError("malformed-signature-agent", f"a key directory's base: {exc.detail}") from None
     path = target.path_query
@@ -246,9 +247,3 @@ def _directory_base(url: str) -> str:
 def _normal_percent(match: re.Match[str]) -> str:
     char = chr(int(match[1], 16))
     return char if char in _UNRESERVED else f"%{match[1].upper()}"
-
-
-# Signature-Agent names the same few directories, request after request: the spellings of bases up
-# to 256 characters are kept, 1,024 at most (under 1 MiB with their results, whatever strangers send)
-_CACHED_BASE_CHARS = 256
-_directory_base_cached = functools.lru_cache(maxsize=1024)(_directory_base)
