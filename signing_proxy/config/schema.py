@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from ..core.errors import FieldError
 from ..core.rotation import ROTATION_MARGIN_S
+from ..core.uri import directory_base
 from ..errors import ConfigError
 from .build import build, to_plain
 from .checks import check_host_pattern, is_loopback, parse_host_port, positive
@@ -409,7 +411,7 @@ class Config:
             r.profile == "web-bot-auth" and r.signature_agent == "dictionary" for r in self.profiles.rules
         )
         agent = self.signing.signature_agent
-        if web and agent and not (agent.startswith("https://") and "/" not in agent[8:].rstrip("/")):
+        if web and agent and not _https_origin(agent):
             raise ConfigError(
                 f"signing.signature_agent: {agent!r} is sent to web-bot-auth destinations as a "
                 "Signature-Agent member, which the drafts (protocol-02) require to be an https origin "
@@ -438,3 +440,13 @@ class Config:
                 node = node[part]
             node[leaf] = value
         return typing.cast(Config, build(Config, raw, ""))
+
+
+def _https_origin(url: str) -> bool:
+    """An https origin (``https://agent.example``, a trailing ``/`` allowed), as ``directory_base``
+    reads a directory's base: no path, userinfo, query or fragment."""
+    try:
+        base = directory_base(url)
+    except FieldError:
+        return False
+    return base.startswith("https://") and "/" not in base.removeprefix("https://")

@@ -173,7 +173,15 @@ def test_a_key_that_outlives_a_cached_directory_by_the_margin_is_accepted() -> N
 
 
 @pytest.mark.parametrize(
-    "agent", ["https://registry.example/agents/alice", "http://agent.example", "https://agent.example/a/"]
+    "agent",
+    [
+        "https://registry.example/agents/alice",
+        "http://agent.example",
+        "https://agent.example/a/",
+        "https://agent.example?x=1",  # these three passed a check of the path alone
+        "https://user@agent.example",
+        "https://agent.example#me",
+    ],
 )
 @pytest.mark.parametrize(
     "profiles",
