@@ -7,7 +7,7 @@ import pytest
 from signing_proxy.core.errors import FieldError, KeyFormatError
 from signing_proxy.core.fields import Fields
 from signing_proxy.core.jwk import PublicKey, SigningKey, load_private_key, public_key_from_jwk
-from signing_proxy.core.uri import parse_absolute_uri
+from signing_proxy.core.uri import directory_base, parse_absolute_uri
 
 
 def test_fields_absent_is_not_empty() -> None:
@@ -107,3 +107,33 @@ def test_target_uri_is_canonical_and_byte_exact(raw: str, uri: str) -> None:
 def test_bad_targets_are_refused(raw: str) -> None:
     with pytest.raises(FieldError):
         parse_absolute_uri(raw)
+
+
+@pytest.mark.parametrize(
+    ("spelling", "base"),
+    [
+        ("https://agent.example", "https://agent.example"),
+        ("HTTPS://Agent.EXAMPLE:443/", "https://agent.example"),  # RFC 3986 6.2.2.1, 6.2.3
+        ("http://agent.example:80/dir/", "http://agent.example/dir"),
+        ("https://agent.example:8443", "https://agent.example:8443"),
+        ("https://agent.example/%7eme/%2f%41", "https://agent.example/~me/%2FA"),  # 6.2.2.2: unreserved
+    ],
+)
+def test_a_directory_base_has_one_spelling(spelling: str, base: str) -> None:
+    """Every spelling of one directory keys the same cache entry and revocation state."""
+    assert directory_base(spelling) == base
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://u@agent.example",
+        "https://agent.example/?q",
+        "https://agent.example#f",
+        "https://a.example/%2e/x",
+    ],
+)
+def test_what_names_no_directory_base_is_refused(url: str) -> None:
+    with pytest.raises(FieldError) as caught:
+        directory_base(url)
+    assert caught.value.reason == "malformed-signature-agent"
