@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import json
 import socket
+import struct
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
@@ -17,9 +18,12 @@ import pytest
 
 from signing_proxy.config import TimeoutsConfig, UpstreamConfig
 from signing_proxy.core.jwk import SigningKey
+from signing_proxy.core.uri import parse_absolute_uri
 from signing_proxy.errors import ProxyError
 from signing_proxy.net import upstream
 from signing_proxy.net.client import HttpClient
+from signing_proxy.net.forward import forward
+from signing_proxy.net.framing import Outgoing, outgoing
 from signing_proxy.net.request import Limits, Request
 from signing_proxy.net.server import ClientConnection, Engine
 from signing_proxy.net.upstream import UpstreamPool
@@ -691,3 +695,84 @@ def test_one_host_or_an_http_1_0_request_without_one_is_served(
         proxy, f"GET {origin.url('/host')} HTTP/{version}\r\n{host_lines}Connection: close\r\n\r\n".encode()
     )
     assert answer.startswith(b"HTTP/1.1 200 "), answer[:200]
+
+
+LOCAL_ANSWER_BYTES = 16 * 1024 * 1024  # more than the kernel's buffers take on loopback
+
+
+class AnswerThenForward:
+    """Writes a large answer of its own, which the client does not read, then forwards to ``port``."""
+
+    def __init__(self, port: int, pool: UpstreamPool) -> None:
+        self.port = port
+        self.pool = pool
+        self.connections: list[ClientConnection] = []
+
+    def connection_made(self, conn: ClientConnection) -> None:
+        self.connections.append(conn)
+
+    async def serve(self, conn: ClientConnection, req: Request) -> bool:
+        conn.local_response(200, "text/plain", b"x" * LOCAL_ANSWER_BYTES)
+        conn.outbox.flush()  # past the transport's high-water mark: writing pauses before forward
+        target = parse_absolute_uri(f"http://127.0.0.1:{self.port}/big")
+        out = outgoing("GET", target, [], b"", framed=False, keyid=None, via=None)
+
+        async def again() -> Outgoing:
+            return out
+
+        await forward(conn, self.pool, out, again)
+        return False
+
+
+async def test_a_forwarded_answer_starting_while_the_client_is_paused_waits_for_it() -> None:
+    """pause_writing pauses the upstream the client is fed from, but it came before this upstream
+    was attached: the whole answer was read and buffered for a client that reads nothing (a
+    review: 200 MiB of it). The upstream now starts paused when the client is."""
+    loop = asyncio.get_running_loop()
+    size = 64 * 1024 * 1024
+    sent = 0
+
+    writers: list[asyncio.StreamWriter] = []
+
+    async def big(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal sent
+        writers.append(writer)
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % size)
+        with contextlib.suppress(ConnectionError):
+            while sent < size:
+                writer.write(b"y" * 65536)
+                sent += 65536
+                await writer.drain()
+        writer.close()
+
+    origin = await asyncio.start_server(big, "127.0.0.1", 0)
+    pool = UpstreamPool(
+        UpstreamConfig(), connect_timeout_s=WAIT_S, read_timeout_s=WAIT_S, max_head_bytes=4096
+    )
+    handler = AnswerThenForward(origin.sockets[0].getsockname()[1], pool)
+    limits = Limits(max_header_bytes=1024, max_body_bytes=64, client_idle_s=5, read_s=5)
+    try:
+        async with running(handler, limits) as (_engine, port):
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.setblocking(False)
+            try:
+                await loop.sock_connect(sock, ("127.0.0.1", port))
+                await loop.sock_sendall(sock, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+                await asyncio.sleep(2.0)  # the client reads nothing
+                (conn,) = handler.connections
+                assert conn.transport is not None
+                held = conn.transport.get_write_buffer_size()
+                assert held < LOCAL_ANSWER_BYTES + 4 * 1024 * 1024, (held, sent)  # 60 MiB more before
+                assert sent < size // 2
+            finally:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                sock.close()  # a reset: the proxy's next write fails, and it closes the upstream too
+            await until(lambda: all(c.closed for c in handler.connections), "the client's end to be seen")
+    finally:
+        pool.close()
+        origin.close()
+        for writer in writers:  # the origin's side, still waiting to send the rest
+            writer.transport.abort()
+        await origin.wait_closed()
