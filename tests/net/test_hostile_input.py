@@ -438,17 +438,27 @@ class Answering:
         return False
 
 
+async def not_reading(port: int) -> socket.socket:
+    """A client connected to ``port`` that will read nothing: a 4 KiB receive buffer, non-blocking."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    try:
+        await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
 async def never_reading(size: int, limits: Limits, wait_s: float) -> tuple[int, Answering]:
     """An engine answering ``size`` bytes to a client that sends a request and reads nothing: the
     connections it still counts after ``wait_s``, and the handler."""
     loop = asyncio.get_running_loop()
     handler = Answering(size)
     async with running(handler, limits) as (engine, port):
-        sock = socket.socket()
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        sock.setblocking(False)
+        sock = await not_reading(port)
         try:
-            await loop.sock_connect(sock, ("127.0.0.1", port))
             await loop.sock_sendall(sock, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
             await asyncio.sleep(wait_s)  # the client reads nothing
             return engine.open_count(), handler
@@ -597,10 +607,7 @@ async def test_answers_a_client_never_reads_wait_in_its_socket_not_in_our_memory
     handler = Refusing()
     count = 50_000  # 1.6 MB of requests; their answers, about 14 MB
     async with running(handler, limits) as (_engine, port):
-        sock = socket.socket()
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        sock.setblocking(False)
-        await loop.sock_connect(sock, ("127.0.0.1", port))
+        sock = await not_reading(port)
         sender = loop.create_task(loop.sock_sendall(sock, b"GET /nope HTTP/1.1\r\nHost: x\r\n\r\n" * count))
         try:
             await asyncio.sleep(2.0)  # the client reads nothing
@@ -754,11 +761,8 @@ async def test_a_forwarded_answer_starting_while_the_client_is_paused_waits_for_
     limits = Limits(max_header_bytes=1024, max_body_bytes=64, client_idle_s=5, read_s=5)
     try:
         async with running(handler, limits) as (_engine, port):
-            sock = socket.socket()
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-            sock.setblocking(False)
+            sock = await not_reading(port)
             try:
-                await loop.sock_connect(sock, ("127.0.0.1", port))
                 await loop.sock_sendall(sock, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
                 await asyncio.sleep(2.0)  # the client reads nothing
                 (conn,) = handler.connections
