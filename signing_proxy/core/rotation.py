@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Final, Literal
 
 __all__ = [
+    "CLOCK_MARGIN_S",
     "KEY_STATES",
     "ROTATION_MARGIN_S",
     "KeyRecord",
@@ -33,6 +34,11 @@ __all__ = [
 # our choice (spec silent): on top of the directory's max-age before a new key signs; covers the
 # running proxy noticing the store (1 s), a verifier's fetch in flight (5 s bound here) and slack.
 ROTATION_MARGIN_S: Final = 30
+# our choice (spec silent): how far behind ours a verifier's clock may be. A new key's window opens
+# this long before the key is made, since a key that signs at once (the first, `keys rotate` with no
+# delay) would otherwise be refused as outside its window ("Verifiers MUST reject signatures whose key
+# is outside its window") by every verifier a second behind; a directory proof's created is as far back.
+CLOCK_MARGIN_S: Final = 5
 
 KeyState = Literal["published", "signing", "retiring", "expired", "revoked"]
 KEY_STATES: Final[tuple[KeyState, ...]] = ("published", "signing", "retiring", "expired", "revoked")

@@ -31,6 +31,7 @@ from ..core.keys import (
     render_revocation_list,
 )
 from ..core.manifest import MANIFEST_PATH, render_agent_manifest
+from ..core.rotation import CLOCK_MARGIN_S
 from ..core.uri import parse_absolute_uri
 from ..errors import TokenError, problem_body
 from ..storage.keystore import StoreState, StoreWatcher
@@ -113,7 +114,7 @@ def render_publication(publication: Publication, state: StoreState, now: float) 
 
 # A proof's created is this far behind our clock: the drafts have a verifier refuse a created in
 # the future, and one whose clock is a few seconds behind ours would refuse every proof we make.
-PROOF_CLOCK_MARGIN_S = 5
+PROOF_CLOCK_MARGIN_S: Final = CLOCK_MARGIN_S
 
 
 class PublishServer:

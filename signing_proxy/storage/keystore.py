@@ -42,6 +42,7 @@ from ..core.keys import (
     choose_signing_key,
     format_rfc3339,
 )
+from ..core.rotation import CLOCK_MARGIN_S
 from ..errors import KeyStoreError
 from .files import (
     PRIVATE_DIR_MODE,
@@ -226,7 +227,8 @@ class KeyStore:
         key: SigningKey | None = None,
         created_at: int | None = None,
     ) -> KeyRecord:
-        """Create the store with one key valid from ``now`` for ``lifetime_s`` (a new key unless given)."""
+        """Create the store with one key that signs from ``now`` for ``lifetime_s`` (a new key unless
+        given); its window opens ``CLOCK_MARGIN_S`` earlier, for verifiers whose clock is behind."""
         _check_positive(lifetime_s, "lifetime")
         self._make_dirs()
         with self._lock(exclusive=True):
@@ -235,7 +237,7 @@ class KeyStore:
             key = key or SigningKey.generate()
             start = math.floor(now)
             first = start if created_at is None else min(created_at, start)
-            entry = IndexEntry.of(key, start, start + lifetime_s, first)
+            entry = IndexEntry.of(key, start - CLOCK_MARGIN_S, start + lifetime_s, first, start)
             self._write_key(key, overwrite=True)  # no index refers to a file a create cut short left
             self._write_index([entry], RevocationList(start))
             return entry.record()
@@ -250,7 +252,8 @@ class KeyStore:
         force: bool = False,
         key: SigningKey | None = None,
     ) -> tuple[KeyRecord, tuple[KeyRecord, ...]]:
-        """Publish a new key at once (window from ``now``) that signs from ``activate_in_s`` later
+        """Publish a new key at once (its window opens ``CLOCK_MARGIN_S`` before ``now``, for verifiers
+        whose clock is behind) that signs from ``activate_in_s`` later
         for ``lifetime_s``; every key usable now ends at that activation + ``grace_s`` (never later
         than it already did), so it keeps signing until then and stays published for the grace.
 
@@ -294,8 +297,7 @@ class KeyStore:
                 raise KeyStoreError("key-exists", self.path, f"key {key.thumbprint} is already in the store")
             if key.thumbprint in state.revocations.revoked:  # pruned, still revoked: it would never sign
                 raise KeyStoreError("key-revoked", self.path, f"key {key.thumbprint} was revoked")
-            later = activation if activation > start else None
-            new = IndexEntry.of(key, start, activation + lifetime_s, created, later)
+            new = IndexEntry.of(key, start - CLOCK_MARGIN_S, activation + lifetime_s, created, activation)
             moved: list[KeyRecord] = []
             out: list[IndexEntry] = []
             for entry, record in zip(entries, state.records, strict=True):

@@ -11,6 +11,7 @@ import pytest
 
 from signing_proxy.core.jwk import SigningKey
 from signing_proxy.core.keys import parse_rfc3339
+from signing_proxy.core.rotation import CLOCK_MARGIN_S
 from signing_proxy.storage.keystore import KeyStore
 from tests.harness import run_cli, started_run
 
@@ -51,7 +52,8 @@ def test_the_key_lifecycle_through_the_cli(tmp_path: Path) -> None:
     doc = listing(tmp_path)
     (a,) = doc["keys"]
     assert a["state"] == "signing"
-    assert parse_rfc3339(a["not_after"]) - parse_rfc3339(a["not_before"]) == 30 * 86_400
+    # signs for 30 days; its window opens CLOCK_MARGIN_S earlier, for verifiers whose clock is behind
+    assert parse_rfc3339(a["not_after"]) - parse_rfc3339(a["not_before"]) == 30 * 86_400 + CLOCK_MARGIN_S
     assert doc["signing"] == a["thumbprint"]
 
     # Publish first, sign later: the default waits out the directory's max-age (3600 s) + 30 s.

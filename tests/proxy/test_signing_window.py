@@ -16,6 +16,10 @@ from pathlib import Path
 import pytest
 
 from signing_proxy.config import parse_config
+from signing_proxy.core.errors import VerificationError
+from signing_proxy.core.rotation import CLOCK_MARGIN_S
+from signing_proxy.core.signature_components import Message
+from signing_proxy.core.signature_verify import VerificationKey, verify_stack
 from signing_proxy.core.uri import parse_absolute_uri
 from signing_proxy.proxy.pipeline import BearerStore, Signer, SigningPipeline
 from signing_proxy.proxy.profiles import ProfileSelector
@@ -86,3 +90,53 @@ def test_signer_expires_never_passes_not_after(tmp_path: Path) -> None:
     assert signer.expires(key, T, VALIDITY_S) == T + VALIDITY_S
     assert signer.expires(key, T + 990, VALIDITY_S) == T + LIFETIME_S
     assert signer.expires(key, T + 999, 3600) == T + LIFETIME_S
+
+
+@pytest.mark.parametrize("rotated", [False, True], ids=["first-key", "rotate-now"])
+@pytest.mark.parametrize("behind_s", [1, 3, CLOCK_MARGIN_S])
+def test_a_new_keys_first_signature_holds_for_a_verifier_whose_clock_is_behind(
+    tmp_path: Path, rotated: bool, behind_s: int
+) -> None:
+    """ "Verifiers MUST reject signatures whose key is outside its window": a key that signs the
+    moment it is made (the first key; ``keys rotate`` with no delay) had its window open that second,
+    so a verifier a second behind refused its first signatures as ``key-outside-window``. The window
+    now opens ``CLOCK_MARGIN_S`` before the key is made; ``created`` is forgiven by the verifier's skew."""
+    store = KeyStore(tmp_path / "data")
+    made = T + 0.4
+    store.create(made - (1000 if rotated else 0), lifetime_s=5000)
+    if rotated:
+        store.rotate(made, grace_s=50, lifetime_s=1000)
+    keys = StoreKeyProvider(store)
+    key = keys.current(made)
+    assert key is not None
+    state = store.load()
+    record = state.record(key.thumbprint)
+    assert record is not None
+    assert record.activation == T  # the new key signs from the second it was made
+    (published,) = [k for k in state.directory(made, None).keys if k.thumbprint == key.thumbprint]
+    signer = Signer(keys, label="agent", validity_s=VALIDITY_S, clock=lambda: made)
+    config = parse_config({"signing": {"signature_agent": "https://agent.example"}})
+    pipeline = SigningPipeline(
+        config=config,
+        signer=signer,
+        bearers=BearerStore(config.credentials, {}),
+        profiles=ProfileSelector(config.profiles),
+    )
+    target = parse_absolute_uri("http://api.example/feed")
+    out = pipeline.sign_fields("POST", target, [("Host", "api.example")], b"{}")
+    window_key = VerificationKey(key.public, published.not_before, published.not_after)
+    stack = verify_stack(
+        Message("POST", target, out.fields),
+        b"{}",
+        lambda e, _i: window_key if e.keyid == key.thumbprint else None,
+        now=made - behind_s,
+    )
+    assert stack.agent.keyid == key.thumbprint
+    with pytest.raises(VerificationError, match="outside its window"):  # the margin is the bound
+        verify_stack(
+            Message("POST", target, out.fields),
+            b"{}",
+            lambda e, _i: window_key if e.keyid == key.thumbprint else None,
+            now=made - CLOCK_MARGIN_S - 1,
+            skew_s=CLOCK_MARGIN_S + 5,  # created forgiven: the key's window alone refuses
+        )

@@ -22,6 +22,7 @@ from signing_proxy.config import ConfigError, parse_config
 from signing_proxy.core.jwk import PRIVATE_JWK_MEMBERS
 from signing_proxy.core.keys import parse_directory, parse_revocation_list
 from signing_proxy.core.manifest import parse_manifest
+from signing_proxy.core.rotation import CLOCK_MARGIN_S
 from signing_proxy.service.publish import PublishServer
 from signing_proxy.storage.keystore import KeyStore, StoreKeyProvider, StoreWatcher
 
@@ -129,7 +130,7 @@ async def test_after_the_grace_period_only_the_new_key_is_published(
     assert len(parse_directory(await (await client.get(DIRECTORY)).read()).keys) == 2
     clock.t = 1_800_000_100 + 3600 + 1  # the old key's not_after is rotation + grace (+ <1 s)
     keys = parse_directory(await (await client.get(DIRECTORY)).read()).keys
-    assert [k.not_before for k in keys] == [1_800_000_100]
+    assert [k.not_before for k in keys] == [1_800_000_100 - CLOCK_MARGIN_S]
 
 
 async def test_no_valid_key_means_503_not_an_empty_directory(data: Path, aiohttp_client: Client) -> None:

@@ -15,6 +15,7 @@ import pytest
 from signing_proxy.core.durations import parse_duration
 from signing_proxy.core.jwk import PRIVATE_JWK_MEMBERS, SigningKey, load_private_key
 from signing_proxy.core.keys import RevocationList, format_rfc3339, parse_directory, render_directory
+from signing_proxy.core.rotation import CLOCK_MARGIN_S
 from signing_proxy.storage.keyindex import IndexEntry, parse_index, render_index
 from signing_proxy.storage.keystore import (
     KeyStore,
@@ -56,7 +57,7 @@ def test_create_writes_an_owner_only_store_named_by_thumbprint(tmp_path: Path) -
     pem = store.key_path(record.thumbprint)
     assert mode(pem) == 0o600
     assert load_private_key(pem.read_bytes()).thumbprint == record.thumbprint
-    assert (record.not_before, record.not_after) == (T, T + 1000)
+    assert (record.not_before, record.activation, record.not_after) == (T - CLOCK_MARGIN_S, T, T + 1000)
     doc = index(store)
     assert doc == {
         "format": "signing-proxy-keystore/1",
@@ -65,9 +66,10 @@ def test_create_writes_an_owner_only_store_named_by_thumbprint(tmp_path: Path) -
             {
                 "thumbprint": record.thumbprint,
                 "x": load_private_key(pem.read_bytes()).public.jwk()["x"],
-                "not_before": format_rfc3339(T),
+                "not_before": format_rfc3339(T - CLOCK_MARGIN_S),
                 "not_after": format_rfc3339(T + 1000),
                 "created_at": format_rfc3339(T),
+                "activates_at": format_rfc3339(T),
             }
         ],
         "revocations": {"as_of": format_rfc3339(T), "revoked": []},
@@ -213,7 +215,8 @@ def test_agents_have_separate_stores(tmp_path: Path) -> None:
 def test_rotate_publishes_the_new_key_beside_the_old_and_moves_signing(store: KeyStore) -> None:
     (old,) = store.load().records
     new, moved = store.rotate(T + 100.4, grace_s=50, lifetime_s=1000)
-    assert (new.not_before, new.not_after) == (T + 100, T + 1100)  # valid now
+    # valid now, and to a verifier up to CLOCK_MARGIN_S behind; signing from now
+    assert (new.not_before, new.activation, new.not_after) == (T + 100 - CLOCK_MARGIN_S, T + 100, T + 1100)
     assert [(r.thumbprint, r.not_after) for r in moved] == [(old.thumbprint, T + 151)]  # now + grace
     state = store.load()
     assert {r.thumbprint for r in state.records} == {old.thumbprint, new.thumbprint}
@@ -245,10 +248,10 @@ def test_rotate_with_activate_in_publishes_first_and_signs_later(store: KeyStore
     key"): valid and published at once, signing only from the activation; the old key signs until then."""
     (old,) = store.load().records
     new, moved = store.rotate(T + 100.2, grace_s=50, lifetime_s=1000, activate_in_s=300)
-    assert (new.not_before, new.activation, new.not_after) == (T + 100, T + 401, T + 1401)
+    assert (new.not_before, new.activation, new.not_after) == (T + 100 - CLOCK_MARGIN_S, T + 401, T + 1401)
     assert [r.not_after for r in moved] == [T + 451]  # activation + grace
     assert index(store)["keys"][1]["activates_at"] == format_rfc3339(T + 401)
-    assert "activates_at" not in index(store)["keys"][0]  # only a key that signs late carries it
+    assert index(store)["keys"][0]["activates_at"] == format_rfc3339(T)  # its window opened earlier
     state = store.load()
     assert state.record(new.thumbprint) == new
     assert state.state_of(new, T + 200) == "published"
@@ -288,7 +291,7 @@ def test_rotate_refuses_a_gap_before_the_new_key_starts(store: KeyStore) -> None
 def test_an_index_with_an_activation_outside_the_window_is_refused(store: KeyStore) -> None:
     store.rotate(T + 100, grace_s=50, lifetime_s=1000, activate_in_s=300)
     doc = index(store)
-    doc["keys"][1]["activates_at"] = format_rfc3339(T + 99)
+    doc["keys"][1]["activates_at"] = format_rfc3339(T + 99 - CLOCK_MARGIN_S)
     store.index_path.write_text(json.dumps(doc))
     with pytest.raises(KeyStoreError, match="activates_at must lie in"):
         store.load()
@@ -368,14 +371,15 @@ def test_prune_refuses_when_no_key_is_valid_unless_forced(store: KeyStore) -> No
 
 def test_provider_never_signs_outside_a_window_second_by_second(store: KeyStore) -> None:
     (a,) = store.load().records
-    b, _ = store.rotate(T + 100, grace_s=50, lifetime_s=1000)  # a: [T, T+150), b: [T+100, T+1100)
+    b, _ = store.rotate(T + 100, grace_s=50, lifetime_s=1000)  # a: [T-5, T+150), b: [T+95, T+1100)
     provider = StoreKeyProvider(store)
 
     def keyid(now: float) -> str | None:
         key = provider.current(now)
         return None if key is None else key.thumbprint
 
-    assert keyid(T - 1) is None  # before any window
+    assert keyid(T - CLOCK_MARGIN_S - 1) is None  # before any window
+    assert keyid(T - 1) == a.thumbprint  # a clock set back: the window is open, the key signs early
     assert keyid(T) == a.thumbprint
     assert keyid(T + 99.999) == a.thumbprint
     assert keyid(T + 100) == b.thumbprint  # signing moves the moment b is valid
@@ -496,7 +500,7 @@ def test_first_run_creates_a_store_with_one_key(tmp_path: Path) -> None:
     _store, created, imported = open_or_create(tmp_path / "data", "default", T, lifetime_s=90 * 86_400)
     assert imported is None
     assert created is not None
-    assert (created.not_before, created.not_after) == (T, T + 90 * 86_400)
+    assert (created.not_before, created.not_after) == (T - CLOCK_MARGIN_S, T + 90 * 86_400)
     again, created_again, _ = open_or_create(tmp_path / "data", "default", T + 5)
     assert created_again is None
     assert again.load().records == (created,)
