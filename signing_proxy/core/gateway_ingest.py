@@ -308,8 +308,9 @@ def quota_counters(
     """A counter per link that caps accesses, keyed by the chain up to that link (hashed, fixed
     length): a cap counts every access made under its grant, so siblings a principal delegated to
     share their parent's count, and each also has its own when its link caps it. Each window is the
-    link's ``quota_period``, else the link's remaining life (its ``exp``, else the chain's), else
-    ``ENDLESS_QUOTA_WINDOW_S``."""
+    link's ``quota_period``, else the grant's remaining life (the earliest ``exp`` of the link and
+    those above it), else ``ENDLESS_QUOTA_WINDOW_S``. Never a later link's ``exp``: the holder issues
+    those, and a new child would start the count of its parent's grant again."""
     parts = token.split("~")
     counters = []
     for index, link in enumerate(chain.links):
@@ -317,7 +318,7 @@ def quota_counters(
         if limit is None:
             continue
         period = link.caps.quota_period_s
-        ends = link.exp if link.exp is not None else chain.expires_at
+        ends = min((above.exp for above in chain.links[: index + 1] if above.exp is not None), default=None)
         if period is not None:
             window = float(period)
         elif ends is not None:

@@ -211,11 +211,12 @@ def test_a_lifetime_quota_lasts_until_its_links_exp_plus_the_leeway(leeway: int)
 
 
 def test_a_lifetime_quota_ends_with_its_own_link_not_the_chains_shortest() -> None:
-    """Each capped link's window runs to that link's exp; a link with none falls back to the chain's."""
+    """Each capped link's window runs to that link's exp (or an earlier one above it), never to a
+    later link's: the holder issues those, and each new child would start its parent's count again."""
     own = _chain(_link(NOW + 3600, 5), _link(NOW + 600, 2))  # the chain expires at NOW + 600
     assert [c.window_s for c in quota_counters("root~child", own, NOW)] == [3600, 600]
-    fallback = _chain(_link(None, 5), _link(NOW + 600, None))  # only the root caps, and has no exp
-    assert [c.window_s for c in quota_counters("root~child", fallback, NOW)] == [600]
+    endless = _chain(_link(None, 5), _link(NOW + 600, None))  # only the root caps, and has no exp
+    assert [c.window_s for c in quota_counters("root~child", endless, NOW)] == [ENDLESS_QUOTA_WINDOW_S]
 
 
 def test_a_lifetime_quota_of_a_chain_that_never_ends_is_kept_a_year_not_for_ever() -> None:

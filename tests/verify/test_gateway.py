@@ -449,3 +449,30 @@ async def test_siblings_have_their_own_caps_under_the_shared_one(world: World) -
             except GatewayRefusal as refusal:
                 outcomes.append((refusal.status, refusal.reason))
     assert outcomes == [0, (429, QUOTA_EXCEEDED), 0, (429, QUOTA_EXCEEDED)]
+
+
+async def test_a_lifetime_cap_is_not_reset_by_the_holder_issuing_new_children(world: World) -> None:
+    """The owner caps the principal at 2 accesses for the grant's lifetime (no exp, no quota_period:
+    "absent means lifetime"). The root's window came from the chain's earliest exp, the principal's
+    own child: when the child expired, so did the owner's count, and each new child had 2 more."""
+    authority = world.authority(max_accesses=2, exp=None)
+    outcomes: list[object] = []
+    for start, child_exp in [(NOW, NOW + 100), (NOW + 200, NOW + 300), (NOW + 400, NOW + 500)]:
+        world.clock.now = start
+        chain = extend_chain(
+            authority,
+            world.principal,
+            holder_jkt=world.agent.thumbprint,
+            now=start,
+            scope=["dist:US:CA"],
+            exp=child_exp,
+            max_accesses=2,  # each child restates the cap, and counts its own 2
+        )
+        for t in range(2):
+            world.clock.now = start + 1 + t
+            try:
+                await world.check(world.body(chain, expires_at=child_exp))
+                outcomes.append(200)
+            except GatewayRefusal as refusal:
+                outcomes.append((refusal.status, refusal.reason))
+    assert outcomes == [200, 200] + [(429, QUOTA_EXCEEDED)] * 4
