@@ -26,6 +26,7 @@ from urllib.parse import unquote
 from .b64 import b64_decode
 from .delegation_verify import VerifiedDelegation
 from .errors import DelegationError, KeyFormatError, ProtocolError
+from .json_bounds import refuse_lone_surrogates
 from .jws import unique_members
 from .keys import parse_rfc3339
 from .requester import (
@@ -152,7 +153,9 @@ def _requester_type(value: object) -> str:
 def ingest_requester(body: bytes, understood_extensions: Container[str]) -> IngestedRequester:
     """The ingest rules of an exchange call's body; ``IngestError`` with a stable reason."""
     try:
-        doc = json.loads(body.decode("utf-8"), object_pairs_hook=unique_members)
+        text = body.decode("utf-8")
+        doc = json.loads(text, object_pairs_hook=unique_members)
+        refuse_lone_surrogates(text, doc)  # "\ud800" alone: no header or UTF-8 can carry it
     except (UnicodeDecodeError, ValueError, RecursionError):
         raise IngestError("malformed-body", "an exchange call's body is a proto-JSON object") from None
     if not isinstance(doc, dict):

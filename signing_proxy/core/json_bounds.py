@@ -11,7 +11,7 @@ import json
 import math
 from typing import Any
 
-__all__ = ["finite_float", "loads_bounded", "no_constant"]
+__all__ = ["finite_float", "loads_bounded", "no_constant", "refuse_lone_surrogates"]
 
 
 def loads_bounded(data: bytes | str, *, max_depth: int) -> Any:
@@ -24,6 +24,16 @@ def loads_bounded(data: bytes | str, *, max_depth: int) -> Any:
     if not _nested_at_most(value, max_depth):
         raise ValueError(f"nested deeper than {max_depth} levels")
     return value
+
+
+def refuse_lone_surrogates(text: str, value: object) -> None:
+    """ValueError when ``value``, parsed from ``text``, holds an unpaired surrogate: only an escape
+    (``\\ud800`` alone) makes one, and no UTF-8 can carry it (RFC 7493 section 2.1)."""
+    if "\\u" in text:
+        try:
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError("an unpaired surrogate escape") from None
 
 
 def no_constant(name: str) -> object:

@@ -19,7 +19,7 @@ from typing import Any
 
 from .b64 import b64url_decode, b64url_encode
 from .errors import DelegationError
-from .json_bounds import finite_float, no_constant
+from .json_bounds import finite_float, no_constant, refuse_lone_surrogates
 from .jwk import PublicKey, SigningKey
 
 __all__ = [
@@ -93,8 +93,7 @@ def _loads_strict(data: bytes, what: str) -> Any:
         value = json.loads(
             text, object_pairs_hook=unique_members, parse_float=finite_float, parse_constant=no_constant
         )
-        if "\\u" in text:  # only an escape can make a surrogate, which UTF-8 cannot write
-            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        refuse_lone_surrogates(text, value)
     except (UnicodeError, ValueError, RecursionError) as exc:
         raise _malformed(f"{what} is not strict UTF-8 JSON") from exc
     return value

@@ -232,3 +232,16 @@ def test_a_lifetime_quota_window_is_at_least_one_second() -> None:
     chain = _chain(_link(NOW + 0.25, 5))
     (counter,) = quota_counters("root", chain, NOW)
     assert counter.window_s == 1.0
+
+
+@pytest.mark.parametrize("member", ["id", "domain"])
+def test_a_lone_surrogate_escape_is_a_malformed_body(member: str) -> None:
+    """``"\\ud800"`` alone reads as a str no UTF-8 (and no header to the backend) can carry: the
+    gateway's ``X-Verified-Requester-*`` raised UnicodeEncodeError, a 500 for any signed stranger."""
+    requester = {"id": "agent-7", "domain": "d.example", "type": "REQUESTER_TYPE_AGENT"}
+    body = json.dumps({"ver": "1.0", "requester": requester}).replace(requester[member], "\\ud800", 1)
+    with pytest.raises(IngestError) as caught:
+        ingest_requester(body.encode(), ())
+    assert caught.value.reason == "malformed-body"
+    paired = body.replace("\\ud800", "\\ud83d\\ude00")  # a pair is a character: accepted
+    assert ingest_requester(paired.encode(), ()).type == "REQUESTER_TYPE_AGENT"

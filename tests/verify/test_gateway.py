@@ -476,3 +476,12 @@ async def test_a_lifetime_cap_is_not_reset_by_the_holder_issuing_new_children(wo
             except GatewayRefusal as refusal:
                 outcomes.append((refusal.status, refusal.reason))
     assert outcomes == [200, 200] + [(429, QUOTA_EXCEEDED)] * 4
+
+
+async def test_a_lone_surrogate_in_the_requester_is_a_400_not_a_500(world: World) -> None:
+    """A correctly signed body whose requester.id is the escape ``\\ud800`` alone: the backend's
+    header could not be encoded, and the gateway answered 500 with a traceback in its log."""
+    body = world.body().replace(b'"agent-7"', b'"\\ud800"', 1)
+    assert b"\\ud800" in body
+    refusal = await world.refused(body)
+    assert (refusal.status, refusal.reason) == (400, "malformed-body")
