@@ -7,12 +7,13 @@ value with a ConfigError naming its key path (``config/build.py`` calls it once 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from ..core.errors import FieldError, KeyFormatError, ManifestError
 from ..core.keys import parse_rfc3339
 from ..core.manifest import render_agent_manifest
+from ..core.pkcs11_uri import mask_pin_value
 from ..core.requester import TOKEN_FORMAT_JWT, check_ext, parse_duration_s, requester_type_name
 from ..core.scopes import scope_segments
 from ..core.uri import parse_absolute_uri
@@ -44,6 +45,13 @@ class SigningConfig:
     agent: str = "default"  # whose key store signs (and is published at the root of publish.listen)
     key_lifetime_s: int = 90 * 86_400  # window of a key the store creates (first run, `keys rotate`)
     pkcs11: Pkcs11Config = field(default_factory=Pkcs11Config)  # module and PIN of token-held keys
+
+    def __repr__(self) -> str:
+        """The dataclass's own, but a PIN the key's URI carries (``pin-value``) is not shown."""
+        shown = {f.name: getattr(self, f.name) for f in fields(self)}
+        if self.key is not None:
+            shown["key"] = mask_pin_value(self.key)
+        return f"SigningConfig({', '.join(f'{name}={value!r}' for name, value in shown.items())})"
 
     def _check(self, path: str) -> None:
         check_pkcs11_key(self.key, f"{path}.key")

@@ -7,7 +7,7 @@ is read at start-up from exactly one place and is never logged (``config check``
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..core.errors import KeyFormatError
 from ..core.pkcs11_uri import is_pkcs11_uri, parse_pkcs11_uri
@@ -24,7 +24,8 @@ class Pkcs11Config:
     module: str | None = None  # path of the PKCS#11 module; None: the URI's module-path
     pin_env: str | None = None  # environment variable holding the user PIN
     pin_file: str | None = None  # owner-only (0600) file holding the user PIN
-    pin: str | None = None  # the PIN itself (prefer pin_env or pin_file; masked by `config check`)
+    # the PIN itself (prefer pin_env or pin_file); masked by `config check`, left out of repr()
+    pin: str | None = field(default=None, repr=False)
     timeout_s: float = 5.0  # one signature on the token; slower: 503 signing-token-unavailable
 
     def _check(self, path: str) -> None:

@@ -139,6 +139,24 @@ def test_config_check_masks_the_token_pin() -> None:
 
 
 @pytest.mark.parametrize(
+    "key",
+    [
+        "pkcs11:token=t;object=k?pin-value=SECRET-4711",
+        "pkcs11;token=t;object=k?pin-value=SECRET-4711",  # a mistyped scheme: taken for a key path
+    ],
+)
+def test_the_parsed_configuration_never_shows_a_pin_in_its_repr(key: str) -> None:
+    """Not only ``config check``: repr() of the configuration, of its signing section (a log line, a
+    traceback's locals) and of the in-process Signer that holds it showed the PIN."""
+    config = parse_config({"signing": {"key": key, "pkcs11": {"pin": "SECRET-4711"}}})
+    for shown in (repr(config), repr(config.signing), str(config.signing), repr(config.signing.pkcs11)):
+        assert "SECRET-4711" not in shown
+    assert "object=k?pin-value=(not shown)" in repr(config.signing)  # the rest of the key is shown
+    assert config.signing.key == key  # masked for display only
+    assert config.signing.pkcs11.pin == "SECRET-4711"
+
+
+@pytest.mark.parametrize(
     "text",
     [
         'signing:\n  pkcs11:\n    module: /m.so\n    pin: "SECRET-PIN-4711\n',  # an unterminated string
