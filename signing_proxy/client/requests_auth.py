@@ -3,8 +3,14 @@
 requests calls an auth last while preparing (after URL, headers, body and any ``auth=`` header),
 so the signature covers what is sent. A body given as a file or a generator is read up to
 ``limits.max_body_bytes`` and sent from memory with a ``Content-Length``; a larger one raises
-``NotSigned`` (413) and nothing is sent. Redirects that requests follows reuse the first request's
-headers (requests re-applies no auth): pass ``allow_redirects=False`` when a redirect may be taken.
+``NotSigned`` (413) and nothing is sent. The URL is sent in the form signed (``http://h:80/p`` as
+``http://h/p``): requests writes the URL as given to a proxy, and a verifier rebuilds that.
+
+requests re-applies no auth to a redirect it follows: it copies the first request's fields to the
+new URL. A signature covers one URL, and the copy would hand another origin a signature it could
+replay for the first, so the signature's fields are taken off a request once it is answered with a
+redirect, and the redirect goes out unsigned (a verifier refuses it). To sign a redirect, pass
+``allow_redirects=False`` and send the next request yourself.
 """
 
 from __future__ import annotations
@@ -15,11 +21,16 @@ from typing import Any
 import requests
 from requests.auth import AuthBase
 
+from ..core.errors import FieldError
+from ..core.uri import parse_absolute_uri
 from .signer import OWNED, Signer, read_limited
 
 __all__ = ["SignatureAuth"]
 
 _READ_SIZE = 64 * 1024
+# what a signature is made of: taken off a request answered with a redirect, which requests copies
+# (Authorization is the caller's or a configured bearer's: requests itself drops it across origins)
+_SIGNATURE_FIELDS = OWNED - {"authorization"}
 
 
 class SignatureAuth(AuthBase):
@@ -35,6 +46,7 @@ class SignatureAuth(AuthBase):
         body = _body_bytes(request.body, signer, headers.get("Content-Length"))
         assert request.method is not None
         assert request.url is not None
+        request.url = _as_signed(request.url)
         signed = signer.sign(request.method, request.url, list(headers.items()), body)
         sent = body
         if signed is not None:
@@ -43,9 +55,27 @@ class SignatureAuth(AuthBase):
             for name, value in signed.fields:
                 headers[name] = value
             sent = signed.body
+            request.hooks["response"].append(_unsign_redirected)
         if sent is not body or (request.body is not None and body is not request.body):
             _set_body(request, sent)  # the bytes digested are the bytes sent
         return request
+
+
+def _as_signed(url: str) -> str:
+    """``url`` in the form the signer signs (default port, empty query and case as ``core.uri``
+    writes them); unchanged when it cannot be signed (``Signer.sign`` then refuses it)."""
+    try:
+        return parse_absolute_uri(url).uri
+    except FieldError:
+        return url
+
+
+def _unsign_redirected(response: requests.Response, **_kwargs: Any) -> requests.Response:
+    """A ``response`` hook: a redirect is followed with a copy of ``response.request``'s fields."""
+    if response.is_redirect:
+        for name in _SIGNATURE_FIELDS:
+            response.request.headers.pop(name, None)
+    return response
 
 
 def _body_bytes(body: Any, signer: Signer, declared: str | None) -> bytes:
