@@ -283,11 +283,16 @@ class DirectoryResolver:
         return url in self._cache or any(directory_url(b) == url for b in self.pinned)
 
     def charge(self, url: str, extra_bytes: int) -> None:
-        """Count ``extra_bytes`` of dependent state against the directory at ``url`` (may evict)."""
+        """Count ``extra_bytes`` of dependent state against the directory at ``url`` (may evict the
+        least recently used). An entry that no longer fits in the cache by itself leaves it alone:
+        it never empties the cache of other directories on its way out."""
         entry = self._cache.peek(url)
         if entry is not None:
             entry.extra = extra_bytes
-            self._cache.resize(url, entry.size + extra_bytes)
+            if entry.size + extra_bytes > self.max_bytes:
+                self._cache.pop(url)
+            else:
+                self._cache.resize(url, entry.size + extra_bytes)
 
     async def get(self, base: str, *, budgeted: bool = True) -> Directory:
         """The directory at ``base`` (a Signature-Agent value); raises DirectoryError.
@@ -393,12 +398,12 @@ class DirectoryResolver:
         ttl = ttl_from_cache_control(result.cache_control, self.floor_s, self.ceiling_s)
         current = self._cache.peek(url)  # the entry may have been evicted while we fetched
         extra = current.extra if current is not None else 0
+        size = len(result.body) * PARSED_COST_FACTOR
         self._negative.pop(url)
-        self._cache.put(
-            url,
-            _Entry(directory, now + ttl, now, len(result.body) * PARSED_COST_FACTOR, extra),
-            len(result.body) * PARSED_COST_FACTOR + extra,
-        )
+        if size + extra > self.max_bytes:  # too large to keep: used for the request in hand only
+            self._cache.pop(url)
+            return directory
+        self._cache.put(url, _Entry(directory, now + ttl, now, size, extra), size + extra)
         return directory
 
     def _evicted(self, url: str, _entry: _Entry) -> None:

@@ -8,10 +8,13 @@ keeps, per directory URL, the set its ``revocation_url`` served: each successful
 once named stays refused for this directory (spec "States and transitions": "a revoked thumbprint
 stays revoked"), also after the directory left the cache and came back: sets of directories that
 left are kept aside, for 4,096 directories and 4 MiB at most (each charged its thumbprints and its
-URL). A directory whose list was never fetched fails closed (``revocation-unavailable``), retried at
-most every ``retry_s``; a failed later poll keeps the last set. Each tracked directory is polled
-every 300 s +/-10 % with an injected clock, sleep and random source, and its poller cancelled when
-the resolver drops the directory.
+URL). One directory holds at most ``MAX_REVOKED_PER_DIRECTORY`` (1,622) thumbprints, charged 1/16 of
+either store at most: a longer list is refused (``revocation-list-too-large``) like any unusable
+list, so no one directory's list pushes other directories out of the cache, nor their sets out of
+the store. A directory whose list was never fetched fails closed (``revocation-unavailable``),
+retried at most every ``retry_s``; a failed later poll keeps the last set. Each tracked directory is
+polled every 300 s +/-10 % with an injected clock, sleep and random source, and its poller cancelled
+when the resolver drops the directory.
 """
 
 from __future__ import annotations
@@ -25,26 +28,43 @@ from dataclasses import dataclass, field
 
 from ..core.keys import RevocationList, merge_revocation_lists, next_poll_delay, parse_revocation_list
 from ..errors import DirectoryError
+from ..net.egress import MAX_URL_CHARS
 from .cache import LruCache
-from .directory import FETCH_TIMEOUT_S, NEGATIVE_TTL_S, DirectoryResolver, Fetcher, fetch_parsed, settle
+from .directory import (
+    CACHE_BYTES,
+    FETCH_TIMEOUT_S,
+    NEGATIVE_TTL_S,
+    DirectoryResolver,
+    Fetcher,
+    fetch_parsed,
+    settle,
+)
 
 __all__ = ["MAX_REVOCATION_LIST_BYTES", "MAX_REVOKED_PER_DIRECTORY", "RevocationPoller"]
 
 log = logging.getLogger("signing_proxy.directory")
 
 MAX_REVOCATION_LIST_BYTES = 4 * 1024 * 1024  # issue 15: "revocation lists up to 4 MiB"
-_THUMBPRINT_BYTES = 46  # the fewest bytes one entry takes on the wire: 43 characters, quotes, comma
 REVOKED_ENTRY_COST = 160  # measured: what one revoked thumbprint costs in memory (str + set slot), charged
-MAX_REVOKED_PER_DIRECTORY = MAX_REVOCATION_LIST_BYTES // _THUMBPRINT_BYTES  # what a 4 MiB list can name
 # A directory leaving the cache keeps what its lists revoked, here, for when it comes back (spec: "a
 # revoked thumbprint stays revoked"); bounded like every store a stranger can fill, oldest dropped
 RETIRED_DIRECTORIES = 4096
 RETIRED_BYTES = 4 * 1024 * 1024  # as charged: REVOKED_ENTRY_COST per thumbprint, and per set its URL
 RETIRED_SET_COST = 512  # measured: a kept set's objects beside its thumbprints and its URL (~400 bytes)
+# What one directory's lists may make us hold: its set is charged to its directory's cache entry
+# (CACHE_BYTES, shared by all directories), then kept aside (RETIRED_BYTES, shared too). When one list
+# could fill either (91,180 thumbprints, what 4 MiB holds, charged 14.6 MB), one stranger's list
+# emptied both, and with them every other directory's "stays revoked". At 1/16 of the smaller store,
+# its URL and a kept set's objects counted in: 1,622 thumbprints; a longer list is refused.
+DIRECTORY_SHARE = 16
+MAX_REVOKED_PER_DIRECTORY = (
+    min(CACHE_BYTES, RETIRED_BYTES) // DIRECTORY_SHARE - RETIRED_SET_COST - MAX_URL_CHARS
+) // REVOKED_ENTRY_COST
 
 
 def parse_bounded_list(body: bytes) -> RevocationList:
-    """A revocation list of up to 4 MiB (``parse_revocation_list`` with this module's bounds)."""
+    """A revocation list of up to 4 MiB and ``MAX_REVOKED_PER_DIRECTORY`` thumbprints (KeyFormatError
+    ``revocation-list-too-large`` beyond either)."""
     return parse_revocation_list(
         body, max_entries=MAX_REVOKED_PER_DIRECTORY, max_bytes=MAX_REVOCATION_LIST_BYTES
     )

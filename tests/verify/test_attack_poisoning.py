@@ -4,6 +4,8 @@ only to its own directory's keys); the victim's own list still revokes the victi
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import time
 
 import pytest
@@ -73,4 +75,38 @@ async def test_the_victims_own_list_still_revokes_the_victim() -> None:
     with pytest.raises(VerificationError) as err:
         await verifier.verify("POST", TARGET, signed(f'"{VICTIM_DIR}"', VICTIM, now=now), BODY)
     assert err.value.reason == "key-revoked"
+    await verifier.close()
+
+
+@pytest.mark.parametrize("entries", [1024, 1], ids=["victim-cached", "victim-kept-aside"])
+async def test_poisoning_one_strangers_long_list_leaves_others_directories_and_kept_revocations(
+    entries: int,
+) -> None:
+    """The victim's list revoked VICTIM, then stopped naming it (it stays revoked). The attacker's
+    list of 60,000 thumbprints (2.8 MB) was charged 9.6 MB to the attacker's directory entry: past the
+    cache's 8 MiB, which pushed every other directory out, then past the 4 MiB of kept-aside sets,
+    which dropped the victim's. VICTIM was accepted again. A list that long is now refused. (With one
+    cache entry, the attacker's directory pushes the victim's out: its set is kept aside.)"""
+    now = int(time.time())
+    fetch = world(now)
+    fetch.answers[VICTIM_LIST] = FetchResult(200, revocation_doc(VICTIM.thumbprint, as_of=now), None)
+    resolver, poller = DirectoryResolver(fetch, max_entries=entries), RevocationPoller(fetch)
+    verifier = RequestVerifier(resolver, revocations=poller)
+    victim = signed(f'"{VICTIM_DIR}"', VICTIM, now=now)
+    with pytest.raises(VerificationError) as err:
+        await verifier.verify("POST", TARGET, victim, BODY)
+    assert err.value.reason == "key-revoked"
+    fetch.answers[VICTIM_LIST] = FetchResult(200, revocation_doc(as_of=now + 1), None)
+    assert await poller.poll_once(directory_url(VICTIM_DIR), VICTIM_LIST)  # omits VICTIM: still revoked
+    many = (hashlib.sha256(b"%d" % i).digest() for i in range(60_000))
+    long_list = revocation_doc(*(base64.urlsafe_b64encode(d).rstrip(b"=").decode() for d in many), as_of=now)
+    fetch.answers[ATTACKER_LIST] = FetchResult(200, long_list, None)
+    attack = forged(f'"{ATTACKER_DIR}"', ATTACKER.thumbprint, now=now)
+    with pytest.raises(VerificationError) as refused:
+        await verifier.verify("POST", TARGET, attack, BODY)
+    assert resolver.holds(directory_url(VICTIM_DIR)) == (entries > 1)  # else kept aside, out of it
+    with pytest.raises(VerificationError) as err:
+        await verifier.verify("POST", TARGET, victim, BODY)
+    assert err.value.reason == "key-revoked"
+    assert refused.value.reason == "revocation-unavailable"  # the attacker's own keys fail closed
     await verifier.close()

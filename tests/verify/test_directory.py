@@ -213,3 +213,20 @@ async def test_http_fetcher_names_a_reset_fetch_failed_and_a_refused_url_egress_
     finally:
         listener.close()
         await listener.wait_closed()
+
+
+async def test_an_entry_charged_past_the_whole_cache_leaves_alone(fetch: FakeFetch) -> None:
+    """Charging what hangs on a directory resized its entry, then evicted the least recently used
+    until the bound held: other directories first, and the entry itself last. One that cannot fit
+    by itself now leaves alone (what a stranger's directory holds never empties the cache)."""
+    other = directory_url("https://other.example")
+    fetch.answers[other] = FetchResult(200, directory_body(), "max-age=600")
+    gone: list[str] = []
+    resolver = DirectoryResolver(fetch, clock=Clock(), max_bytes=64 * 1024, listeners=[gone.append])
+    await resolver.get("https://other.example")
+    await resolver.get(BASE)
+    resolver.charge(URL, 32 * 1024)  # fits: nothing leaves
+    assert (len(resolver), gone) == (2, [])
+    resolver.charge(URL, 64 * 1024)  # cannot fit by itself
+    assert gone == [URL]
+    assert (resolver.holds(other), resolver.holds(URL)) == (True, False)

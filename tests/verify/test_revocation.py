@@ -12,9 +12,11 @@ import time
 
 import pytest
 
+from signing_proxy.core.errors import KeyFormatError
 from signing_proxy.core.fields import Fields
 from signing_proxy.core.jwk import SigningKey
 from signing_proxy.core.keys import (
+    MAX_DIRECTORY_BYTES,
     Directory,
     DirectoryKey,
     RevocationList,
@@ -23,6 +25,7 @@ from signing_proxy.core.keys import (
 )
 from signing_proxy.core.signatures import Message, attach_signature, hop_components, sign_message
 from signing_proxy.core.uri import parse_absolute_uri
+from signing_proxy.net.egress import MAX_URL_CHARS
 from signing_proxy.verify import (
     DirectoryError,
     DirectoryResolver,
@@ -34,14 +37,17 @@ from signing_proxy.verify import (
     build_verifier,
     directory_url,
 )
-from signing_proxy.verify.directory import PARSED_COST_FACTOR
+from signing_proxy.verify.directory import CACHE_BYTES, PARSED_COST_FACTOR
 from signing_proxy.verify.revocation import (
+    DIRECTORY_SHARE,
     MAX_REVOCATION_LIST_BYTES,
+    MAX_REVOKED_PER_DIRECTORY,
     RETIRED_BYTES,
     RETIRED_DIRECTORIES,
     RETIRED_SET_COST,
     REVOKED_ENTRY_COST,
     _State,
+    parse_bounded_list,
 )
 from signing_proxy.verify.verifier import VerifierPolicy
 from tests.memory import held_after
@@ -153,28 +159,44 @@ async def test_a_set_is_charged_to_its_directory_and_leaves_with_it() -> None:
     await poller.close()
 
 
-async def test_lists_up_to_4_mib_are_read_and_larger_ones_fail_closed() -> None:
+async def test_lists_up_to_the_per_directory_bound_are_read_and_longer_or_larger_ones_fail_closed() -> None:
     now = int(time.time())
-    many = [
-        base64.urlsafe_b64encode(hashlib.sha256(b"%d" % i).digest()).rstrip(b"=").decode()
-        for i in range(40_000)
-    ]
-    big = render_revocation_list(RevocationList(now, frozenset(many)))  # about 1.8 MiB
-    assert 1024 * 1024 < len(big) < MAX_REVOCATION_LIST_BYTES
+    many = thumbprints(MAX_REVOKED_PER_DIRECTORY + 1, "many")
+    full = render_revocation_list(RevocationList(now, frozenset(many[:-1])))
+    over = render_revocation_list(RevocationList(now, frozenset(many)))  # one thumbprint too many
+    padded = full[:-1] + b" " * (MAX_REVOCATION_LIST_BYTES - len(full) + 1) + b"}"  # one byte too many
     key = SigningKey.from_seed(bytes(range(32)))
     async with host() as found, HttpClient.standalone() as client:
         found.directory(directory_doc(key, now=now, revocation_url=f"{found.base}/r.json"))
-        found.serve("/r.json", big)
-        verifier = build_verifier(client=client, egress=LOOPBACK)
         fields = signed(f'"{found.base}"', key, now=now)
-        assert (await verifier.verify("POST", TARGET, fields, BODY)).agent.keyid == key.thumbprint
-        await verifier.close()
-        found.serve("/r.json", big[:-1] + b" " * (MAX_REVOCATION_LIST_BYTES - len(big) + 1) + b"}")
-        verifier = build_verifier(client=client, egress=LOOPBACK)
-        with pytest.raises(VerificationError) as err:
-            await verifier.verify("POST", TARGET, fields, BODY)
-        assert err.value.reason == "revocation-unavailable"
-        await verifier.close()
+        for body, verdict in (
+            (full, "accepted"),
+            (over, "revocation-unavailable"),
+            (padded, "revocation-unavailable"),
+        ):
+            found.serve("/r.json", body)
+            verifier = build_verifier(client=client, egress=LOOPBACK)
+            try:
+                assert (await verifier.verify("POST", TARGET, fields, BODY)).agent.keyid == key.thumbprint
+                got = "accepted"
+            except VerificationError as exc:
+                got = exc.reason
+            await verifier.close()
+            assert got == verdict
+
+
+def test_one_directory_holds_at_most_a_sixteenth_of_either_shared_store() -> None:
+    """A list of 91,180 thumbprints (what 4 MiB holds) was charged 14.6 MB: more than the directory
+    cache (8 MiB) and the sets kept aside (4 MiB), so one stranger's list emptied both."""
+    most = MAX_REVOKED_PER_DIRECTORY * REVOKED_ENTRY_COST
+    assert DIRECTORY_SHARE * (most + RETIRED_SET_COST + MAX_URL_CHARS) <= RETIRED_BYTES
+    assert DIRECTORY_SHARE * (most + MAX_DIRECTORY_BYTES * PARSED_COST_FACTOR) <= CACHE_BYTES
+    listed = thumbprints(MAX_REVOKED_PER_DIRECTORY + 1, "x")
+    full = frozenset(listed[1:])
+    assert parse_bounded_list(render_revocation_list(RevocationList(NOW, full))).revoked == full
+    with pytest.raises(KeyFormatError) as err:
+        parse_bounded_list(render_revocation_list(RevocationList(NOW, frozenset(listed))))
+    assert err.value.reason == "revocation-list-too-large"
 
 
 async def test_a_forgotten_directory_frees_its_set_without_waiting_for_the_cycle_collector() -> None:
@@ -275,10 +297,11 @@ async def test_sets_kept_aside_are_charged_per_thumbprint_and_large_ones_push_th
     resolver = DirectoryResolver(fetch, clock=clock, max_entries=1)
     poller = RevocationPoller(fetch, clock=clock, sleep=never_wakes)
     poller.attach(resolver)
-    per_set = 10_000  # 1.6 MB charged at 160 a thumbprint: two sets fit in 4 MiB, three do not
-    charged = per_set * REVOKED_ENTRY_COST
-    assert 2 * charged <= RETIRED_BYTES < 3 * charged
-    bases = [f"https://d{n}.example" for n in range(6)]
+    per_set = MAX_REVOKED_PER_DIRECTORY  # the largest a directory may hold: 16 such sets fit, 17 do not
+    charged = per_set * REVOKED_ENTRY_COST + RETIRED_SET_COST
+    bases = [f"https://d{n:02}.example" for n in range(DIRECTORY_SHARE + 3)]
+    url_chars = len(directory_url(bases[0]))
+    assert DIRECTORY_SHARE * (charged + url_chars) <= RETIRED_BYTES < (DIRECTORY_SHARE + 1) * charged
     for base in bases:
         revocations = f"{base}/revoked.json"
         fetch.answers[directory_url(base)] = FetchResult(
@@ -287,9 +310,9 @@ async def test_sets_kept_aside_are_charged_per_thumbprint_and_large_ones_push_th
         fetch.answers[revocations] = listing(*thumbprints(per_set, base))
         await resolver.get(base)  # evicts the previous directory (one entry at most): its set goes aside
         assert len(await poller.ensure(directory_url(base), revocations)) == per_set
-    assert list(poller._retired) == [directory_url(base) for base in bases[3:5]]  # the oldest went
-    urls = sum(len(directory_url(base)) for base in bases[3:5])
-    assert poller._retired.bytes == 2 * (charged + RETIRED_SET_COST) + urls
+    kept = bases[-1 - DIRECTORY_SHARE : -1]  # the last one is still cached; the oldest went
+    assert list(poller._retired) == [directory_url(base) for base in kept]
+    assert poller._retired.bytes == DIRECTORY_SHARE * (charged + url_chars)
     await poller.close()
 
 
