@@ -11,7 +11,9 @@
    components and ``signature-key``, inside its window, with the body's ``Content-Digest``;
 4. the URL's signature verifies with the exchange key ``keyid``: a pinned key, or one found in a
    configured exchange directory (cached, re-fetched for an unknown ``keyid``, its window and the
-   directory's revocation list checked).
+   directory's revocation list checked). Every configured directory is looked at: a ``keyid`` that
+   more than one lists is refused ``ambiguous-key`` (as a broker's is), since the first to list it
+   would otherwise hide another's revocation of it.
 
 The fetcher's directory is never fetched. A refusal is a ``VerificationError`` with a stable reason
 (``verify.middleware.refusal`` answers it with 401); the result, ``VerifiedRetrieval``, is the only
@@ -32,6 +34,7 @@ from ..core.b64 import b64_encode
 from ..core.errors import FieldError, VerificationError
 from ..core.fields import Fields
 from ..core.jwk import PublicKey
+from ..core.keys import Directory, DirectoryKey
 from ..core.retrieval import RetrievalUrl, parse_retrieval_url
 from ..core.signature_key import RETRIEVAL_COMPONENTS, SIGNATURE_KEY, parse_presented_key
 from ..core.signature_verify import DEFAULT_MAX_VALIDITY_S, check_stack, verify_checked
@@ -155,40 +158,63 @@ class DeliveryVerifier:
         for pinned in self.policy.pinned_exchange_keys:
             if pinned.thumbprint == bound.keyid:
                 return self._verified(bound, pinned, PINNED)
+        found, none_fetched = await self._listings(bound.keyid)
+        if len(found) > 1:
+            # the key of one exchange is in that exchange's own directory; one that two configured
+            # directories list is no one's own, and either could hide the other's revocation of it
+            raise VerificationError("ambiguous-key", "more than one exchange directory lists the URL's keyid")
+        if not found:
+            if none_fetched:
+                raise VerificationError("directory-unavailable", "no exchange directory could be fetched")
+            raise VerificationError(
+                "retrieval-url-unknown-key", "no trusted exchange publishes the URL's keyid"
+            )
+        base, directory, key = found[0]
+        if not key.valid_at(now):
+            raise VerificationError(
+                "retrieval-url-key-outside-window", f"key {bound.keyid} is outside its window"
+            )
+        poller = self.verifier.revocations
+        assert poller is not None  # RequestVerifier always has one
+        try:
+            revoked = await poller.revoked_by(directory_url(base), directory.revocation_url)
+        except DirectoryError:
+            raise VerificationError(
+                "revocation-unavailable", "the exchange's revocation list has not been fetched"
+            ) from None
+        if key.thumbprint in revoked:
+            raise VerificationError("retrieval-url-key-revoked", f"key {bound.keyid} is revoked")
+        return self._verified(bound, key.public, base)
+
+    async def _listings(self, keyid: str) -> tuple[list[tuple[str, Directory, DirectoryKey]], bool]:
+        """Every configured exchange directory that lists ``keyid`` (base, directory, key), each
+        directory looked at once whatever its spellings, and whether none could be fetched. Only when
+        none lists it are they re-fetched for it (a key rotated in since we cached them; rate-limited
+        per directory)."""
         resolver = self.verifier.resolver
-        unavailable = 0
+        bases: dict[str, str] = {}  # directory URL -> the first spelling configured
         for base in self.policy.exchange_directories:
+            bases.setdefault(directory_url(base), base)
+        directories: list[tuple[str, Directory]] = []
+        for base in bases.values():
             try:
-                directory = await resolver.get(base, budgeted=False)  # configured, not a stranger's
-                key = directory.lookup(bound.keyid)
-                if key is None:  # a key the exchange rotated in since we cached its directory
-                    fresh = await resolver.refetch_for_keyid(base, budgeted=False)
-                    directory = fresh if fresh is not None else directory
-                    key = directory.lookup(bound.keyid)
+                directories.append((base, await resolver.get(base, budgeted=False)))  # configured
             except DirectoryError as exc:
                 log.debug("exchange directory %.200r unavailable: %s", base, exc.reason)
-                unavailable += 1
-                continue
-            if key is None:
-                continue
-            if not key.valid_at(now):
-                raise VerificationError(
-                    "retrieval-url-key-outside-window", f"key {bound.keyid} is outside its window"
-                )
-            poller = self.verifier.revocations
-            assert poller is not None  # RequestVerifier always has one
+        none_fetched = bool(bases) and not directories
+        found = [(base, d, key) for base, d in directories if (key := d.lookup(keyid)) is not None]
+        if found:
+            return found, none_fetched
+        for base, _cached in directories:
             try:
-                revoked = await poller.revoked_by(directory_url(base), directory.revocation_url)
-            except DirectoryError:
-                raise VerificationError(
-                    "revocation-unavailable", "the exchange's revocation list has not been fetched"
-                ) from None
-            if key.thumbprint in revoked:
-                raise VerificationError("retrieval-url-key-revoked", f"key {bound.keyid} is revoked")
-            return self._verified(bound, key.public, base)
-        if unavailable and unavailable == len(self.policy.exchange_directories):
-            raise VerificationError("directory-unavailable", "no exchange directory could be fetched")
-        raise VerificationError("retrieval-url-unknown-key", "no trusted exchange publishes the URL's keyid")
+                fresh = await resolver.refetch_for_keyid(base, budgeted=False)
+            except DirectoryError as exc:
+                log.debug("exchange directory %.200r unavailable: %s", base, exc.reason)
+                continue
+            key = fresh.lookup(keyid) if fresh is not None else None
+            if fresh is not None and key is not None:
+                found.append((base, fresh, key))
+        return found, none_fetched
 
     @staticmethod
     def _verified(bound: RetrievalUrl, key: PublicKey, source: str) -> str:

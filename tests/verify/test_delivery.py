@@ -293,3 +293,52 @@ async def test_a_configured_exchanges_keyid_refetch_spends_no_budget() -> None:
     assert (verified.exchange_keyid, verified.exchange_source) == (ROTATED.thumbprint, EXCHANGE_BASE)
     assert fake.calls.count(directory_url(EXCHANGE_BASE)) == 2
     await verifier.close()
+
+
+# --- several exchange directories ---------------------------------------------------------------
+
+EXCHANGE_A, EXCHANGE_B = "https://a-exchange.example", "https://b-exchange.example"
+
+
+def serve_exchange(fake: FakeFetch, base: str, *, revoked: frozenset[str] = frozenset()) -> None:
+    """``base``'s directory lists EXCHANGE's key; its own list revokes ``revoked``."""
+    revocations = f"{base}/revoked.json"
+    directory = Directory((DirectoryKey(EXCHANGE.public, NOW - 60, NOW + 3600),), revocations)
+    fake.answers[directory_url(base)] = FetchResult(200, render_directory(directory), "max-age=300")
+    fake.answers[revocations] = FetchResult(200, render_revocation_list(RevocationList(NOW, revoked)), None)
+
+
+@pytest.mark.parametrize("order", [(EXCHANGE_A, EXCHANGE_B), (EXCHANGE_B, EXCHANGE_A)])
+@pytest.mark.parametrize("b_revokes", [True, False], ids=["b-revoked-it", "none-revoked-it"])
+async def test_a_key_two_exchange_directories_list_is_refused_whatever_their_order(
+    order: tuple[str, str], b_revokes: bool
+) -> None:
+    """Exchange B revoked its key; exchange A's directory lists the same key and revokes nothing.
+    The key was taken from the first configured directory that listed it: with A first, A hid B's
+    revocation and the URL was accepted as A's. As for brokers, a key that two list is no one's."""
+    fake = FakeFetch()
+    serve_exchange(fake, EXCHANGE_B, revoked=frozenset({EXCHANGE.thumbprint}) if b_revokes else frozenset())
+    serve_exchange(fake, EXCHANGE_A)
+    verifier = delivery(pinned=(), directories=order, fake=fake)
+    url = bound_url()
+    assert await refused(verifier, url, fetch(url)) == "ambiguous-key"
+    await verifier.close()
+
+
+async def test_one_exchange_directory_configured_in_two_spellings_is_one_directory() -> None:
+    fake = FakeFetch()
+    serve_exchange(fake, EXCHANGE_A)
+    verifier = delivery(pinned=(), directories=(EXCHANGE_A, EXCHANGE_A.upper() + ":443/"), fake=fake)
+    url = bound_url()
+    assert (await verifier.verify("GET", url, fetch(url), b"")).exchange_source == EXCHANGE_A
+    await verifier.close()
+
+
+async def test_a_key_one_of_two_exchange_directories_lists_is_that_exchanges() -> None:
+    fake = FakeFetch()
+    serve_exchange(fake, EXCHANGE_B, revoked=frozenset({EXCHANGE.thumbprint}))
+    fake.answers[directory_url(EXCHANGE_A)] = FetchResult(200, render_directory(Directory(())), None)
+    verifier = delivery(pinned=(), directories=(EXCHANGE_A, EXCHANGE_B), fake=fake)
+    url = bound_url()
+    assert await refused(verifier, url, fetch(url)) == "retrieval-url-key-revoked"
+    await verifier.close()
