@@ -250,7 +250,14 @@ class BlindTunnel:
     def duration_s(self) -> float:
         return time.perf_counter() - self.started
 
+    @property
+    def upstream_gone(self) -> bool:
+        """The upstream sent FIN or reset before the client joined: the tunnel is closing, or has
+        finished (``on_finished`` already called, unattached); attaching a client would leave it open."""
+        return self.upstream.eof or self.upstream.lost
+
     def attach_client(self, raw: asyncio.Transport, early: bytes) -> None:
+        """Join the client (after its ``200``); only to a tunnel whose upstream is not ``upstream_gone``."""
         self.attached = True
         self.active()
         self._idle_timer = self._loop.call_later(self._idle_s, self._check_idle)

@@ -237,6 +237,11 @@ class ConnectHandler:
     ) -> tuple[int, str]:
         tunnel = BlindTunnel(conn.client_ip, f"{host}:{port}", self._tunnel_finished, idle_s=policy.idle_s)
         await open_upstream(lambda: tunnel.upstream, host, port, tls=None, timeout_s=policy.connect_timeout_s)
+        if tunnel.upstream_gone:  # it hung up while we were still connecting: the tunnel has ended
+            tunnel.close()
+            raise ProxyError(
+                502, "upstream-reset", f"{host}:{port} closed the connection before the tunnel opened"
+            )
         raw = conn.take_over()
         if raw is None:
             tunnel.close()
