@@ -5,8 +5,8 @@ The handshake is an ordinary GET that the policy has prepared (signed: ``@target
 ``Upgrade: websocket`` it needs on this hop (never covered by a signature), sends it on a fresh
 connection, and reads the answer with the same bounds as any response head. A ``101`` switches
 both sides to a byte pipe (``tunnel.BlindTunnel``: backpressure, half-close, idle timeout); any
-other answer is relayed as a small response and the client connection closes. Frames are never
-read or changed.
+other answer is relayed as a small response (a body over ``REFUSAL_BODY_MAX_BYTES`` is a 502
+``response-too-large`` instead) and the client connection closes. Frames are never read or changed.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from .upstream import MAX_RESPONSE_HEAD_BYTES, UpstreamPool
 __all__ = ["UPGRADE_FIELDS", "Switched", "switch"]
 
 UPGRADE_FIELDS = b"Connection: Upgrade\r\nUpgrade: websocket\r\n"  # RFC 6455 section 4.1, this hop only
-REFUSAL_BODY_MAX_BYTES = 64 * 1024  # our choice: a refused handshake's body is relayed up to this, then cut
+REFUSAL_BODY_MAX_BYTES = 64 * 1024  # our choice: a refused handshake's body is relayed up to this, or 502
 _DROPPED = frozenset(name.encode() for name in HOP_BY_HOP - {"upgrade"}) | {b"content-length"}
 
 
@@ -63,18 +63,24 @@ class _Handshake(asyncio.Protocol):
         if self.done.done():  # frames read before the pipe took over: kept for the client, in order
             self.rest += data
             return
-        self._fed += len(data)  # since the head began or its body last moved: heads and trailers
-        if self._fed > self._max_head:
-            self._fail(
-                ProxyError(
-                    502, "upstream-header-too-large", "upstream response head or trailers exceed the limit"
-                )
-            )
-            return
+        chunk = b""
         try:
-            self._parser.feed_data(data)
+            while data and not self.done.done():  # fed in pieces, like any response head: a body that
+                room = self._max_head - self._fed  # came in the same read is never counted as head
+                if room <= 0:
+                    self._fail(
+                        ProxyError(
+                            502,
+                            "upstream-header-too-large",
+                            "upstream response head or trailers exceed the limit",
+                        )
+                    )
+                    return
+                chunk, data = data[:room], data[room:]
+                self._fed += len(chunk)  # since the head began or its body last moved: heads and trailers
+                self._parser.feed_data(chunk)
         except httptools.HttpParserUpgrade as exc:
-            self.rest = data[exc.args[0] :] if exc.args else b""
+            self.rest = (chunk[exc.args[0] :] if exc.args else b"") + data
             if not self.done.done():
                 self.done.set_result(None)
             if self.transport is not None:
@@ -106,8 +112,19 @@ class _Handshake(asyncio.Protocol):
     def on_body(self, body: bytes) -> None:
         self._fed = 0
         self._size += len(body)
-        if self._size <= REFUSAL_BODY_MAX_BYTES:
-            self.body.append(body)
+        if self._size > REFUSAL_BODY_MAX_BYTES:
+            # a 502, not the first part relayed: never a truncated body that looks complete (a length
+            # would lie, and so would a close, which ends a close-delimited body as if it were whole);
+            # the reason is the one every other upstream answer over its bound gets
+            self._fail(
+                ProxyError(
+                    502,
+                    "response-too-large",
+                    f"the refusal of the handshake is larger than {REFUSAL_BODY_MAX_BYTES} bytes",
+                )
+            )
+            return
+        self.body.append(body)
 
     def on_message_complete(self) -> None:
         if self.status and not self.done.done():
@@ -135,7 +152,8 @@ async def switch(
     """Send the prepared handshake; on ``101`` join client and upstream, else relay the refusal.
     A pipe stays in ``pipes`` until it has finished (``on_finished`` takes it out).
 
-    ``ProxyError`` when the upstream cannot be reached or answers garbage (nothing written yet).
+    ``ProxyError`` when the upstream cannot be reached, answers garbage or refuses at too great a
+    length (nothing written yet).
     """
     handshake = await pool.open(outgoing.connect_to, lambda: _Handshake(max_head_bytes))
     assert handshake.transport is not None
@@ -152,8 +170,9 @@ async def switch(
     fields = _end_to_end(handshake.headers)
     if handshake.status != 101:
         upstream.close()
-        body = b"".join(handshake.body)[:REFUSAL_BODY_MAX_BYTES]
-        fields.append(("Content-Length", str(len(body))))
+        body = b"".join(handshake.body)  # whole: a larger one was refused above
+        if handshake.status not in (204, 304):  # RFC 9110 section 8.6: no Content-Length on these
+            fields.append(("Content-Length", str(len(body))))
         kept = [(n, v) for n, v in fields if n.lower() != "upgrade"]
         client.keep_alive = False
         client.write(response_head(handshake.status, kept, close=True) + body)

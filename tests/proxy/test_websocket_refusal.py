@@ -1,0 +1,98 @@
+"""A refused WebSocket handshake (any answer but 101) as the client gets it: whole or not at all.
+
+A refusal's body is relayed up to ``REFUSAL_BODY_MAX_BYTES``; a larger one is a 502
+``response-too-large``, never the first part under a ``Content-Length`` that says it is whole
+(RFC 9112 section 6.3). A relayed 204 or 304 carries no ``Content-Length`` (RFC 9110 section 8.6).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from signing_proxy.core.jwk import SigningKey
+from signing_proxy.net.websocket import REFUSAL_BODY_MAX_BYTES
+from tests.harness import WAIT_S, ProxyProcess
+
+KEY = SigningKey.generate()
+
+
+@pytest.fixture(scope="module")
+def proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyProcess]:
+    with ProxyProcess(tmp_path_factory.mktemp("proxy"), {}, key=KEY) as process:
+        yield process
+
+
+def refused_through(proxy: ProxyProcess, answer: bytes) -> tuple[bytes, dict[bytes, bytes], bytes]:
+    """A WebSocket handshake through the proxy to a raw upstream that answers ``answer`` and closes:
+    the status line, the fields (lower-cased names) and the body the client read to EOF."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def upstream() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.settimeout(WAIT_S)
+            head = b""
+            while b"\r\n\r\n" not in head and (chunk := conn.recv(65536)):
+                head += chunk
+            with contextlib.suppress(OSError):  # the proxy stops reading a refusal too large to relay
+                conn.sendall(answer)
+
+    server = threading.Thread(target=upstream, daemon=True)
+    server.start()
+    try:
+        with socket.create_connection(("127.0.0.1", proxy.port), timeout=WAIT_S) as sock:
+            sock.sendall(
+                f"GET http://127.0.0.1:{port}/ws HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+                "Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\n"
+                "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n".encode()
+            )
+            chunks = []
+            while chunk := sock.recv(65536):  # the connection closes after a refusal
+                chunks.append(chunk)
+    finally:
+        server.join(WAIT_S)
+        listener.close()
+    head, _, body = b"".join(chunks).partition(b"\r\n\r\n")
+    status, *lines = head.split(b"\r\n")
+    fields = {
+        name.strip().lower(): value.strip() for name, _, value in (line.partition(b":") for line in lines)
+    }
+    return status, fields, body
+
+
+@pytest.mark.parametrize("framing", ["content-length", "close-delimited"])
+def test_a_refusal_larger_than_the_cap_is_502_not_a_truncated_body_that_looks_whole(
+    proxy: ProxyProcess, framing: str
+) -> None:
+    body = b"x" * 100_000
+    length = b"Content-Length: %d\r\n" % len(body) if framing == "content-length" else b""
+    status, fields, got = refused_through(proxy, b"HTTP/1.1 403 Forbidden\r\n" + length + b"\r\n" + body)
+    assert status.startswith(b"HTTP/1.1 502 "), (status, fields.get(b"content-length"), len(got))
+    assert fields[b"content-type"] == b"application/problem+json"
+    assert int(fields[b"content-length"]) == len(got)
+    assert json.loads(got)["reason"] == "response-too-large"
+
+
+def test_a_refusal_at_the_cap_is_relayed_whole(proxy: ProxyProcess) -> None:
+    body = b"y" * REFUSAL_BODY_MAX_BYTES
+    status, fields, got = refused_through(
+        proxy, b"HTTP/1.1 403 Forbidden\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+    )
+    assert status.startswith(b"HTTP/1.1 403 ")
+    assert fields[b"content-length"] == str(len(body)).encode()
+    assert got == body
+
+
+@pytest.mark.parametrize("answer", [b"HTTP/1.1 204 No Content\r\n\r\n", b"HTTP/1.1 304 Not Modified\r\n\r\n"])
+def test_a_relayed_204_or_304_has_no_content_length(proxy: ProxyProcess, answer: bytes) -> None:
+    status, fields, got = refused_through(proxy, answer)
+    assert status.startswith(answer[:12])
+    assert b"content-length" not in fields, fields
+    assert got == b""
