@@ -252,10 +252,9 @@ class KeyStore:
         force: bool = False,
         key: SigningKey | None = None,
     ) -> tuple[KeyRecord, tuple[KeyRecord, ...]]:
-        """Publish a new key at once (its window opens ``CLOCK_MARGIN_S`` before ``now``, for verifiers
-        whose clock is behind) that signs from ``activate_in_s`` later
-        for ``lifetime_s``; every key usable now ends at that activation + ``grace_s`` (never later
-        than it already did), so it keeps signing until then and stays published for the grace.
+        """Publish a new key at once (its window opens ``CLOCK_MARGIN_S`` before ``now``) that signs
+        from ``activate_in_s`` later for ``lifetime_s``; every key usable now ends at that activation
+        + ``grace_s`` (never later than it was), so it signs until then and stays published for the grace.
 
         Refused (``rotation-pending``) while an earlier new key waits for its activation, and unless
         ``force`` when no key signing now stays valid until the activation. ``key``: that key (one
