@@ -35,6 +35,8 @@ _LABEL = re.compile(r"[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?", re.IGNORECASE)
 _TARGET_CHARS = frozenset(
     "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-._~:/?#[]@!$&'()*+,;=%"
 )
+# RFC 3986 section 2.1: pct-encoded = "%" HEXDIG HEXDIG; a '%' alone makes no URI a verifier can read
+_LONE_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")
 
 
 _T = TypeVar("_T")
@@ -104,6 +106,8 @@ def canonical_path_query(path_query: str) -> str:
             raise FieldError("malformed-target", "request-target must start with '/'")
     if not _TARGET_CHARS.issuperset(path_query):
         raise FieldError("malformed-target", "request-target has characters that must be percent-encoded")
+    if "%" in path_query and _LONE_PERCENT.search(path_query):
+        raise FieldError("malformed-target", "request-target has a '%' not followed by two hex digits")
     return path_query
 
 

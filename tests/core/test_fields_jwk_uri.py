@@ -102,6 +102,10 @@ def test_target_uri_is_canonical_and_byte_exact(raw: str, uri: str) -> None:
         "http://[::1/",
         "http://x:\u00b2/",
         "http://x:\u0661/",
+        "http://x/100%",  # RFC 3986 pct-encoded: "%" HEXDIG HEXDIG, and nothing else (a verifier
+        "http://x/p?q=%2",  # rebuilding the URI refused these, which we signed)
+        "http://x/%zz",
+        "http://x/%%41",
     ],
 )  # a superscript two and an Arabic-Indic one are digits to str.isdigit(), and int() refuses the first
 def test_bad_targets_are_refused(raw: str) -> None:

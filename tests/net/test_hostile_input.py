@@ -305,7 +305,9 @@ def test_chunked_trailers_never_reach_the_origin_as_signed_headers(
     assert "from-trailer" not in json.dumps(arrival.lines)
 
 
-@pytest.mark.parametrize("target", ["http://a..b/", "http://[zz]/", "http://-bad.example/", "http://xn--/"])
+@pytest.mark.parametrize(
+    "target", ["http://a..b/", "http://[zz]/", "http://-bad.example/", "http://xn--/", "http://x/100%"]
+)
 def test_some_inputs_get_no_response_now_get_a_400_problem(proxy: ProxyProcess, target: str) -> None:
     before = len(proxy.stderr_lines)
     answer = raw(proxy, f"GET {target} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
