@@ -7,9 +7,9 @@ keeps, per directory URL, the set its ``revocation_url`` served: each successful
 (spec "Key publication, rotation and revocation" 3), except that a thumbprint this directory's list
 once named stays refused for this directory (spec "States and transitions": "a revoked thumbprint
 stays revoked"), also after the directory left the cache and came back: sets of directories that
-left are kept aside, for 4,096 directories and 4 MiB at most (each charged its thumbprints and its
-URL). One directory holds at most ``MAX_REVOKED_PER_DIRECTORY`` (1,622) thumbprints, charged 1/16 of
-either store at most: a longer list is refused (``revocation-list-too-large``) like any unusable
+left are kept aside, for 4,096 directories and 8 MiB at most (each charged its thumbprints and its
+URL). One directory holds at most ``MAX_REVOKED_PER_DIRECTORY`` (11,468) thumbprints, charged a
+quarter of either store at most: a longer list is refused (``revocation-list-too-large``) like any unusable
 list, so no one directory's list pushes other directories out of the cache, nor their sets out of
 the store. A directory whose list was never fetched fails closed (``revocation-unavailable``),
 retried at most every ``retry_s``; a failed later poll keeps the last set. Each tracked directory is
@@ -26,7 +26,13 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 
-from ..core.keys import RevocationList, merge_revocation_lists, next_poll_delay, parse_revocation_list
+from ..core.keys import (
+    MAX_DIRECTORY_BYTES,
+    RevocationList,
+    merge_revocation_lists,
+    next_poll_delay,
+    parse_revocation_list,
+)
 from ..errors import DirectoryError
 from ..net.egress import MAX_URL_CHARS
 from .cache import LruCache
@@ -34,6 +40,7 @@ from .directory import (
     CACHE_BYTES,
     FETCH_TIMEOUT_S,
     NEGATIVE_TTL_S,
+    PARSED_COST_FACTOR,
     DirectoryResolver,
     Fetcher,
     fetch_parsed,
@@ -49,16 +56,19 @@ REVOKED_ENTRY_COST = 160  # measured: what one revoked thumbprint costs in memor
 # A directory leaving the cache keeps what its lists revoked, here, for when it comes back (spec: "a
 # revoked thumbprint stays revoked"); bounded like every store a stranger can fill, oldest dropped
 RETIRED_DIRECTORIES = 4096
-RETIRED_BYTES = 4 * 1024 * 1024  # as charged: REVOKED_ENTRY_COST per thumbprint, and per set its URL
+RETIRED_BYTES = 8 * 1024 * 1024  # as charged: REVOKED_ENTRY_COST per thumbprint, and per set its URL
 RETIRED_SET_COST = 512  # measured: a kept set's objects beside its thumbprints and its URL (~400 bytes)
 # What one directory's lists may make us hold: its set is charged to its directory's cache entry
-# (CACHE_BYTES, shared by all directories), then kept aside (RETIRED_BYTES, shared too). When one list
-# could fill either (91,180 thumbprints, what 4 MiB holds, charged 14.6 MB), one stranger's list
-# emptied both, and with them every other directory's "stays revoked". At 1/16 of the smaller store,
-# its URL and a kept set's objects counted in: 1,622 thumbprints; a longer list is refused.
-DIRECTORY_SHARE = 16
+# (CACHE_BYTES, shared by all directories, beside its parsed document), then kept aside (RETIRED_BYTES,
+# shared too). When one list could fill either (91,180 thumbprints, what 4 MiB holds, charged 14.6 MB),
+# one stranger's list emptied both, and with them every other directory's "stays revoked". At a
+# quarter of the smaller store, the largest document or a kept set's objects counted in: 11,468
+# thumbprints, more than our own key store ever lists (core.keys.MAX_REVOKED_THUMBPRINTS); a longer
+# list is refused.
+DIRECTORY_SHARE = 4
 MAX_REVOKED_PER_DIRECTORY = (
-    min(CACHE_BYTES, RETIRED_BYTES) // DIRECTORY_SHARE - RETIRED_SET_COST - MAX_URL_CHARS
+    min(CACHE_BYTES, RETIRED_BYTES) // DIRECTORY_SHARE
+    - max(MAX_DIRECTORY_BYTES * PARSED_COST_FACTOR, RETIRED_SET_COST + MAX_URL_CHARS)
 ) // REVOKED_ENTRY_COST
 
 
