@@ -63,6 +63,20 @@ def configure_logging(level: str, fmt: str) -> None:
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     root.propagate = False
+    sys.unraisablehook = _log_unraisable
+
+
+def _log_unraisable(unraisable: sys.UnraisableHookArgs) -> None:
+    """An error Python cannot raise (in a callback of C code, a finalizer): one line in the log's
+    format, not a traceback written to stderr past it (``log.format: json`` stays one object a line)."""
+    exc, where = unraisable.exc_value, unraisable.object
+    log = logging.getLogger("signing_proxy")
+    if isinstance(exc, UnicodeDecodeError) and isinstance(where, bytes):
+        # ssl decodes a ClientHello's server name as ASCII before our SNI callback runs; the
+        # handshake then fails, and is logged as that (proxy.connect)
+        log.debug("a TLS server name that is not ASCII: %.80r", where)
+        return
+    log.warning("%s: %s: %.300s", unraisable.err_msg or "Exception ignored", f"{where!r}"[:120], repr(exc))
 
 
 class _JsonFormatter(logging.Formatter):

@@ -206,6 +206,14 @@ class ConnectHandler:
                 reason,
                 CA_INSTALL_HINT,
             )
+        elif reason == "CALLBACK_FAILED":  # ssl could not read the server name as ASCII for _check_sni
+            self._count("sni-mismatch")
+            log.warning(
+                "refused TLS from %s in CONNECT %s: the ClientHello names a server name that is not "
+                "ASCII (SNI mismatch)",
+                start.client_ip,
+                start.authority,
+            )
         elif exc is None and start.session is not None and not start.session.answered:
             self._count("client-tls-failed")
             log.info(

@@ -346,6 +346,39 @@ def test_sni_naming_another_host_is_refused(proxy: ProxyProcess, origin: Verifyi
     )
 
 
+def test_a_server_name_that_is_not_ascii_is_refused_in_one_log_line(
+    proxy: ProxyProcess, origin: VerifyingOrigin
+) -> None:
+    """ssl reads a ClientHello's server name as ASCII before the SNI callback: "\u00e9vil.example"
+    failed there, and Python wrote a raw traceback to stderr beside the JSON log (five lines a
+    handshake, any stranger's), and counted it a plain handshake failure."""
+    sock, head = connect_raw(proxy, f"127.0.0.1:{origin.port}")
+    with sock:
+        assert head.startswith(b"HTTP/1.1 200 Connection Established\r\n")
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        outgoing = ssl.MemoryBIO()
+        hello_of = context.wrap_bio(ssl.MemoryBIO(), outgoing, server_hostname="aavil.example")
+        with contextlib.suppress(ssl.SSLWantReadError):
+            hello_of.do_handshake()
+        hello = outgoing.read()
+        assert hello.count(b"aavil.example") == 1
+        before = len(proxy.stderr_lines)
+        sock.sendall(hello.replace(b"aavil.example", "\u00e9vil.example".encode()))  # as many bytes
+        answer = read_to_eof(sock)
+    assert answer[:1] == b"\x15"  # a TLS alert, and the connection closed
+    assert origin.arrivals == []
+    wait_for(
+        lambda: any("not ASCII (SNI mismatch)" in line for line in proxy.stderr_lines[before:]),
+        "the SNI mismatch log line",
+    )
+    lines = proxy.stderr_lines[before:]
+    assert not [line for line in lines if "Traceback" in line or "Exception ignored" in line]
+    for line in lines:
+        json.loads(line)  # log.format json: every line one object
+
+
 def test_errors_inside_an_intercepted_tunnel_are_problem_responses(
     proxy: ProxyProcess, origin: VerifyingOrigin
 ) -> None:
