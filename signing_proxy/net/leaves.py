@@ -229,6 +229,9 @@ class LeafContextCache:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.minimum_version = ssl.TLSVersion.TLSv1_2
         context.options |= ssl.OP_NO_RENEGOTIATION
+        # A client's TCP half-close without close_notify ends its side like close_notify does, not
+        # the session: HTTP framing says whether a request is whole, and the answer still goes back
+        context.options |= ssl.OP_IGNORE_UNEXPECTED_EOF
         context.set_alpn_protocols(self._alpn)
         context.sni_callback = self.sni_callback
         return context

@@ -159,7 +159,10 @@ class TlsSession(asyncio.Protocol):
         self._incoming.write_eof()
         self._eof = True
         self._pump()
-        return None  # the raw transport closes itself
+        # Once the application has the stream, it decides (its eof_received, in _read_plain): a
+        # half-close after a complete request still gets its answer (RFC 9112 section 9.6), and
+        # close_notify closes only the peer's side (RFC 8446 section 6.1). Before: we close.
+        return True if self.app is not None and not self.closing else None
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost = True

@@ -379,6 +379,45 @@ def test_a_server_name_that_is_not_ascii_is_refused_in_one_log_line(
         json.loads(line)  # log.format json: every line one object
 
 
+@pytest.mark.parametrize("ending", ["fin", "close_notify+fin"])
+def test_a_half_closed_tunnel_still_gets_its_answer(
+    proxy: ProxyProcess, origin: VerifyingOrigin, ending: str
+) -> None:
+    """A request, then the client's TCP half-close (and close_notify first, or not): plain HTTP gets
+    its answer (RFC 9112 section 9.6), and close_notify closes only the sender's side (RFC 8446
+    section 6.1). Inside a tunnel the raw transport closed itself at the FIN: the request was signed
+    and sent, and its answer never came back; with close_notify, it was not even sent."""
+    sock, head = connect_raw(proxy, f"127.0.0.1:{origin.port}")
+    with sock:
+        assert head.startswith(b"HTTP/1.1 200 Connection Established\r\n")
+        context = our_ca_context(proxy)
+        context.check_hostname = False  # an IP literal: no name to check
+        incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+        tls = context.wrap_bio(incoming, outgoing)
+        while True:
+            try:
+                tls.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                sock.sendall(outgoing.read())
+                incoming.write(sock.recv(65536))
+        tls.write(b"GET /half HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        if ending.startswith("close_notify"):
+            with contextlib.suppress(ssl.SSLWantReadError):
+                tls.unwrap()
+        sock.sendall(outgoing.read())
+        sock.shutdown(socket.SHUT_WR)
+        answer = b""
+        while data := sock.recv(65536):
+            incoming.write(data)
+            with contextlib.suppress(ssl.SSLWantReadError, ssl.SSLZeroReturnError):
+                while chunk := tls.read(65536):
+                    answer += chunk
+    assert answer.startswith(b"HTTP/1.1 200 "), answer[:80]
+    [arrival] = origin.arrivals
+    assert arrival.verified
+
+
 def test_errors_inside_an_intercepted_tunnel_are_problem_responses(
     proxy: ProxyProcess, origin: VerifyingOrigin
 ) -> None:
