@@ -14,7 +14,13 @@ from ..core.errors import FieldError, KeyFormatError, ManifestError
 from ..core.keys import parse_rfc3339
 from ..core.manifest import render_agent_manifest
 from ..core.pkcs11_uri import mask_pin_value
-from ..core.requester import TOKEN_FORMAT_JWT, check_ext, parse_duration_s, requester_type_name
+from ..core.requester import (
+    REQUESTER_TYPE_DELEGATED,
+    TOKEN_FORMAT_JWT,
+    check_ext,
+    parse_duration_s,
+    requester_type_name,
+)
 from ..core.scopes import scope_segments
 from ..core.uri import parse_absolute_uri
 from ..errors import ConfigError
@@ -202,9 +208,11 @@ class RequesterConfig:
         if self.type == "":
             raise ConfigError(f"{path}.type: required (a RequesterType such as REQUESTER_TYPE_AGENT, or 1-5)")
         try:
-            requester_type_name(self.type)
+            kind = requester_type_name(self.type)
         except ValueError as exc:
             raise ConfigError(f"{path}.type: {exc}") from None
+        if kind == REQUESTER_TYPE_DELEGATED and self.delegation is None:
+            raise ConfigError(f"{path}.delegation: required with type {kind} (the chain it acts under)")
         try:
             check_ext(self.ext, self.ext_critical, path)
         except ValueError as exc:

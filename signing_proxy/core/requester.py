@@ -26,6 +26,7 @@ __all__ = [
     "EXCHANGE_SERVICE",
     "REQUESTER_MEMBER",
     "REQUESTER_TYPES",
+    "REQUESTER_TYPE_DELEGATED",
     "TOKEN_FORMAT_JWT",
     "DelegationDoc",
     "RequesterDoc",
@@ -50,6 +51,8 @@ REQUESTER_TYPES: Mapping[int, str] = {
     4: "REQUESTER_TYPE_DELEGATED",
     5: "REQUESTER_TYPE_RESEARCH",
 }
+# "Agent acting on behalf of a user": its delegation is required (spec Errors: "Delegation token missing")
+REQUESTER_TYPE_DELEGATED = REQUESTER_TYPES[4]
 _TYPE_NUMBERS = {name: number for number, name in REQUESTER_TYPES.items()}
 _DURATION = re.compile(r"([0-9]{1,12})([smhd])")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86_400}

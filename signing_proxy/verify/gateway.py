@@ -47,6 +47,7 @@ from ..core.gateway_ingest import (
     quota_counters,
     read_delegation,
 )
+from ..core.requester import REQUESTER_TYPE_DELEGATED
 from ..core.scopes import format_scope_list
 from ..core.signatures import VerifiedStack
 from ..errors import DirectoryError
@@ -190,6 +191,9 @@ class GatewayVerifier:
             log.info("delegation refused at ingest: %s %s", exc.reason, exc.detail)
             raise GatewayRefusal(403, DELEGATION_INVALID, f"{exc.reason}: {exc.detail}") from None
         if requester.delegation is None:
+            if requester.type == REQUESTER_TYPE_DELEGATED:  # spec Errors: "Delegation token missing"
+                detail = "delegation-missing: an agent acting on behalf of a user carries the delegation"
+                raise GatewayRefusal(403, DELEGATION_INVALID, detail)
             return GatewayVerdict(stack, requester), None
         now = self.clock()
         try:

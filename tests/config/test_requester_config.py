@@ -79,6 +79,8 @@ def test_a_full_requester_is_accepted() -> None:
         ({"type": "AGENT"}, "requester.type: unknown RequesterType 'AGENT'"),
         ({"type": 9}, "requester.type: unknown RequesterType 9"),
         ({"type": [1]}, "requester.type: must be an integer"),
+        ({"type": 4}, "requester.delegation: required with type REQUESTER_TYPE_DELEGATED"),  # spec Errors:
+        ({"type": "REQUESTER_TYPE_DELEGATED"}, "requester.delegation: required"),  # "token missing"
         ({"scopes": ["dist::US"]}, r"requester.scopes\[0\]: a scope has no empty segments"),
         ({"ext_critical": ["x"]}, r"requester.ext_critical\[0\]: 'x' is not a key of requester.ext"),
         ({"ext": {"when": datetime.date(2030, 1, 1)}}, "requester.ext.when: must be JSON data"),

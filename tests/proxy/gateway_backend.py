@@ -107,7 +107,10 @@ def exchange_body(chain: str | None = None, *, expires_at: float | None = None, 
             token=chain,
         )
     doc = RequesterDoc(
-        id="agent-7", domain="agent.example", type="REQUESTER_TYPE_DELEGATED", delegation=delegation
+        id="agent-7",
+        domain="agent.example",
+        type="REQUESTER_TYPE_AGENT" if delegation is None else "REQUESTER_TYPE_DELEGATED",
+        delegation=delegation,
     ).proto_json()
     doc.update(requester)
     return json.dumps({"ver": "1.0", "uris": ["https://pub.example/a"], "requester": doc}).encode()

@@ -87,7 +87,7 @@ def config(tmp_path: Path, *, delegation: dict[str, Any] | None = None, **over: 
     raw: dict[str, Any] = {
         "id": "agent-7",
         "domain": "agent.example",
-        "type": "REQUESTER_TYPE_DELEGATED",
+        "type": "REQUESTER_TYPE_AGENT" if delegation is None else "REQUESTER_TYPE_DELEGATED",
         "name": "Research assistant",
         "scopes": ["dist:US:CA"],
         "exchanges": [EXCHANGE, "http://127.0.0.1:9100/"],

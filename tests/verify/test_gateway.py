@@ -106,7 +106,10 @@ class World:
                 scopes=tuple(requester.pop("delegation_scopes", ("dist:US:CA",))),
             )
         doc = RequesterDoc(
-            id="agent-7", domain="agent.example", type="REQUESTER_TYPE_DELEGATED", delegation=delegation
+            id="agent-7",
+            domain="agent.example",
+            type="REQUESTER_TYPE_AGENT" if delegation is None else "REQUESTER_TYPE_DELEGATED",
+            delegation=delegation,
         ).proto_json()
         doc.update(requester)
         return json.dumps({"ver": "1.0", "uris": [], "requester": doc}).encode()
@@ -485,3 +488,18 @@ async def test_a_lone_surrogate_in_the_requester_is_a_400_not_a_500(world: World
     assert b"\\ud800" in body
     refusal = await world.refused(body)
     assert (refusal.status, refusal.reason) == (400, "malformed-body")
+
+
+async def test_an_agent_acting_for_a_user_without_its_delegation_is_refused(world: World) -> None:
+    """Spec Errors: "Delegation token missing" is DENIAL_REASON_DELEGATION_INVALID. A requester of
+    type REQUESTER_TYPE_DELEGATED ("Agent acting on behalf of a user") with no delegation member
+    was admitted as if it were any agent, with X-Verified-Requester-Type saying DELEGATED."""
+    refusal = await world.refused(world.body(type="REQUESTER_TYPE_DELEGATED"))
+    assert (refusal.status, refusal.reason) == (403, DELEGATION_INVALID)
+    assert "delegation-missing" in refusal.detail
+    world.clock.now = NOW + 1
+    by_number = await world.refused(world.body(type=4))  # the number names the same type
+    assert (by_number.status, by_number.reason) == (403, DELEGATION_INVALID)
+    world.clock.now = NOW + 2
+    verdict = await world.check(world.body(type="REQUESTER_TYPE_AGENT"))  # no delegation to miss
+    assert ("X-Verified-Requester-Type", "REQUESTER_TYPE_AGENT") in verdict.headers()
