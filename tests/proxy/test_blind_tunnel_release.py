@@ -25,18 +25,10 @@ from signing_proxy.net.dial import open_upstream
 from signing_proxy.proxy.accesslog import AccessLog
 from signing_proxy.service.app import ProxyApp
 from tests.harness import WAIT_S
+from tests.proxy.raw_upstream import loop_factories
 
 KEY = SigningKey.generate()
 MAX_CONNECTIONS = 3
-
-
-def _loop_factories() -> list[Any]:
-    factories: list[Any] = [pytest.param(asyncio.new_event_loop, id="asyncio")]
-    try:
-        import uvloop
-    except ImportError:
-        return factories
-    return [*factories, pytest.param(uvloop.new_event_loop, id="uvloop")]
 
 
 async def _until(condition: Callable[[], bool], step_s: float = 0.01) -> None:
@@ -134,7 +126,7 @@ async def _scenario(tmp: Path, how: str, monkeypatch: pytest.MonkeyPatch, events
 
 
 @pytest.mark.parametrize("how", ["fin", "reset"])
-@pytest.mark.parametrize("loop_factory", _loop_factories())
+@pytest.mark.parametrize("loop_factory", loop_factories())
 def test_an_upstream_that_hangs_up_before_the_tunnel_opens_is_502_and_holds_no_slot(
     loop_factory: Any, how: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

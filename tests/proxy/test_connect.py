@@ -38,6 +38,7 @@ from signing_proxy.net.leaves import LeafContextCache
 from signing_proxy.service.app import ProxyApp
 from signing_proxy.storage.ca import CertificateAuthority
 from tests.harness import WAIT_S, Arrival, ProxyProcess, VerifyingOrigin, wait_for
+from tests.proxy.raw_upstream import loop_factories
 
 pytestmark = pytest.mark.integration
 
@@ -614,15 +615,6 @@ def test_an_unusable_ca_stops_start_up_with_exit_status_2(tmp_path: Path) -> Non
 # --- in-process, on asyncio and on uvloop ------------------------------------------------------------
 
 
-def _loop_factories() -> list[Any]:
-    factories: list[Any] = [pytest.param(asyncio.new_event_loop, id="asyncio")]
-    try:
-        import uvloop
-    except ImportError:
-        return factories
-    return [*factories, pytest.param(uvloop.new_event_loop, id="uvloop")]
-
-
 async def _echo_until_eof(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     data = await reader.read()  # to EOF: the tunnel must pass our half-close on
     writer.write(b"echo:" + data + b":bye")
@@ -730,7 +722,7 @@ async def _in_process(
 BIG_BYTES = 16 * 1024 * 1024
 
 
-@pytest.mark.parametrize("loop_factory", _loop_factories())
+@pytest.mark.parametrize("loop_factory", loop_factories())
 def test_interception_on_each_event_loop(loop_factory: Any, tmp_path: Path, pki: dict[str, Any]) -> None:
     chunk = b"y" * (256 * 1024)
 

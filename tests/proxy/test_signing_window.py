@@ -38,6 +38,16 @@ def signer_at(tmp_path: Path, now: float) -> tuple[Signer, StoreKeyProvider]:
     return Signer(keys, label="agent", validity_s=VALIDITY_S, clock=lambda: now), keys
 
 
+def pipeline_of(signer: Signer) -> SigningPipeline:
+    config = parse_config({"signing": {"signature_agent": "https://agent.example"}})
+    return SigningPipeline(
+        config=config,
+        signer=signer,
+        bearers=BearerStore(config.credentials, {}),
+        profiles=ProfileSelector(config.profiles),
+    )
+
+
 def window(signature_input: str) -> tuple[int, int]:
     created = re.search(r";created=(\d+)", signature_input)
     expires = re.search(r";expires=(\d+)", signature_input)
@@ -59,13 +69,7 @@ def test_both_signing_paths_end_a_signature_with_its_key(
     tmp_path: Path, offset: float, expected: tuple[int, int]
 ) -> None:
     signer, keys = signer_at(tmp_path, T + offset)
-    config = parse_config({"signing": {"signature_agent": "https://agent.example"}})
-    pipeline = SigningPipeline(
-        config=config,
-        signer=signer,
-        bearers=BearerStore(config.credentials, {}),
-        profiles=ProfileSelector(config.profiles),
-    )
+    pipeline = pipeline_of(signer)
     target = parse_absolute_uri("http://api.example/feed")
     out = pipeline.prepare("POST", target, [("Host", "api.example")], b"{}", framed=False)  # one pass
     head = out.head.decode("latin-1")
@@ -115,13 +119,7 @@ def test_a_new_keys_first_signature_holds_for_a_verifier_whose_clock_is_behind(
     assert record.activation == T  # the new key signs from the second it was made
     (published,) = [k for k in state.directory(made, None).keys if k.thumbprint == key.thumbprint]
     signer = Signer(keys, label="agent", validity_s=VALIDITY_S, clock=lambda: made)
-    config = parse_config({"signing": {"signature_agent": "https://agent.example"}})
-    pipeline = SigningPipeline(
-        config=config,
-        signer=signer,
-        bearers=BearerStore(config.credentials, {}),
-        profiles=ProfileSelector(config.profiles),
-    )
+    pipeline = pipeline_of(signer)
     target = parse_absolute_uri("http://api.example/feed")
     out = pipeline.sign_fields("POST", target, [("Host", "api.example")], b"{}")
     window_key = VerificationKey(key.public, published.not_before, published.not_after)

@@ -11,7 +11,6 @@ import socket
 import ssl
 import subprocess
 import sys
-import threading
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +24,7 @@ from signing_proxy.core.jwk import SigningKey
 from signing_proxy.net.leaves import LeafContextCache
 from signing_proxy.storage.ca import CertificateAuthority
 from tests.harness import WAIT_S, ProxyProcess, VerifyingOrigin, wait_for
+from tests.proxy.raw_upstream import websocket_handshake
 
 KEY = SigningKey.generate()
 ROOT = Path(__file__).resolve().parents[2]
@@ -164,37 +164,9 @@ def test_a_refused_handshake_is_relayed_with_its_status(proxy: ProxyProcess, pla
 def handshake_through(proxy: ProxyProcess, answer: bytes) -> tuple[bytes, list[tuple[bytes, ...]], bytes]:
     """A WebSocket handshake through the proxy to a raw upstream that answers ``answer`` and closes:
     the status line and fields the client got, and the handshake the upstream received."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    port = listener.getsockname()[1]
-    seen: list[bytes] = []
-
-    def upstream() -> None:
-        conn, _ = listener.accept()
-        with conn:
-            conn.settimeout(WAIT_S)
-            head = b""
-            while b"\r\n\r\n" not in head and (chunk := conn.recv(65536)):
-                head += chunk
-            seen.append(head)
-            conn.sendall(answer)
-
-    server = threading.Thread(target=upstream, daemon=True)
-    server.start()
-    try:
-        with socket.create_connection(("127.0.0.1", proxy.port), timeout=WAIT_S) as sock:
-            sock.sendall(
-                f"GET http://127.0.0.1:{port}/ws HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
-                "Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\n"
-                "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n".encode()
-            )
-            got = b""
-            while b"\r\n\r\n" not in got and (chunk := sock.recv(65536)):
-                got += chunk
-    finally:
-        server.join(WAIT_S)
-        listener.close()
+    got, seen = websocket_handshake(proxy.port, answer, to_eof=False)
     lines = got.partition(b"\r\n\r\n")[0].split(b"\r\n")
-    return lines[0], [tuple(part.strip() for part in line.split(b":", 1)) for line in lines[1:]], seen[0]
+    return lines[0], [tuple(part.strip() for part in line.split(b":", 1)) for line in lines[1:]], seen
 
 
 # the upstream's own hop-by-hop fields: named by its Connection, and Keep-Alive

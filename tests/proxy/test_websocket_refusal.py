@@ -7,17 +7,15 @@ A refusal's body is relayed up to ``REFUSAL_BODY_MAX_BYTES``; a larger one is a 
 
 from __future__ import annotations
 
-import contextlib
 import json
-import socket
-import threading
 from collections.abc import Iterator
 
 import pytest
 
 from signing_proxy.core.jwk import SigningKey
 from signing_proxy.net.websocket import REFUSAL_BODY_MAX_BYTES
-from tests.harness import WAIT_S, ProxyProcess
+from tests.harness import ProxyProcess
+from tests.proxy.raw_upstream import websocket_handshake
 
 KEY = SigningKey.generate()
 
@@ -31,35 +29,8 @@ def proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyProcess]:
 def refused_through(proxy: ProxyProcess, answer: bytes) -> tuple[bytes, dict[bytes, bytes], bytes]:
     """A WebSocket handshake through the proxy to a raw upstream that answers ``answer`` and closes:
     the status line, the fields (lower-cased names) and the body the client read to EOF."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    port = listener.getsockname()[1]
-
-    def upstream() -> None:
-        conn, _ = listener.accept()
-        with conn:
-            conn.settimeout(WAIT_S)
-            head = b""
-            while b"\r\n\r\n" not in head and (chunk := conn.recv(65536)):
-                head += chunk
-            with contextlib.suppress(OSError):  # the proxy stops reading a refusal too large to relay
-                conn.sendall(answer)
-
-    server = threading.Thread(target=upstream, daemon=True)
-    server.start()
-    try:
-        with socket.create_connection(("127.0.0.1", proxy.port), timeout=WAIT_S) as sock:
-            sock.sendall(
-                f"GET http://127.0.0.1:{port}/ws HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
-                "Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\n"
-                "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n".encode()
-            )
-            chunks = []
-            while chunk := sock.recv(65536):  # the connection closes after a refusal
-                chunks.append(chunk)
-    finally:
-        server.join(WAIT_S)
-        listener.close()
-    head, _, body = b"".join(chunks).partition(b"\r\n\r\n")
+    got, _ = websocket_handshake(proxy.port, answer, to_eof=True)  # a refusal closes the connection
+    head, _, body = got.partition(b"\r\n\r\n")
     status, *lines = head.split(b"\r\n")
     fields = {
         name.strip().lower(): value.strip() for name, _, value in (line.partition(b":") for line in lines)

@@ -1,0 +1,60 @@
+"""A raw upstream for one WebSocket handshake through the proxy, and the event loops tests run on."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import threading
+from typing import Any
+
+import pytest
+
+from tests.harness import WAIT_S
+
+
+def loop_factories() -> list[Any]:
+    """asyncio's event loop, and uvloop's when it is installed (``pytest.param``s, by name)."""
+    factories: list[Any] = [pytest.param(asyncio.new_event_loop, id="asyncio")]
+    try:
+        import uvloop
+    except ImportError:
+        return factories
+    return [*factories, pytest.param(uvloop.new_event_loop, id="uvloop")]
+
+
+def websocket_handshake(proxy_port: int, answer: bytes, *, to_eof: bool) -> tuple[bytes, bytes]:
+    """A WebSocket handshake through the proxy on ``proxy_port`` to an upstream that answers
+    ``answer`` and closes: what the client read (its head, or ``to_eof`` all of it), and the
+    handshake head the upstream received."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    seen: list[bytes] = []
+
+    def upstream() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.settimeout(WAIT_S)
+            head = b""
+            while b"\r\n\r\n" not in head and (chunk := conn.recv(65536)):
+                head += chunk
+            seen.append(head)
+            with contextlib.suppress(OSError):  # the proxy stops reading a refusal too large to relay
+                conn.sendall(answer)
+
+    server = threading.Thread(target=upstream, daemon=True)
+    server.start()
+    try:
+        with socket.create_connection(("127.0.0.1", proxy_port), timeout=WAIT_S) as sock:
+            sock.sendall(
+                f"GET http://127.0.0.1:{port}/ws HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+                "Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\n"
+                "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n".encode()
+            )
+            got = b""
+            while (to_eof or b"\r\n\r\n" not in got) and (chunk := sock.recv(65536)):
+                got += chunk
+    finally:
+        server.join(WAIT_S)
+        listener.close()
+    return got, seen[0] if seen else b""
