@@ -131,19 +131,22 @@ def _attributes(text: str, sep: str, known: frozenset[str], where: str) -> dict[
     found: dict[str, bytes] = {}
     if not text:
         return found
+    query = sep == "&"  # where the PIN is: an unencoded "&" in it starts what looks like another item
     for item in text.split(sep):
         name, eq, value = item.partition("=")
         if not eq or not name:
-            shown = mask_pin_value(item)  # a mistyped "pin-value" carries the PIN in its name
-            raise KeyFormatError(_REASON, f"{where} attribute {shown!r} is not name=value")
+            shown = "" if query else f" {mask_pin_value(item)!r}"  # a query item may be part of the PIN
+            raise KeyFormatError(_REASON, f"{where} attribute{shown} is not name=value")
         name = name.lower()
         if name.startswith("x-"):
             continue  # vendor-specific: RFC 7512 lets a consumer ignore what it does not know
         if name not in known:
+            if query:  # not named: it may be the rest of a PIN (an unencoded "&", then "=")
+                raise KeyFormatError(_REASON, f"unknown query attribute (known: {', '.join(sorted(known))})")
             raise KeyFormatError(_REASON, f"unknown {where} attribute {mask_pin_value(name)!r}")
         if name in found:
             raise KeyFormatError(_REASON, f"attribute {name!r} appears twice")
-        found[name] = _unquote(value, name, query=sep == "&")
+        found[name] = _unquote(value, name, query=query)
     return found
 
 

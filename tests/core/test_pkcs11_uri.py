@@ -58,6 +58,10 @@ PIN = "s3cr3t-4711"
         f"pkcs11:token=t;object=k?pin-value={PIN}^",
         f"pkcs11:token=t;object=k;pin-value={PIN}",  # ";" for "?"
         f"pkcs11:token=t;object=k?pin-value={PIN}%zz",
+        # a PIN with an unencoded "&": what follows it reads as items of their own
+        "pkcs11:token=t;object=k?pin-value=ab&s3cr3t-4711",
+        "pkcs11:token=t;object=k?pin-value=ab&s3cr3t-4711=1",
+        "pkcs11:token=t;object=k?pin-value=ab&s3cr3t=4711",
     ],
 )
 def test_a_mistyped_pin_value_is_refused_without_showing_the_pin(text: str) -> None:
