@@ -17,7 +17,7 @@ from aiohttp.typedefs import Middleware
 from ..core.errors import VerificationError
 from ..errors import problem_body
 from .gateway import GatewayRefusal, GatewayVerdict, GatewayVerifier
-from .middleware import Handler, as_received
+from .middleware import Handler, as_received, exempt_check
 from .verifier import refusal_answer
 
 __all__ = ["GATEWAY", "gateway_middleware", "gateway_refusal", "verify_gateway_request"]
@@ -50,11 +50,15 @@ def gateway_refusal(refusal: GatewayRefusal) -> web.Response:
 def gateway_middleware(
     gateway: GatewayVerifier, *, external_origin: str | None = None, exempt_paths: Sequence[str] = ()
 ) -> Middleware:
-    """aiohttp middleware: refuse what the gateway refuses; else ``request[GATEWAY]`` for the handler."""
+    """aiohttp middleware: refuse what the gateway refuses; else ``request[GATEWAY]`` for the handler.
+
+    ``exempt_paths`` pass unverified only to the plain route registered for exactly that raw path
+    (``middleware.exempt_check``); every other handler gets ``request[GATEWAY]``."""
+    exempt = exempt_check(exempt_paths)
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path in exempt_paths:
+        if exempt(request):
             return await handler(request)
         try:
             request[GATEWAY] = await verify_gateway_request(gateway, request, external_origin=external_origin)

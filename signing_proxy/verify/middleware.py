@@ -21,7 +21,15 @@ from ..core.uri import host_authority
 from ..errors import problem_body
 from .verifier import RequestVerifier, refusal_answer
 
-__all__ = ["SIGNATURE", "Handler", "as_received", "refusal", "signature_middleware", "verify_aiohttp_request"]
+__all__ = [
+    "SIGNATURE",
+    "Handler",
+    "as_received",
+    "exempt_check",
+    "refusal",
+    "signature_middleware",
+    "verify_aiohttp_request",
+]
 
 SIGNATURE = web.RequestKey("signature", VerifiedStack)  # request[SIGNATURE]: the verified result
 
@@ -86,15 +94,45 @@ def _decoded(request: web.Request) -> bool:
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+def exempt_check(exempt_paths: Sequence[str]) -> Callable[[web.Request], bool]:
+    """Whether a request may reach its handler unverified: its raw path (the bytes sent, without the
+    query; no percent-decoding) is exactly one of ``exempt_paths`` AND aiohttp routed it to the
+    resource registered for that very path (any method that resource accepts).
+
+    Both, because either alone lets an unsigned request reach a protected handler: aiohttp's
+    ``request.path`` is fully decoded while routing keeps ``%2F`` (``/.well-known%2Fsvc.json`` would
+    count as exempt yet go to a catch-all), and a method the exempt route does not accept (``POST``
+    to a ``GET`` route) falls through to whatever else matches. A handler that runs for any other
+    resource — a catch-all, a dynamic route, a 404 or 405 — runs only after a verdict. An exempt
+    path therefore needs its own plain route (``router.add_get("/healthz", ...)``).
+    """
+    paths = frozenset((exempt_paths,) if isinstance(exempt_paths, str) else exempt_paths)
+
+    def exempt(request: web.Request) -> bool:
+        if not paths:
+            return False
+        path = request.raw_path.partition("?")[0]
+        if path not in paths:
+            return False
+        resource = request.match_info.route.resource
+        return resource is not None and resource.canonical == path
+
+    return exempt
+
+
 def signature_middleware(
     verifier: RequestVerifier, *, external_origin: str | None = None, exempt_paths: Sequence[str] = ()
 ) -> Middleware:
     """aiohttp middleware: refuse unverified requests with 401 problem+json (503 when busy); else put the
-    ``VerifiedStack`` in ``request[SIGNATURE]`` for the handler (trust only that)."""
+    ``VerifiedStack`` in ``request[SIGNATURE]`` for the handler (trust only that).
+
+    ``exempt_paths`` (``("/healthz",)``) pass unverified only to the plain route registered for
+    exactly that raw path (``exempt_check``); every other handler gets ``request[SIGNATURE]``."""
+    exempt = exempt_check(exempt_paths)
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path in exempt_paths:
+        if exempt(request):
             return await handler(request)
         try:
             request[SIGNATURE] = await verify_aiohttp_request(
