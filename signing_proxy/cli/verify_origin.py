@@ -15,6 +15,7 @@ from typing import Any
 
 from ..config import ConfigError, parse_host_port
 from ..core.errors import KeyFormatError
+from ..core.signature_verify import MAX_SKEW_S
 from ..errors import CliError
 from ..net.egress import EgressPolicy
 from ..proxy.relay import load_public_key_file
@@ -41,6 +42,10 @@ def cmd_verify_origin(args: argparse.Namespace) -> int:
     for url in args.broker_directory:
         if not url.startswith(("http://", "https://")):
             raise CliError(f"--broker-directory: must be an http(s) URL, got {url!r}")
+    if not 0 <= args.skew <= MAX_SKEW_S:  # the bounds of verify.skew_s
+        raise CliError(f"--skew: seconds from 0 to {MAX_SKEW_S}, got {args.skew}")
+    if args.max_hops is not None and args.max_hops < 1:
+        raise CliError(f"--max-hops: a positive number of signatures, got {args.max_hops}")
     policy = VerifierPolicy(
         skew_s=args.skew,
         max_hops=args.max_hops,

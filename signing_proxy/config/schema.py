@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from ..core.errors import FieldError
 from ..core.rotation import ROTATION_MARGIN_S
+from ..core.signature_verify import MAX_SKEW_S
 from ..core.uri import directory_base
 from ..errors import ConfigError
 from .build import build, to_plain
@@ -132,8 +133,7 @@ class VerifyConfig:
             positive(getattr(self, name), f"{path}.{name}")
         for name in ("negative_cache_entries", "keyid_refetch_s"):
             positive(getattr(self, name), f"{path}.{name}")
-        if self.skew_s < 0:
-            raise ConfigError(f"{path}.skew_s: must be zero or more")
+        _check_skew(self.skew_s, f"{path}.skew_s")
         if not 0 <= self.fetches_per_s < float("inf"):
             raise ConfigError(f"{path}.fetches_per_s: must be zero (unbounded) or more")
         positive(self.fetch_burst, f"{path}.fetch_burst")
@@ -176,8 +176,12 @@ class RelayConfig:
         for i, base in enumerate(self.broker_directories):
             if not base.startswith(("https://", "http://")):
                 raise ConfigError(f"{path}.broker_directories[{i}]: must be an http(s) URL")
-        if isinstance(self.skew_s, bool) or not isinstance(self.skew_s, int) or not 0 <= self.skew_s <= 300:
-            raise ConfigError(f"{path}.skew_s: must be an integer from 0 to 300")
+        _check_skew(self.skew_s, f"{path}.skew_s")
+
+
+def _check_skew(skew_s: object, path: str) -> None:
+    if isinstance(skew_s, bool) or not isinstance(skew_s, int) or not 0 <= skew_s <= MAX_SKEW_S:
+        raise ConfigError(f"{path}: must be an integer from 0 to {MAX_SKEW_S}")
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,7 @@ from .uri import directory_base
 __all__ = [
     "DEFAULT_MAX_VALIDITY_S",
     "DEFAULT_SKEW_S",
+    "MAX_SKEW_S",
     "CheckedStack",
     "KeyLookup",
     "SignatureEntry",
@@ -58,6 +59,7 @@ __all__ = [
 
 _CONTENT_DIGEST = Component("content-digest")  # built once: checked on every web-bot-auth stack
 DEFAULT_SKEW_S = 5  # our choice: the spec gives no clock-skew tolerance (README, "Where the spec is silent")
+MAX_SKEW_S = 300  # our choice: the most a configuration may forgive (a signature's whole default life)
 # our choice (spec silent, config verify.max_validity_s): a leaked request is replayable for at most an hour
 DEFAULT_MAX_VALIDITY_S = 3600
 # RFC 9421 signature parameters registry; the spec's template uses the first four.

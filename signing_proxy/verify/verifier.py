@@ -266,8 +266,22 @@ def _busy(label: str | None = None) -> VerificationError:
     )
 
 
+def _shown(base: str) -> str:
+    """A signature base with its ``authorization`` line's value not shown: a bearer credential."""
+    return "\n".join(
+        f"{_AUTHORIZATION_LINE}(not shown)"
+        if line.startswith(_AUTHORIZATION_LINE) and line != _AUTHORIZATION_LINE  # empty: nothing to hide
+        else line
+        for line in base.split("\n")
+    )
+
+
+_AUTHORIZATION_LINE = '"authorization": '  # RFC 9421 section 2.5: the component's line, non-empty
+
+
 def stack_summary(stack: VerifiedStack) -> dict[str, object]:
-    """The verdict as JSON-ready data (labels, keyids, key sources, signature bases)."""
+    """The verdict as JSON-ready data (labels, keyids, key sources, signature bases, each without
+    the value of a covered ``Authorization``)."""
     return {
         "verified": True,
         "profile": stack.profile,
@@ -282,7 +296,7 @@ def stack_summary(stack: VerifiedStack) -> dict[str, object]:
                 "created": s.created,
                 "expires": s.expires,
                 "components": list(s.components),
-                "signature_base": s.signature_base,
+                "signature_base": _shown(s.signature_base),
             }
             for s in stack.signatures
         ],

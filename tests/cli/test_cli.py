@@ -117,3 +117,18 @@ def test_run_refuses_a_worker_count_below_one(tmp_path: Path) -> None:
     done = run_cli("run", "--workers", "0", "--listen", "127.0.0.1:0", "--data-dir", str(tmp_path))
     assert done.returncode == 2
     assert "--workers: must be at least 1" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--skew", "-30"], "--skew: seconds from 0 to 300, got -30"),
+        (["--skew", "301"], "--skew: seconds from 0 to 300, got 301"),
+        (["--max-hops", "0"], "--max-hops: a positive number of signatures, got 0"),
+    ],
+)
+def test_verify_origin_refuses_the_bounds_its_configuration_refuses(flags: list[str], message: str) -> None:
+    """A negative skew refused every signature as not yet valid, and --max-hops 0 every stack."""
+    done = run_cli("verify-origin", "--listen", "127.0.0.1:0", *flags)
+    assert done.returncode == 2
+    assert message in done.stderr

@@ -3,6 +3,7 @@ directories fetched through the package's HTTP client from a loopback directory 
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import AsyncIterator
 
@@ -48,10 +49,14 @@ async def origin(request: pytest.FixtureRequest) -> AsyncIterator[str]:
             yield f"http://127.0.0.1:{server.port}"
 
 
-def signed(url: str, agent: str) -> list[tuple[str, str]]:
+def signed(url: str, agent: str, authorization: str = "") -> list[tuple[str, str]]:
     now = int(time.time())
     fields = Fields(
-        [("Content-Digest", content_digest(b"{}")), ("Authorization", ""), ("Signature-Agent", agent)]
+        [
+            ("Content-Digest", content_digest(b"{}")),
+            ("Authorization", authorization),
+            ("Signature-Agent", agent),
+        ]
     )
     attach_signature(
         fields,
@@ -73,3 +78,17 @@ async def test_verified_and_refused_requests_get_their_verdicts(origin: str, dir
             doc = await resp.json(content_type=None)
             assert resp.status == 401
         assert (doc["verified"], doc["reason"]) == (False, "missing-signature")
+
+
+async def test_the_verdict_never_shows_a_bearer_credential(origin: str, directory_base: str) -> None:
+    """The signature base in a 200 verdict showed the covered ``Authorization`` line whole."""
+    url = f"{origin}/x"
+    async with aiohttp.ClientSession() as session:
+        headers = signed(url, f'"{directory_base}"', authorization="Bearer s3cr3t-token")
+        async with session.post(URL(url, encoded=True), data=b"{}", headers=headers) as resp:
+            text = await resp.text()
+            assert resp.status == 200, text
+    assert "s3cr3t-token" not in text
+    base = json.loads(text)["labels"][0]["signature_base"]
+    assert '\n"authorization": (not shown)\n' in base
+    assert base.startswith('"@method": POST\n')  # the rest of the base is shown
