@@ -134,8 +134,9 @@ class RelayPipeline:
         try:
             entries = parse_signature_stack(fields)
         except VerificationError as exc:
+            status, headers = refusal_answer(exc)  # a 401 names the scheme it wants
             raise ProxyError(
-                401, exc.reason, f"a relay only forwards signed requests: {exc.detail}"
+                status, exc.reason, f"a relay only forwards signed requests: {exc.detail}", headers
             ) from None
         cap = self.config.relay.max_hops
         if cap is not None and len(entries) + 1 > cap:
@@ -161,7 +162,10 @@ class RelayPipeline:
         try:
             incoming = entry_profile(entries[0].param("tag"), entries[0].label)
         except VerificationError as exc:
-            raise ProxyError(401, exc.reason, f"incoming signature refused: {exc.detail}") from None
+            status, headers = refusal_answer(exc)
+            raise ProxyError(
+                status, exc.reason, f"incoming signature refused: {exc.detail}", headers
+            ) from None
         if incoming.name != profile.name:  # a stack of one profile, or none: never a mix
             raise ProxyError(
                 403,

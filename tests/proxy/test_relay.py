@@ -180,6 +180,27 @@ async def test_unsigned_request_is_refused(rig: Rig) -> None:
     await refused(rig, raw, "missing-signature")
 
 
+@pytest.mark.parametrize("signature_input", [None, "agent=bad input"], ids=["unsigned", "malformed"])
+async def test_every_401_of_the_relay_names_the_scheme_it_wants(
+    rig: Rig, signature_input: str | None
+) -> None:
+    """RFC 9110 section 11.6.1: a 401 carries WWW-Authenticate. Those of a stack that could not be
+    read (none, or malformed) had none; only those of verification did."""
+    extra = (
+        ""
+        if signature_input is None
+        else f"Signature-Input: {signature_input}\r\nSignature: agent=:AA==:\r\n"
+    )
+    raw = f"GET {rig.origin.url('/x')} HTTP/1.1\r\nHost: x\r\n{extra}Connection: close\r\n\r\n".encode()
+    reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", rig.relay_port), WAIT_S)
+    writer.write(raw)
+    head = (await asyncio.wait_for(reader.read(), WAIT_S)).partition(b"\r\n\r\n")[0].decode()
+    writer.close()
+    await writer.wait_closed()
+    assert head.startswith("HTTP/1.1 401 ")
+    assert 'WWW-Authenticate: Signature realm="signing-proxy"' in head.split("\r\n")
+
+
 async def test_tampered_body_is_refused(rig: Rig) -> None:
     await refused(rig, build(rig, body=b'{"ver":"2.0"}'), "content-digest-mismatch")
 
