@@ -32,7 +32,7 @@ from ..core.signatures import (
     serialize_sf_string,
 )
 from ..core.uri import Target, parse_absolute_uri
-from ..errors import ProxyError
+from ..errors import ProxyError, TokenError
 from ..net.framing import NOT_FORWARDED, Outgoing, drop_hop_by_hop, outgoing
 from .credentials import BearerStore
 from .profiles import ProfileSelector, fresh_params
@@ -348,7 +348,10 @@ def _sign_plain(
         base = base_of(SPEC_COMPONENTS, (method, target.uri, digest, authorization, agent), params)
     except (SigningError, FieldError):
         return None
-    member = SignedMember(signer.label, params, key.sign(base), base)
+    try:
+        member = SignedMember(signer.label, params, key.sign(base), base)
+    except TokenError as exc:  # a token key a reload brought in as this request began: as off the loop
+        raise signer.token_failure(exc) from None
     kept += [
         ("Content-Digest", digest),
         ("Authorization", authorization),

@@ -62,7 +62,11 @@ class Signer:
     def sign(self, message: Message, **how: Unpack[SignOptions]) -> str:
         """Sign and attach; return the keyid. Raises ProxyError (503/400) instead of ever skipping."""
         key, label, params, base = self._prepare(message, how)
-        return self._attach(message, key, SignedMember(label, params, key.sign(base), base))
+        try:
+            signature = key.sign(base)
+        except TokenError as exc:  # a token key signing in-line: refused as off the loop, never a 500
+            raise self.token_failure(exc) from None
+        return self._attach(message, key, SignedMember(label, params, signature, base))
 
     async def sign_off_loop(self, message: Message, **how: Unpack[SignOptions]) -> str:
         """``sign`` for keys that wait on a device (``key.blocking``: a PKCS#11 token): the signature
@@ -75,12 +79,17 @@ class Signer:
         try:
             signature = await key.sign_async(base)
         except TokenError as exc:
-            if self.metrics is not None:
-                self.metrics.signing_failure("signing-token-unavailable")
-            raise ProxyError(
-                503, "signing-token-unavailable", f"the signing key's token did not sign ({exc.reason})"
-            ) from None
+            raise self.token_failure(exc) from None
         return self._attach(message, key, SignedMember(label, params, signature, base))
+
+    def token_failure(self, exc: TokenError) -> ProxyError:
+        """The refusal of a request whose key's token did not sign (counted): 503, never unsigned.
+        The same answer whichever path signed (off the loop, or in-line: ``sign``, ``_sign_plain``)."""
+        if self.metrics is not None:
+            self.metrics.signing_failure("signing-token-unavailable")
+        return ProxyError(
+            503, "signing-token-unavailable", f"the signing key's token did not sign ({exc.reason})"
+        )
 
     def _prepare(self, message: Message, how: SignOptions) -> tuple[SigningKey, str, str, bytes]:
         """The key, label, ``@signature-params`` value and signature base of one signature."""

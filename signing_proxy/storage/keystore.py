@@ -458,18 +458,16 @@ class StoreWatcher:
                     log.error("key store not reloaded, keeping the keys loaded before: %s", exc)
                 return False
             before = self._state
-            self._state, self._seen = state, seen
-        if before.records != state.records or before.revocations != state.revocations:
-            log.info(
-                "reloaded key store %s (agent %s): %d keys, %d revoked",
-                state.path,
-                state.agent,
-                len(state.records),
-                len(state.revocations.revoked),
-            )
-        else:
-            log.info("reloaded key store %s (agent %s): unchanged", state.path, state.agent)
+            self._install(state)
+            self._seen = seen
+        changed = before.records != state.records or before.revocations != state.revocations
+        counts = f"{len(state.records)} keys, {len(state.revocations.revoked)} revoked" if changed else ""
+        log.info("reloaded key store %s (agent %s): %s", state.path, state.agent, counts or "unchanged")
         return True
+
+    def _install(self, state: StoreState) -> None:
+        """Serve ``state`` from now on (under the reload lock; a subclass prepares for it first)."""
+        self._state = state
 
 
 class StoreKeyProvider(StoreWatcher, KeyProvider):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from .keystore import KeyStore, StoreKeyProvider
+from .keystore import KeyStore, StoreKeyProvider, StoreState
 from .pkcs11 import TokenKey
 
 __all__ = ["TokenStoreKeyProvider"]
@@ -21,15 +21,16 @@ class TokenStoreKeyProvider(StoreKeyProvider):
 
     def __init__(self, store: KeyStore) -> None:
         super().__init__(store)
-        self._note_tokens()
+        self.blocking = _holds_tokens(self.state())
 
-    def reload(self, *, force: bool = False) -> bool:
-        loaded = super().reload(force=force)
-        self._note_tokens()
-        return loaded
-
-    def _note_tokens(self) -> None:
-        self.blocking = any(isinstance(key, TokenKey) for key in self.state().private.values())
+    def _install(self, state: StoreState) -> None:
+        # ``blocking`` is True whenever the state served may hold a token key: set before a state
+        # holding one is served (a request that reads it in between would sign on the event loop),
+        # cleared only once the state that held one is gone. Under the reload lock: one at a time.
+        tokens = _holds_tokens(state)
+        self.blocking = self.blocking or tokens
+        super()._install(state)
+        self.blocking = tokens
 
     def unavailable(self) -> str | None:
         key = self.current(time.time())
@@ -42,3 +43,7 @@ class TokenStoreKeyProvider(StoreKeyProvider):
             if isinstance(key, TokenKey) and key.slot.failure is not None and id(key.slot) not in tried:
                 tried.add(id(key.slot))
                 key.probe()
+
+
+def _holds_tokens(state: StoreState) -> bool:
+    return any(isinstance(key, TokenKey) for key in state.private.values())

@@ -5,6 +5,7 @@ once it activates; a token key that no longer matches its entry never signs."""
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -106,3 +107,48 @@ def test_the_index_refuses_a_pin_in_a_token_entry(tmp_path: Path, hsm: SoftHsm) 
     assert caught.value.reason == "store-malformed"
     assert "pin-value" in str(caught.value)
     assert "1234" not in str(caught.value)
+
+
+def test_blocking_is_set_before_a_reload_serves_a_token_key(
+    tmp_path: Path, hsm: SoftHsm, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``keys rotate --now --pkcs11`` onto a store of file keys: ``blocking`` was set only after the
+    reload had served the new state (and logged), so a request in between signed with the token key
+    on the event loop. Whatever the reload does once it serves the state (its log line here) now sees
+    ``blocking`` True; back to file keys only, it turns False once the token key is gone."""
+    slot, open_key = opener(hsm)
+    store = KeyStore(tmp_path / "data", tokens=open_key)
+    first = store.create(T, lifetime_s=86_400)
+    provider = TokenStoreKeyProvider(store)
+
+    def blocking() -> bool:
+        return provider.blocking
+
+    assert not blocking()
+    token_key = generate_token_key(slot, parse_pkcs11_uri(hsm.uri("agent")))
+    store.rotate(T + 10, activate_in_s=0, grace_s=3600, lifetime_s=86_400, key=token_key)
+
+    seen: list[tuple[bool, bool]] = []
+
+    class Served(logging.Handler):  # runs on the reload's thread once the new state is served
+        def emit(self, record: logging.LogRecord) -> None:
+            if "reloaded key store" in record.getMessage():
+                seen.append((isinstance(provider.current(T + 20), TokenKey), blocking()))
+
+    handler = Served()
+    keys_log = logging.getLogger("signing_proxy.keys")
+    keys_log.addHandler(handler)
+    try:
+        with caplog.at_level(logging.INFO, logger="signing_proxy.keys"):
+            assert provider.reload(force=True)
+            assert seen == [(True, True)]  # the token key is served: blocking already says so
+            assert blocking()
+
+            store.revoke(token_key.thumbprint, T + 30)  # back to the file key alone
+            assert provider.reload(force=True)
+    finally:
+        keys_log.removeHandler(handler)
+    current = provider.current(T + 40)
+    assert current is not None
+    assert current.thumbprint == first.thumbprint
+    assert not blocking()  # file keys only again: the in-line path
