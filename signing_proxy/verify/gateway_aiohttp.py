@@ -1,10 +1,11 @@
 """The gateway's steps inside an aiohttp exchange: a function and a middleware.
 
-``verify_gateway_request`` runs ``GatewayVerifier.check`` on a request as received (raw header
-lines, raw path, exact body); ``gateway_middleware`` answers a refusal with its status, stable
-reason and headers (``Retry-After`` on 429) as problem+json, and otherwise puts the
-``GatewayVerdict`` in ``request[GATEWAY]`` — stack, requester, verified delegation, effective
-scopes, remaining accesses — the only thing a handler should trust.
+``verify_gateway_request`` runs ``GatewayVerifier.check`` on a request as received (raw end-to-end
+header lines, as the gateway mode checks them; raw path; exact body); ``gateway_middleware``
+answers a refusal with its status, stable reason and headers (``Retry-After`` on 429) as
+problem+json, and otherwise puts the ``GatewayVerdict`` in ``request[GATEWAY]`` — stack,
+requester, verified delegation, effective scopes, remaining accesses — the only thing a handler
+should trust.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """The verifier on aiohttp: verify a request as received, and a middleware that refuses with 401.
 
-``signature_middleware`` runs ``RequestVerifier.verify`` on the raw header lines, raw path and
-exact body of each request, answers a refusal with 401 problem+json carrying the stable reason
+``signature_middleware`` runs ``RequestVerifier.verify`` on the raw end-to-end header lines (a
+hop-by-hop field, or one ``Connection`` names, counts as absent), raw path and exact body of each
+request, answers a refusal with 401 problem+json carrying the stable reason
 (503 with ``Retry-After`` for ``verifier-busy``: no fetch budget left for a new key directory),
 and otherwise puts the ``VerifiedStack`` in ``request[SIGNATURE]`` — the only thing a handler
 should trust.
@@ -19,6 +20,7 @@ from ..core.fields import Fields
 from ..core.signatures import VerifiedStack
 from ..core.uri import host_authority
 from ..errors import problem_body
+from ..net.framing import drop_hop_by_hop
 from .verifier import RequestVerifier, refusal_answer
 
 __all__ = [
@@ -37,7 +39,7 @@ SIGNATURE = web.RequestKey("signature", VerifiedStack)  # request[SIGNATURE]: th
 async def verify_aiohttp_request(
     verifier: RequestVerifier, request: web.Request, *, external_origin: str | None = None
 ) -> VerifiedStack:
-    """Verify an aiohttp request as received (raw header lines, raw path, exact body).
+    """Verify an aiohttp request as received (raw end-to-end header lines, raw path, exact body).
 
     ``external_origin`` (``https://exchange.example``) is the origin clients used when a TLS-terminating
     load balancer sits in front (RFC 9421 section 7.4.3); otherwise scheme and Host of the request.
@@ -48,6 +50,12 @@ async def verify_aiohttp_request(
 async def as_received(request: web.Request, external_origin: str | None) -> tuple[str, str, Fields, bytes]:
     """Method, target URI, header field lines and body of ``request`` exactly as they arrived (raw
     lines, raw path, the bytes read): what every aiohttp face of the verifier checks.
+
+    The field lines are the end-to-end ones (``net.framing.drop_hop_by_hop``, as the gateway and the
+    relay verify them): without ``Connection``, the other hop-by-hop fields and every field a
+    ``Connection`` names. Such a field ends at this hop (RFC 9110 section 7.6.1), so a signature
+    covering it is checked as one whose covered field is absent (``missing-covered-header``; a
+    ``Signature-Input`` named there is ``missing-signature``), on every face alike.
 
     VerificationError when no target URI can be made that is the one the request goes to: a target
     not in origin form, or (without ``external_origin``) not exactly one ``Host`` of ``host[:port]``.
@@ -70,7 +78,7 @@ async def as_received(request: web.Request, external_origin: str | None) -> tupl
         )
     body = await request.read()
     lines = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.raw_headers]
-    return request.method, origin + request.raw_path, Fields(lines), body
+    return request.method, origin + request.raw_path, drop_hop_by_hop(lines), body
 
 
 # what aiohttp's request parsers decode (http_parser.py, _http_parser.pyx), compared as they compare
