@@ -85,10 +85,10 @@ def read_pin(
     if pin is not None:
         return pin
     if pin_env is not None:
-        value = env.get(pin_env)
+        value = env.get(pin_env, "").strip()  # blank is no PIN: refused, never tried as an empty one
         if not value:
-            raise TokenError("token-pin-missing", f"the environment variable {pin_env} is not set")
-        return value.strip()
+            raise TokenError("token-pin-missing", f"the environment variable {pin_env} is not set or blank")
+        return value
     source = pin_file
     if source is None and uri.pin_value is not None:
         return uri.pin_value

@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from signing_proxy.config import parse_config
 from signing_proxy.core.errors import KeyFormatError
 from signing_proxy.core.pkcs11_uri import parse_pkcs11_uri
 from signing_proxy.errors import TokenError
+from signing_proxy.service.tokenkeys import token_provider_for
 from signing_proxy.storage.pkcs11 import (
     Pkcs11KeyProvider,
     TokenKey,
@@ -23,7 +25,7 @@ from signing_proxy.storage.pkcs11 import (
     open_token_key,
     read_pin,
 )
-from tests.softhsm import PIN, SoftHsm, use_in_this_process
+from tests.softhsm import PIN, PIN_ENV, SoftHsm, use_in_this_process
 
 p11 = pytest.importorskip("pkcs11", reason="python-pkcs11 (extra 'hsm') is not installed")
 
@@ -210,3 +212,35 @@ def test_a_refused_pin_is_never_tried_again(hsm: SoftHsm, monkeypatch: pytest.Mo
             key.sign(b"base")
     assert logins == ["login"]  # neither probes nor signatures try the PIN again
     assert provider.unavailable() == "token-pin-incorrect"
+
+
+@pytest.mark.parametrize("blank", ["", "  ", "\n", " \t\n"])
+def test_a_blank_pin_env_is_refused_and_never_tried(
+    hsm: SoftHsm, monkeypatch: pytest.MonkeyPatch, blank: str
+) -> None:
+    """``pin_env`` naming a variable set to blanks was stripped after the emptiness check: the token
+    was asked to log in with an empty PIN (refused as ``token-pin-incorrect``, a login a token may
+    count against the PIN) instead of the documented ``token-pin-missing`` before any login."""
+    uri = parse_pkcs11_uri(hsm.uri("agent"))
+    with pytest.raises(TokenError) as caught:
+        read_pin(pin=None, pin_env="P", pin_file=None, uri=uri, environ={"P": blank})
+    assert caught.value.reason == "token-pin-missing"
+
+    generate_token_key(slot(hsm), uri)
+    module = module_for(hsm.module)
+    with module.lock:
+        module.reset()  # no pooled login left: opening the key would log in again
+    logins: list[str] = []
+    real_session = module.session
+
+    def counted(uri: object, pin: str | None, *, rw: bool = False) -> object:
+        logins.append("login")
+        return real_session(uri, pin, rw=rw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(module, "session", counted)
+    monkeypatch.setenv(PIN_ENV, blank)
+    config = parse_config({"signing": {"key": hsm.uri("agent"), "pkcs11": hsm.pkcs11_config()}})
+    with pytest.raises(TokenError) as caught:
+        token_provider_for(config)
+    assert caught.value.reason == "token-pin-missing"
+    assert logins == []  # refused before the token is asked
