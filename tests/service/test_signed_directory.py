@@ -159,3 +159,23 @@ def test_accept_negotiation() -> None:
     assert not prefers_web_directory(f"{WEB_DIRECTORY_MEDIA_TYPE};q=0")
     assert not prefers_web_directory("*/*")
     assert not prefers_web_directory(None)
+
+
+async def test_the_drafts_media_type_carries_no_jose_alg(
+    server: PublishServer, aiohttp_client: Client
+) -> None:
+    """The drafts restrict a directory key's ``alg`` to the HTTP Signature Algorithms registry
+    (``ed25519``), and WebCrypto refuses a JWK whose ``alg`` is ``ed25519``: under the drafts' media
+    type the directory omits ``alg`` (it was the spec's JOSE ``EdDSA``); the spec's keeps ``EdDSA``.
+    The proofs' Content-Digest covers the body served, and the rest is the spec's body unchanged."""
+    spec_body, _ = await _fetch(server, aiohttp_client, "application/jwk-set+json")
+    web_body, headers = await _fetch(server, aiohttp_client, WEB_DIRECTORY_MEDIA_TYPE)
+    spec_keys, web_keys = json.loads(spec_body)["keys"], json.loads(web_body)["keys"]
+    assert [key["alg"] for key in spec_keys] == ["EdDSA", "EdDSA"]
+    assert all("alg" not in key for key in web_keys)
+    assert web_keys == [{m: v for m, v in key.items() if m != "alg"} for key in spec_keys]
+    fields = Fields(tuple((n, headers[n]) for n in ("Content-Digest", "Signature-Input", "Signature")))
+    publics = [k.public for k in parse_directory(web_body).keys]
+    assert proven_keys(web_body, "dir.example", fields, publics, now=NOW) == frozenset(
+        k.thumbprint for k in parse_directory(spec_body).keys
+    )
