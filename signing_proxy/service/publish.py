@@ -172,7 +172,11 @@ class PublishServer:
                 503, "no-valid-key", "no key of this agent is valid now; see `signing-proxy keys list`"
             )
         cache = f"max-age={self.max_age_s}"
-        if not prefers_web_directory(request.headers.get("Accept")):
+        # an agent of publish.agents (under /agents/<name>) gets the spec's directory whatever it asks:
+        # protocol-02 has a directory's Signature-Agent be an origin (its directory at the root), so a
+        # path is no web-bot-auth directory, and we hold no private key of these agents to prove its
+        # keys with (a draft client ignores every key without a proof)
+        if publication.base or not prefers_web_directory(request.headers.get("Accept")):
             return _document(body, DIRECTORY_MEDIA_TYPE, cache, Vary="Accept")
         body = web_directory_body(body)  # the body the proofs' Content-Digest covers
         # the drafts' signed directory: one possession proof per published key whose private key we

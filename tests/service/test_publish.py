@@ -272,3 +272,30 @@ def test_publishing_a_static_signing_key_is_refused() -> None:
         parse_config({"signing": {"agent": "../x"}})
     with pytest.raises(ConfigError, match=r"signing\.key_lifetime_s"):
         parse_config({"signing": {"key_lifetime_s": 60}})
+
+
+async def test_a_registry_agent_gets_the_spec_directory_whatever_it_accepts(
+    data: Path, aiohttp_client: Client
+) -> None:
+    """An agent of ``publish.agents`` asked for the drafts' media type was answered with it, and with
+    no proof (we hold none of its private keys): a draft client ignores every such key, and
+    protocol-02 has a directory's Signature-Agent be an origin, so ``/agents/<name>`` is no
+    web-bot-auth directory. It now gets the spec's form (``application/jwk-set+json``) only; the
+    root agent still gets the drafts' signed directory when it asks for it."""
+    alice = KeyStore(data, "alice")
+    record = alice.create(1_800_000_000, lifetime_s=1000)
+    raw = publish_config(data, domain="registry.example", agents=["alice"])
+    client = await aiohttp_client(server_for(raw, Clock(1_800_000_200)).build_app())
+    web = "application/http-message-signatures-directory+json"
+    for accept in (web, f"application/jwk-set+json;q=0.5, {web}"):
+        resp = await client.get("/agents/alice" + DIRECTORY, headers={"Accept": accept})
+        assert resp.status == 200
+        assert resp.headers["Content-Type"] == "application/jwk-set+json"
+        assert "Signature" not in resp.headers
+        assert "Signature-Input" not in resp.headers
+        body = await resp.read()
+        assert [k.thumbprint for k in parse_directory(body).keys] == [record.thumbprint]
+        assert [key["alg"] for key in json.loads(body)["keys"]] == ["EdDSA"]  # the spec's form
+    root = await client.get(DIRECTORY, headers={"Accept": web})
+    assert root.headers["Content-Type"] == web
+    assert "Signature" in root.headers
