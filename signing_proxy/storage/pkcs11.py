@@ -106,9 +106,12 @@ def read_pin(
     except PrivateFileError as exc:
         raise TokenError("token-pin-missing", f"the PIN file {path}: {exc.detail}") from None
     try:
-        return data[:MAX_PIN_FILE_BYTES].decode("utf-8").strip()
+        value = data[:MAX_PIN_FILE_BYTES].decode("utf-8").strip()
     except UnicodeDecodeError:
         raise TokenError("token-pin-missing", f"the PIN file {path} is not UTF-8 text") from None
+    if not value:  # as a blank pin_env: refused, never tried as an empty PIN (a wrong one counts)
+        raise TokenError("token-pin-missing", f"the PIN file {path} is empty or blank")
+    return value
 
 
 def _token_selector(uri: Pkcs11Uri) -> tuple[tuple[str, str], ...]:

@@ -18,7 +18,7 @@ from signing_proxy.service.tokenkeys import token_slot_for
 from signing_proxy.storage.keystore import KeyStore
 from signing_proxy.storage.pkcs11 import TokenKey, generate_token_key
 from tests.harness import WAIT_S
-from tests.softhsm import SoftHsm
+from tests.softhsm import SoftHsm, use_in_this_process
 
 pytestmark = pytest.mark.integration
 
@@ -28,8 +28,7 @@ SIGNED = {"Accept": "application/http-message-signatures-directory+json"}
 @pytest.fixture
 def hsm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> SoftHsm:
     token = SoftHsm(tmp_path / "hsm")
-    for name, value in token.env().items():
-        monkeypatch.setenv(name, value)
+    use_in_this_process(token, monkeypatch)  # not the token an earlier test left initialised
     return token
 
 

@@ -215,6 +215,22 @@ def test_a_refused_pin_is_never_tried_again(hsm: SoftHsm, monkeypatch: pytest.Mo
 
 
 @pytest.mark.parametrize("blank", ["", "  ", "\n", " \t\n"])
+def test_a_blank_pin_file_is_refused(tmp_path: Path, blank: str) -> None:
+    """As a blank pin_env: a PIN file of blanks was read as the empty PIN and tried."""
+    pin_file = tmp_path / "pin"
+    pin_file.write_text(blank)
+    pin_file.chmod(0o600)
+    uri = parse_pkcs11_uri(f"pkcs11:token=t;object=k?pin-source=file:{pin_file}")
+    for given, named in ((str(pin_file), None), (None, uri)):
+        with pytest.raises(TokenError) as caught:
+            read_pin(pin=None, pin_env=None, pin_file=given, uri=named or parse_pkcs11_uri("pkcs11:object=k"))
+        assert (caught.value.reason, caught.value.detail) == (
+            "token-pin-missing",
+            f"the PIN file {pin_file} is empty or blank",
+        )
+
+
+@pytest.mark.parametrize("blank", ["", "  ", "\n", " \t\n"])
 def test_a_blank_pin_env_is_refused_and_never_tried(
     hsm: SoftHsm, monkeypatch: pytest.MonkeyPatch, blank: str
 ) -> None:
