@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -186,20 +187,26 @@ def test_pin_sources(tmp_path: Path) -> None:
     assert "names a command" in caught.value.detail
 
 
+def counted_logins(module: Any, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """One "login" appended each time ``module`` opens a session (each logs in)."""
+    logins: list[str] = []
+    real_session = module.session
+
+    def counted(uri: object, pin: str | None, *, rw: bool = False) -> object:
+        logins.append("login")
+        return real_session(uri, pin, rw=rw)
+
+    monkeypatch.setattr(module, "session", counted)
+    return logins
+
+
 def test_a_refused_pin_is_never_tried_again(hsm: SoftHsm, monkeypatch: pytest.MonkeyPatch) -> None:
     made = generate_token_key(slot(hsm), parse_pkcs11_uri(hsm.uri("agent")))
     module = module_for(hsm.module)
     with module.lock:
         module.reset()  # no pooled login left: the next session logs in again
     refused = slot(hsm, pin="1111-wrong")
-    logins: list[str] = []
-    real_session = module.session
-
-    def counted(uri: object, pin: str | None, *, rw: bool = False) -> object:
-        logins.append("login")
-        return real_session(uri, pin, rw=rw)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(module, "session", counted)
+    logins = counted_logins(module, monkeypatch)
     key = TokenKey(refused, made.uri, made.public)
     with pytest.raises(TokenError) as caught:
         key.sign(b"base")
@@ -246,14 +253,7 @@ def test_a_blank_pin_env_is_refused_and_never_tried(
     module = module_for(hsm.module)
     with module.lock:
         module.reset()  # no pooled login left: opening the key would log in again
-    logins: list[str] = []
-    real_session = module.session
-
-    def counted(uri: object, pin: str | None, *, rw: bool = False) -> object:
-        logins.append("login")
-        return real_session(uri, pin, rw=rw)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(module, "session", counted)
+    logins = counted_logins(module, monkeypatch)
     monkeypatch.setenv(PIN_ENV, blank)
     config = parse_config({"signing": {"key": hsm.uri("agent"), "pkcs11": hsm.pkcs11_config()}})
     with pytest.raises(TokenError) as caught:

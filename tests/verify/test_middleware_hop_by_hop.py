@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 from aiohttp import web
@@ -23,7 +23,6 @@ from aiohttp.test_utils import TestServer
 from signing_proxy.core.digest import content_digest
 from signing_proxy.core.fields import Fields
 from signing_proxy.core.jwk import SigningKey
-from signing_proxy.core.keys import DIRECTORY_PATH, Directory, DirectoryKey, render_directory
 from signing_proxy.core.signatures import Message, attach_signature, sign_message
 from signing_proxy.core.uri import parse_absolute_uri
 from signing_proxy.verify import EgressPolicy, VerifierPolicy, build_verify_origin
@@ -31,6 +30,7 @@ from signing_proxy.verify.build import build_verifier
 from signing_proxy.verify.gateway_aiohttp import GATEWAY, gateway_middleware
 from signing_proxy.verify.gateway_build import build_gateway_verifier
 from signing_proxy.verify.middleware import SIGNATURE, signature_middleware
+from tests.verify.directory_host import served_directory
 
 AGENT = SigningKey.from_seed(bytes(range(5, 37)))
 LOOPBACK = EgressPolicy(allow_private=("127.0.0.1/32",))  # the directory host: allow-listed
@@ -39,17 +39,9 @@ WAIT_S = 10
 
 
 @pytest.fixture
-async def directory_base() -> AsyncIterator[str]:
-    now = int(time.time())
-    body = render_directory(Directory((DirectoryKey(AGENT.public, now - 60, now + 3600),)))
-
-    async def directory(_r: web.Request) -> web.Response:
-        return web.Response(body=body, content_type="application/jwk-set+json")
-
-    app = web.Application()
-    app.router.add_get(DIRECTORY_PATH, directory)
-    async with TestServer(app, host="127.0.0.1") as server:
-        yield f"http://127.0.0.1:{server.port}"
+def directory_base() -> Iterator[str]:
+    with served_directory(AGENT) as base:
+        yield base
 
 
 @pytest.fixture(params=["signature_middleware", "verify-origin", "gateway_middleware"])

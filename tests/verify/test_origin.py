@@ -5,38 +5,29 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import aiohttp
 import pytest
-from aiohttp import web
 from aiohttp.test_utils import TestServer
 from yarl import URL
 
 from signing_proxy.core.digest import content_digest
 from signing_proxy.core.fields import Fields
 from signing_proxy.core.jwk import SigningKey
-from signing_proxy.core.keys import DIRECTORY_PATH, Directory, DirectoryKey, render_directory
 from signing_proxy.core.signatures import Message, attach_signature, sign_message
 from signing_proxy.core.uri import parse_absolute_uri
 from signing_proxy.verify import EgressPolicy, HttpClient, VerifierPolicy, build_verify_origin
+from tests.verify.directory_host import served_directory
 
 AGENT = SigningKey.from_seed(bytes(range(3, 35)))
 LOOPBACK = EgressPolicy(allow_private=("127.0.0.1/32",))  # the directory host: allow-listed
 
 
 @pytest.fixture
-async def directory_base() -> AsyncIterator[str]:
-    now = int(time.time())
-    body = render_directory(Directory((DirectoryKey(AGENT.public, now - 60, now + 3600),)))
-
-    async def directory(_r: web.Request) -> web.Response:
-        return web.Response(body=body, content_type="application/jwk-set+json")
-
-    app = web.Application()
-    app.router.add_get(DIRECTORY_PATH, directory)
-    async with TestServer(app, host="127.0.0.1") as server:
-        yield f"http://127.0.0.1:{server.port}"
+def directory_base() -> Iterator[str]:
+    with served_directory(AGENT) as base:
+        yield base
 
 
 @pytest.fixture(params=["own client", "given client"])
