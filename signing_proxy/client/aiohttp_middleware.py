@@ -51,7 +51,12 @@ class SigningMiddleware:
         in_memory = isinstance(original, bytes | payload.BytesPayload)
         if sent is not body or not in_memory:
             await request.update_body(sent)  # a stream read whole, or a body with the Requester
-        return await handler(request)
+        response = await handler(request)
+        if sent is not body and 300 <= response.status < 400:
+            # aiohttp follows a 307/308 with this request's body: the caller's, never the Requester
+            # (and delegation) added for this exchange; the next request is signed anew
+            await request.update_body(body)
+        return response
 
 
 async def _body_bytes(body: payload.Payload | bytes, limit: int) -> bytes:

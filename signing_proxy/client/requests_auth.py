@@ -16,6 +16,7 @@ redirect, and the redirect goes out unsigned (a verifier refuses it). To sign a 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from functools import partial
 from typing import Any
 
 import requests
@@ -55,7 +56,8 @@ class SignatureAuth(AuthBase):
             for name, value in signed.fields:
                 headers[name] = value
             sent = signed.body
-            request.hooks["response"].append(_unsign_redirected)
+            # the caller's body, for a redirect that resends it: never the Requester added here
+            request.hooks["response"].append(partial(_unsign_redirected, body=body))
         if sent is not body or (request.body is not None and body is not request.body):
             _set_body(request, sent)  # the bytes digested are the bytes sent
         return request
@@ -70,11 +72,15 @@ def _as_signed(url: str) -> str:
         return url
 
 
-def _unsign_redirected(response: requests.Response, **_kwargs: Any) -> requests.Response:
-    """A ``response`` hook: a redirect is followed with a copy of ``response.request``'s fields."""
+def _unsign_redirected(response: requests.Response, *, body: bytes, **_kwargs: Any) -> requests.Response:
+    """A ``response`` hook: a redirect is followed with a copy of ``response.request``'s fields (and,
+    for 307 and 308, its body), so both are put back as the caller gave them."""
     if response.is_redirect:
+        request = response.request
         for name in _SIGNATURE_FIELDS:
-            response.request.headers.pop(name, None)
+            request.headers.pop(name, None)
+        if request.body is not None and request.body is not body and request.body != body:
+            _set_body(request, body)
     return response
 
 

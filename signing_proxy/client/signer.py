@@ -215,15 +215,19 @@ class Signer:
         if len(body) > self.max_body_bytes:
             raise too_large(self.max_body_bytes)
         try:
-            target = parse_absolute_uri(url)
+            sent_to = target = parse_absolute_uri(url)
             hosts = [value for name, value in lines if name.lower() == "host"]
             if hosts:  # the library sends the caller's Host: the target URI a verifier rebuilds uses it
                 authority = host_authority(hosts, target.scheme)
                 target = parse_absolute_uri(f"{target.scheme}://{authority}{target.path_query}")
         except FieldError as exc:
             raise NotSigned(400, exc.reason, f"cannot sign a request to this URL: {exc.detail}") from None
+        # a bearer or a Requester goes only where the bytes go: a Host naming another authority
+        # (kept by aiohttp on a redirect to another origin) gets neither, as the proxy decides on
+        # the URL and never on Host
+        routed = (target.host, target.port) == (sent_to.host, sent_to.port)
         try:
-            signed = self._pipeline.sign_fields(method.upper(), target, lines, body)
+            signed = self._pipeline.sign_fields(method.upper(), target, lines, body, routed=routed)
         except ProxyError as exc:
             raise NotSigned(exc.status, exc.reason, exc.detail, exc.headers) from None
         if signed.keyid is None:

@@ -101,9 +101,11 @@ class SigningPipeline:
         body: bytes,
         *,
         retry: RetryPlan | None = None,
+        routed: bool = True,
     ) -> SignedFields:
-        """The pipeline without the wire."""
-        built = _build(self, method, target, lines, body, retry=retry)
+        """The pipeline without the wire. ``routed``: the bytes go to ``target``'s authority; False
+        (an in-process caller's ``Host`` names another) adds no configured bearer and no Requester."""
+        built = _build(self, method, target, lines, body, retry=retry, routed=routed)
         if isinstance(built, SignedFields):
             return built
         return built.signed(self.signer.sign(built.message, **built.how))
@@ -177,9 +179,11 @@ def _build(
     body: bytes,
     *,
     retry: RetryPlan | None,
+    routed: bool = True,
 ) -> _ToSign | SignedFields:
     """Everything before the signature; the fields as they go for a host sent unsigned."""
-    config, bearers, requester = pipeline.config, pipeline.bearers, pipeline.requester
+    config, bearers = pipeline.config, pipeline.bearers
+    requester = pipeline.requester if routed else None  # never to an origin it is not meant for
     transactions, profiles, label = pipeline.transactions, pipeline.profiles, pipeline.signer.label
     fields = drop_hop_by_hop(lines)
     if any(host_matches(p, target.host) for p in config.hosts.unsigned):
@@ -189,7 +193,7 @@ def _build(
         raise ProxyError(400, "duplicate-authorization", "the request has more than one Authorization line")
     fields.remove("authorization", *AGENT_STRIPPED)
     authorization = agent_auth[0].strip() if agent_auth else ""
-    credential = bearers.for_target(target)
+    credential = bearers.for_target(target) if routed else None
     if credential is not None and (credential[0].override or not authorization):
         authorization = f"Bearer {credential[1]}"
     if profiles is not None or retry is not None:
