@@ -91,13 +91,32 @@ def exchange_method(method: str, path: str) -> str | None:
     """``<Method>`` of ``POST …/svc.v1.ExchangeService/<Method>``, else None (not an exchange call).
 
     The path is read percent-decoded, as a backend routes it: ``…/Discover%52esources`` is
-    DiscoverResources, and gets every check of an exchange call."""
-    if method != "POST":
+    DiscoverResources, and gets every check of an exchange call. A path that names the service in
+    any other spelling a backend may route to the same handler (a trailing ``/``, ``;v=1``, ``.``,
+    ``..`` or empty segments, another case, another method than POST) is refused
+    (``IngestError`` ``malformed-exchange-call``): read as no exchange call, it skipped every check."""
+    decoded = unquote(path.split("?", 1)[0])
+    if _SERVICE_FOLDED not in decoded.casefold():
         return None
-    head, sep, name = unquote(path.split("?", 1)[0]).rpartition("/")
-    if not sep or not head.endswith("/" + EXCHANGE_SERVICE) or not _METHOD.fullmatch(name):
-        return None
+    segments = decoded.split("/")
+    head, name = segments[:-1], segments[-1]
+    if (
+        method != "POST"
+        or head[-1:] != [EXCHANGE_SERVICE]
+        or not _METHOD.fullmatch(name)
+        or segments[0] != ""
+        or any(segment in _ODD_SEGMENTS or ";" in segment for segment in segments[1:])
+    ):
+        raise IngestError(
+            "malformed-exchange-call",
+            f"an exchange call is POST …/{EXCHANGE_SERVICE}/<Method>, with no empty, '.' or '..' "
+            "segment and no ';'",
+        )
     return name
+
+
+_SERVICE_FOLDED = EXCHANGE_SERVICE.casefold()
+_ODD_SEGMENTS = frozenset({"", ".", ".."})
 
 
 def _string(doc: Mapping[str, Any], name: str, where: str) -> str:

@@ -25,7 +25,7 @@ from typing import Any
 from .digest import verify_content_digest
 from .errors import FieldError, SigningError, VerificationError
 from .fields import Fields
-from .gateway_ingest import exchange_method
+from .gateway_ingest import IngestError, exchange_method
 from .jwk import PublicKey
 from .keys import is_thumbprint
 from .profiles import SVC, WEB_MAX_VALIDITY_S, check_web_components, entry_profile, web_signature_agent
@@ -362,7 +362,7 @@ def check_stack(
         raise VerificationError(
             "unsupported-tag", "only the spec's profile is accepted here", entries[0].label
         )
-    if profile is not SVC and exchange_method(message.method, message.target.path) is not None:
+    if profile is not SVC and _names_exchange_call(message):
         # spec "Request signature": an exchange call covers exactly the five components; a
         # web-bot-auth label binds the authority only, so method, target and body would go unsigned
         raise VerificationError(
@@ -413,6 +413,14 @@ def check_stack(
             raise VerificationError(exc.reason, exc.detail, entry.label) from exc
         with_bases.append((entry, keyid, created, expires, base))
     return CheckedStack(message, tuple(with_bases), raw_agent, directory, profile.name)
+
+
+def _names_exchange_call(message: Message) -> bool:
+    """An exchange call, or a path a backend may route as one (``exchange_method`` refuses it)."""
+    try:
+        return exchange_method(message.method, message.target.path) is not None
+    except IngestError:
+        return True
 
 
 def verify_checked(checked: CheckedStack, lookup: KeyLookup, *, now: float) -> VerifiedStack:

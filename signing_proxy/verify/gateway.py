@@ -164,7 +164,11 @@ class GatewayVerifier:
         path = "/" + path.split("/", 1)[1] if "/" in path else "/"
         verdict = GatewayVerdict(stack)
         mirror: DelegationIn | None = None
-        if exchange_method(method, path) is not None:
+        try:
+            exchange_call = exchange_method(method, path) is not None
+        except IngestError as exc:  # a spelling a backend may route as an exchange call: not forwarded
+            raise GatewayRefusal(400, exc.reason, exc.detail) from None
+        if exchange_call:
             verdict, mirror = await self._exchange_call(stack, body)
         # Replay before the count: a replayed request never spends one of the chain's accesses.
         if self.policy.replay_protection:

@@ -41,14 +41,16 @@ def signed(
     expires: int | None = None,
     url: str = TARGET,
     body: bytes = BODY,
+    method: str = "POST",
 ) -> Fields:
-    """Fields of a POST to ``url`` signed by ``key`` with ``Signature-Agent: agent`` (sent as given)."""
+    """Fields of a ``method`` (POST) to ``url`` signed by ``key`` with ``Signature-Agent: agent`` (sent
+    as given)."""
     created = now if created is None else created
     expires = created + 60 if expires is None else expires
     fields = Fields(
         [("Content-Digest", content_digest(body)), ("Authorization", ""), ("Signature-Agent", agent)]
     )
-    message = Message("POST", parse_absolute_uri(url), fields)
+    message = Message(method, parse_absolute_uri(url), fields)
     attach_signature(fields, sign_message(message, key, created=created, expires=expires))
     return fields
 

@@ -503,3 +503,38 @@ async def test_an_agent_acting_for_a_user_without_its_delegation_is_refused(worl
     world.clock.now = NOW + 2
     verdict = await world.check(world.body(type="REQUESTER_TYPE_AGENT"))  # no delegation to miss
     assert ("X-Verified-Requester-Type", "REQUESTER_TYPE_AGENT") in verdict.headers()
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("POST", "/v1/svc.v1.ExchangeService/DiscoverResources/"),
+        ("POST", "/v1/svc.v1.ExchangeService/DiscoverResources;v=1"),
+        ("POST", "/v1/svc.v1.ExchangeService/./DiscoverResources"),
+        ("POST", "/v1/svc.v1.ExchangeService//DiscoverResources"),
+        ("POST", "/v1/svc.v1.ExchangeService/DiscoverResources/x/.."),
+        ("POST", "/v1/svc.v1.exchangeservice/DiscoverResources"),
+        ("POST", "/v1/svc.v1.ExchangeService;x/DiscoverResources"),
+        ("PUT", "/v1/svc.v1.ExchangeService/DiscoverResources"),
+    ],
+)
+async def test_another_spelling_of_an_exchange_call_is_refused_not_waved_through(
+    world: World, method: str, path: str
+) -> None:
+    """A backend may route these to the DiscoverResources handler; read as no exchange call, they
+    skipped ingest, delegation, quota (a capped chain had unlimited accesses) and reached it."""
+    url = f"https://exchange.example{path}"
+    body = world.body(world.chain(max_accesses=1))
+    fields = signed(AGENT, world.agent, now=int(world.clock.now), url=url, body=body, method=method)
+    with pytest.raises(GatewayRefusal) as caught:
+        await world.gateway.check(method, url, fields, body)
+    assert (caught.value.status, caught.value.reason) == (400, "malformed-exchange-call")
+
+
+async def test_a_path_that_only_mentions_the_service_elsewhere_is_still_refused(world: World) -> None:
+    """Fail closed: the service's name anywhere in the path is an exchange call or a refusal."""
+    with pytest.raises(GatewayRefusal) as caught:
+        await world.check(b"{}", url="https://exchange.example/docs/svc.v1.ExchangeService/")
+    assert (caught.value.status, caught.value.reason) == (400, "malformed-exchange-call")
+    ordinary = await world.check(b"{}", url="https://exchange.example/v1/other/Discover")
+    assert ordinary.requester is None
