@@ -2,45 +2,110 @@
 
 Each operation is one atomic server-side step, never a read-modify-write from here: ``take_all`` is
 a Lua script (read every count, refuse at the first limit reached, else ``INCR`` each and set a
-window's expiry on its first access), ``first_seen`` is ``SET key 1 NX PX ttl``. Keys carry the
-prefix ``sp:gw:`` and expire with their window, so Redis holds only live state.
+window's expiry on its first access), ``first_seen`` is a script around ``SET key 1 NX PX ttl``.
+Keys carry the prefix ``sp:gw:`` and expire with their window, so Redis holds only live state.
+
+Lost state fails closed (a cap nobody counts is not a cap). A Redis that restarts without its data,
+or is flushed, would otherwise start every count and the replay memory again from zero, and a
+lifetime quota's window is the grant's remaining life (up to ``ENDLESS_QUOTA_WINDOW_S``), so
+"at most one period" is no bound. Hence the epoch sentinel ``sp:gw:epoch`` (no expiry):
+
+* A store's first operation adopts the epoch; on an empty Redis (a fresh deployment) it creates
+  one, ``gw:<random>``, so a first start needs no manual step.
+* Every operation's script first compares the epoch with the one this store adopted, atomically
+  with the count or the replay check. Missing, or replaced by another replica's ``gw:`` value (a
+  replica that started after the loss and created one), means the data was lost: the script writes
+  the tombstone ``lost:<epoch>`` and the store raises ``CounterStateLost``, which the gateway
+  answers 503 like any store error (``quota-store-unavailable``, ``replay-store-unavailable``).
+  A store that has adopted no epoch yet refuses a tombstone too, so replicas started later refuse.
+* No bounded wait makes the caps right again (the counts are gone), so it stays refused until an
+  operator accepts the loss: ``redis-cli SET sp:gw:epoch ack-<anything>``. Any value that starts
+  with neither ``gw:`` nor ``lost:`` is an operator's; every store adopts it on its next operation.
+
+Remaining gap: a loss is seen only by a store that adopted the epoch before it. If every replica
+restarts with Redis (one replica, or all on the failed node), or a replica that starts after the
+loss creates an epoch and admits before any older replica's next operation writes the tombstone,
+those admissions start from zero. A failover to a Redis replica that lags keeps the epoch and
+loses the last counts unseen. Persistence (deploy/kubernetes/gateway.yaml) is the first defence.
 """
 
 from __future__ import annotations
 
+import logging
 import math
+import secrets
 from collections.abc import Sequence
 from typing import Any
 
 from redis import asyncio as aioredis
+from redis.exceptions import RedisError
 
 from ..core.gateway_ingest import QuotaCounter
 from .counters import Taken
 
-__all__ = ["KEY_PREFIX", "RedisCounterStore"]
+__all__ = ["EPOCH_KEY", "KEY_PREFIX", "CounterStateLost", "RedisCounterStore"]
+
+log = logging.getLogger("signing_proxy.counters")
 
 KEY_PREFIX = "sp:gw:"  # our namespace in a Redis database another service may share
-_TAKE_ALL = """
-local n = #KEYS
+EPOCH_KEY = KEY_PREFIX + "epoch"
+_REPLICA, _LOST = b"gw:", b"lost:"  # an epoch a store created; the tombstone of a lost one
+_ADOPT = """
+local epoch = redis.call('GET', KEYS[1])
+if not epoch then
+  epoch = ARGV[1]
+  redis.call('SET', KEYS[1], epoch)
+end
+return epoch
+"""
+# KEYS[1] is the epoch and ARGV[1] the adopted one; a mismatch answers {-1, the epoch now}
+_CHECK_EPOCH = """
+local epoch = redis.call('GET', KEYS[1])
+if epoch ~= ARGV[1] then
+  if not epoch or string.sub(epoch, 1, 3) == 'gw:' then
+    epoch = 'lost:' .. ARGV[1]
+    redis.call('SET', KEYS[1], epoch)
+  end
+  return {-1, epoch}
+end
+"""
+_TAKE_ALL = (
+    _CHECK_EPOCH
+    + """
+local n = #KEYS - 1
 for i = 1, n do
-  local count = tonumber(redis.call('GET', KEYS[i]) or '0')
-  if count >= tonumber(ARGV[2 * i - 1]) then
-    return {0, i, count, redis.call('PTTL', KEYS[i])}
+  local count = tonumber(redis.call('GET', KEYS[i + 1]) or '0')
+  if count >= tonumber(ARGV[2 * i]) then
+    return {0, i, count, redis.call('PTTL', KEYS[i + 1])}
   end
 end
 local best, left, best_count, best_ttl = 1, nil, 0, -1
 for i = 1, n do
-  local count = redis.call('INCR', KEYS[i])
-  if count == 1 and tonumber(ARGV[2 * i]) > 0 then
-    redis.call('PEXPIRE', KEYS[i], ARGV[2 * i])
+  local count = redis.call('INCR', KEYS[i + 1])
+  if count == 1 and tonumber(ARGV[2 * i + 1]) > 0 then
+    redis.call('PEXPIRE', KEYS[i + 1], ARGV[2 * i + 1])
   end
-  local rest = tonumber(ARGV[2 * i - 1]) - count
+  local rest = tonumber(ARGV[2 * i]) - count
   if left == nil or rest < left then
-    best, left, best_count, best_ttl = i, rest, count, redis.call('PTTL', KEYS[i])
+    best, left, best_count, best_ttl = i, rest, count, redis.call('PTTL', KEYS[i + 1])
   end
 end
 return {1, best, best_count, best_ttl}
 """
+)
+_FIRST_SEEN = (
+    _CHECK_EPOCH
+    + """
+if redis.call('SET', KEYS[2], '1', 'NX', 'PX', ARGV[2]) then
+  return {1}
+end
+return {0}
+"""
+)
+
+
+class CounterStateLost(RedisError):
+    """Redis lost the counts and replay memory this store relied on: refuse until an operator acks."""
 
 
 class RedisCounterStore:
@@ -48,25 +113,57 @@ class RedisCounterStore:
 
     def __init__(self, client: aioredis.Redis) -> None:
         self.client = client
+        self.epoch: bytes | None = None  # adopted on the first operation
+        self._adopt: Any = client.register_script(_ADOPT)
         self._take_all: Any = client.register_script(_TAKE_ALL)
+        self._first_seen: Any = client.register_script(_FIRST_SEEN)
 
     @classmethod
     def from_url(cls, url: str) -> RedisCounterStore:
         return cls(aioredis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=5))
 
+    async def _run(self, script: Any, keys: list[str], args: list[Any]) -> list[Any]:
+        """``script`` behind the epoch check; an operator's new epoch is adopted once, then retried."""
+        for _attempt in range(2):
+            if self.epoch is None:
+                epoch = bytes(
+                    await self._adopt(keys=[EPOCH_KEY], args=[_REPLICA + secrets.token_hex(16).encode()])
+                )
+                if epoch.startswith(_LOST):
+                    raise CounterStateLost(f"Redis lost the counters ({EPOCH_KEY} is {epoch!r})")
+                self.epoch = epoch
+            result: list[Any] = await script(keys=[EPOCH_KEY, *keys], args=[self.epoch, *args])
+            if int(result[0]) != -1:
+                return result
+            now = bytes(result[1])
+            if now.startswith((_REPLICA, _LOST)):
+                log.error(
+                    "Redis lost the counters and replay memory (%s was %r, is %r): refusing until "
+                    "an operator accepts the loss with: redis-cli SET %s ack-<anything>",
+                    EPOCH_KEY,
+                    self.epoch,
+                    now,
+                    EPOCH_KEY,
+                )
+                raise CounterStateLost(f"Redis lost the counters ({EPOCH_KEY} is {now!r})")
+            log.warning("operator accepted the counters' loss: %s is now %r", EPOCH_KEY, now)
+            self.epoch = now
+        raise CounterStateLost(f"{EPOCH_KEY} keeps changing")
+
     async def take_all(self, counters: Sequence[QuotaCounter], now: float) -> tuple[int, Taken]:
-        args: list[int] = []
+        args: list[Any] = []
         for counter in counters:
             window_s = counter.window_s
             args += [counter.limit, max(1, math.ceil(window_s * 1000)) if window_s is not None else 0]
         keys = [KEY_PREFIX + "q:" + c.key for c in counters]
-        allowed, index, count, pttl = await self._take_all(keys=keys, args=args)
+        allowed, index, count, pttl = await self._run(self._take_all, keys, args)
         reset_at = now + int(pttl) / 1000 if int(pttl) >= 0 else None  # -1: no expiry (lifetime)
         return int(index) - 1, Taken(bool(allowed), int(count), reset_at)
 
     async def first_seen(self, key: str, ttl_s: float, now: float) -> bool:
         ttl_ms = max(1, math.ceil(ttl_s * 1000))
-        return bool(await self.client.set(KEY_PREFIX + "r:" + key, b"1", nx=True, px=ttl_ms))
+        (fresh,) = await self._run(self._first_seen, [KEY_PREFIX + "r:" + key], [ttl_ms])
+        return bool(fresh)
 
     async def close(self) -> None:
         await self.client.aclose()
