@@ -16,6 +16,8 @@ signature already seen (``signature-replayed``) and count its accesses twice.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -31,7 +33,7 @@ from ..errors import ConfigError, ProxyError
 from ..net.client import HttpClient
 from ..net.egress import EgressPolicy
 from ..net.framing import Outgoing, drop_hop_by_hop, outgoing
-from ..verify.counters import CounterStore
+from ..verify.counters import CounterStore, ping_store
 from ..verify.directory import http_fetcher
 from ..verify.gateway import HEADER_PREFIX, GatewayPolicy, GatewayRefusal
 from ..verify.gateway_build import build_gateway_verifier
@@ -41,7 +43,12 @@ from ..verify.stores import open_counter_store
 from ..verify.verifier import VerifierPolicy
 from .relay import load_public_key_file
 
-__all__ = ["GatewayPipeline", "gateway_upstream"]
+__all__ = ["STORE_PROBE_INTERVAL_S", "STORE_PROBE_TIMEOUT_S", "GatewayPipeline", "gateway_upstream"]
+
+log = logging.getLogger("signing_proxy.gateway")
+
+STORE_PROBE_INTERVAL_S = 1.0  # the counter_store readiness check is at most this old (plus the timeout)
+STORE_PROBE_TIMEOUT_S = 0.5  # a store slower than this to answer a PING is reported unavailable
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +145,10 @@ class GatewayPipeline:
                 max_refresh_s=section.manifest_max_refresh_s,
             )
         self.external_origin = section.external_origin.rstrip("/") if section.external_origin else None
+        # /readyz's counter_store check: when replay protection needs the store on every request, or
+        # a store was named (the default SQLite file serves quotas only, opened at a first count)
+        self.store_checked = section.replay_protection or section.store != "sqlite"
+        self.store_state = "unknown"  # "ok" or "unavailable" once probed (watch_store)
 
     def signed_uri(self, target: Target, lines: Sequence[tuple[str, str]]) -> str:
         """The URI the client signed: our external origin, else ``http://`` + the Host it sent."""
@@ -172,6 +183,26 @@ class GatewayPipeline:
         agent = verdict.stack.agent.keyid
         _last_verified.set(_Verified(lines, method, target, forwarded, agent))
         return outgoing(method, target, forwarded, body, framed=framed, keyid=agent, via=None)
+
+    def store_check(self) -> str | None:
+        """The ``counter_store`` readiness check (the last probe's result), or None when not checked."""
+        return self.store_state if self.store_checked else None
+
+    async def watch_store(self) -> None:
+        """Probe the counter store every ``STORE_PROBE_INTERVAL_S``, off the request path: /readyz reads
+        the last result and never waits on the store."""
+        while True:
+            try:
+                await asyncio.wait_for(ping_store(self.store), STORE_PROBE_TIMEOUT_S)
+            except Exception as exc:  # the store's client errors, or the timeout
+                if self.store_state != "unavailable":
+                    log.warning("counter store unreachable: %s", type(exc).__name__)
+                self.store_state = "unavailable"
+            else:
+                if self.store_state == "unavailable":
+                    log.info("counter store reachable again")
+                self.store_state = "ok"
+            await asyncio.sleep(STORE_PROBE_INTERVAL_S)
 
     def provider_states(self) -> list[dict[str, object]]:
         """The manifest watcher's states, for the admin endpoint ``/providers``."""

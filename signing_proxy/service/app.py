@@ -344,6 +344,9 @@ class ProxyApp:
         checks: dict[str, object] = {"config": "ok"}
         if self.gateway is None:  # a gateway verifies only: it has no key to sign with
             checks["signing_key"] = "no-valid-signing-key" if key is None else self.keys.unavailable() or "ok"
+        store = self.gateway.store_check() if self.gateway is not None else None
+        if store is not None:  # "unavailable": every request needing the replay/quota store gets 503
+            checks["counter_store"] = store
         ca_check = self.interception.ca_check()
         if ca_check is not None:
             checks["interception_ca"] = ca_check
@@ -377,6 +380,8 @@ class ProxyApp:
         self.spawn(self._watch_token_file())
         if self.gateway is not None and self.gateway.watcher is not None:
             self.spawn(self.gateway.watcher.run())  # spec rule 7: providers' manifests
+        if self.gateway is not None and self.gateway.store_checked:
+            self.spawn(self.gateway.watch_store())  # /readyz's counter_store check, kept fresh
         return [sock.getsockname()[:2] for sock in server.sockets]
 
     async def _watch_token_file(self) -> None:

@@ -13,6 +13,9 @@ operation is one ``BEGIN IMMEDIATE`` transaction, so ``--workers`` processes sha
 never lose or double a count) and ``verify.redis_counters.RedisCounterStore`` for several gateway
 replicas (one Lua script per ``take``, ``SET NX PX`` per ``first_seen``). ``now`` is given by the
 caller (wall-clock seconds): every process on the machine agrees on it.
+
+``ping_store`` is the cheap probe behind the gateway's ``counter_store`` readiness check: a
+``SELECT 1`` for SQLite, a ``PING`` for Redis.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from typing import Protocol
 
 from ..core.gateway_ingest import QuotaCounter
 
-__all__ = ["SQLITE_FILE", "CounterStore", "SqliteCounterStore", "Taken"]
+__all__ = ["SQLITE_FILE", "CounterStore", "SqliteCounterStore", "Taken", "ping_store"]
 
 SQLITE_FILE = "gateway-counters.sqlite3"  # in data_dir
 SQLITE_BUSY_TIMEOUT_MS = 5000  # our choice: a worker waits this long for another's transaction
@@ -66,6 +69,16 @@ _SCHEMA = (
 
 
 WAL_SWITCH_TRIES = 100  # our choice: 100 x 20 ms; the switch ignores busy_timeout while a peer holds the file
+
+
+async def ping_store(store: CounterStore) -> None:
+    """Reach the store once (its ``ping()``, or its Redis client's ``PING``); raises when it cannot.
+    A store with neither is taken as reachable. The caller bounds the wait."""
+    ping = getattr(store, "ping", None)
+    if ping is None:
+        ping = getattr(getattr(store, "client", None), "ping", None)
+    if ping is not None:
+        await ping()
 
 
 def _set_wal(db: sqlite3.Connection) -> None:
@@ -112,6 +125,11 @@ class SqliteCounterStore:
     async def first_seen(self, key: str, ttl_s: float, now: float) -> bool:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, self._first_seen, key, ttl_s, now)
+
+    async def ping(self) -> None:
+        """A trivial query on the store's thread: raises when the file cannot be opened or read."""
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._executor, self._ping)
 
     async def close(self) -> None:
         loop = asyncio.get_running_loop()
@@ -171,6 +189,9 @@ class SqliteCounterStore:
         if self._writes % PRUNE_EVERY == 0:
             db.execute("DELETE FROM counters WHERE expires_at IS NOT NULL AND expires_at <= ?", (now,))
             db.execute("DELETE FROM seen WHERE expires_at <= ?", (now,))
+
+    def _ping(self) -> None:
+        self._connect().execute("SELECT 1").fetchone()
 
     def _close(self) -> None:
         if self._db is not None:
