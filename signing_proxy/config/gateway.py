@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from ..core.errors import FieldError
+from ..core.uri import parse_authority
 from ..errors import ConfigError
 from .checks import check_url, positive
 
@@ -41,6 +43,9 @@ class GatewayConfig:
     audience: str | None = None  # this exchange's name in a delegation token's aud
     delegation_leeway_s: int = 0  # clock difference tolerated on a link's exp/nbf
     external_origin: str | None = None  # https://exchange.example when TLS ends in front of us
+    # Without external_origin, the Host names a request may carry (any port): a signature covers
+    # @target-uri, and one made for another origin must not verify here. Loopback by default.
+    hosts: tuple[str, ...] = ("localhost", "127.0.0.1", "[::1]")
     broker_directories: tuple[str, ...] = ()  # directory bases of the brokers whose labels we accept
     # spec rule 7: providers whose svc.json must keep listing exchange_domain (domains, or base URLs)
     providers: tuple[str, ...] = ()
@@ -60,6 +65,13 @@ class GatewayConfig:
         if store != "sqlite" and not store.startswith(("sqlite:///", "redis://", "rediss://", "unix://")):
             raise ConfigError(f"{path}.store: sqlite, sqlite:///PATH or a redis:// URL, got {store!r}")
         check_url(self.external_origin, f"{path}.external_origin")
+        for i, host in enumerate(self.hosts):
+            try:
+                name, _ = parse_authority(host, "http")
+            except FieldError:
+                name = ""
+            if not host or name != host.lower() or "@" in host:  # a port or userinfo: names only
+                raise ConfigError(f"{path}.hosts[{i}]: a host name or address without a port, got {host!r}")
         if self.providers and not self.exchange_domain:
             raise ConfigError(f"{path}.exchange_domain: needed to watch providers' manifests")
         positive(self.manifest_min_refresh_s, f"{path}.manifest_min_refresh_s")

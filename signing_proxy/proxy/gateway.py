@@ -28,7 +28,7 @@ from ..core.errors import FieldError
 from ..core.fields import Fields
 from ..core.jwk import PublicKey
 from ..core.manifest import MANIFEST_MAX_BYTES
-from ..core.uri import Target, host_authority, parse_absolute_uri
+from ..core.uri import Target, host_authority, parse_absolute_uri, parse_authority
 from ..errors import ConfigError, ProxyError
 from ..net.client import HttpClient
 from ..net.egress import EgressPolicy
@@ -145,6 +145,7 @@ class GatewayPipeline:
                 max_refresh_s=section.manifest_max_refresh_s,
             )
         self.external_origin = section.external_origin.rstrip("/") if section.external_origin else None
+        self.hosts = frozenset(host.lower() for host in section.hosts)
         # /readyz's counter_store check: when replay protection needs the store on every request, or
         # a store was named (the default SQLite file serves quotas only, opened at a first count)
         self.store_checked = section.replay_protection or section.store != "sqlite"
@@ -156,9 +157,14 @@ class GatewayPipeline:
             return self.external_origin + target.path_query
         try:
             authority = host_authority([v for n, v in lines if n.lower() == "host"], "http")
-            return f"http://{authority}{target.path_query}"
+            host, _ = parse_authority(authority, "http")
         except FieldError as exc:
             raise ProxyError(400, exc.reason, exc.detail) from None
+        if host not in self.hosts:  # a signature made for another origin must not verify here
+            raise ProxyError(
+                421, "misdirected-request", f"this gateway answers for gateway.hosts, not {host!r}"
+            )
+        return f"http://{authority}{target.path_query}"
 
     async def prepare(
         self, method: str, target: Target, lines: Sequence[tuple[str, str]], body: bytes, *, framed: bool

@@ -26,11 +26,18 @@ def config(tmp_path: Path, *, verify: dict[str, object] | None = None, **gateway
 
 async def test_signed_uri_is_host_or_external_origin(tmp_path: Path) -> None:
     target = parse_absolute_uri("http://127.0.0.1:9000/v1/x?a=1")
-    plain = GatewayPipeline(config(tmp_path))
+    plain = GatewayPipeline(config(tmp_path, hosts=["gw.example", "[::1]"]))
     behind = GatewayPipeline(config(tmp_path, external_origin="https://exchange.example/"))
     try:
         assert plain.signed_uri(target, [("Host", "gw.example:8080")]) == "http://gw.example:8080/v1/x?a=1"
+        assert plain.signed_uri(target, [("Host", "GW.example")]) == "http://GW.example/v1/x?a=1"  # any case
+        assert plain.signed_uri(target, [("Host", "[::1]:81")]) == "http://[::1]:81/v1/x?a=1"
         assert behind.signed_uri(target, [("Host", "10.0.0.7")]) == "https://exchange.example/v1/x?a=1"
+        # a Host not in gateway.hosts: a signature made for another origin must not verify here
+        for other in ("publisher-a.example", "gw.example.evil", "127.0.0.1:9000"):
+            with pytest.raises(ProxyError) as misdirected:
+                plain.signed_uri(target, [("Host", other)])
+            assert (misdirected.value.status, misdirected.value.reason) == (421, "misdirected-request")
         # a path, query, fragment or userinfo riding in Host would move the path the signature covers
         # away from the one forwarded: "gw/?" + "/v1/x" signs the path "/" (issue: Host binding)
         odd = ("gw.example/?", "gw.example/feed#", "gw.example?x", "u@gw.example", "gw.example:80x", "[::1")
@@ -72,3 +79,24 @@ async def test_the_gateway_takes_the_verify_sections_profile_switch(tmp_path: Pa
         assert verifier.resolver.fetch_budget.rate == 7
     finally:
         await pipeline.close()
+
+
+async def test_by_default_a_gateway_answers_only_for_loopback_names(tmp_path: Path) -> None:
+    """With neither gateway.hosts nor external_origin, any Host was taken as ours: a request signed
+    for http://publisher-a.example/article verified here (a signature covers @target-uri)."""
+    target = parse_absolute_uri("http://127.0.0.1:9000/article")
+    pipeline = GatewayPipeline(config(tmp_path))
+    try:
+        for host in ("localhost:8080", "127.0.0.1", "[::1]:8080"):
+            assert pipeline.signed_uri(target, [("Host", host)]) == f"http://{host}/article"
+        with pytest.raises(ProxyError) as caught:
+            pipeline.signed_uri(target, [("Host", "publisher-a.example")])
+        assert (caught.value.status, caught.value.reason) == (421, "misdirected-request")
+    finally:
+        await pipeline.close()
+
+
+@pytest.mark.parametrize("host", ["gw.example:8080", "u@gw.example", "gw.example/", ""])
+def test_gateway_hosts_are_names_without_a_port(tmp_path: Path, host: str) -> None:
+    with pytest.raises(ConfigError, match=r"gateway\.hosts\[0\]: a host name or address without a port"):
+        config(tmp_path, hosts=[host])

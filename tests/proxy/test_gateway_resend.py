@@ -149,7 +149,7 @@ async def test_prepare_checks_a_request_once_and_each_request(tmp_path: Path) ->
             "mode": "gateway",
             "data_dir": str(tmp_path),
             "egress": {"allow_private": ["127.0.0.1/32"]},
-            "gateway": {"upstream": "http://127.0.0.1:9000"},
+            "gateway": {"upstream": "http://127.0.0.1:9000", "hosts": ["gw.example"]},
         }
     )
     pipeline = GatewayPipeline(config)
