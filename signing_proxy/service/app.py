@@ -33,7 +33,7 @@ from ..proxy.access import AccessControl
 from ..proxy.accesslog import AccessLog, Pending
 from ..proxy.connect import ConnectHandler
 from ..proxy.discovery import Discovery
-from ..proxy.exchange import Policy, ProxyHandler, Routes
+from ..proxy.exchange import LocalEndpoint, Policy, ProxyHandler, Routes
 from ..proxy.gateway import GatewayPipeline, gateway_upstream
 from ..proxy.pipeline import (
     BearerStore,
@@ -139,11 +139,14 @@ class ProxyApp:
             if config.mode == "agent"
             else None
         )
+        local = local_endpoints(self.readiness, self.metrics.render)
         self.handler = ProxyHandler(
             self._policy(config),
             pool=self.pool,
             metrics=self.metrics,
-            local=local_endpoints(self.readiness, self.metrics.render),
+            # a gateway with an admin port leaves these paths to its backend: answered on the public
+            # port they bypassed admin.allow_clients (and shadowed the backend's paths of that name)
+            local=_no_local if config.mode == "gateway" and config.admin.listen else local,
             discovery=self.discovery,
             draining=lambda: self.draining,
             transactions=self.transactions,
@@ -441,3 +444,8 @@ class ProxyApp:
         # last: every line of the drained requests and closed tunnels is queued by now
         self._unroute_logging()  # what is logged from here on goes to stderr directly, as before start
         await self.access_writer.aclose(CLOSE_WAIT_S)
+
+
+def _no_local(_path: str) -> LocalEndpoint | None:
+    """No path of the proxy port is answered locally."""
+    return None
