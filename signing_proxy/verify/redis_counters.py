@@ -165,5 +165,16 @@ class RedisCounterStore:
         (fresh,) = await self._run(self._first_seen, [KEY_PREFIX + "r:" + key], [ttl_ms])
         return bool(fresh)
 
+    async def ping(self) -> None:
+        """``/readyz``'s probe: Redis answers, and the epoch is still the one this store adopted (an
+        operator's acknowledgement included); ``CounterStateLost`` when the data is known lost."""
+        value = await self.client.get(EPOCH_KEY)
+        current = value.encode() if isinstance(value, str) else value  # bytes: no decode_responses
+        gone = current is None or current.startswith(_REPLICA)  # an operator's ack is not a loss
+        if (current is not None and current.startswith(_LOST)) or (
+            self.epoch is not None and current != self.epoch and gone
+        ):
+            raise CounterStateLost(f"Redis lost the counters ({EPOCH_KEY} is {current!r})")
+
     async def close(self) -> None:
         await self.client.aclose()

@@ -16,6 +16,7 @@ import yaml
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from signing_proxy.core.gateway_ingest import QuotaCounter
+from signing_proxy.verify.counters import ping_store
 from signing_proxy.verify.redis_counters import EPOCH_KEY, CounterStateLost, RedisCounterStore
 from tests.harness import WAIT_S, stop_process
 from tests.redis_server import RedisServer, _ping
@@ -163,5 +164,29 @@ async def test_a_restart_with_the_shipped_persistence_keeps_counts_and_replays(s
         assert True not in after, after
         assert after[-1] is False
         assert await outcome(store.first_seen(SIG, 60, NOW)) is False  # still a replay
+    finally:
+        await store.close()
+
+
+async def test_readiness_sees_a_loss_the_store_has_seen(server: RedisServer) -> None:
+    """/readyz probes with ping_store: PING alone answered while every count was refused."""
+    store = RedisCounterStore.from_url(server.url)
+    try:
+        await ping_store(store)  # fresh: nothing adopted yet
+        assert await admitted(store) is True
+        await ping_store(store)
+        restart(server)
+        first = await outcome(ping_store(store))  # the pool's old connection may fail first
+        assert first in ("ConnectionError", "CounterStateLost")
+        assert await outcome(ping_store(store)) == "CounterStateLost"
+        assert await admitted(store) == "CounterStateLost"  # the tombstone written
+        later = RedisCounterStore.from_url(server.url)
+        try:
+            assert await outcome(ping_store(later)) == "CounterStateLost"
+        finally:
+            await later.close()
+        await store.client.set(EPOCH_KEY, b"ack-1")  # an operator accepts the loss
+        await ping_store(store)
+        assert await admitted(store) is True
     finally:
         await store.close()
