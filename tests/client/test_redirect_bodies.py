@@ -9,22 +9,20 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
 import pytest
 import requests
-from aiohttp import web
 
 from signing_proxy.client import RequestsAuth, Signer, SigningMiddleware, key_file
 from signing_proxy.config import parse_config
-from signing_proxy.core.jwk import SigningKey
+from tests.client.conftest import REDIRECT_KEY
 from tests.harness import WAIT_S, VerifyingOrigin
 
 pytestmark = pytest.mark.integration
 
-KEY = SigningKey.from_seed(b"\x33" * 32)
+KEY = REDIRECT_KEY
 BEARER = "s3cr3t-bearer-of-api.example"
 CALL = "/v1/svc.v1.ExchangeService/ExecuteTransaction"
 BODY = json.dumps({"ver": "1.0", "offers": ["o1"]}).encode()
@@ -32,22 +30,7 @@ JSON = {"Content-Type": "application/json"}  # aiohttp would send bytes as appli
 
 
 @pytest.fixture
-def elsewhere() -> Iterator[VerifyingOrigin]:
-    with VerifyingOrigin({KEY.thumbprint: KEY.public}) as started:
-        yield started
-
-
-@pytest.fixture
-def exchange(elsewhere: VerifyingOrigin) -> Iterator[VerifyingOrigin]:
-    async def moved(request: web.Request) -> web.StreamResponse:
-        return web.Response(status=307, headers={"Location": elsewhere.url("/landing")})
-
-    with VerifyingOrigin({KEY.thumbprint: KEY.public}, handler=moved) as started:
-        yield started
-
-
-@pytest.fixture
-def signer(tmp_path: Path, exchange: VerifyingOrigin) -> Signer:
+def signer(tmp_path: Path, redirecting: VerifyingOrigin) -> Signer:
     key = tmp_path / "agent.pem"
     key.write_bytes(KEY.to_pem())
     key.chmod(0o600)
@@ -59,7 +42,7 @@ def signer(tmp_path: Path, exchange: VerifyingOrigin) -> Signer:
             "id": "agent-7",
             "domain": "agent.example",
             "type": "REQUESTER_TYPE_AGENT",
-            "exchanges": [exchange.url("/v1")],
+            "exchanges": [redirecting.url("/v1")],
         },
         "credentials": [{"hosts": ["api.example"], "bearer_file": str(bearer), "allow_plaintext": True}],
     }
@@ -88,25 +71,25 @@ def via_aiohttp(signer: Signer, url: str, headers: dict[str, str] | None = None)
 
 @pytest.mark.parametrize("send", [via_requests, via_aiohttp], ids=["requests", "aiohttp"])
 def test_a_307_from_the_exchange_resends_the_callers_body_not_the_requester(
-    signer: Signer, exchange: VerifyingOrigin, elsewhere: VerifyingOrigin, send: object
+    signer: Signer, redirecting: VerifyingOrigin, landing: VerifyingOrigin, send: object
 ) -> None:
     assert callable(send)
-    assert send(signer, exchange.url(CALL)) == 200
-    (called,) = exchange.arrivals
+    assert send(signer, redirecting.url(CALL)) == 200
+    (called,) = redirecting.arrivals
     assert called.verified
     assert json.loads(called.body)["requester"]["id"] == "agent-7"  # injected for the exchange
-    (landed,) = elsewhere.arrivals
+    (landed,) = landing.arrivals
     assert landed.body == BODY  # as the caller gave it: nothing added for the exchange went on
 
 
 def test_a_callers_host_never_chooses_the_bearer_for_bytes_sent_elsewhere(
-    signer: Signer, exchange: VerifyingOrigin, elsewhere: VerifyingOrigin
+    signer: Signer, redirecting: VerifyingOrigin, landing: VerifyingOrigin
 ) -> None:
     """``Host: api.example`` on a request to an address: aiohttp keeps it across the redirect, and
     the bearer configured for api.example reached the other origin. A bearer is chosen by where the
     bytes go (as the proxy chooses it by the URL, never by Host)."""
-    assert via_aiohttp(signer, exchange.url("/x"), {"Host": "api.example"}) == 200
-    arrivals = [*exchange.arrivals, *elsewhere.arrivals]
+    assert via_aiohttp(signer, redirecting.url("/x"), {"Host": "api.example"}) == 200
+    arrivals = [*redirecting.arrivals, *landing.arrivals]
     assert len(arrivals) == 2
     for arrival in arrivals:
         assert arrival.header("host") == "api.example"

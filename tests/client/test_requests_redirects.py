@@ -1,14 +1,13 @@
 """requests: the URL goes out in the form signed, and a redirect never carries the first signature.
 
 requests re-applies no auth to a redirect it follows: it copied the first request's fields, so the
-signature for one URL went to another (another origin, even), which could replay it for the first.
+signature for one URL went to another (another origin, even), which could replay it for the redirecting.
 And a URL written with its default port (``http://h:80/p``) was signed as ``http://h/p`` but sent to
 a proxy as written, so no verifier rebuilding the target from the wire could check it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,11 +16,11 @@ from aiohttp import web
 
 from signing_proxy.client import RequestsAuth, Signer, key_file
 from signing_proxy.config import parse_config
-from signing_proxy.core.jwk import SigningKey
+from tests.client.conftest import REDIRECT_KEY
 from tests.harness import VerifyingOrigin
 from tests.oracle import oracle_verify
 
-KEY = SigningKey.from_seed(b"\x32" * 32)
+KEY = REDIRECT_KEY
 TIMEOUT_S = 10
 SIGNATURE_FIELDS = ("signature", "signature-input", "content-digest", "signature-agent")
 
@@ -52,50 +51,35 @@ def test_the_url_sent_is_the_url_signed(auth: RequestsAuth, url: str, sent: str)
     assert oracle_verify("POST", sent, lines, signed.body, {KEY.thumbprint: KEY.public.key}) == ["agent"]
 
 
-@pytest.fixture
-def second() -> Iterator[VerifyingOrigin]:
-    with VerifyingOrigin({KEY.thumbprint: KEY.public}) as started:
-        yield started
-
-
-@pytest.fixture
-def first(second: VerifyingOrigin) -> Iterator[VerifyingOrigin]:
-    async def moved(request: web.Request) -> web.StreamResponse:
-        return web.Response(status=307, headers={"Location": second.url("/landing")})
-
-    with VerifyingOrigin({KEY.thumbprint: KEY.public}, handler=moved) as started:
-        yield started
-
-
 @pytest.mark.integration
 @pytest.mark.parametrize("status", [301, 302, 303, 307, 308])
 def test_a_followed_redirect_never_carries_the_first_signature(
-    auth: RequestsAuth, first: VerifyingOrigin, second: VerifyingOrigin, status: int
+    auth: RequestsAuth, redirecting: VerifyingOrigin, landing: VerifyingOrigin, status: int
 ) -> None:
     async def moved(request: web.Request) -> web.StreamResponse:
-        return web.Response(status=status, headers={"Location": second.url("/landing")})
+        return web.Response(status=status, headers={"Location": landing.url("/landing")})
 
-    first.handler = moved
+    redirecting.handler = moved
     with requests.Session() as session:
         session.trust_env = False
-        response = session.post(first.url("/start"), data=b'{"a":1}', auth=auth, timeout=TIMEOUT_S)
+        response = session.post(redirecting.url("/start"), data=b'{"a":1}', auth=auth, timeout=TIMEOUT_S)
     assert response.status_code == 200
     assert [r.status_code for r in response.history] == [status]
-    (signed,) = first.arrivals
+    (signed,) = redirecting.arrivals
     assert (signed.verified, signed.oracle) == (True, "ok")  # the first request was signed
-    (landed,) = second.arrivals  # another origin: none of the first signature's fields reach it
+    (landed,) = landing.arrivals  # another origin: none of the first signature's fields reach it
     assert not [name for name, _ in landed.lines if name.lower() in SIGNATURE_FIELDS]
     assert landed.verified is False
 
 
 @pytest.mark.integration
 def test_a_redirect_not_followed_is_answered_and_the_next_request_signed_anew(
-    auth: RequestsAuth, first: VerifyingOrigin, second: VerifyingOrigin
+    auth: RequestsAuth, redirecting: VerifyingOrigin, landing: VerifyingOrigin
 ) -> None:
     """``allow_redirects=False``, then the next request sent by the caller: both verify."""
     with requests.Session() as session:
         session.trust_env = False
-        moved = session.get(first.url("/start"), auth=auth, allow_redirects=False, timeout=TIMEOUT_S)
+        moved = session.get(redirecting.url("/start"), auth=auth, allow_redirects=False, timeout=TIMEOUT_S)
         assert moved.status_code == 307
         assert session.get(moved.headers["Location"], auth=auth, timeout=TIMEOUT_S).status_code == 200
-    assert [(a.verified, a.oracle) for a in [*first.arrivals, *second.arrivals]] == [(True, "ok")] * 2
+    assert [(a.verified, a.oracle) for a in [*redirecting.arrivals, *landing.arrivals]] == [(True, "ok")] * 2
