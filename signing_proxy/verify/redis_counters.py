@@ -40,6 +40,7 @@ from typing import Any
 from redis import asyncio as aioredis
 from redis.exceptions import RedisError
 
+from ..core.errors import Error
 from ..core.gateway_ingest import QuotaCounter
 from .counters import Taken
 
@@ -104,8 +105,12 @@ return {0}
 )
 
 
-class CounterStateLost(RedisError):
-    """Redis lost the counts and replay memory this store relied on: refuse until an operator acks."""
+class CounterStateLost(Error, RedisError):
+    """Redis lost the counts and replay memory this store relied on: refuse until an operator acks.
+    A ``RedisError`` too, as every failure of this store is (the gateway answers each with 503)."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__("counter-state-lost", detail)
 
 
 class RedisCounterStore:
