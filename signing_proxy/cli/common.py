@@ -47,6 +47,8 @@ def config_from(args: argparse.Namespace) -> Config:
             overrides["mode"] = args.mode
         if getattr(args, "gateway_upstream", None):
             overrides["gateway.upstream"] = args.gateway_upstream
+        if getattr(args, "gateway_hosts", None):
+            overrides["gateway.hosts"] = list(args.gateway_hosts)
         return config.with_overrides(**overrides) if overrides else config
     except ConfigError as exc:
         raise CliError(f"configuration error: {exc}") from None

@@ -26,6 +26,14 @@ def add_parsers(sub: Any) -> None:
         "--upstream", dest="gateway_upstream", metavar="URL", help="the backend's origin (gateway.upstream)"
     )
     gateway.add_argument(
+        "--host",
+        dest="gateway_hosts",
+        action="append",
+        metavar="NAME",
+        help="a name clients send in Host, without a port (repeatable; gateway.hosts, default the "
+        "loopback names): a request for any other is 421, since a signature covers the origin",
+    )
+    gateway.add_argument(
         "--workers", type=int, default=1, metavar="N", help="N processes sharing the port (default 1)"
     )
     gateway.add_argument("--data-dir", metavar="DIR", help="data directory (the embedded counter store)")

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import requests
 
+from signing_proxy.cli.common import config_from
+from signing_proxy.cli.main import build_parser
 from tests.harness import WAIT_S, run_cli
 from tests.proxy.gateway_backend import Backend
 
@@ -68,3 +70,18 @@ def test_gateway_without_a_usable_backend_exits_2(
     done = run_cli("gateway", "--listen", "127.0.0.1:0", "--data-dir", str(tmp_path / "d"), *args)
     assert done.returncode == 2, done.stderr
     assert message in done.stderr
+
+
+def test_host_flags_set_the_names_the_gateway_answers_for(tmp_path: Path) -> None:
+    """A gateway on 0.0.0.0 answers 421 for any Host but the loopback names until it is told its own."""
+    upstream = ["gateway", "--upstream", "http://127.0.0.1:9000", "--data-dir", str(tmp_path)]
+    named = config_from(build_parser().parse_args([*upstream, "--host", "gw.example", "--host", "10.0.0.7"]))
+    assert named.gateway.hosts == ("gw.example", "10.0.0.7")
+    assert config_from(build_parser().parse_args(upstream)).gateway.hosts == (
+        "localhost",
+        "127.0.0.1",
+        "[::1]",
+    )
+    refused = run_cli(*upstream, "--host", "gw.example:8080", "--listen", "127.0.0.1:0")
+    assert refused.returncode == 2
+    assert "gateway.hosts[0]: a host name or address without a port" in refused.stderr
