@@ -33,7 +33,7 @@ from ..errors import ConfigError, ProxyError
 from ..net.client import HttpClient
 from ..net.egress import EgressPolicy
 from ..net.framing import Outgoing, drop_hop_by_hop, outgoing
-from ..verify.counters import CounterStore, ping_store
+from ..verify.counters import CounterStore
 from ..verify.directory import http_fetcher
 from ..verify.gateway import HEADER_PREFIX, GatewayPolicy, GatewayRefusal
 from ..verify.gateway_build import build_gateway_verifier
@@ -199,7 +199,7 @@ class GatewayPipeline:
         the last result and never waits on the store."""
         while True:
             try:
-                await asyncio.wait_for(ping_store(self.store), STORE_PROBE_TIMEOUT_S)
+                await asyncio.wait_for(self.store.ping(), STORE_PROBE_TIMEOUT_S)
             except Exception as exc:  # the store's client errors, or the timeout
                 if self.store_state != "unavailable":
                     log.warning("counter store unreachable: %s", type(exc).__name__)

@@ -14,8 +14,8 @@ never lose or double a count) and ``verify.redis_counters.RedisCounterStore`` fo
 replicas (one Lua script per ``take``, ``SET NX PX`` per ``first_seen``). ``now`` is given by the
 caller (wall-clock seconds): every process on the machine agrees on it.
 
-``ping_store`` is the cheap probe behind the gateway's ``counter_store`` readiness check: a
-``SELECT 1`` for SQLite, a ``PING`` for Redis.
+``ping`` is the cheap probe behind the gateway's ``counter_store`` readiness check: a ``SELECT 1``
+for SQLite, the epoch sentinel's ``GET`` for Redis.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import Protocol
 
 from ..core.gateway_ingest import QuotaCounter
 
-__all__ = ["SQLITE_FILE", "CounterStore", "SqliteCounterStore", "Taken", "ping_store"]
+__all__ = ["SQLITE_FILE", "CounterStore", "SqliteCounterStore", "Taken"]
 
 SQLITE_FILE = "gateway-counters.sqlite3"  # in data_dir
 SQLITE_BUSY_TIMEOUT_MS = 5000  # our choice: a worker waits this long for another's transaction
@@ -59,6 +59,10 @@ class CounterStore(Protocol):
         """Record ``key`` for ``ttl_s``; True if it was not recorded already (atomic)."""
         ...
 
+    async def ping(self) -> None:
+        """Reach the store once; raise when it cannot count (the caller bounds the wait)."""
+        ...
+
     async def close(self) -> None: ...
 
 
@@ -69,16 +73,6 @@ _SCHEMA = (
 
 
 WAL_SWITCH_TRIES = 100  # our choice: 100 x 20 ms; the switch ignores busy_timeout while a peer holds the file
-
-
-async def ping_store(store: CounterStore) -> None:
-    """Reach the store once (its ``ping()``, or its Redis client's ``PING``); raises when it cannot.
-    A store with neither is taken as reachable. The caller bounds the wait."""
-    ping = getattr(store, "ping", None)
-    if ping is None:
-        ping = getattr(getattr(store, "client", None), "ping", None)
-    if ping is not None:
-        await ping()
 
 
 def _set_wal(db: sqlite3.Connection) -> None:

@@ -105,6 +105,12 @@ return {0}
 )
 
 
+def _lost(epoch: bytes | None) -> bool:
+    """Whether the epoch found in place of the adopted one means the counts are gone: none, another
+    replica's, or a tombstone (an operator's acknowledgement is not a loss)."""
+    return epoch is None or epoch.startswith((_REPLICA, _LOST))
+
+
 class CounterStateLost(Error, RedisError):
     """Redis lost the counts and replay memory this store relied on: refuse until an operator acks.
     A ``RedisError`` too, as every failure of this store is (the gateway answers each with 503)."""
@@ -141,7 +147,7 @@ class RedisCounterStore:
             if int(result[0]) != -1:
                 return result
             now = bytes(result[1])
-            if now.startswith((_REPLICA, _LOST)):
+            if _lost(now):
                 log.error(
                     "Redis lost the counters and replay memory (%s was %r, is %r): refusing until "
                     "an operator accepts the loss with: redis-cli SET %s ack-<anything>",
@@ -175,10 +181,8 @@ class RedisCounterStore:
         operator's acknowledgement included); ``CounterStateLost`` when the data is known lost."""
         value = await self.client.get(EPOCH_KEY)
         current = value.encode() if isinstance(value, str) else value  # bytes: no decode_responses
-        gone = current is None or current.startswith(_REPLICA)  # an operator's ack is not a loss
-        if (current is not None and current.startswith(_LOST)) or (
-            self.epoch is not None and current != self.epoch and gone
-        ):
+        tombstone = current is not None and current.startswith(_LOST)
+        if tombstone or (self.epoch is not None and current != self.epoch and _lost(current)):
             raise CounterStateLost(f"Redis lost the counters ({EPOCH_KEY} is {current!r})")
 
     async def close(self) -> None:

@@ -295,6 +295,9 @@ async def test_retry_after_counts_from_the_refusal_not_from_the_request(world: W
         async def first_seen(self, key: str, ttl_s: float, now: float) -> bool:
             return await inner.first_seen(key, ttl_s, now)
 
+        async def ping(self) -> None:
+            await inner.ping()
+
         async def close(self) -> None:  # a whole CounterStore (the world fixture closes the inner one)
             await inner.close()
 

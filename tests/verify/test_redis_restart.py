@@ -16,7 +16,6 @@ import yaml
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from signing_proxy.core.gateway_ingest import QuotaCounter
-from signing_proxy.verify.counters import ping_store
 from signing_proxy.verify.redis_counters import EPOCH_KEY, CounterStateLost, RedisCounterStore
 from tests.harness import WAIT_S, stop_process
 from tests.redis_server import RedisServer, _ping
@@ -169,24 +168,24 @@ async def test_a_restart_with_the_shipped_persistence_keeps_counts_and_replays(s
 
 
 async def test_readiness_sees_a_loss_the_store_has_seen(server: RedisServer) -> None:
-    """/readyz probes with ping_store: PING alone answered while every count was refused."""
+    """/readyz probes with the store's ping(): PING alone answered while every count was refused."""
     store = RedisCounterStore.from_url(server.url)
     try:
-        await ping_store(store)  # fresh: nothing adopted yet
+        await store.ping()  # fresh: nothing adopted yet
         assert await admitted(store) is True
-        await ping_store(store)
+        await store.ping()
         restart(server)
-        first = await outcome(ping_store(store))  # the pool's old connection may fail first
+        first = await outcome(store.ping())  # the pool's old connection may fail first
         assert first in ("ConnectionError", "CounterStateLost")
-        assert await outcome(ping_store(store)) == "CounterStateLost"
+        assert await outcome(store.ping()) == "CounterStateLost"
         assert await admitted(store) == "CounterStateLost"  # the tombstone written
         later = RedisCounterStore.from_url(server.url)
         try:
-            assert await outcome(ping_store(later)) == "CounterStateLost"
+            assert await outcome(later.ping()) == "CounterStateLost"
         finally:
             await later.close()
         await store.client.set(EPOCH_KEY, b"ack-1")  # an operator accepts the loss
-        await ping_store(store)
+        await store.ping()
         assert await admitted(store) is True
     finally:
         await store.close()
