@@ -184,7 +184,7 @@ def busy() -> ProxyError:
 def parse_connect_target(raw: str) -> tuple[str, int]:
     """CONNECT's authority-form target -> (host, port); a port is required. A fully qualified name's
     root dot goes (``a.example.`` is ``a.example``), as a client's SNI and a leaf name it."""
-    if not raw.rsplit("]", 1)[-1].rpartition(":")[2]:  # RFC 9110 section 9.3.6: an empty port too
+    if not raw.rsplit("]", 1)[-1].partition(":")[2]:  # RFC 9110 section 9.3.6: no port, or an empty one
         raise ProxyError(400, "malformed-target", "CONNECT needs host:port")
     if "@" in raw:  # authority-form is host and port: userinfo would only hide the port's absence
         raise ProxyError(400, "malformed-target", "a CONNECT target is host:port, without userinfo")

@@ -34,6 +34,7 @@ def test_a_connect_target_names_its_host_without_the_root_dot(raw: str, parsed: 
 @pytest.mark.parametrize(
     "raw",
     [
+        "a.example",  # no port at all (it passed the empty-port check of 0827eae and dialled :443)
         "a.example:",  # an empty port (RFC 9110 section 9.3.6: MUST reject); it dialled :443
         "[::1]:",
         "u:p@a.example",  # userinfo and no port: the ':' in it passed for the port's
