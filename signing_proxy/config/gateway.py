@@ -66,11 +66,11 @@ class GatewayConfig:
             raise ConfigError(f"{path}.store: sqlite, sqlite:///PATH or a redis:// URL, got {store!r}")
         check_url(self.external_origin, f"{path}.external_origin")
         for i, host in enumerate(self.hosts):
-            try:
-                name, _ = parse_authority(host, "http")
+            try:  # a name alone: parse_authority drops a port and userinfo, and refuses ""
+                alone = parse_authority(host, "http")[0] == host.lower()
             except FieldError:
-                name = ""
-            if not host or name != host.lower() or "@" in host:  # a port or userinfo: names only
+                alone = False
+            if not alone:
                 raise ConfigError(f"{path}.hosts[{i}]: a host name or address without a port, got {host!r}")
         if self.providers and not self.exchange_domain:
             raise ConfigError(f"{path}.exchange_domain: needed to watch providers' manifests")

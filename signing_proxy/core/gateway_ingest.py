@@ -335,12 +335,14 @@ def quota_counters(
     those, and a new child would start the count of its parent's grant again."""
     parts = token.split("~")
     counters = []
+    ends: float | None = None  # the grant's end: the earliest exp of this link and those above it
     for index, link in enumerate(chain.links):
+        if link.exp is not None:
+            ends = link.exp if ends is None else min(ends, link.exp)
         limit = link.caps.max_accesses
         if limit is None:
             continue
         period = link.caps.quota_period_s
-        ends = min((above.exp for above in chain.links[: index + 1] if above.exp is not None), default=None)
         if period is not None:
             window = float(period)
         elif ends is not None:

@@ -139,14 +139,15 @@ class ProxyApp:
             if config.mode == "agent"
             else None
         )
-        local = local_endpoints(self.readiness, self.metrics.render)
         self.handler = ProxyHandler(
             self._policy(config),
             pool=self.pool,
             metrics=self.metrics,
             # a gateway with an admin port leaves these paths to its backend: answered on the public
             # port they bypassed admin.allow_clients (and shadowed the backend's paths of that name)
-            local=_no_local if config.mode == "gateway" and config.admin.listen else local,
+            local=_no_local
+            if config.mode == "gateway" and config.admin.listen
+            else local_endpoints(self.readiness, self.metrics.render),
             discovery=self.discovery,
             draining=lambda: self.draining,
             transactions=self.transactions,

@@ -205,14 +205,15 @@ class DeliveryVerifier:
         found = [(base, d, key) for base, d in directories if (key := d.lookup(keyid)) is not None]
         if found:
             return found, none_fetched
-        for base, _cached in directories:
+        for base, _ in directories:
             try:
                 fresh = await resolver.refetch_for_keyid(base, budgeted=False)
             except DirectoryError as exc:
                 log.debug("exchange directory %.200r unavailable: %s", base, exc.reason)
                 continue
             key = fresh.lookup(keyid) if fresh is not None else None
-            if fresh is not None and key is not None:
+            if key is not None:
+                assert fresh is not None
                 found.append((base, fresh, key))
         return found, none_fetched
 

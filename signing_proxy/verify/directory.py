@@ -289,9 +289,7 @@ class DirectoryResolver:
         entry = self._cache.peek(url)
         if entry is not None:
             entry.extra = extra_bytes
-            if entry.size + extra_bytes > self.max_bytes:
-                self._cache.pop(url)
-            else:
+            if not self._dropped_if_too_large(url, entry.size + extra_bytes):
                 self._cache.resize(url, entry.size + extra_bytes)
 
     async def get(self, base: str, *, budgeted: bool = True) -> Directory:
@@ -400,11 +398,18 @@ class DirectoryResolver:
         extra = current.extra if current is not None else 0
         size = len(result.body) * PARSED_COST_FACTOR
         self._negative.pop(url)
-        if size + extra > self.max_bytes:  # too large to keep: used for the request in hand only
-            self._cache.pop(url)
+        if self._dropped_if_too_large(url, size + extra):  # used for the request in hand only
             return directory
         self._cache.put(url, _Entry(directory, now + ttl, now, size, extra), size + extra)
         return directory
+
+    def _dropped_if_too_large(self, url: str, size: int) -> bool:
+        """Drop the entry at ``url`` when ``size`` is more than the whole cache holds: the cache's
+        own eviction would first push out every other directory, then it."""
+        if size <= self.max_bytes:
+            return False
+        self._cache.pop(url)
+        return True
 
     def _evicted(self, url: str, _entry: _Entry) -> None:
         for listener in self.listeners:

@@ -77,9 +77,8 @@ def test_readyz_is_unready_while_the_redis_store_is_down(tmp_path: Path) -> None
         with ProxyProcess(tmp_path / "gw", gateway_config) as gateway:
             # with an admin port, /readyz is answered there only (the public port's is the backend's)
             wait_for(lambda: readyz(gateway.admin_port)[0] == 200, "ready with the store up")
-            for port in (gateway.admin_port,):
-                status, doc, _ = readyz(port)
-                assert (status, doc["checks"]) == (200, {"config": "ok", "counter_store": "ok"})
+            status, doc, _ = readyz(gateway.admin_port)
+            assert (status, doc["checks"]) == (200, {"config": "ok", "counter_store": "ok"})
             assert redis.proc is not None
             stop_process(redis.proc)
             wait_for(
@@ -87,11 +86,7 @@ def test_readyz_is_unready_while_the_redis_store_is_down(tmp_path: Path) -> None
                 "unready with the store down",
                 5.0,
             )
-            for port in (gateway.admin_port,):
-                status, doc, took = readyz(port)
-                assert (status, doc["status"], doc["checks"]["counter_store"]) == (
-                    503,
-                    "not-ready",
-                    "unavailable",
-                )
-                assert took < 0.5  # the cached result: /readyz never waits on the store
+            status, doc, took = readyz(gateway.admin_port)
+            state = (status, doc["status"], doc["checks"]["counter_store"])
+            assert state == (503, "not-ready", "unavailable")
+            assert took < 0.5  # the cached result: /readyz never waits on the store

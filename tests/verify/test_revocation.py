@@ -300,7 +300,7 @@ async def test_sets_kept_aside_are_charged_per_thumbprint_and_large_ones_push_th
     resolver = DirectoryResolver(fetch, clock=clock, max_entries=1)
     poller = RevocationPoller(fetch, clock=clock, sleep=never_wakes)
     poller.attach(resolver)
-    per_set = MAX_REVOKED_PER_DIRECTORY  # the largest a directory may hold: 16 such sets fit, 17 do not
+    per_set = MAX_REVOKED_PER_DIRECTORY  # the largest one directory holds: DIRECTORY_SHARE fit, one more not
     charged = per_set * REVOKED_ENTRY_COST + RETIRED_SET_COST
     bases = [f"https://d{n:02}.example" for n in range(DIRECTORY_SHARE + 3)]
     url_chars = len(directory_url(bases[0]))
