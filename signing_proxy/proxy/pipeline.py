@@ -28,11 +28,10 @@ from ..core.signatures import (
     SPEC_COMPONENTS,
     Component,
     Message,
-    SignedMember,
     serialize_sf_string,
 )
 from ..core.uri import Target, parse_absolute_uri
-from ..errors import ProxyError, TokenError
+from ..errors import ProxyError
 from ..net.framing import NOT_FORWARDED, Outgoing, drop_hop_by_hop, outgoing
 from .credentials import BearerStore
 from .profiles import ProfileSelector, fresh_params
@@ -352,10 +351,7 @@ def _sign_plain(
         base = base_of(SPEC_COMPONENTS, (method, target.uri, digest, authorization, agent), params)
     except (SigningError, FieldError):
         return None
-    try:
-        member = SignedMember(signer.label, params, key.sign(base), base)
-    except TokenError as exc:  # a token key a reload brought in as this request began: as off the loop
-        raise signer.token_failure(exc) from None
+    member = signer.member(key, signer.label, params, base)
     kept += [
         ("Content-Digest", digest),
         ("Authorization", authorization),

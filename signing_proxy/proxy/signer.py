@@ -62,11 +62,7 @@ class Signer:
     def sign(self, message: Message, **how: Unpack[SignOptions]) -> str:
         """Sign and attach; return the keyid. Raises ProxyError (503/400) instead of ever skipping."""
         key, label, params, base = self._prepare(message, how)
-        try:
-            signature = key.sign(base)
-        except TokenError as exc:  # a token key signing in-line: refused as off the loop, never a 500
-            raise self.token_failure(exc) from None
-        return self._attach(message, key, SignedMember(label, params, signature, base))
+        return self._attach(message, key, self.member(key, label, params, base))
 
     async def sign_off_loop(self, message: Message, **how: Unpack[SignOptions]) -> str:
         """``sign`` for keys that wait on a device (``key.blocking``: a PKCS#11 token): the signature
@@ -75,12 +71,20 @@ class Signer:
         request is refused, never forwarded unsigned. Other keys sign in-line, as ``sign`` does."""
         key, label, params, base = self._prepare(message, how)
         if not isinstance(key, TokenKey):
-            return self._attach(message, key, SignedMember(label, params, key.sign(base), base))
+            return self._attach(message, key, self.member(key, label, params, base))
         try:
             signature = await key.sign_async(base)
         except TokenError as exc:
             raise self.token_failure(exc) from None
         return self._attach(message, key, SignedMember(label, params, signature, base))
+
+    def member(self, key: SigningKey, label: str, params: str, base: bytes) -> SignedMember:
+        """``key``'s signature over ``base``, in line. A token key (one a reload brought in as the
+        request began) that fails is refused as off the loop: 503, never a 500."""
+        try:
+            return SignedMember(label, params, key.sign(base), base)
+        except TokenError as exc:
+            raise self.token_failure(exc) from None
 
     def token_failure(self, exc: TokenError) -> ProxyError:
         """The refusal of a request whose key's token did not sign (counted): 503, never unsigned.
