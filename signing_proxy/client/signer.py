@@ -218,7 +218,7 @@ class Signer:
             sent_to = target = parse_absolute_uri(url)
             hosts = [value for name, value in lines if name.lower() == "host"]
             if hosts:  # the library sends the caller's Host: the target URI a verifier rebuilds uses it
-                authority = host_authority(hosts, target.scheme)
+                authority = host_authority(hosts)
                 target = parse_absolute_uri(f"{target.scheme}://{authority}{target.path_query}")
         except FieldError as exc:
             raise NotSigned(400, exc.reason, f"cannot sign a request to this URL: {exc.detail}") from None

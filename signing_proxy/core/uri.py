@@ -139,7 +139,7 @@ def parse_authority(authority: str, scheme: str) -> tuple[str, int]:
     return host.lower(), port
 
 
-def host_authority(values: Sequence[str], scheme: str) -> str:
+def host_authority(values: Sequence[str]) -> str:
     """The one ``Host`` field value of a request (``values``: every Host line it carries), stripped,
     when it is exactly ``uri-host [ ":" port ]`` (RFC 9110 section 7.2); FieldError ``malformed-host``
     for anything else. A verifier that builds the target URI from Host needs this: a ``/``, ``?``,

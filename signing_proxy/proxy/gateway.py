@@ -156,7 +156,7 @@ class GatewayPipeline:
         if self.external_origin is not None:
             return self.external_origin + target.path_query
         try:
-            authority = host_authority([v for n, v in lines if n.lower() == "host"], "http")
+            authority = host_authority([v for n, v in lines if n.lower() == "host"])
             host, _ = parse_authority(authority, "http")
         except FieldError as exc:
             raise ProxyError(400, exc.reason, exc.detail) from None

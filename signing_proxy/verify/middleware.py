@@ -67,7 +67,7 @@ async def as_received(request: web.Request, external_origin: str | None) -> tupl
     else:
         hosts = [v.decode("latin-1") for k, v in request.raw_headers if k.lower() == b"host"]
         try:
-            origin = f"{request.scheme}://{host_authority(hosts, request.scheme)}"
+            origin = f"{request.scheme}://{host_authority(hosts)}"
         except FieldError as exc:
             raise VerificationError(exc.reason, exc.detail) from None
     if _decoded(request):
