@@ -79,7 +79,7 @@ def _unsign_redirected(response: requests.Response, *, body: bytes, **_kwargs: A
         request = response.request
         for name in _SIGNATURE_FIELDS:
             request.headers.pop(name, None)
-        if request.body is not None and request.body is not body and request.body != body:
+        if request.body is not None and request.body != body:
             _set_body(request, body)
     return response
 

@@ -114,11 +114,6 @@ def render_publication(publication: Publication, state: StoreState, now: float) 
     }
 
 
-# A proof's created is this far behind our clock: the drafts have a verifier refuse a created in
-# the future, and one whose clock is a few seconds behind ours would refuse every proof we make.
-PROOF_CLOCK_MARGIN_S: Final = CLOCK_MARGIN_S
-
-
 class PublishServer:
     """An aiohttp listener serving ``publications`` from their key-store watchers (GET and HEAD)."""
 
@@ -188,7 +183,9 @@ class PublishServer:
             body,
             self.authority,
             [k.thumbprint for k in keys],
-            created=created - PROOF_CLOCK_MARGIN_S,
+            # behind our clock: a verifier refuses a created in the future, and its clock may be
+            # a few seconds behind ours (core.rotation.CLOCK_MARGIN_S)
+            created=created - CLOCK_MARGIN_S,
             expires=created + self.max_age_s,
         )
         try:  # a key on a token signs on the token's thread, bounded: a stranger never stalls the loop

@@ -16,7 +16,8 @@ from signing_proxy.config import VerifyConfig, parse_config
 from signing_proxy.core.directory_proof import WEB_DIRECTORY_MEDIA_TYPE, proven_keys
 from signing_proxy.core.fields import Fields
 from signing_proxy.core.keys import parse_directory
-from signing_proxy.service.publish import PROOF_CLOCK_MARGIN_S, PublishServer, prefers_web_directory
+from signing_proxy.core.rotation import CLOCK_MARGIN_S
+from signing_proxy.service.publish import PublishServer, prefers_web_directory
 from signing_proxy.storage.keystore import KeyStore, StoreKeyProvider, StoreWatcher
 from signing_proxy.verify.build import build_verifier
 from signing_proxy.verify.directory import DirectoryResolver, FetchResult
@@ -125,14 +126,14 @@ async def test_a_proof_created_ahead_of_the_clock_is_judged_with_the_verifiers_o
     server: PublishServer, aiohttp_client: Client
 ) -> None:
     """The publisher's clock 8 s ahead of ours, past the margin its proofs leave (their created is
-    PROOF_CLOCK_MARGIN_S behind its clock): they hold under verify.skew_s 10, not under 5."""
+    CLOCK_MARGIN_S behind its clock): they hold under verify.skew_s 10, not under 5."""
     body, headers = await _fetch(server, aiohttp_client, WEB_DIRECTORY_MEDIA_TYPE)
     proofs = tuple((name, headers[name]) for name in ("Content-Digest", "Signature-Input", "Signature"))
     fetch = FakeFetch()
     fetch.answers["https://dir.example" + DIRECTORY] = FetchResult(200, body, "max-age=300", proofs)
     kept = []
     for limits in (VerifyConfig(), VerifyConfig(skew_s=10)):
-        verifier = build_verifier(limits=limits, clock=lambda: NOW - 8 - PROOF_CLOCK_MARGIN_S)
+        verifier = build_verifier(limits=limits, clock=lambda: NOW - 8 - CLOCK_MARGIN_S)
         verifier.resolver.fetch = fetch
         kept.append(len((await verifier.resolver.get("https://dir.example")).keys))
         await verifier.close()
@@ -147,7 +148,7 @@ async def test_a_verifier_a_few_seconds_behind_us_still_finds_our_proofs_current
     body, headers = await _fetch(server, aiohttp_client, WEB_DIRECTORY_MEDIA_TYPE)
     fields = Fields(tuple((n, headers[n]) for n in ("Content-Digest", "Signature-Input", "Signature")))
     publics = [k.public for k in parse_directory(body).keys]
-    for behind in (0.5, 3.0, PROOF_CLOCK_MARGIN_S):
+    for behind in (0.5, 3.0, CLOCK_MARGIN_S):
         proven = proven_keys(body, "dir.example", fields, publics, now=NOW - behind, skew_s=0)
         assert proven is not None
         assert len(proven) == 2, behind
