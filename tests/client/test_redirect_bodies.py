@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
@@ -71,9 +72,8 @@ def via_aiohttp(signer: Signer, url: str, headers: dict[str, str] | None = None)
 
 @pytest.mark.parametrize("send", [via_requests, via_aiohttp], ids=["requests", "aiohttp"])
 def test_a_307_from_the_exchange_resends_the_callers_body_not_the_requester(
-    signer: Signer, redirecting: VerifyingOrigin, landing: VerifyingOrigin, send: object
+    signer: Signer, redirecting: VerifyingOrigin, landing: VerifyingOrigin, send: Callable[[Signer, str], int]
 ) -> None:
-    assert callable(send)
     assert send(signer, redirecting.url(CALL)) == 200
     (called,) = redirecting.arrivals
     assert called.verified

@@ -219,6 +219,17 @@ def test_the_legacy_string_form_and_the_spec_profile_keep_any_http_url() -> None
             {"signing": {"signature_agent": "https://registry.example/agents/alice"}, "profiles": profiles}
         )
         assert config.signing.signature_agent.endswith("/alice")
-    assert parse_config(
+    web = parse_config(
         {"signing": {"signature_agent": "https://agent.example/"}, "profiles": {"default": "web-bot-auth"}}
     )
+    assert web.signing.signature_agent == "https://agent.example/"
+
+
+@pytest.mark.parametrize("section", ["verify", "relay"])
+@pytest.mark.parametrize("skew", [-1, 301])
+def test_a_clock_skew_is_from_0_to_300_seconds(section: str, skew: int) -> None:
+    """A skew forgives a created in the future: 0 to MAX_SKEW_S (300 s), as verify-origin's --skew
+    (verify.skew_s took any number above 0, and a negative one refused every signature)."""
+    with pytest.raises(ConfigError, match=rf"^{section}\.skew_s: must be an integer from 0 to 300"):
+        parse_config({section: {"skew_s": skew}})
+    assert getattr(parse_config({section: {"skew_s": 300}}), section).skew_s == 300

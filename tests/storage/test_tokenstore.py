@@ -5,7 +5,6 @@ once it activates; a token key that no longer matches its entry never signs."""
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 
 import pytest
@@ -13,7 +12,8 @@ import pytest
 from signing_proxy.core.jwk import PublicKey, SigningKey
 from signing_proxy.core.pkcs11_uri import parse_pkcs11_uri
 from signing_proxy.errors import KeyStoreError, TokenError
-from signing_proxy.storage.keystore import KeyStore, TokenKeys
+from signing_proxy.storage.keyindex import StoreState
+from signing_proxy.storage.keystore import KeyStore, StoreWatcher, TokenKeys
 from signing_proxy.storage.pkcs11 import TokenKey, TokenSlot, generate_token_key, module_for
 from signing_proxy.storage.tokenstore import TokenStoreKeyProvider
 from tests.softhsm import PIN, SoftHsm, use_in_this_process
@@ -110,45 +110,35 @@ def test_the_index_refuses_a_pin_in_a_token_entry(tmp_path: Path, hsm: SoftHsm) 
 
 
 def test_blocking_is_set_before_a_reload_serves_a_token_key(
-    tmp_path: Path, hsm: SoftHsm, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, hsm: SoftHsm, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``keys rotate --now --pkcs11`` onto a store of file keys: ``blocking`` was set only after the
-    reload had served the new state (and logged), so a request in between signed with the token key
-    on the event loop. Whatever the reload does once it serves the state (its log line here) now sees
-    ``blocking`` True; back to file keys only, it turns False once the token key is gone."""
+    reload had served the new state, so a request in between signed with the token key on the event
+    loop. At the moment a state holding a token key is served, ``blocking`` already says so; back to
+    file keys only, it turns False once the token key is gone."""
     slot, open_key = opener(hsm)
     store = KeyStore(tmp_path / "data", tokens=open_key)
     first = store.create(T, lifetime_s=86_400)
     provider = TokenStoreKeyProvider(store)
+    served: list[tuple[bool, bool]] = []  # (the state served holds a token key, blocking then)
+    serve = StoreWatcher._install
 
-    def blocking() -> bool:
-        return provider.blocking
+    def watched(watcher: StoreWatcher, state: StoreState) -> None:
+        holds = any(isinstance(state.signing_key(t), TokenKey) for t in (T + 20, T + 40))
+        served.append((holds, provider.blocking))
+        serve(watcher, state)
 
-    assert not blocking()
+    monkeypatch.setattr(StoreWatcher, "_install", watched)
+    assert not provider.blocking
     token_key = generate_token_key(slot, parse_pkcs11_uri(hsm.uri("agent")))
     store.rotate(T + 10, activate_in_s=0, grace_s=3600, lifetime_s=86_400, key=token_key)
-
-    seen: list[tuple[bool, bool]] = []
-
-    class Served(logging.Handler):  # runs on the reload's thread once the new state is served
-        def emit(self, record: logging.LogRecord) -> None:
-            if "reloaded key store" in record.getMessage():
-                seen.append((isinstance(provider.current(T + 20), TokenKey), blocking()))
-
-    handler = Served()
-    keys_log = logging.getLogger("signing_proxy.keys")
-    keys_log.addHandler(handler)
-    try:
-        with caplog.at_level(logging.INFO, logger="signing_proxy.keys"):
-            assert provider.reload(force=True)
-            assert seen == [(True, True)]  # the token key is served: blocking already says so
-            assert blocking()
-
-            store.revoke(token_key.thumbprint, T + 30)  # back to the file key alone
-            assert provider.reload(force=True)
-    finally:
-        keys_log.removeHandler(handler)
+    assert provider.reload(force=True)
+    assert isinstance(provider.current(T + 20), TokenKey)
+    assert served == [(True, True)]  # the token key is served: blocking already said so
+    store.revoke(token_key.thumbprint, T + 30)  # back to the file key alone
+    assert provider.reload(force=True)
+    assert served[1] == (False, True)  # still True while the state that held one is served
     current = provider.current(T + 40)
     assert current is not None
     assert current.thumbprint == first.thumbprint
-    assert not blocking()  # file keys only again: the in-line path
+    assert not provider.blocking  # file keys only again: the in-line path
