@@ -271,14 +271,22 @@ class Directory:
         return tuple(key for key in self.keys if key.valid_at(now))
 
 
-def render_directory(directory: Directory, *, now: float | None = None) -> bytes:
+def render_directory(directory: Directory, *, now: float | None = None, jose_alg: bool = True) -> bytes:
     """Compact JSON ``{"keys":[...],"revocation_url":...}``; keys in the directory's order.
 
     With ``now``, refuse to render a directory in which no key is valid (spec "Key lookup" 2).
+    ``jose_alg=False`` (the drafts' media type) leaves out the spec's JOSE ``"alg": "EdDSA"``: the
+    drafts restrict a directory key's ``alg`` to the HTTP Signature Algorithms registry
+    (``ed25519``), and not written at all is the one form both accept (``alg`` is optional in a JWK,
+    Cloudflare's verifier imports a key from ``kty``/``crv``/``x``, and WebCrypto's ``importKey``
+    refuses a JWK whose ``alg`` is ``ed25519``).
     """
     if now is not None and not directory.keys_valid_at(now):
         raise KeyFormatError("no-valid-key", "at least one served key must be valid at serve time")
-    doc: dict[str, object] = {"keys": [key.jwk() for key in directory.keys]}
+    jwks = [key.jwk() for key in directory.keys]
+    if not jose_alg:
+        jwks = [{member: value for member, value in jwk.items() if member != "alg"} for jwk in jwks]
+    doc: dict[str, object] = {"keys": jwks}
     if directory.revocation_url is not None:
         doc["revocation_url"] = directory.revocation_url
     return _compact(doc)

@@ -11,7 +11,6 @@ bytes both for the listener and for ``signing-proxy publish --out``, so the two 
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -46,7 +45,6 @@ __all__ = [
     "prefers_web_directory",
     "publications",
     "render_publication",
-    "web_directory_body",
 ]
 
 log = logging.getLogger("signing_proxy.publish")
@@ -173,7 +171,7 @@ class PublishServer:
         # keys with (a draft client ignores every key without a proof)
         if publication.base or not prefers_web_directory(request.headers.get("Accept")):
             return _document(body, DIRECTORY_MEDIA_TYPE, cache, Vary="Accept")
-        body = web_directory_body(body)  # the body the proofs' Content-Digest covers
+        body = render_directory(directory, jose_alg=False)  # the body the proofs' Content-Digest covers
         # the drafts' signed directory: one possession proof per published key whose private key we
         # hold, bound to our public authority (never the Host asked: a proof for any name would bind
         # our keys to a stranger's domain)
@@ -224,20 +222,6 @@ class PublishServer:
         if self._runner is not None:
             runner, self._runner = self._runner, None
             await runner.cleanup()
-
-
-def web_directory_body(spec_body: bytes) -> bytes:
-    """The directory served under the drafts' media type: the spec's body (``render_directory``)
-    without the JWK ``alg`` member, all else as it is.
-
-    The spec writes JOSE's ``"alg": "EdDSA"``; the drafts restrict a directory key's ``alg`` to the
-    HTTP Signature Algorithms registry (``ed25519``). Not written at all is the one form both accept:
-    ``alg`` is optional in a JWK, Cloudflare's verifier imports a key from ``kty``/``crv``/``x``
-    alone, and WebCrypto's ``importKey`` refuses a JWK whose ``alg`` is ``ed25519``."""
-    doc = json.loads(spec_body)
-    for key in doc["keys"]:
-        key.pop("alg", None)
-    return json.dumps(doc, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode("ascii")
 
 
 def _document(body: bytes, media_type: str, cache_control: str, **headers: str) -> web.Response:
