@@ -43,6 +43,7 @@ from .core.errors import (
 )
 
 __all__ = [
+    "MISDIRECTED",
     "VERIFIER_BUSY",
     "CAError",
     "CliError",
@@ -170,6 +171,9 @@ class CliError(Error):
 # A verification or a directory fetch refused because the verifier may not fetch more new key
 # directories this second (verify.fetches_per_s): answered 503 with Retry-After, whatever its class
 VERIFIER_BUSY = "verifier-busy"
+# A request for a name the verifier does not answer for (it builds its origin from Host): a signature
+# covers @target-uri, and one made for another origin must not verify here (RFC 9110 section 15.5.20)
+MISDIRECTED = "misdirected-request"
 
 _STATUS: tuple[tuple[type[Error], int], ...] = (
     (FieldError, 400),
@@ -192,6 +196,8 @@ def http_status(error: Error) -> int:
         return error.status
     if error.reason == VERIFIER_BUSY:  # capacity, not a verdict: the client may retry
         return 503
+    if error.reason == MISDIRECTED:
+        return 421
     for kind, status in _STATUS:
         if isinstance(error, kind):
             return status

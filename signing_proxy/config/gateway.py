@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from ..core.errors import FieldError
-from ..core.uri import parse_authority
+from ..core.uri import LOOPBACK_HOSTS, is_host_name
 from ..errors import ConfigError
 from .checks import check_url, positive
 
@@ -45,7 +44,7 @@ class GatewayConfig:
     external_origin: str | None = None  # https://exchange.example when TLS ends in front of us
     # Without external_origin, the Host names a request may carry (any port): a signature covers
     # @target-uri, and one made for another origin must not verify here. Loopback by default.
-    hosts: tuple[str, ...] = ("localhost", "127.0.0.1", "[::1]")
+    hosts: tuple[str, ...] = LOOPBACK_HOSTS
     broker_directories: tuple[str, ...] = ()  # directory bases of the brokers whose labels we accept
     # spec rule 7: providers whose svc.json must keep listing exchange_domain (domains, or base URLs)
     providers: tuple[str, ...] = ()
@@ -66,11 +65,7 @@ class GatewayConfig:
             raise ConfigError(f"{path}.store: sqlite, sqlite:///PATH or a redis:// URL, got {store!r}")
         check_url(self.external_origin, f"{path}.external_origin")
         for i, host in enumerate(self.hosts):
-            try:  # a name alone: parse_authority drops a port and userinfo, and refuses ""
-                alone = parse_authority(host, "http")[0] == host.lower()
-            except FieldError:
-                alone = False
-            if not alone:
+            if not is_host_name(host):
                 raise ConfigError(f"{path}.hosts[{i}]: a host name or address without a port, got {host!r}")
         if self.providers and not self.exchange_domain:
             raise ConfigError(f"{path}.exchange_domain: needed to watch providers' manifests")

@@ -19,15 +19,20 @@ from .errors import FieldError
 
 __all__ = [
     "DEFAULT_PORTS",
+    "LOOPBACK_HOSTS",
     "Target",
     "directory_base",
     "host_authority",
+    "is_host_name",
     "parse_absolute_uri",
     "parse_authority",
     "valid_host_field",
 ]
 
 DEFAULT_PORTS = {"http": 80, "https": 443}
+# The names a verifier that builds its origin from Host answers for until it is told its own: a
+# signature covers @target-uri, so one made for another origin must not verify there.
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")
 MAX_HOST_CHARS = 253  # RFC 1035 section 2.3.4 (a name in text form, without its trailing dot)
 _LABEL = re.compile(r"[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?", re.IGNORECASE)
 
@@ -151,6 +156,15 @@ def host_authority(values: Sequence[str]) -> str:
     if not authority or not valid_host_field(authority):
         raise FieldError("malformed-host", "Host must be host[:port]")
     return authority
+
+
+def is_host_name(host: str) -> bool:
+    """Whether ``host`` is a host name or address alone, as a list of the names a verifier answers for
+    holds them: no port, no userinfo, not empty (IPv6 in brackets)."""
+    try:  # parse_authority drops a port and userinfo, and refuses ""
+        return parse_authority(host, "http")[0] == host.lower()
+    except FieldError:
+        return False
 
 
 @_cached_when_short(MAX_HOST_CHARS + 8, 256)  # a host and ":port": one per origin a client names

@@ -29,7 +29,7 @@ from ..core.fields import Fields
 from ..core.jwk import PublicKey
 from ..core.manifest import MANIFEST_MAX_BYTES
 from ..core.uri import Target, host_authority, parse_absolute_uri, parse_authority
-from ..errors import ConfigError, ProxyError
+from ..errors import MISDIRECTED, ConfigError, ProxyError
 from ..net.client import HttpClient
 from ..net.egress import EgressPolicy
 from ..net.framing import Outgoing, drop_hop_by_hop, outgoing
@@ -161,9 +161,7 @@ class GatewayPipeline:
         except FieldError as exc:
             raise ProxyError(400, exc.reason, exc.detail) from None
         if host not in self.hosts:  # a signature made for another origin must not verify here
-            raise ProxyError(
-                421, "misdirected-request", f"this gateway answers for gateway.hosts, not {host!r}"
-            )
+            raise ProxyError(421, MISDIRECTED, f"this gateway answers for gateway.hosts, not {host!r}")
         return f"http://{authority}{target.path_query}"
 
     async def prepare(

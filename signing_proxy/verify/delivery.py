@@ -45,12 +45,12 @@ from ..core.signatures import (
     VerifiedSignature,
     parse_signature_stack,
 )
-from ..core.uri import parse_absolute_uri
+from ..core.uri import LOOPBACK_HOSTS, parse_absolute_uri
 from ..net.client import HttpClient
 from ..net.egress import EgressPolicy
 from .build import build_verifier
 from .directory import DirectoryError, directory_url
-from .middleware import as_received
+from .middleware import Hosts, as_received
 from .verifier import PINNED, RequestVerifier, VerifierPolicy
 
 __all__ = [
@@ -245,11 +245,16 @@ def build_delivery_verifier(
 
 
 async def verify_delivery_request(
-    verifier: DeliveryVerifier, request: web.Request, *, external_origin: str | None = None
+    verifier: DeliveryVerifier,
+    request: web.Request,
+    *,
+    external_origin: str | None = None,
+    hosts: Hosts = LOOPBACK_HOSTS,
 ) -> VerifiedRetrieval:
     """Verify an aiohttp request as received (raw header lines, raw path, exact body).
 
     ``external_origin`` (``https://cdn.example``): the origin clients used when a TLS-terminating
-    load balancer sits in front; otherwise scheme and Host of the request.
+    load balancer sits in front; otherwise scheme and Host of the request, a name in ``hosts``
+    (VerificationError ``misdirected-request`` for another: ``middleware.as_received``).
     """
-    return await verifier.verify(*await as_received(request, external_origin))
+    return await verifier.verify(*await as_received(request, external_origin, hosts))

@@ -16,9 +16,10 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from ..core.errors import VerificationError
+from ..core.uri import LOOPBACK_HOSTS
 from ..errors import problem_body
 from .gateway import GatewayRefusal, GatewayVerdict, GatewayVerifier
-from .middleware import Handler, as_received, exempt_check
+from .middleware import Handler, Hosts, as_received, exempt_check, served_hosts
 from .verifier import refusal_answer
 
 __all__ = ["GATEWAY", "gateway_middleware", "gateway_refusal", "verify_gateway_request"]
@@ -27,11 +28,18 @@ GATEWAY = web.RequestKey("gateway", GatewayVerdict)  # request[GATEWAY]: the ver
 
 
 async def verify_gateway_request(
-    gateway: GatewayVerifier, request: web.Request, *, external_origin: str | None = None
+    gateway: GatewayVerifier,
+    request: web.Request,
+    *,
+    external_origin: str | None = None,
+    hosts: Hosts = LOOPBACK_HOSTS,
 ) -> GatewayVerdict:
-    """Steps 1-5 on an aiohttp request; ``GatewayRefusal`` with the status and reason of a refusal."""
+    """Steps 1-5 on an aiohttp request; ``GatewayRefusal`` with the status and reason of a refusal.
+
+    The origin is ``external_origin``, else the request's scheme and ``Host``, a name in ``hosts``
+    (``middleware.as_received``)."""
     try:
-        received = await as_received(request, external_origin)
+        received = await as_received(request, external_origin, hosts)
     except VerificationError as exc:  # no target URI to verify against: refused like a bad signature
         status, headers = refusal_answer(exc)
         raise GatewayRefusal(status, exc.reason, exc.detail, headers) from None
@@ -49,20 +57,29 @@ def gateway_refusal(refusal: GatewayRefusal) -> web.Response:
 
 
 def gateway_middleware(
-    gateway: GatewayVerifier, *, external_origin: str | None = None, exempt_paths: Sequence[str] = ()
+    gateway: GatewayVerifier,
+    *,
+    external_origin: str | None = None,
+    hosts: Hosts = LOOPBACK_HOSTS,
+    exempt_paths: Sequence[str] = (),
 ) -> Middleware:
     """aiohttp middleware: refuse what the gateway refuses; else ``request[GATEWAY]`` for the handler.
 
+    ``external_origin`` and ``hosts`` name the origin clients sign for, as for
+    ``signature_middleware`` (a ``Host`` outside ``hosts`` is 421 ``misdirected-request``).
     ``exempt_paths`` pass unverified only to the plain route registered for exactly that raw path
     (``middleware.exempt_check``); every other handler gets ``request[GATEWAY]``."""
     exempt = exempt_check(exempt_paths)
+    served = served_hosts(hosts)
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         if exempt(request):
             return await handler(request)
         try:
-            request[GATEWAY] = await verify_gateway_request(gateway, request, external_origin=external_origin)
+            request[GATEWAY] = await verify_gateway_request(
+                gateway, request, external_origin=external_origin, hosts=served
+            )
         except GatewayRefusal as refusal:
             return gateway_refusal(refusal)
         return await handler(request)

@@ -3,14 +3,20 @@
 ``signature_middleware`` runs ``RequestVerifier.verify`` on the raw end-to-end header lines (a
 hop-by-hop field, or one ``Connection`` names, counts as absent), raw path and exact body of each
 request, answers a refusal with 401 problem+json carrying the stable reason
-(503 with ``Retry-After`` for ``verifier-busy``: no fetch budget left for a new key directory),
-and otherwise puts the ``VerifiedStack`` in ``request[SIGNATURE]`` — the only thing a handler
-should trust.
+(503 with ``Retry-After`` for ``verifier-busy``: no fetch budget left for a new key directory;
+421 ``misdirected-request`` for a ``Host`` outside ``hosts``), and otherwise puts the
+``VerifiedStack`` in ``request[SIGNATURE]`` — the only thing a handler should trust.
+
+The origin a signature must cover is ``external_origin`` when given, else the scheme and ``Host`` of
+the request, and then only for the names in ``hosts`` (loopback by default, any port): a signature
+made for ``https://publisher-a.example/article`` must not verify at another service that a client
+sends it to with that ``Host`` (``hosts=None``: any name, for a tool that gates nothing).
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+import functools
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
@@ -18,8 +24,8 @@ from aiohttp.typedefs import Middleware
 from ..core.errors import FieldError, VerificationError
 from ..core.fields import Fields
 from ..core.signatures import VerifiedStack
-from ..core.uri import host_authority
-from ..errors import problem_body
+from ..core.uri import LOOPBACK_HOSTS, host_authority, is_host_name, parse_authority
+from ..errors import MISDIRECTED, problem_body
 from ..net.framing import drop_hop_by_hop
 from .verifier import RequestVerifier, refusal_answer
 
@@ -29,6 +35,7 @@ __all__ = [
     "as_received",
     "exempt_check",
     "refusal",
+    "served_hosts",
     "signature_middleware",
     "verify_aiohttp_request",
 ]
@@ -36,18 +43,44 @@ __all__ = [
 SIGNATURE = web.RequestKey("signature", VerifiedStack)  # request[SIGNATURE]: the verified result
 
 
+Hosts = Iterable[str] | None  # the names a verifier answers for without external_origin (None: any)
+
+
 async def verify_aiohttp_request(
-    verifier: RequestVerifier, request: web.Request, *, external_origin: str | None = None
+    verifier: RequestVerifier,
+    request: web.Request,
+    *,
+    external_origin: str | None = None,
+    hosts: Hosts = LOOPBACK_HOSTS,
 ) -> VerifiedStack:
     """Verify an aiohttp request as received (raw end-to-end header lines, raw path, exact body).
 
     ``external_origin`` (``https://exchange.example``) is the origin clients used when a TLS-terminating
-    load balancer sits in front (RFC 9421 section 7.4.3); otherwise scheme and Host of the request.
+    load balancer sits in front (RFC 9421 section 7.4.3); otherwise scheme and Host of the request,
+    a Host naming one of ``hosts``.
     """
-    return await verifier.verify(*await as_received(request, external_origin))
+    return await verifier.verify(*await as_received(request, external_origin, hosts))
 
 
-async def as_received(request: web.Request, external_origin: str | None) -> tuple[str, str, Fields, bytes]:
+def served_hosts(hosts: Hosts) -> frozenset[str] | None:
+    """``hosts`` as compared (lower case), checked: ValueError for an entry that is not a host name
+    or address alone (``exchange.example``, ``127.0.0.1``, ``[::1]``; no port)."""
+    if hosts is None:
+        return None
+    return _served((hosts,) if isinstance(hosts, str) else tuple(hosts))
+
+
+@functools.lru_cache(maxsize=64)  # per request through verify_aiohttp_request: a few lists per process
+def _served(hosts: tuple[str, ...]) -> frozenset[str]:
+    for host in hosts:
+        if not isinstance(host, str) or not is_host_name(host):
+            raise ValueError(f"hosts: a host name or address without a port, got {host!r}")
+    return frozenset(host.lower() for host in hosts)
+
+
+async def as_received(
+    request: web.Request, external_origin: str | None, hosts: Hosts = LOOPBACK_HOSTS
+) -> tuple[str, str, Fields, bytes]:
     """Method, target URI, header field lines and body of ``request`` exactly as they arrived (raw
     lines, raw path, the bytes read): what every aiohttp face of the verifier checks.
 
@@ -58,18 +91,28 @@ async def as_received(request: web.Request, external_origin: str | None) -> tupl
     ``Signature-Input`` named there is ``missing-signature``), on every face alike.
 
     VerificationError when no target URI can be made that is the one the request goes to: a target
-    not in origin form, or (without ``external_origin``) not exactly one ``Host`` of ``host[:port]``.
+    not in origin form, or (without ``external_origin``) not exactly one ``Host`` of ``host[:port]``
+    (``malformed-host``), or one whose name is not in ``hosts`` (``misdirected-request``).
     """
     if not request.raw_path.startswith("/"):
         raise VerificationError("malformed-target", "the request target must be in origin form")
     if external_origin:
         origin = external_origin.rstrip("/")
     else:
-        hosts = [v.decode("latin-1") for k, v in request.raw_headers if k.lower() == b"host"]
+        served = served_hosts(hosts)
+        values = [v.decode("latin-1") for k, v in request.raw_headers if k.lower() == b"host"]
         try:
-            origin = f"{request.scheme}://{host_authority(hosts)}"
+            authority = host_authority(values)
+            host = parse_authority(authority, request.scheme)[0]
         except FieldError as exc:
             raise VerificationError(exc.reason, exc.detail) from None
+        if served is not None and host not in served:  # a signature made for another origin
+            raise VerificationError(
+                MISDIRECTED,
+                f"this server answers for {', '.join(sorted(served))}, not {host!r}: "
+                "name it in hosts, or set external_origin",
+            )
+        origin = f"{request.scheme}://{authority}"
     if _decoded(request):
         raise VerificationError(
             "content-coding-decoded",
@@ -129,14 +172,24 @@ def exempt_check(exempt_paths: Sequence[str]) -> Callable[[web.Request], bool]:
 
 
 def signature_middleware(
-    verifier: RequestVerifier, *, external_origin: str | None = None, exempt_paths: Sequence[str] = ()
+    verifier: RequestVerifier,
+    *,
+    external_origin: str | None = None,
+    hosts: Hosts = LOOPBACK_HOSTS,
+    exempt_paths: Sequence[str] = (),
 ) -> Middleware:
-    """aiohttp middleware: refuse unverified requests with 401 problem+json (503 when busy); else put the
-    ``VerifiedStack`` in ``request[SIGNATURE]`` for the handler (trust only that).
+    """aiohttp middleware: refuse unverified requests with 401 problem+json (503 when busy, 421 for a
+    name outside ``hosts``); else put the ``VerifiedStack`` in ``request[SIGNATURE]`` for the handler
+    (trust only that).
 
-    ``exempt_paths`` (``("/healthz",)``) pass unverified only to the plain route registered for
-    exactly that raw path (``exempt_check``); every other handler gets ``request[SIGNATURE]``."""
+    ``external_origin`` (``https://exchange.example``): the origin clients sign for, when TLS ends in
+    front; otherwise the request's scheme and ``Host``, whose name must be one of ``hosts`` (the
+    names this service answers for: ``("exchange.example",)``; loopback by default; ValueError for
+    an entry with a port). ``exempt_paths`` (``("/healthz",)``) pass unverified only to the plain
+    route registered for exactly that raw path (``exempt_check``); every other handler gets
+    ``request[SIGNATURE]``."""
     exempt = exempt_check(exempt_paths)
+    served = served_hosts(hosts)
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -144,7 +197,7 @@ def signature_middleware(
             return await handler(request)
         try:
             request[SIGNATURE] = await verify_aiohttp_request(
-                verifier, request, external_origin=external_origin
+                verifier, request, external_origin=external_origin, hosts=served
             )
         except VerificationError as exc:
             return refusal(exc)

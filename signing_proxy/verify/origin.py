@@ -59,7 +59,9 @@ def build_verify_origin(
 
     async def verdict(request: web.Request) -> web.Response:
         try:
-            stack = await verify_aiohttp_request(app[_VERIFIER], request, external_origin=external_origin)
+            stack = await verify_aiohttp_request(
+                app[_VERIFIER], request, external_origin=external_origin, hosts=None
+            )
         except VerificationError as exc:
             extra: dict[str, object] = {"verified": False, "method": request.method, "path": request.raw_path}
             if exc.label:

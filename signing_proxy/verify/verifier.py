@@ -61,12 +61,13 @@ BUSY_RETRY_AFTER = ("Retry-After", "1")  # verifier-busy: the fetch budget refil
 
 def refusal_answer(exc: Error) -> tuple[int, tuple[tuple[str, str], ...]]:
     """Status and headers of a refused request's answer, the same in every verifier: 401 with the
-    Signature challenge, or 503 with ``Retry-After`` when the verifier had no budget left to fetch
-    the key directory the request needs (``verifier-busy``: nothing is wrong with the signature)."""
+    Signature challenge, 503 with ``Retry-After`` when the verifier had no budget left to fetch
+    the key directory the request needs (``verifier-busy``: nothing is wrong with the signature), or
+    421 for a name it does not answer for (``misdirected-request``)."""
     status = http_status(exc)
-    return status, (
-        (BUSY_RETRY_AFTER,) if status == HTTPStatus.SERVICE_UNAVAILABLE else (SIGNATURE_CHALLENGE,)
-    )
+    if status == HTTPStatus.SERVICE_UNAVAILABLE:
+        return status, (BUSY_RETRY_AFTER,)
+    return status, (() if status == HTTPStatus.MISDIRECTED_REQUEST else (SIGNATURE_CHALLENGE,))
 
 
 _FOREVER = (0, 2**62)

@@ -5,9 +5,13 @@ directory. Each refusal names its stable reason."""
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Sequence
 
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import make_mocked_request
+from multidict import CIMultiDict
 
 from signing_proxy.core.digest import content_digest
 from signing_proxy.core.errors import VerificationError
@@ -37,6 +41,7 @@ from signing_proxy.verify import (
     DirectoryResolver,
     FetchResult,
     RequestVerifier,
+    verify_delivery_request,
 )
 from signing_proxy.verify.cache import TokenBucket
 from signing_proxy.verify.directory import directory_url
@@ -342,3 +347,26 @@ async def test_a_key_one_of_two_exchange_directories_lists_is_that_exchanges() -
     url = bound_url()
     assert await refused(verifier, url, fetch(url)) == "retrieval-url-key-revoked"
     await verifier.close()
+
+
+def as_sent(url: str, fields: Fields, host: str) -> web.Request:
+    """The GET of ``url`` as an aiohttp delivery endpoint behind TLS receives it, with ``Host``."""
+    target = parse_absolute_uri(url)
+    lines = [("Host", host), *((n, v) for n, v in fields if n.lower() != "host")]
+    return make_mocked_request(
+        "GET", target.path_query, headers=CIMultiDict(lines), sslcontext=ssl.create_default_context()
+    )
+
+
+async def test_a_delivery_endpoint_answers_only_for_its_names() -> None:
+    """A retrieval signed for another origin does not pass: the endpoint builds its origin from
+    Host only for the names it answers for (loopback unless told: ``hosts``)."""
+    url = bound_url()
+    verifier = delivery()
+    with pytest.raises(VerificationError) as refused:
+        await verify_delivery_request(verifier, as_sent(url, fetch(url), "cdn.example"))
+    assert refused.value.reason == "misdirected-request"
+    verified = await verify_delivery_request(
+        verifier, as_sent(url, fetch(url), "cdn.example"), hosts=["cdn.example"]
+    )
+    assert verified.agent_id == AGENT.thumbprint

@@ -10,8 +10,10 @@ here was accepted before the fix; now each is refused before the handler runs.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from aiohttp import web
@@ -25,6 +27,7 @@ from signing_proxy.verify import (
     FetchResult,
     RequestVerifier,
     directory_url,
+    refusal,
     signature_middleware,
 )
 from signing_proxy.verify.gateway import GatewayVerifier
@@ -65,16 +68,17 @@ async def send(
     return int(head.split(b" ", 2)[1]), rest.decode("latin-1")
 
 
-@pytest.fixture(params=["signature_middleware", "gateway_middleware"])
-async def app(request: pytest.FixtureRequest) -> AsyncIterator[tuple[int, list[str]]]:
-    """An application behind one of the verifier's middlewares; the paths its handler ran for."""
+@contextlib.asynccontextmanager
+async def serving(kind: str, **origin: Any) -> AsyncIterator[tuple[int, list[str]]]:
+    """An application behind the verifier's middleware ``kind`` (``origin``: its external_origin and
+    hosts arguments); the paths its handler ran for."""
     verifier = RequestVerifier(DirectoryResolver(fetch))
-    if request.param == "signature_middleware":
-        middleware = signature_middleware(verifier)
+    if kind == "signature_middleware":
+        middleware = signature_middleware(verifier, **origin)
     else:
         assert verifier.revocations is not None  # RequestVerifier makes one when none is given
         issuers = IssuerKeys(verifier.resolver, verifier.revocations, verifier.egress, grace_s=0)
-        middleware = gateway_middleware(GatewayVerifier(verifier, issuers))
+        middleware = gateway_middleware(GatewayVerifier(verifier, issuers), **origin)
     ran: list[str] = []
 
     async def handler(req: web.Request) -> web.Response:
@@ -91,6 +95,16 @@ async def app(request: pytest.FixtureRequest) -> AsyncIterator[tuple[int, list[s
     finally:
         await server.close()
         await verifier.close()
+
+
+FACES = ["signature_middleware", "gateway_middleware"]
+
+
+@pytest.fixture(params=FACES)
+async def app(request: pytest.FixtureRequest) -> AsyncIterator[tuple[int, list[str]]]:
+    """An application behind one of the verifier's middlewares, with their defaults."""
+    async with serving(request.param) as served:
+        yield served
 
 
 async def test_a_signature_passes_for_the_path_it_covers(app: tuple[int, list[str]]) -> None:
@@ -144,3 +158,60 @@ async def test_a_target_in_absolute_form_is_refused(app: tuple[int, list[str]]) 
     status, text = await send(port, uri, [host], signed(uri, b"{}"), b"{}")
     assert (status, ran) == (401, []), text
     assert '"reason":"malformed-target"' in text
+
+
+# A request a client signed for another service: the middlewares took any Host as their origin, so a
+# signature captured at (or made for) publisher-a verified at any service that it was sent to with
+# that Host; replay protection does not help, it was never seen here.
+ELSEWHERE = "publisher-a.example"
+
+
+async def send_signed_for_elsewhere(port: int) -> tuple[int, str]:
+    uri = f"http://{ELSEWHERE}/article"
+    return await send(port, "/article", [ELSEWHERE], signed(uri, b"{}"), b"{}")
+
+
+@pytest.mark.parametrize("kind", FACES)
+async def test_a_signature_made_for_another_origin_is_misdirected(kind: str) -> None:
+    async with serving(kind) as (port, ran):
+        status, text = await send_signed_for_elsewhere(port)
+    assert (status, ran) == (421, []), text
+    assert '"reason":"misdirected-request"' in text
+    assert "hosts" in text  # the answer names the setting
+
+
+@pytest.mark.parametrize("kind", FACES)
+async def test_a_name_in_hosts_is_answered_for(kind: str) -> None:
+    async with serving(kind, hosts=["Publisher-A.example"]) as (port, ran):
+        status, text = await send_signed_for_elsewhere(port)
+        assert (status, ran) == (200, ["/article"]), text
+        loopback = f"127.0.0.1:{port}"  # no longer among the names
+        status, text = await send(port, "/feed", [loopback], signed(f"http://{loopback}/feed", b"{}"), b"{}")
+    assert (status, ran) == (421, ["/article"]), text
+
+
+@pytest.mark.parametrize("kind", FACES)
+async def test_external_origin_decides_whatever_the_host(kind: str) -> None:
+    async with serving(kind, external_origin=f"http://{ELSEWHERE}") as (port, ran):
+        status, text = await send(
+            port, "/article", ["anything.example"], signed(f"http://{ELSEWHERE}/article", b"{}"), b"{}"
+        )
+    assert (status, ran) == (200, ["/article"]), text
+
+
+@pytest.mark.parametrize("hosts", [["exchange.example:443"], ["user@exchange.example"], [""], "a:1"])
+def test_hosts_take_names_without_ports(hosts: Any) -> None:
+    verifier = RequestVerifier(DirectoryResolver(fetch))
+    with pytest.raises(ValueError, match="without a port"):
+        signature_middleware(verifier, hosts=hosts)
+
+
+async def test_the_misdirected_answer_has_no_signature_challenge() -> None:
+    """421 is not an authentication failure: no ``WWW-Authenticate`` (RFC 9110 section 11.6.1)."""
+    request = make_mocked_request("POST", "/article", headers=CIMultiDict([("Host", ELSEWHERE)]))
+    with pytest.raises(VerificationError) as refused:
+        await as_received(request, None)
+    assert refused.value.reason == "misdirected-request"
+    response = refusal(refused.value)
+    assert response.status == 421
+    assert "WWW-Authenticate" not in response.headers

@@ -83,3 +83,15 @@ async def test_the_verdict_never_shows_a_bearer_credential(origin: str, director
     base = json.loads(text)["labels"][0]["signature_base"]
     assert '\n"authorization": (not shown)\n' in base
     assert base.startswith('"@method": POST\n')  # the rest of the base is shown
+
+
+async def test_any_host_gets_its_verdict(origin: str, directory_base: str) -> None:
+    """``verify-origin`` gates nothing: it answers the verdict for whatever name it was sent, where
+    the middlewares answer only for their ``hosts`` (421 ``misdirected-request`` otherwise)."""
+    url = "http://publisher-a.example/article"
+    async with aiohttp.ClientSession() as session:
+        headers = [("Host", "publisher-a.example"), *signed(url, f'"{directory_base}"')]
+        async with session.post(f"{origin}/article", data=b"{}", headers=headers) as resp:
+            doc = await resp.json()
+            assert resp.status == 200, doc
+    assert (doc["verified"], doc["path"]) == (True, "/article")
