@@ -1,5 +1,6 @@
 """An independent RFC 9421 check: the PyPI package ``http-message-signatures`` (pyauth) verifies
-what our code emits, so our signer is never only checked by our own verifier."""
+what our code emits, so our signer is never only checked by our own verifier; and signs as a third
+party would, so our verifier is never only checked against our own signer."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-from http_message_signatures import HTTPMessageVerifier, MappingKeyResolver, algorithms
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from http_message_signatures import HTTPMessageSigner, HTTPMessageVerifier, MappingKeyResolver, algorithms
 from http_message_signatures.signatures import SignatureVerifyWarning
 
 SPEC_FIVE = ("@method", "@target-uri", "content-digest", "authorization", "signature-agent")
@@ -33,11 +34,52 @@ class _Headers:
         return ", ".join(v for n, v in self._lines if n.lower() == name.lower())
 
 
+class _WritableHeaders(_Headers):
+    def __setitem__(self, name: str, value: str) -> None:
+        self._lines = [(n, v) for n, v in self._lines if n.lower() != name.lower()] + [(name, value)]
+
+    def __delitem__(self, name: str) -> None:
+        self._lines = [(n, v) for n, v in self._lines if n.lower() != name.lower()]
+
+
 @dataclass
 class OracleRequest:
     method: str
     url: str
     headers: _Headers
+
+
+def oracle_sign(
+    method: str,
+    url: str,
+    lines: Iterable[tuple[str, str]],
+    body: bytes,
+    *,
+    keyid: str,
+    private_key: Ed25519PrivateKey,
+    now: int,
+    label: str = "agent",
+    components: Iterable[str] = SPEC_FIVE,
+) -> list[tuple[str, str]]:
+    """``lines`` with a signature of ``label`` that pyauth made over ``method`` and ``url`` exactly as
+    given (its ``@target-uri`` is ``url``, no normal form), valid from ``now`` for 300 s; appended to
+    any signature the lines carry."""
+    request = OracleRequest(method, url, _WritableHeaders(lines))
+    resolver = MappingKeyResolver(public_keys={}, private_keys={keyid: private_key})
+    signer = HTTPMessageSigner(signature_algorithm=algorithms.ED25519, key_resolver=resolver)
+    created = datetime.datetime.fromtimestamp(now, datetime.UTC)
+    signer.sign(
+        request,
+        key_id=keyid,
+        created=created,
+        expires=created + datetime.timedelta(seconds=300),
+        label=label,
+        covered_component_ids=tuple(components),
+        append_if_signature_exists=True,
+        body=body,
+        use_existing_digest=True,
+    )
+    return request.headers.items()
 
 
 def oracle_verify(

@@ -26,6 +26,7 @@ __all__ = [
     "is_host_name",
     "parse_absolute_uri",
     "parse_authority",
+    "parse_received_uri",
     "valid_host_field",
 ]
 
@@ -221,6 +222,16 @@ def _parse(uri: str) -> Target:
 # limits.max_request_line_bytes) is parsed each time, so what the cache holds stays under about
 # 5 MiB whatever strangers send and however far the limits are raised.
 parse_absolute_uri = _cached_when_short(2048, 1024)(_parse)
+
+
+def parse_received_uri(uri: str) -> Target:
+    """The canonical target of a target URI a verifier received (``scheme://`` + ``Host`` + the
+    request target, as they arrived), which is itself what ``@target-uri`` covers (``Message``'s
+    ``received_uri``). FieldError as ``parse_absolute_uri``, and ``malformed-target`` for a fragment,
+    which no request target carries (RFC 9112 section 3.2)."""
+    if "#" in uri:
+        raise FieldError("malformed-target", "a request target carries no fragment")
+    return parse_absolute_uri(uri)
 
 
 # RFC 3986 section 2.3: characters a percent-encoding stands for needlessly (section 6.2.2.2)

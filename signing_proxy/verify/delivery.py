@@ -45,7 +45,7 @@ from ..core.signatures import (
     VerifiedSignature,
     parse_signature_stack,
 )
-from ..core.uri import LOOPBACK_HOSTS, parse_absolute_uri
+from ..core.uri import LOOPBACK_HOSTS, parse_received_uri
 from ..net.client import HttpClient
 from ..net.egress import EgressPolicy
 from .build import build_verifier
@@ -123,7 +123,7 @@ class DeliveryVerifier:
     async def _verify(self, method: str, url: str, fields: Fields, body: bytes) -> VerifiedRetrieval:
         now = self.clock()
         try:
-            target = parse_absolute_uri(url)
+            target = parse_received_uri(url)
         except FieldError as exc:
             raise VerificationError(exc.reason, exc.detail) from None
         bound = parse_retrieval_url(target.uri)
@@ -136,7 +136,7 @@ class DeliveryVerifier:
                 "presented-key-mismatch", "the presented key is not the one the URL is bound to", label
             )
         checked = check_stack(
-            Message(method, target, reduced),
+            Message(method, target, reduced, url),
             body,
             now=now,
             skew_s=self.policy.skew_s,

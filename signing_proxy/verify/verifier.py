@@ -36,7 +36,7 @@ from ..core.signatures import (
     VerificationKey,
     VerifiedStack,
 )
-from ..core.uri import parse_absolute_uri
+from ..core.uri import parse_received_uri
 from ..errors import VERIFIER_BUSY, EgressError, Error, http_status
 from ..net.egress import EgressPolicy
 from .directory import DirectoryError, DirectoryResolver, directory_url
@@ -154,7 +154,7 @@ class RequestVerifier:
     ) -> VerifiedStack:
         now = self.clock()
         try:
-            message = Message(method, parse_absolute_uri(target_uri), fields)
+            message = Message(method, parse_received_uri(target_uri), fields, target_uri)
         except FieldError as exc:
             raise VerificationError(exc.reason, exc.detail) from None
         policy = self.policy

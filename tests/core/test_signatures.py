@@ -32,8 +32,8 @@ from signing_proxy.core.signatures import (
     signature_base,
     verify_stack,
 )
-from signing_proxy.core.uri import parse_absolute_uri
-from tests.oracle import oracle_verify
+from signing_proxy.core.uri import parse_absolute_uri, parse_received_uri
+from tests.oracle import oracle_sign, oracle_verify
 
 NOW = 1_700_000_000
 URL = "https://exchange.example/svc.v1.ExchangeService/DiscoverResources?x=%2Fa"
@@ -490,10 +490,6 @@ def test_our_signatures_verify_under_http_message_signatures() -> None:
 
 
 def test_we_verify_http_message_signatures_single_label_and_stack() -> None:
-    from http_message_signatures import HTTPMessageSigner, MappingKeyResolver, algorithms
-
-    from tests.oracle import OracleRequest, _Headers
-
     now = int(time.time())
     lines = [
         ("Content-Type", "application/json"),
@@ -501,47 +497,52 @@ def test_we_verify_http_message_signatures_single_label_and_stack() -> None:
         ("Authorization", ""),
         ("Signature-Agent", ""),
     ]
-    request = OracleRequest("POST", URL, _Headers(lines))
-
-    class Writable(_Headers):
-        def __setitem__(self, name: str, value: str) -> None:
-            self._lines = [(n, v) for n, v in self._lines if n.lower() != name.lower()] + [(name, value)]
-
-        def __delitem__(self, name: str) -> None:
-            self._lines = [(n, v) for n, v in self._lines if n.lower() != name.lower()]
-
-    request.headers = Writable(lines)
-    resolver = MappingKeyResolver(
-        public_keys={}, private_keys={AGENT.thumbprint: AGENT._private, BROKER.thumbprint: BROKER._private}
-    )
-    signer = HTTPMessageSigner(signature_algorithm=algorithms.ED25519, key_resolver=resolver)
-    import datetime
-
-    created = datetime.datetime.fromtimestamp(now, datetime.UTC)
-    expires = created + datetime.timedelta(seconds=300)
-    five = tuple(c.name for c in SPEC_COMPONENTS)
-    signer.sign(
-        request,
-        key_id=AGENT.thumbprint,
-        created=created,
-        expires=expires,
-        label="agent",
-        covered_component_ids=five,
-        body=BODY,
-        use_existing_digest=True,
-    )
-    message = Message("POST", parse_absolute_uri(URL), Fields(request.headers.items()))
+    lines = oracle_sign("POST", URL, lines, BODY, keyid=AGENT.thumbprint, private_key=AGENT._private, now=now)
+    message = Message("POST", parse_absolute_uri(URL), Fields(lines))
     assert verify(message, now=now).agent.label == "agent"
-    signer.sign(
-        request,
-        key_id=BROKER.thumbprint,
-        created=created,
-        expires=expires,
+    five = tuple(c.name for c in SPEC_COMPONENTS)
+    lines = oracle_sign(
+        "POST",
+        URL,
+        lines,
+        BODY,
+        keyid=BROKER.thumbprint,
+        private_key=BROKER._private,
+        now=now,
         label="broker",
-        covered_component_ids=(*five, '"signature";key="agent"'),
-        append_if_signature_exists=True,
-        body=BODY,
-        use_existing_digest=True,
+        components=(*five, '"signature";key="agent"'),
     )
-    message = Message("POST", parse_absolute_uri(URL), Fields(request.headers.items()))
+    message = Message("POST", parse_absolute_uri(URL), Fields(lines))
     assert [s.label for s in verify(message, now=now).signatures] == ["agent", "broker"]
+
+
+@pytest.mark.parametrize(
+    "received",
+    [
+        "https://exchange.example:443/svc/call",  # a default port, as a client that was given it sends it
+        "https://Exchange.EXAMPLE/svc/call",
+        "https://[2001:DB8::A]/svc/call",
+        "https://exchange.example/svc/call?",  # an empty query (RFC 3986 section 6.2.3: not the same URI)
+    ],
+)
+def test_target_uri_is_the_one_received_not_a_normal_form_of_it(received: str) -> None:
+    """RFC 9421 section 2.2.2: ``@target-uri`` is the target URI assembled from the authority and
+    target as they arrived (RFC 9112 section 3.3). A third party that signs the URI it sends, as pyauth
+    does, was refused ``bad-signature``: the base was rebuilt over our normal form of it."""
+    now = int(time.time())
+    lines = [("Content-Digest", content_digest(BODY)), ("Authorization", ""), ("Signature-Agent", "")]
+    lines = oracle_sign(
+        "POST", received, lines, BODY, keyid=AGENT.thumbprint, private_key=AGENT._private, now=now
+    )
+    target = parse_received_uri(received)
+    assert target.uri != received  # the normal form differs; the base must not be built over it
+    assert verify(Message("POST", target, Fields(lines), received), now=now).agent.label == "agent"
+    with pytest.raises(VerificationError) as refused:
+        verify(Message("POST", target, Fields(lines)), now=now)
+    assert refused.value.reason == "bad-signature"
+
+
+def test_a_received_target_with_a_fragment_is_refused() -> None:
+    with pytest.raises(FieldError) as refused:
+        parse_received_uri("https://exchange.example/feed#/admin")
+    assert refused.value.reason == "malformed-target"
