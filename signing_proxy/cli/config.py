@@ -1,4 +1,7 @@
-"""``signing-proxy config check``: validate a configuration and print the effective one, secrets redacted."""
+"""``signing-proxy config check``: validate a configuration and print the effective one, secrets redacted.
+
+The credentials' token files and variables are read too (never shown), as ``run`` reads them at
+start: a check that passed a file ``run`` then refused was no check."""
 
 from __future__ import annotations
 
@@ -8,6 +11,7 @@ from typing import Any
 import yaml
 
 from ..config import redacted
+from ..proxy.credentials import BearerStore
 from .common import config_from
 
 __all__ = ["add_parsers", "cmd_config_check"]
@@ -15,6 +19,7 @@ __all__ = ["add_parsers", "cmd_config_check"]
 
 def cmd_config_check(args: argparse.Namespace) -> int:
     config = config_from(args)
+    BearerStore(config.credentials)  # the tokens' files and variables, read as ``run`` reads them
     print(f"# {args.config or 'embedded default configuration'}: OK")
     print(yaml.safe_dump(redacted(config), sort_keys=False), end="")
     return 0
@@ -28,7 +33,8 @@ def add_parsers(sub: Any) -> None:
     check = cfg.add_parser(
         "check",
         help="validate a config file and print the effective configuration",
-        description="Validate FILE and print the effective configuration (secrets redacted).",
+        description="Validate FILE (and read the bearer-token files and variables it names, as run "
+        "does) and print the effective configuration, secrets redacted.",
     )
     check.add_argument("config", metavar="FILE", nargs="?", help="YAML file (default: the embedded defaults)")
     check.set_defaults(func=cmd_config_check)

@@ -7,6 +7,7 @@ must be HOST:PORT``). ``SIGNING_PROXY_CONFIG`` names the file when ``--config`` 
 
 from __future__ import annotations
 
+import re
 import typing
 from collections.abc import Mapping
 from pathlib import Path
@@ -56,22 +57,73 @@ def parse_config(raw: Any) -> Config:
 
 
 def load_config(path: Path | None) -> Config:
-    """Load and validate a YAML file; ``None`` gives the embedded defaults."""
+    """Load and validate a YAML file (UTF-8, no key twice in one mapping); ``None`` gives the
+    embedded defaults."""
     if path is None:
         return parse_config({})
     try:
-        text = path.read_text()
+        data = path.read_bytes()
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read config file ({exc.strerror})") from None
     try:
-        raw = yaml.safe_load(text)
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(f"{path}: not UTF-8 text (line {line}); save it as UTF-8") from None
+    try:
+        raw = yaml.load(text, Loader=_Loader)  # noqa: S506 - _Loader is a SafeLoader
     except yaml.YAMLError as exc:
         # the position only: PyYAML's message quotes the offending line, which may hold a secret
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None)
-        raise ConfigError(f"{path}: not valid YAML{where} ({problem or 'syntax error'})") from None
-    return parse_config(raw)
+        raise ConfigError(f"{path}: not valid YAML{where} ({_problem(exc)})") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: not valid YAML (nested too deeply)") from None
+    try:
+        return parse_config(raw)
+    except ConfigError as exc:  # the key path, and the file it is in
+        raise ConfigError(f"{path}: {exc}", reason=exc.reason) from None
+
+
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key given twice in one mapping: it kept the last silently,
+    so a second ``signing:`` block dropped the first one's settings (``<<`` merges may be overridden)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[object] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                twice = key in seen
+                seen.add(key)
+            except TypeError:  # an unhashable key: PyYAML refuses it below
+                continue
+            if twice:
+                name = key if isinstance(key, str) and _NAME.fullmatch(key) else None
+                problem = f"the key {name} is given twice" if name else "a key is given twice"
+                raise yaml.constructor.ConstructorError(None, None, problem, key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)
+
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")  # a configuration key: shown; anything else: not
+_QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"")
+_TAG_OR_ALIAS = ("could not determine a constructor", "found undefined alias")  # of a value unquoted
+
+
+def _problem(exc: yaml.YAMLError) -> str:
+    """What PyYAML says went wrong, without what it quotes of the file: a tag or an alias it names
+    is the text after ``!`` or ``*``, and an unquoted PIN such as ``!Passw0rd`` was printed whole."""
+    problem = getattr(exc, "problem", None)
+    if not isinstance(problem, str) or not problem:
+        return "syntax error"
+    shown = _QUOTED.sub("'…'", problem)
+    if "'" in shown.replace("'…'", "") or '"' in shown:
+        return "syntax error"
+    if shown != problem and problem.startswith(_TAG_OR_ALIAS):
+        shown += "; a value starting with ! or * needs quotes"
+    return shown
 
 
 def apply_env_overrides(config: Config, environ: Mapping[str, str]) -> Config:

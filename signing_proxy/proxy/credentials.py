@@ -39,8 +39,14 @@ class BearerStore:
                 if not token:
                     detail = f"credentials[{i}].bearer_env: {rule.bearer_env} is not set"
                     raise ConfigError(detail, reason="credential-missing")
-            if not token.isascii() or any(c in token for c in "\r\n"):
-                detail = f"credentials[{i}]: bearer token must be one ASCII line"
+            if not token:  # "Authorization: Bearer " went out
+                detail = f"credentials[{i}].bearer_file: {rule.bearer_file} is empty"
+                raise ConfigError(detail, reason="credential-missing")
+            if not _TOKEN_CHARS.issuperset(token):  # the value is never shown, only what is wrong
+                detail = (
+                    f"credentials[{i}]: a bearer token is one word of visible ASCII, "
+                    "without spaces or control characters"
+                )
                 raise ConfigError(detail, reason="credential-malformed")
             self._rules.append((rule, token))
 
@@ -68,6 +74,7 @@ class BearerStore:
         log.warning("credentials[%d] not sent to %s: %s", index, origin, why)
 
 
+_TOKEN_CHARS = frozenset(map(chr, range(0x21, 0x7F)))  # visible ASCII: what one header word may be
 _TOLD_MAX = 4096  # our choice: distinct (rule, origin) pairs remembered as already logged
 MAX_BEARER_FILE_BYTES = 16 * 1024  # our choice: far above any real token, far below a header limit
 

@@ -95,6 +95,16 @@ def test_config_check_prints_the_effective_config(tmp_path: Path) -> None:
     assert "lisen: unknown key" in done.stderr
 
 
+def test_config_check_reads_the_token_files_run_reads(tmp_path: Path) -> None:
+    """``config check`` said OK for a configuration ``run`` then refused: a bearer file missing."""
+    config = tmp_path / "c.yaml"
+    config.write_text(f"credentials:\n  - hosts: [a.example]\n    bearer_file: {tmp_path / 'missing'}\n")
+    done = run_cli("config", "check", str(config))
+    assert done.returncode == 2
+    assert "credentials[0].bearer_file:" in done.stderr
+    assert "OK" not in done.stdout
+
+
 def test_first_run_generates_an_owner_only_key(tmp_path: Path) -> None:
     data = tmp_path / "data"
     with started_run("--listen", "127.0.0.1:0", "--data-dir", str(data)) as lines:

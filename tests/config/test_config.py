@@ -174,6 +174,66 @@ def test_a_yaml_slip_is_located_without_quoting_the_line(tmp_path: Path, text: s
     assert "SECRET" not in str(caught.value)
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        "signing:\n  pkcs11:\n    module: /m.so\n    pin: !Passw0rd-SECRET\n",  # read as a YAML tag
+        "signing:\n  pkcs11:\n    module: /m.so\n    pin: *SECRET-PIN\n",  # read as an alias
+    ],
+)
+def test_an_unquoted_pin_yaml_reads_as_a_tag_or_alias_is_not_shown(tmp_path: Path, text: str) -> None:
+    """PyYAML's problem names the tag or alias: the PIN after its ``!`` or ``*``, printed by ``config
+    check`` and logged by a refused SIGHUP reload."""
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert "at line 4, column 10" in str(caught.value)
+    assert "SECRET" not in str(caught.value)
+    assert "needs quotes" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        (
+            "signing:\n  label: a\nlisten: 127.0.0.1:1\nsigning:\n  label: b\n",
+            "line 4, column 1 (the key signing",
+        ),
+        ("listen: 127.0.0.1:1\nlisten: 127.0.0.1:2\n", "line 2, column 1 (the key listen"),
+        ("log:\n  level: info\n  level: debug\n", "line 3, column 3 (the key level"),
+    ],
+)
+def test_a_key_given_twice_is_refused(tmp_path: Path, text: str, where: str) -> None:
+    """PyYAML keeps the last of two equal keys: a second ``signing:`` block silently dropped the
+    first one's settings, and ``config check`` said OK."""
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match="given twice") as caught:
+        load_config(path)
+    assert where in str(caught.value)
+
+
+def test_a_merged_key_may_be_overridden(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text("log:\n  <<: {level: info, format: json}\n  level: debug\n")
+    assert load_config(path).log.level == "debug"
+
+
+def test_a_config_file_that_is_not_utf8_is_one_line_error(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes(b"listen: 127.0.0.1:8080\n# caf\xe9\n")
+    with pytest.raises(ConfigError, match=r"latin1\.yaml: not UTF-8 text \(line 2\)"):
+        load_config(path)
+
+
+def test_a_schema_error_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text("signing:\n  lable: x\n")
+    with pytest.raises(ConfigError, match=r"config\.yaml: signing\.lable: unknown key"):
+        load_config(path)
+
+
 @pytest.mark.parametrize(("lifetime_s", "max_age_s"), [(3600, 86_400), (3630, 3600), (7200, 7170)])
 def test_a_key_that_cannot_outlive_a_cached_directory_is_refused(lifetime_s: int, max_age_s: int) -> None:
     """With a key lifetime under the directory's max-age, every rotation let a key sign before the

@@ -268,3 +268,22 @@ def test_an_owner_only_proxy_auth_file_is_read(tmp_path: Path) -> None:
     with pytest.raises(ProxyError) as refused:  # the file was read, not taken as empty (no check at all)
         access.check_proxy_auth("Basic " + base64.b64encode(b"agent:wrong").decode())
     assert refused.value.status == 407
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        ("\n", "credential-missing"),  # "Authorization: Bearer " went out
+        ("   \n", "credential-missing"),
+        ("two words\n", "credential-malformed"),  # "Bearer two words": no token68
+        ("tok\x01en\n", "credential-malformed"),  # a control character, sent verbatim
+        ("tok\ten\n", "credential-malformed"),
+    ],
+)
+def test_a_bearer_file_with_no_usable_token_is_refused(tmp_path: Path, content: str, reason: str) -> None:
+    token = private_file(tmp_path / "token", content)
+    with pytest.raises(ConfigError) as err:
+        BearerStore([CredentialRule(hosts=("a.example",), bearer_file=str(token))])
+    assert err.value.reason == reason
+    assert str(err.value).startswith("credentials[0]")
+    assert content.strip() not in str(err.value) or not content.strip()
