@@ -1,18 +1,21 @@
 """httpx: ``SignatureAuth``, an ``httpx.Auth`` in httpx's generator style, sync and async.
 
 httpx runs an auth flow last, on the request exactly as it will be sent (URL, headers, body), so the
-signature covers the request sent (an empty query is dropped from its URL first; a redirect the
-client follows itself, ``follow_redirects=True``, would resend this signature: leave it off). The
-body is read first (``requires_request_body``): a streamed body is read up to
-``limits.max_body_bytes`` and then sent from memory with a ``Content-Length``; a larger one raises
-``NotSigned`` (413) and nothing is sent. The async flow looks at the key store (and the delegation
-file) in a worker thread, never on the event loop.
+signature covers the request sent (an empty query is dropped from its URL first). A redirect the
+client follows itself (``follow_redirects=True``) never reaches an auth: httpx copies the first
+request's fields, signature included, to the new URL, where it could be replayed for the first.
+``redirect_hooks()`` (``async_redirect_hooks()`` for an ``AsyncClient``) are the client's
+``event_hooks`` that sign each such request for its own URL, with the caller's body (never a
+Requester added for the first). The body is read first (``requires_request_body``): a streamed
+body is read up to ``limits.max_body_bytes`` and then sent from memory with a ``Content-Length``; a
+larger one raises ``NotSigned`` (413) and nothing is sent. The async flow looks at the key store
+(and the delegation file) in a worker thread, never on the event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Generator
+from collections.abc import AsyncGenerator, Awaitable, Callable, Generator
 
 import httpx
 
@@ -21,13 +24,50 @@ from .signer import OWNED, Signer, read_limited, read_limited_async
 __all__ = ["SignatureAuth"]
 
 
+# extensions httpx hands on to a redirect's request (the same dict): what was signed, the caller's body
+_SIGNED_FOR = "signing_proxy.signed_for"
+_CALLERS_BODY = "signing_proxy.callers_body"
+
+RequestHook = Callable[[httpx.Request], None]
+AsyncRequestHook = Callable[[httpx.Request], Awaitable[None]]
+
+
 class SignatureAuth(httpx.Auth):
-    """Signs every request of an ``httpx.Client`` or ``httpx.AsyncClient`` with ``signer``."""
+    """Signs every request of an ``httpx.Client`` or ``httpx.AsyncClient`` with ``signer``.
+
+    With ``follow_redirects=True`` pass ``event_hooks=auth.redirect_hooks()`` (an ``AsyncClient``:
+    ``auth.async_redirect_hooks()``) too, so each redirect is signed for its own URL."""
 
     requires_request_body = True
 
     def __init__(self, signer: Signer) -> None:
         self.signer = signer
+
+    def redirect_hooks(self) -> dict[str, list[RequestHook]]:
+        """``event_hooks`` for an ``httpx.Client`` that follows redirects: sign each for its URL."""
+        return {"request": [self._sign_redirect]}
+
+    def async_redirect_hooks(self) -> dict[str, list[AsyncRequestHook]]:
+        """``event_hooks`` for an ``httpx.AsyncClient`` that follows redirects."""
+
+        async def sign_redirect(request: httpx.Request) -> None:
+            if _SIGNED_FOR in request.extensions and self.signer.refresh_due():
+                await asyncio.to_thread(self.signer.refresh)
+            self._sign_redirect(request)
+
+        return {"request": [sign_redirect]}
+
+    def _sign_redirect(self, request: httpx.Request) -> None:
+        """A request hook: a request httpx made from a signed one for a redirect (the first one signed
+        passes unchanged) is signed for its own method and URL, over the caller's body."""
+        signed_for = request.extensions.get(_SIGNED_FOR)
+        if signed_for is None or signed_for == (request.method, str(request.url)):
+            return
+        if request.method == signed_for[0]:  # the body is resent (307, 308; 301, 302 but for POST)
+            _replace_body(request, request.extensions.get(_CALLERS_BODY, b""))
+        else:  # turned into a GET: httpx sends no body
+            request._content = b""
+        self._sign(request)
 
     def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
         """The I/O-free flow, for a request whose body is read (``requires_request_body``)."""
@@ -62,6 +102,8 @@ class SignatureAuth(httpx.Auth):
         signed = self.signer.sign(request.method, str(request.url), lines, content)
         if signed is None:
             return
+        request.extensions[_SIGNED_FOR] = (request.method, str(request.url))
+        request.extensions[_CALLERS_BODY] = content
         for name in OWNED.intersection(name.lower() for name, _ in lines):
             del headers[name]
         for name, value in signed.fields:
