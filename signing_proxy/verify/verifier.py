@@ -174,6 +174,14 @@ class RequestVerifier:
             await self._key_for(entry, keyid, brokers if index else agent, budgeted=not index)
             for index, (entry, keyid, *_rest) in enumerate(checked.entries)
         ]
+        if keys[0] is None and checked.directory is None:  # say why, not only that: a first set-up's slip
+            entry, keyid, *_ = checked.entries[0]
+            raise VerificationError(
+                "unknown-keyid",
+                f"no key for keyid {keyid!r}: the request names no key directory (its Signature-Agent "
+                "is empty) and no pinned agent key has that thumbprint",
+                entry.label,
+            )
         # the keys' and the signatures' windows at the time the keys are used, after their fetches
         stack = verify_checked(checked, lambda _entry, index: keys[index], now=self.clock())
         if agent and agent[0].url is not None:

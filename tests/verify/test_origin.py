@@ -95,3 +95,18 @@ async def test_any_host_gets_its_verdict(origin: str, directory_base: str) -> No
             doc = await resp.json()
             assert resp.status == 200, doc
     assert (doc["verified"], doc["path"]) == (True, "/article")
+
+
+async def test_an_empty_signature_agent_without_a_pinned_key_says_so(origin: str) -> None:
+    """The quick-start proxy sends an empty Signature-Agent: the verdict said only "no key for keyid",
+    not that the request names no directory and a pinned key (``--pinned-key``) is what finds it."""
+    url = f"{origin}/x"
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(url, data=b"{}", headers=signed(url, "")) as resp,
+    ):
+        doc = await resp.json(content_type=None)
+        assert resp.status == 401
+    assert doc["reason"] == "unknown-keyid"
+    assert "Signature-Agent is empty" in doc["detail"]
+    assert "pinned" in doc["detail"]
