@@ -24,7 +24,7 @@ from typing import Literal
 from .b64 import b64_encode
 from .errors import FieldError, VerificationError
 from .fields import Fields
-from .sfv import parse_item
+from .sfv import is_token, parse_item
 from .signature_components import (
     SPEC_COMPONENTS,
     Component,
@@ -216,7 +216,10 @@ def check_web_components(
 def web_signature_agent(fields: Fields, label: str, components: Sequence[Component]) -> str | None:
     """The directory origin the first web-bot-auth label names: the Signature-Agent member it covers
     (``"signature-agent";key=<m>``), or the legacy sf-String it covers plain; None when no
-    Signature-Agent is sent. One sent but not covered is refused (anyone on the path could add it).
+    Signature-Agent is sent, or the member is one the drafts have a verifier ignore (a ``type`` other
+    than ``directory``; a URL with a path, which is no origin; the legacy String, from drafts that
+    took any URI, may have one): its keys are then only pinned ones.
+    One sent but not covered is refused (anyone on the path could add it).
     """
     covered = [c for c in components if c.name == "signature-agent"]
     raw = fields.combined("signature-agent")
@@ -240,7 +243,7 @@ def web_signature_agent(fields: Fields, label: str, components: Sequence[Compone
             ) from None
         if not isinstance(value, str) or params:
             raise VerificationError("malformed-signature-agent", "Signature-Agent must be a String", label)
-        return _web_origin(value, label)
+        return _web_directory(value, label)  # the drafts of that form took any URI (a path too)
     try:
         members = parse_field_dictionary(raw, "Signature-Agent")
     except FieldError as exc:
@@ -250,15 +253,23 @@ def web_signature_agent(fields: Fields, label: str, components: Sequence[Compone
         raise VerificationError(
             "missing-dictionary-member", f"Signature-Agent has no member {component.key!r}", label
         )
-    value = member[0]
+    value, params = member
     if not isinstance(value, str):
         raise VerificationError(
             "malformed-signature-agent", "a Signature-Agent member must be a String", label
         )
-    return _web_origin(value, label)
+    kind = params.get("type")
+    if kind is not None and not is_token(kind, "directory"):
+        # protocol-02 5.2.1: "A verifier that does not support a type value MUST ignore that member,
+        # and MUST NOT infer the mechanism from the URI path" (jwks_uri, cimd: not ours)
+        return None
+    base = _web_directory(value, label)
+    # 5.5: a directory member "MUST be the ASCII serialization of an origin", and a verifier "MUST
+    # ignore a member carrying anything else": a path names no directory here
+    return None if "/" in base.partition("://")[2] else base
 
 
-def _web_origin(url: str, label: str) -> str:
+def _web_directory(url: str, label: str) -> str:
     if not url.startswith(("https://", "http://")) or any(c in url for c in ' "<>\\?#'):
         raise VerificationError("malformed-signature-agent", "Signature-Agent must be an http(s) URL", label)
     try:

@@ -178,8 +178,9 @@ class RequestVerifier:
             entry, keyid, *_ = checked.entries[0]
             raise VerificationError(
                 "unknown-keyid",
-                f"no key for keyid {keyid!r}: the request names no key directory (its Signature-Agent "
-                "is empty) and no pinned agent key has that thumbprint",
+                f"no key for keyid {keyid!r}: the request names no key directory this verifier uses "
+                "(its Signature-Agent is empty, absent, or a member it ignores) and no pinned agent key "
+                "has that thumbprint",
                 entry.label,
             )
         # the keys' and the signatures' windows at the time the keys are used, after their fetches

@@ -108,5 +108,5 @@ async def test_an_empty_signature_agent_without_a_pinned_key_says_so(origin: str
         doc = await resp.json(content_type=None)
         assert resp.status == 401
     assert doc["reason"] == "unknown-keyid"
-    assert "Signature-Agent is empty" in doc["detail"]
+    assert "names no key directory" in doc["detail"]
     assert "pinned" in doc["detail"]

@@ -35,12 +35,14 @@ AGENT_DIR = "https://agent.example"
 URL = "https://shop.example/cart?x=1"
 
 
-def _request(key: SigningKey = AGENT) -> Fields:
+def _request(key: SigningKey = AGENT, agent_member: str | None = None) -> Fields:
+    """A web-bot-auth request signed by ``key``; ``agent_member``: the covered Signature-Agent
+    member as sent (default: the one our signer writes for AGENT_DIR)."""
     now = int(time.time())
     fields = Fields(())
     value, agent = signature_agent_field(WEB_BOT_AUTH, "agent", AGENT_DIR)
     assert value is not None
-    fields.add("Signature-Agent", value)
+    fields.add("Signature-Agent", value if agent_member is None else f"agent={agent_member}")
     member = sign_message(
         Message("GET", parse_absolute_uri(URL), fields),
         key,
@@ -115,4 +117,38 @@ async def test_a_verifier_may_accept_the_spec_profile_only() -> None:
         await verifier.verify("GET", URL, _request(), b"")
     assert err.value.reason == "unsupported-tag"
     assert fetch.calls == []
+    await verifier.close()
+
+
+@pytest.mark.parametrize(
+    "member",
+    [
+        f'"{AGENT_DIR}";type=jwks_uri',  # "MUST ignore that member, and MUST NOT infer the mechanism"
+        f'"{AGENT_DIR}";type=cimd',
+        f'"{AGENT_DIR}/agents/alice"',  # a directory member "MUST be ... an origin"
+    ],
+)
+async def test_a_member_the_drafts_have_a_verifier_ignore_names_no_directory(member: str) -> None:
+    """protocol-02 5.2.1 and 5.5: such a member was fetched as a directory anyway (``type`` dropped;
+    the path kept), and the request attributed to that URL. Ignored, it names no directory: only a
+    pinned key can verify it, and no fetch is made."""
+    verifier, fetch = _verifier()
+    with pytest.raises(VerificationError) as err:
+        await verifier.verify("GET", URL, _request(agent_member=member), b"")
+    assert err.value.reason == "unknown-keyid"
+    assert fetch.calls == []
+    await verifier.close()
+    pinned = RequestVerifier(
+        DirectoryResolver(FakeFetch()), VerifierPolicy(pinned_agent_keys=(AGENT.public,))
+    )
+    stack = await pinned.verify("GET", URL, _request(agent_member=member), b"")
+    assert (stack.directory, stack.agent.key_source) == (None, "pinned")
+    await pinned.close()
+
+
+async def test_a_directory_member_with_a_slash_or_the_type_token_is_an_origin() -> None:
+    verifier, fetch = _verifier()
+    for member in (f'"{AGENT_DIR}/"', f'"{AGENT_DIR}";type=directory'):
+        assert (await verifier.verify("GET", URL, _request(agent_member=member), b"")).directory == AGENT_DIR
+    assert fetch.calls == [directory_url(AGENT_DIR)]
     await verifier.close()
