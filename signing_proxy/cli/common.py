@@ -13,7 +13,7 @@ import os
 import sys
 from pathlib import Path
 
-from ..config import ENV_CONFIG_FILE, Config, apply_env_overrides, load_config
+from ..config import ENV_CONFIG_FILE, ENV_OVERRIDES, Config, apply_env_overrides, load_config
 from ..core.durations import parse_duration
 from ..errors import CAError, CliError, ConfigError, Error, KeyStoreError, ProxyError, StorageError
 
@@ -24,6 +24,7 @@ __all__ = [
     "config_from",
     "configure_logging",
     "duration",
+    "env_variable",
     "error_line",
     "show_host",
 ]
@@ -52,6 +53,11 @@ def config_from(args: argparse.Namespace) -> Config:
         return config.with_overrides(**overrides) if overrides else config
     except ConfigError as exc:
         raise CliError(f"configuration error: {exc}") from None
+
+
+def env_variable(key: str) -> str | None:
+    """The ``SIGNING_PROXY_*`` variable that sets the configuration key ``key``, if one does."""
+    return next((name for name, (dotted, _list) in ENV_OVERRIDES.items() if dotted == key), None)
 
 
 def configure_logging(level: str, fmt: str) -> None:
