@@ -10,6 +10,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -52,7 +53,16 @@ def config_from(args: argparse.Namespace) -> Config:
             overrides["gateway.hosts"] = list(args.gateway_hosts)
         return config.with_overrides(**overrides) if overrides else config
     except ConfigError as exc:
-        raise CliError(f"configuration error: {exc}") from None
+        raise CliError(f"configuration error: {_naming_variables(str(exc))}") from None
+
+
+def _naming_variables(message: str) -> str:
+    """A refusal that says ``set KEY`` also names the ``SIGNING_PROXY_*`` variable that sets KEY: a
+    command given only flags (``gateway``) may have no config file to set it in."""
+    for name, (key, is_list) in ENV_OVERRIDES.items():
+        if name not in message and re.search(rf"\bset {re.escape(key)}\b", message):
+            message += f", or the variable {name}" + (" (comma-separated)" if is_list else "")
+    return message
 
 
 def env_variable(key: str) -> str | None:

@@ -18,3 +18,13 @@ def test_publish_without_a_domain_names_the_flag_the_key_and_the_variable(tmp_pa
     assert len(done.stderr.splitlines()) == 1
     given = run_cli("publish", "--out", str(tmp_path / "public"), "--data-dir", data, "--domain", "a.example")
     assert given.returncode == 0, given.stderr
+
+
+def test_a_public_gateway_without_allowed_clients_names_the_key_and_the_variable(tmp_path: Path) -> None:
+    """Refused while reading the configuration: nothing binds 0.0.0.0."""
+    done = run_cli("gateway", "--upstream", "http://127.0.0.1:9000", "--listen", "0.0.0.0:8080",
+                   "--host", "gw.example", "--data-dir", str(tmp_path))  # fmt: skip
+    assert done.returncode == 2
+    assert "set access.allow_clients" in done.stderr
+    assert "SIGNING_PROXY_ALLOW_CLIENTS" in done.stderr
+    assert len(done.stderr.splitlines()) == 1
