@@ -1,5 +1,5 @@
 """What every command group shares: the configuration from flags and environment, logging, the
-shared flags, the duration argument type and the one-line text of a refusal.
+shared flags, the duration argument type, key files named by a flag and the one-line text of a refusal.
 
 Command modules import this; it imports no command module.
 """
@@ -16,7 +16,19 @@ from pathlib import Path
 
 from ..config import ENV_CONFIG_FILE, ENV_OVERRIDES, Config, apply_env_overrides, load_config
 from ..core.durations import parse_duration
-from ..errors import CAError, CliError, ConfigError, Error, KeyStoreError, ProxyError, StorageError
+from ..core.errors import KeyFormatError
+from ..core.jwk import PRIVATE_JWK_MEMBERS, PublicKey, SigningKey, public_key_from_jwk
+from ..errors import (
+    CAError,
+    CliError,
+    ConfigError,
+    Error,
+    KeyFileError,
+    KeyStoreError,
+    ProxyError,
+    StorageError,
+)
+from ..storage.keyfile import load_key_file
 
 __all__ = [
     "REFUSALS",
@@ -27,7 +39,9 @@ __all__ = [
     "duration",
     "env_variable",
     "error_line",
+    "public_key_file",
     "show_host",
+    "signing_key_file",
 ]
 
 
@@ -148,3 +162,35 @@ def add_config_flag(parser: argparse.ArgumentParser) -> None:
 
 def add_data_dir_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-dir", metavar="DIR", help="data directory (default: from the config)")
+
+
+# --- key files named by a flag ---------------------------------------------------------------------
+
+
+def signing_key_file(path: str, flag: str) -> SigningKey:
+    try:
+        return load_key_file(Path(path).expanduser())
+    except KeyFileError as exc:
+        raise CliError(f"{flag}: {exc}") from None
+
+
+def public_key_file(path: Path, flag: str) -> PublicKey:
+    """A public key from a file: SPKI PEM, public JWK, or a private key file (owner-only) whose public
+    half is taken."""
+    try:
+        data = path.read_bytes().strip()
+    except OSError as exc:
+        raise CliError(f"{flag}: cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        if data.startswith(b"{"):
+            jwk = json.loads(data)
+            if isinstance(jwk, dict) and PRIVATE_JWK_MEMBERS.intersection(jwk):
+                return signing_key_file(str(path), flag).public
+            return public_key_from_jwk(jwk)
+        if b"PRIVATE KEY-----" in data:
+            return signing_key_file(str(path), flag).public
+        return PublicKey.from_pem(data)
+    except ValueError:
+        raise CliError(f"{flag}: {path} is not valid JSON") from None
+    except KeyFormatError as exc:
+        raise CliError(f"{flag}: {path}: {exc.detail or exc.reason}") from None

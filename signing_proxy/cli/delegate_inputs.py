@@ -18,15 +18,14 @@ from typing import Final
 
 from ..core.durations import parse_duration
 from ..core.errors import KeyFormatError
-from ..core.jwk import PRIVATE_JWK_MEMBERS, PublicKey, SigningKey, public_key_from_jwk
+from ..core.jwk import PublicKey
 from ..core.keys import MAX_DIRECTORY_BYTES, format_rfc3339, is_thumbprint, parse_directory_key, parse_rfc3339
 from ..core.pkcs11_uri import mask_pin_value
 from ..core.requester import parse_duration_s
 from ..core.scopes import scope_segments
-from ..errors import CliError, KeyFileError, KeyStoreError
-from ..storage.keyfile import load_key_file
+from ..errors import CliError, KeyStoreError
 from ..storage.keystore import LEGACY_KEY_NAME, KeyStore
-from .common import config_from
+from .common import config_from, public_key_file, signing_key_file
 
 __all__ = [
     "MAX_CHAIN_FILE_BYTES",
@@ -99,35 +98,6 @@ def scopes_arg(values: Sequence[str] | None) -> list[str] | None:
         except ValueError as exc:
             raise CliError(f"--scope {scope!r}: {exc}") from None
     return scopes
-
-
-def signing_key_file(path: str, flag: str) -> SigningKey:
-    try:
-        return load_key_file(Path(path).expanduser())
-    except KeyFileError as exc:
-        raise CliError(f"{flag}: {exc}") from None
-
-
-def public_key_file(path: Path, flag: str) -> PublicKey:
-    """A public key from a file: SPKI PEM, public JWK, or a private key file (owner-only) whose public
-    half is taken."""
-    try:
-        data = path.read_bytes().strip()
-    except OSError as exc:
-        raise CliError(f"{flag}: cannot read {path}: {exc.strerror or exc}") from None
-    try:
-        if data.startswith(b"{"):
-            jwk = json.loads(data)
-            if isinstance(jwk, dict) and PRIVATE_JWK_MEMBERS.intersection(jwk):
-                return signing_key_file(str(path), flag).public
-            return public_key_from_jwk(jwk)
-        if b"PRIVATE KEY-----" in data:
-            return signing_key_file(str(path), flag).public
-        return PublicKey.from_pem(data)
-    except ValueError:
-        raise CliError(f"{flag}: {path} is not valid JSON") from None
-    except KeyFormatError as exc:
-        raise CliError(f"{flag}: {path}: {exc.detail or exc.reason}") from None
 
 
 def proxy_holder_jkt(args: argparse.Namespace, now: float) -> tuple[str, list[str]]:

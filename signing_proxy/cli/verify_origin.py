@@ -14,12 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from ..config import ConfigError, parse_host_port
-from ..core.errors import KeyFormatError
 from ..core.signature_verify import MAX_SKEW_S
 from ..errors import CliError
 from ..net.egress import EgressPolicy
-from ..proxy.relay import load_public_key_file
 from ..verify import VerifierPolicy
+from .common import public_key_file
 
 __all__ = ["add_parsers"]
 
@@ -27,12 +26,13 @@ __all__ = ["add_parsers"]
 def cmd_verify_origin(args: argparse.Namespace) -> int:
     try:
         host, port = parse_host_port(args.listen, "--listen")
-        pinned = tuple(load_public_key_file(Path(p).expanduser()) for p in args.pinned_key)
-        brokers = tuple(load_public_key_file(Path(p).expanduser()) for p in args.pinned_broker_key)
     except ConfigError as exc:
         raise CliError(str(exc)) from None
-    except (OSError, KeyFormatError, ValueError) as exc:
-        raise CliError(f"--pinned-key/--pinned-broker-key: {exc}") from None
+    # a public key file, or a private one (owner-only) whose public half is taken, as delegate takes them
+    pinned = tuple(public_key_file(Path(p).expanduser(), "--pinned-key") for p in args.pinned_key)
+    brokers = tuple(
+        public_key_file(Path(b).expanduser(), "--pinned-broker-key") for b in args.pinned_broker_key
+    )
     for cidr in args.allow_private:
         try:
             EgressPolicy((cidr,))
@@ -113,14 +113,17 @@ def add_parsers(sub: Any) -> None:
         action="append",
         default=[],
         metavar="FILE",
-        help="public key (PEM or JWK) trusted for an empty Signature-Agent (repeatable)",
+        help="an agent's key trusted when its request's Signature-Agent is empty (no directory to fetch "
+        "it from; the quick-start proxy's requests): a public PEM or JWK, or its private key file (0600), "
+        "whose public half is used (repeatable)",
     )
     p.add_argument(
         "--pinned-broker-key",
         action="append",
         default=[],
         metavar="FILE",
-        help="public key (PEM or JWK) of a broker, trusted for later labels without a directory (repeatable)",
+        help="a broker's key, trusted for later labels without a directory: a public PEM or JWK, or its "
+        "private key file (0600) (repeatable)",
     )
     p.add_argument(
         "--external-origin",

@@ -2,9 +2,49 @@
 
 from __future__ import annotations
 
+import os
+import queue
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-from tests.harness import run_cli
+import requests
+
+from signing_proxy.core.jwk import SigningKey
+from tests.harness import WAIT_S, ProxyProcess, run_cli, stop_process
+
+
+@contextmanager
+def verify_origin(*flags: str) -> Iterator[int]:
+    """``signing-proxy verify-origin --listen 127.0.0.1:0 FLAGS``: its port; stopped by PID after."""
+    env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "signing_proxy", "verify-origin", "--listen", "127.0.0.1:0", *flags],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    lines: queue.Queue[str] = queue.Queue()
+    assert proc.stderr is not None
+    stderr = proc.stderr
+
+    def read() -> None:
+        for line in stderr:
+            lines.put(line)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        line = lines.get(timeout=WAIT_S)
+        assert "verify-origin listening on http://127.0.0.1:" in line, line
+        yield int(line.rsplit(":", 1)[1])
+    finally:
+        stop_process(proc)
+        reader.join(WAIT_S)
+        stderr.close()
 
 
 def test_publish_without_a_domain_names_the_flag_the_key_and_the_variable(tmp_path: Path) -> None:
@@ -28,3 +68,26 @@ def test_a_public_gateway_without_allowed_clients_names_the_key_and_the_variable
     assert "set access.allow_clients" in done.stderr
     assert "SIGNING_PROXY_ALLOW_CLIENTS" in done.stderr
     assert len(done.stderr.splitlines()) == 1
+
+
+def test_verify_origin_pins_the_public_half_of_a_private_key_file(tmp_path: Path) -> None:
+    """The quick-start proxy sends an empty Signature-Agent: its own key file, pinned, verifies it."""
+    key = SigningKey.generate()
+    with (
+        ProxyProcess(tmp_path, key=key) as proxy,
+        verify_origin("--pinned-key", str(tmp_path / "agent-key.pem")) as port,
+    ):
+        resp = requests.get(f"http://127.0.0.1:{port}/hello", proxies={"http": proxy.url}, timeout=WAIT_S)
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["verified"] is True
+    assert resp.json()["labels"][0]["keyid"] == key.thumbprint
+
+
+def test_verify_origin_names_the_flag_and_the_path_of_a_missing_key_file(tmp_path: Path) -> None:
+    for flag in ("--pinned-key", "--pinned-broker-key"):
+        done = run_cli("verify-origin", "--listen", "127.0.0.1:0", flag, str(tmp_path / "missing.jwk"))
+        assert done.returncode == 2
+        assert (
+            done.stderr
+            == f"signing-proxy: {flag}: cannot read {tmp_path / 'missing.jwk'}: No such file or directory\n"
+        )
