@@ -32,12 +32,14 @@ from ..storage.keyfile import load_key_file
 
 __all__ = [
     "REFUSALS",
+    "HelpFormatter",
     "add_config_flag",
     "add_data_dir_flag",
     "config_from",
     "configure_logging",
     "duration",
     "env_variable",
+    "environment_epilog",
     "error_line",
     "public_key_file",
     "show_host",
@@ -152,6 +154,28 @@ def duration(text: str) -> int:
         return parse_duration(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's, except that a text with line breaks of its own (a list, as in
+    ``environment_epilog``) is kept as written instead of being wrapped into one paragraph."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if "\n" in text:
+            return "".join(indent + line for line in text.splitlines(keepends=True))
+        return super()._fill_text(text, width, indent)
+
+
+def environment_epilog() -> str:
+    """The ``SIGNING_PROXY_*`` variables ``config_from`` reads, as a ``--help`` epilog (``HelpFormatter``)."""
+    width = max(len(name) for name in (ENV_CONFIG_FILE, *ENV_OVERRIDES))
+    lines = [
+        "environment (a variable overrides the file, a flag overrides both):",
+        f"  {ENV_CONFIG_FILE:<{width}}  the YAML file, when none is given on the command line",
+    ]
+    for name, (key, is_list) in ENV_OVERRIDES.items():
+        lines.append(f"  {name:<{width}}  {key}" + (" (comma-separated)" if is_list else ""))
+    return "\n".join(lines) + "\n"
 
 
 def add_config_flag(parser: argparse.ArgumentParser) -> None:

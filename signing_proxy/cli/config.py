@@ -12,7 +12,7 @@ import yaml
 
 from ..config import redacted
 from ..proxy.credentials import BearerStore
-from .common import config_from
+from .common import HelpFormatter, config_from, environment_epilog
 
 __all__ = ["add_parsers", "cmd_config_check"]
 
@@ -35,6 +35,8 @@ def add_parsers(sub: Any) -> None:
         help="validate a config file and print the effective configuration",
         description="Validate FILE (and read the bearer-token files and variables it names, as run "
         "does) and print the effective configuration, secrets redacted.",
+        epilog=environment_epilog(),
+        formatter_class=HelpFormatter,
     )
     check.add_argument("config", metavar="FILE", nargs="?", help="YAML file (default: the embedded defaults)")
     check.set_defaults(func=cmd_config_check)

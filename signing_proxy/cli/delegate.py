@@ -48,6 +48,8 @@ from .delegate_inputs import (
 
 __all__ = ["add_parsers"]
 
+CHAIN_HELP: Final = "the chain (compact JWSs joined with ~), @FILE to read it from a file, or @- from stdin"
+
 # What each narrowing refusal means, for the one-line error of `delegate extend`.
 RULES: Final = {
     "scope-widened": "a delegation may only narrow its parent's scope",
@@ -381,7 +383,7 @@ def add_parsers(sub: Any) -> None:
         "link names), carrying its public key in the header. Scope, caps and exp default to the "
         "parent's and may only narrow: widening is refused.",
     )
-    extend.add_argument("chain", metavar="CHAIN|@FILE")
+    extend.add_argument("chain", metavar="CHAIN|@FILE", help=CHAIN_HELP)
     extend.add_argument("--principal-key", required=True, metavar="PATH", help="the principal's private key")
     extend.add_argument(
         "--iss", metavar="ISS", help=f"iss (default: {THUMBPRINT_URI_PREFIX}<principal thumbprint>)"
@@ -396,11 +398,18 @@ def add_parsers(sub: Any) -> None:
         description="Show each link's header, claims, signer thumbprint and status (signature, linkage, "
         "expiry). Exit 0 when every check passes, 1 otherwise, 2 when it is not a chain.",
     )
-    inspect.add_argument("chain", metavar="CHAIN|@FILE")
+    inspect.add_argument("chain", metavar="CHAIN|@FILE", help=CHAIN_HELP)
     inspect.add_argument("--json", action="store_true", help="machine-readable output")
     inspect.add_argument("--now", metavar="RFC3339", help="check as of this time (default: now)")
     inspect.add_argument("--owner-jwks", metavar="FILE", help="also check the authority's signature")
-    inspect.add_argument("--issuer-grace", type=duration, default=0, metavar="DURATION", help="see verify")
+    inspect.add_argument(
+        "--issuer-grace",
+        type=duration,
+        default=0,
+        metavar="DURATION",
+        help="with --owner-jwks: accept an owner key this long after its not_after (rotation grace; "
+        "default 0s)",
+    )
     inspect.set_defaults(func=cmd_inspect)
 
     verify = delegate.add_parser(
@@ -410,7 +419,7 @@ def add_parsers(sub: Any) -> None:
         "to the holder. Exit 0 with the effective scope and caps, or 1 with "
         "DENIAL_REASON_DELEGATION_INVALID: <sub-reason>: <detail>.",
     )
-    verify.add_argument("chain", metavar="CHAIN|@FILE")
+    verify.add_argument("chain", metavar="CHAIN|@FILE", help=CHAIN_HELP)
     verify.add_argument(
         "--owner-jwks",
         required=True,
@@ -427,7 +436,7 @@ def add_parsers(sub: Any) -> None:
         help="accept an owner key this long after its not_after (rotation grace; default 0s)",
     )
     verify.add_argument(
-        "--leeway", type=int, default=0, metavar="SECONDS", help="clock leeway on exp/nbf (0-300)"
+        "--leeway", type=int, default=0, metavar="SECONDS", help="clock leeway on exp/nbf, 0-300 (default 0)"
     )
     verify.add_argument("--audience", metavar="AUD", help="this verifier's name, when tokens carry aud")
     verify.add_argument("--json", action="store_true", help="machine-readable output")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .common import add_config_flag
+from .common import HelpFormatter, add_config_flag, environment_epilog
 from .run import cmd_run
 
 __all__ = ["add_parsers"]
@@ -17,6 +17,8 @@ def add_parsers(sub: Any) -> None:
         help="run the verifying gateway in front of a backend",
         description="Verify every request (signatures, requester, delegation, quota, replay) and forward "
         "only verified ones to the backend, with X-Verified-* headers it may trust.",
+        epilog=environment_epilog(),
+        formatter_class=HelpFormatter,
     )
     add_config_flag(gateway)
     gateway.add_argument(
@@ -36,5 +38,10 @@ def add_parsers(sub: Any) -> None:
     gateway.add_argument(
         "--workers", type=int, default=1, metavar="N", help="N processes sharing the port (default 1)"
     )
-    gateway.add_argument("--data-dir", metavar="DIR", help="data directory (the embedded counter store)")
+    gateway.add_argument(
+        "--data-dir",
+        metavar="DIR",
+        help="data directory, for the embedded counter store "
+        "(default: data_dir from the config, ~/.local/share/signing-proxy)",
+    )
     gateway.set_defaults(func=cmd_run, mode="gateway")

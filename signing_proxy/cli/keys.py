@@ -363,7 +363,7 @@ def add_parsers(sub: Any) -> None:
         help="print a key's thumbprint and public JWK",
         description="Print the RFC 7638 thumbprint (the keyid) and the public JWK of a key file.",
     )
-    show.add_argument("path", metavar="PATH", nargs="?")
+    show.add_argument("path", metavar="PATH", nargs="?", help="a key file: PKCS#8 PEM or private JWK (0600)")
     show.add_argument("--pkcs11", metavar="URI", help="a key pair on a PKCS#11 token instead of a file")
     add_config_flag(show)
     show.set_defaults(func=cmd_keys_show)

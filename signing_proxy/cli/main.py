@@ -26,7 +26,8 @@ examples:
   signing-proxy gateway --upstream http://127.0.0.1:9000   # verify, then forward to the backend
   signing-proxy config check config/sidecar.yaml     # validate and print the effective config
   signing-proxy keys generate --out agent-key.pem    # new Ed25519 key (0600), prints its thumbprint
-  signing-proxy keys rotate --grace 48h              # new signing key; the old one retires after 48 h
+  signing-proxy keys rotate --grace 48h              # new key, signing after max-age + 30 s; the old one
+                                                     # retires then and expires 48 h later
   signing-proxy publish --out public/                # directory, svc.json, revocation list as files
   signing-proxy ca export --out ca.pem               # the interception CA certificate, for trust stores
 

@@ -26,7 +26,16 @@ from ..service.app import ProxyApp
 from ..service.keys import key_provider_for, start_key_services
 from ..service.workers import MAX_WORKERS, reserve_port, run_workers
 from ..storage.keystore import StoreWatcher
-from .common import REFUSALS, add_config_flag, config_from, configure_logging, error_line, show_host
+from .common import (
+    REFUSALS,
+    HelpFormatter,
+    add_config_flag,
+    config_from,
+    configure_logging,
+    environment_epilog,
+    error_line,
+    show_host,
+)
 
 __all__ = ["add_parsers", "cmd_run"]
 
@@ -35,10 +44,22 @@ log = logging.getLogger("signing_proxy")
 
 def add_parsers(sub: Any) -> None:
     """Add ``run`` to the top-level subcommands."""
-    run = sub.add_parser("run", help="run the proxy", description="Run the signing proxy in the foreground.")
+    run = sub.add_parser(
+        "run",
+        help="run the proxy",
+        description="Run the signing proxy in the foreground.",
+        epilog=environment_epilog(),
+        formatter_class=HelpFormatter,
+    )
     add_config_flag(run)
     run.add_argument("--listen", metavar="HOST:PORT", help="address to listen on (default 127.0.0.1:8080)")
-    run.add_argument("--key", metavar="PATH", help="signing key: PKCS#8 PEM or private JWK, mode 0600")
+    run.add_argument(
+        "--key",
+        metavar="PATH",
+        help="signing key: a PKCS#8 PEM or private JWK file (mode 0600), or a pkcs11: URI "
+        "(pkcs11:token=...;object=..., module and PIN from signing.pkcs11) (default: signing.key; "
+        "unset, the key store in <data_dir>/keys/<agent>/, its first key generated on first run)",
+    )
     run.add_argument(
         "--signature-agent", metavar="URL", help="directory base URL sent in Signature-Agent (default: empty)"
     )

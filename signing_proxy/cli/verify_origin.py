@@ -138,6 +138,11 @@ def add_parsers(sub: Any) -> None:
         help="let directories and revocation lists be fetched from these loopback, private or link-local "
         "addresses, also over plain http (local development and tests; repeatable)",
     )
-    p.add_argument("--max-hops", type=int, metavar="N", help="refuse stacks with more than N signatures")
+    p.add_argument(
+        "--max-hops",
+        type=int,
+        metavar="N",
+        help="refuse stacks with more than N signatures (default: no cap)",
+    )
     p.add_argument("--skew", type=int, default=5, metavar="SECONDS", help="clock skew tolerated (default 5)")
     p.set_defaults(func=cmd_verify_origin)
