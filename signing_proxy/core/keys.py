@@ -203,11 +203,16 @@ def all_thumbprints(values: Collection[object]) -> bool:
 
 @dataclass(frozen=True)
 class DirectoryKey:
-    """One published key and its validity window ``[not_before, not_after)`` in unix seconds."""
+    """One published key and its validity window ``[not_before, not_after)`` in unix seconds.
+
+    ``drafts``: published in the web-bot-auth drafts' form, without the spec's ``not_before`` and
+    ``not_after`` (the window is its ``nbf``/``exp`` NumericDates, else unbounded while listed): such
+    a key verifies web-bot-auth labels only (``Directory.lookup(..., web=True)``)."""
 
     public: PublicKey
     not_before: int
     not_after: int
+    drafts: bool = False
 
     def __post_init__(self) -> None:
         if not self.not_before < self.not_after:
@@ -237,17 +242,19 @@ class DirectoryKey:
 
 @dataclass(frozen=True)
 class Directory:
-    """A parsed or to-be-served key directory; thumbprints are unique."""
+    """A parsed or to-be-served key directory; thumbprints are unique. ``keys`` are the spec's (with
+    their windows); ``web_keys`` those published in the drafts' form (``DirectoryKey.drafts``)."""
 
     keys: tuple[DirectoryKey, ...]
     revocation_url: str | None = None
+    web_keys: tuple[DirectoryKey, ...] = ()
     _index: dict[str, DirectoryKey] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         keys = tuple(self.keys)
         object.__setattr__(self, "keys", keys)
         index: dict[str, DirectoryKey] = {}
-        for key in keys:
+        for key in (*keys, *self.web_keys):
             if key.thumbprint in index:
                 raise KeyFormatError("duplicate-key", f"key {key.thumbprint} appears twice")
             index[key.thumbprint] = key
@@ -255,9 +262,11 @@ class Directory:
         if self.revocation_url is not None:
             _check_http_url(self.revocation_url)
 
-    def lookup(self, keyid: str) -> DirectoryKey | None:
-        """The key with this thumbprint, whatever its window."""
-        return self._index.get(keyid)
+    def lookup(self, keyid: str, *, web: bool = False) -> DirectoryKey | None:
+        """The key with this thumbprint, whatever its window; one in the drafts' form only for a
+        web-bot-auth label (``web``): the spec selects a key by its ``[not_before, not_after)``."""
+        key = self._index.get(keyid)
+        return key if key is not None and (web or not key.drafts) else None
 
     def find(self, keyid: str, now: float, *, revoked: Set[str] = frozenset()) -> DirectoryKey | None:
         """The key with this thumbprint only if its window covers ``now`` and it is not in ``revoked``."""
@@ -307,6 +316,8 @@ def parse_directory_key(entry: object) -> DirectoryKey:
         raise KeyFormatError("unsupported-key-alg", f"alg {alg!r}; expected 'EdDSA'")
     if "kid" in entry and entry["kid"] != public.thumbprint:
         raise KeyFormatError("kid-mismatch", "a kid, when present, must equal the RFC 7638 thumbprint")
+    if "not_before" not in entry and "not_after" not in entry:  # the drafts' form: nbf/exp, or none
+        return DirectoryKey(public, _numeric_date(entry, "nbf", 0), _numeric_date(entry, "exp", 2**62), True)
     for member in ("not_before", "not_after"):
         if member not in entry:
             raise KeyFormatError("missing-key-window", f"member {member!r} is required")
@@ -315,12 +326,24 @@ def parse_directory_key(entry: object) -> DirectoryKey:
     return DirectoryKey(public, not_before, not_after)
 
 
+def _numeric_date(entry: Mapping[str, object], member: str, absent: int) -> int:
+    """A JWK's ``nbf``/``exp`` (RFC 7519 NumericDate: seconds; a fraction rounded inward)."""
+    value = entry.get(member)
+    if value is None:
+        return absent
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 2**62:
+        raise KeyFormatError("bad-key-window", f"{member} must be a NumericDate (seconds since 1970)")
+    return math.ceil(value) if member == "nbf" else math.floor(value)
+
+
 def parse_directory(
     body: bytes, *, max_keys: int = MAX_DIRECTORY_KEYS, max_bytes: int = MAX_DIRECTORY_BYTES
 ) -> Directory:
     """Parse a served directory strictly; any faulty entry refuses the whole document.
 
-    Unknown members are tolerated; an empty ``keys`` array is accepted (it means "no key").
+    Unknown members are tolerated; an empty ``keys`` array is accepted (it means "no key"). A key
+    with neither ``not_before`` nor ``not_after`` is the web-bot-auth drafts' (``web_keys``: its
+    window from ``nbf``/``exp`` when given); one with only one of them is refused.
     """
     doc = _load_json(body, max_bytes, "malformed-directory", "directory-too-large", "directory")
     if not isinstance(doc, dict):
@@ -343,7 +366,8 @@ def parse_directory(
     url = doc.get("revocation_url")
     if url is not None and not isinstance(url, str):
         raise KeyFormatError("bad-revocation-url", "revocation_url must be a string")
-    return Directory(tuple(keys), url or None)
+    spec = tuple(key for key in keys if not key.drafts)
+    return Directory(spec, url or None, tuple(key for key in keys if key.drafts))
 
 
 # --------------------------------------------------------------------------------------------

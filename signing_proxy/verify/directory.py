@@ -108,18 +108,20 @@ def only_proven(directory: Directory, result: FetchResult, url: str, now: float,
     if not result.proof_fields:
         return directory
     authority = parse_absolute_uri(url).authority  # the authority we asked: what a proof must bind
-    publics = (key.public for key in directory.keys)
+    listed = (*directory.keys, *directory.web_keys)
+    publics = (key.public for key in listed)
     proven = proven_keys(result.body, authority, Fields(result.proof_fields), publics, now=now, skew_s=skew_s)
     if proven is None:
         return directory
     kept = tuple(key for key in directory.keys if key.thumbprint in proven)
-    if len(kept) != len(directory.keys):
+    kept_web = tuple(key for key in directory.web_keys if key.thumbprint in proven)
+    if len(kept) + len(kept_web) != len(listed):
         log.warning(
             "directory %s: %d key(s) without a valid possession proof ignored",
             url,
-            len(directory.keys) - len(kept),
+            len(listed) - len(kept) - len(kept_web),
         )
-    return Directory(kept, directory.revocation_url)
+    return Directory(kept, directory.revocation_url, kept_web)
 
 
 def ttl_from_cache_control(value: str | None, floor_s: float, ceiling_s: float) -> float:

@@ -24,6 +24,7 @@ from ..core.errors import FieldError, VerificationError
 from ..core.fields import Fields
 from ..core.jwk import PublicKey
 from ..core.keys import Directory, DirectoryKey
+from ..core.profiles import WEB_BOT_AUTH
 from ..core.signature_verify import (
     DEFAULT_MAX_VALIDITY_S,
     check_stack,
@@ -171,7 +172,13 @@ class RequestVerifier:
         agent = await self._agent_sources(checked.directory)
         brokers = await self._broker_sources() if len(checked.entries) > 1 else []
         keys = [  # the agent's directory is a stranger's word (budgeted); brokers' are configured
-            await self._key_for(entry, keyid, brokers if index else agent, budgeted=not index)
+            await self._key_for(
+                entry,
+                keyid,
+                brokers if index else agent,
+                budgeted=not index,
+                web=checked.profile == WEB_BOT_AUTH.name,
+            )
             for index, (entry, keyid, *_rest) in enumerate(checked.entries)
         ]
         if keys[0] is None and checked.directory is None:  # say why, not only that: a first set-up's slip
@@ -227,9 +234,15 @@ class RequestVerifier:
         return found
 
     async def _key_for(
-        self, entry: SignatureEntry, keyid: str, sources: list[_Source], *, budgeted: bool
+        self, entry: SignatureEntry, keyid: str, sources: list[_Source], *, budgeted: bool, web: bool
     ) -> VerificationKey | None:
-        found = [(source, key) for source in sources if (key := source.directory.lookup(keyid)) is not None]
+        """The key for ``keyid`` in ``sources``; one published in the drafts' form (no spec window)
+        only for a web-bot-auth label (``web``)."""
+        found = [
+            (source, key)
+            for source in sources
+            if (key := source.directory.lookup(keyid, web=web)) is not None
+        ]
         if sum(1 for source, _ in found if source.url is not None) > 1:
             # spec: a broker's key is found "in the broker's own directory"; one that two directories
             # list is no one's own, and either could hide the other's revocation of it
@@ -248,7 +261,7 @@ class RequestVerifier:
                 if exc.reason == VERIFIER_BUSY:
                     raise _busy(entry.label) from None
                 continue
-            key = fresh.lookup(keyid) if fresh is not None else None
+            key = fresh.lookup(keyid, web=web) if fresh is not None else None
             if fresh is not None and key is not None:
                 return await self._verification_key(entry, key, _Source(source.base, source.url, fresh))
         return None

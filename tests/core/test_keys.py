@@ -37,6 +37,7 @@ from signing_proxy.core.keys import (
     render_directory,
     render_revocation_list,
 )
+from tests.conftest import VECTORS
 
 # RFC 8037 appendix A.1 public key and its RFC 7638 thumbprint (spec-notes section 4).
 X_A1 = "11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo"
@@ -321,6 +322,35 @@ def test_parse_refuses_missing_window_member(member: str) -> None:
     with pytest.raises(KeyFormatError) as exc:
         parse_directory(doc(entry(**{member: None})))
     assert reason_of(exc) == "missing-key-window"
+
+
+def test_the_drafts_signed_directory_vector_parses_as_web_keys() -> None:
+    """protocol-02's directory (``kid``, ``use``, no window at all): refused whole before
+    (``missing-key-window``). Its key counts for web-bot-auth labels only."""
+    vectors = json.loads((VECTORS / "web_bot_auth_drafts_ed25519.json").read_text())["vectors"]
+    (body,) = [v["response_body"] for v in vectors if "response_body" in v]
+    directory = parse_directory(body.encode())
+    (key,) = directory.web_keys
+    assert directory.keys == ()
+    assert (key.drafts, key.not_before, key.not_after) == (True, 0, 2**62)
+    assert directory.lookup(key.thumbprint) is None  # the spec selects a key by its window
+    assert directory.lookup(key.thumbprint, web=True) is key
+
+
+def test_a_drafts_key_takes_its_window_from_nbf_and_exp() -> None:
+    jwk = {"kty": "OKP", "crv": "Ed25519", "x": X_A1, "kid": KID_A1, "nbf": T0 + 0.5, "exp": T0 + DAY + 0.5}
+    (key,) = parse_directory(doc(jwk)).web_keys
+    assert (key.not_before, key.not_after) == (T0 + 1, T0 + DAY)  # rounded inward, as RFC 3339 ones
+
+
+@pytest.mark.parametrize(
+    "window", [{"nbf": "2026-11-21"}, {"exp": True}, {"exp": -1}, {"nbf": 10, "exp": 10}]
+)
+def test_a_drafts_key_with_a_bad_nbf_or_exp_refuses_the_directory(window: dict[str, object]) -> None:
+    jwk = {"kty": "OKP", "crv": "Ed25519", "x": X_A1, **window}
+    with pytest.raises(KeyFormatError) as exc:
+        parse_directory(doc(jwk))
+    assert reason_of(exc) == "bad-key-window"
 
 
 @pytest.mark.parametrize("not_after", ["2026-11-21T09:00:00Z", "2026-11-20T09:00:00Z"])

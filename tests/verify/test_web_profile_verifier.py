@@ -4,15 +4,17 @@ out, and a stack mixing profiles refused before any fetch."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
 
+from signing_proxy.core.digest import content_digest
 from signing_proxy.core.directory_proof import sign_directory_response
 from signing_proxy.core.errors import VerificationError
 from signing_proxy.core.fields import Fields
 from signing_proxy.core.jwk import SigningKey
-from signing_proxy.core.keys import Directory, DirectoryKey, render_directory
+from signing_proxy.core.keys import Directory, DirectoryKey, parse_directory, render_directory
 from signing_proxy.core.profiles import (
     WEB_BOT_AUTH,
     profile_components,
@@ -28,6 +30,8 @@ from signing_proxy.verify import (
     VerifierPolicy,
     directory_url,
 )
+from signing_proxy.verify.directory import only_proven
+from tests.conftest import VECTORS
 from tests.verify.fakes import FakeFetch
 
 AGENT = SigningKey.generate()
@@ -152,3 +156,78 @@ async def test_a_directory_member_with_a_slash_or_the_type_token_is_an_origin() 
         assert (await verifier.verify("GET", URL, _request(agent_member=member), b"")).directory == AGENT_DIR
     assert fetch.calls == [directory_url(AGENT_DIR)]
     await verifier.close()
+
+
+def _drafts_directory(**window: int) -> bytes:
+    """A directory in the drafts' form: a JWKS whose key (AGENT's) carries ``kid`` and no spec window
+    (``window``: its ``nbf``/``exp``), as the drafts' signed-directory vector serves it."""
+    jwk = {
+        "kty": "OKP",
+        "crv": "Ed25519",
+        "kid": AGENT.thumbprint,
+        "x": AGENT.public.jwk()["x"],
+        "use": "sig",
+    }
+    return json.dumps({"keys": [{**jwk, **window}]}).encode()
+
+
+def _drafts_verifier(body: bytes) -> tuple[RequestVerifier, FakeFetch]:
+    fetch = FakeFetch()
+    fetch.answers[directory_url(AGENT_DIR)] = FetchResult(200, body, "max-age=300")
+    return RequestVerifier(DirectoryResolver(fetch)), fetch
+
+
+async def test_a_web_bot_auth_label_verifies_with_a_directory_in_the_drafts_form() -> None:
+    """The drafts' directory has no spec window (``kid``, ``nbf``/``exp`` at most): the whole
+    document was refused ``missing-key-window``, so no bot publishing one could be verified."""
+    now = int(time.time())
+    for window in ({}, {"nbf": now - 60, "exp": now + 3600}):
+        verifier, _ = _drafts_verifier(_drafts_directory(**window))
+        stack = await verifier.verify("GET", URL, _request(), b"")
+        assert (stack.profile, stack.agent.key_source) == ("web-bot-auth", AGENT_DIR)
+        await verifier.close()
+
+
+async def test_a_drafts_key_outside_its_nbf_exp_is_refused() -> None:
+    now = int(time.time())
+    verifier, _ = _drafts_verifier(_drafts_directory(nbf=now - 7200, exp=now - 3600))
+    with pytest.raises(VerificationError) as err:
+        await verifier.verify("GET", URL, _request(), b"")
+    assert err.value.reason == "key-outside-window"
+    await verifier.close()
+
+
+async def test_a_key_without_the_spec_window_never_verifies_the_spec_profile() -> None:
+    """The spec selects a key "whose window [not_before, not_after) covers the current time": one
+    published without it counts for web-bot-auth labels only."""
+    now = int(time.time())
+    verifier, _ = _drafts_verifier(_drafts_directory())
+    fields = Fields(
+        [
+            ("Content-Digest", content_digest(b"{}")),
+            ("Authorization", ""),
+            ("Signature-Agent", f'"{AGENT_DIR}"'),
+        ]
+    )
+    message = Message("POST", parse_absolute_uri(URL), fields)
+    attach_signature(fields, sign_message(message, AGENT, created=now, expires=now + 300))
+    with pytest.raises(VerificationError) as err:
+        await verifier.verify("POST", URL, fields, b"{}")
+    assert err.value.reason == "unknown-keyid"
+    await verifier.close()
+
+
+def test_the_drafts_signed_directory_keeps_its_proven_key_and_drops_an_unproven_one() -> None:
+    """protocol-02's signed directory response, whole: its key (drafts' form) is proven for the
+    authority asked; under another authority the proof fails and the key is ignored."""
+    vectors = json.loads((VECTORS / "web_bot_auth_drafts_ed25519.json").read_text())["vectors"]
+    (vector,) = [v for v in vectors if "response_body" in v]
+    body = vector["response_body"].encode()
+    proofs = tuple((n, v) for n, v in vector["headers"].items() if n in ("Signature", "Signature-Input"))
+    result = FetchResult(200, body, None, (("Content-Digest", vector["headers"]["Content-Digest"]), *proofs))
+    now = 1735689600 + 10
+    asked = directory_url("https://signature-agent.test")
+    kept = only_proven(parse_directory(body), result, asked, now, 5)
+    assert [k.thumbprint for k in kept.web_keys] == ["poqkLGiymh_W0uP6PZFw-dvez3QJT5SolqXBCW38r0U"]
+    elsewhere = only_proven(parse_directory(body), result, directory_url("https://other.test"), now, 5)
+    assert elsewhere.web_keys == ()
