@@ -38,7 +38,7 @@ from signing_proxy.core.keys import (
     parse_revocation_list,
 )
 from signing_proxy.core.signatures import Message, VerificationKey, verify_stack
-from signing_proxy.core.uri import parse_absolute_uri
+from signing_proxy.core.uri import parse_received_uri
 from tests.oracle import SPEC_FIVE, WEB_BOT_AUTH_REQUIRED, oracle_verify
 
 WAIT_S = 15.0
@@ -232,7 +232,7 @@ class VerifyingOrigin(OnItsOwnLoop):
         keys: dict[str, PublicKey] | None = None,
     ) -> Arrival:
         trusted = self.keys if keys is None else keys
-        message = Message(method, parse_absolute_uri(target_uri), Fields(lines))
+        message = Message(method, parse_received_uri(target_uri), Fields(lines), target_uri)  # as received
         verified, reason, labels, keyids, profile = False, None, [], [], "svc"
         try:
             stack = verify_stack(

@@ -47,6 +47,8 @@ class SigningMiddleware:
                 headers.popall(name, None)
             for name, value in signed.fields:
                 headers.add(name, value)
+            if signed.host is not None:
+                headers["Host"] = signed.host
             sent = signed.body
         in_memory = isinstance(original, bytes | payload.BytesPayload)
         if sent is not body or not in_memory:

@@ -15,7 +15,9 @@ larger one raises ``NotSigned`` (413) and nothing is sent. The async flow looks 
 from __future__ import annotations
 
 import asyncio
+import weakref
 from collections.abc import AsyncGenerator, Awaitable, Callable, Generator
+from dataclasses import dataclass
 
 import httpx
 
@@ -24,9 +26,9 @@ from .signer import OWNED, Signer, read_limited, read_limited_async
 __all__ = ["SignatureAuth"]
 
 
-# extensions httpx hands on to a redirect's request (the same dict): what was signed, the caller's body
-_SIGNED_FOR = "signing_proxy.signed_for"
-_CALLERS_BODY = "signing_proxy.callers_body"
+# what the auth knew of a request it signed, in its extensions (httpx hands the same dict on to the
+# request it builds for a redirect): the request signed, the caller's body and Authorization
+_SIGNED = "signing_proxy.signed"
 
 RequestHook = Callable[[httpx.Request], None]
 AsyncRequestHook = Callable[[httpx.Request], Awaitable[None]]
@@ -51,22 +53,30 @@ class SignatureAuth(httpx.Auth):
         """``event_hooks`` for an ``httpx.AsyncClient`` that follows redirects."""
 
         async def sign_redirect(request: httpx.Request) -> None:
-            if _SIGNED_FOR in request.extensions and self.signer.refresh_due():
+            if _SIGNED in request.extensions and self.signer.refresh_due():
                 await asyncio.to_thread(self.signer.refresh)
             self._sign_redirect(request)
 
         return {"request": [sign_redirect]}
 
     def _sign_redirect(self, request: httpx.Request) -> None:
-        """A request hook: a request httpx made from a signed one for a redirect (the first one signed
-        passes unchanged) is signed for its own method and URL, over the caller's body."""
-        signed_for = request.extensions.get(_SIGNED_FOR)
-        if signed_for is None or signed_for == (request.method, str(request.url)):
+        """A request hook: a request httpx built for a redirect from one we signed (the one signed
+        passes unchanged) is signed for its own method and URL, over the caller's body and with the
+        caller's ``Authorization``, or sent with none of the first signature's fields when its host
+        is not signed. httpx copies every field: the first signature, and a bearer we added."""
+        signed: _Signed | None = request.extensions.get(_SIGNED)
+        if signed is None or signed.request() is request:
             return
-        if request.method == signed_for[0]:  # the body is resent (307, 308; 301, 302 but for POST)
-            _replace_body(request, request.extensions.get(_CALLERS_BODY, b""))
+        if request.method == signed.method:  # the body is resent (307, 308; 301, 302 but for POST)
+            _replace_body(request, signed.body)
         else:  # turned into a GET: httpx sends no body
             request._content = b""
+        headers = request.headers
+        kept = "authorization" in headers  # httpx drops Authorization for another origin
+        for name in OWNED:
+            headers.pop(name, None)
+        if kept and signed.authorization is not None:
+            headers["Authorization"] = signed.authorization  # the caller's, never a bearer we added
         self._sign(request)
 
     def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
@@ -100,16 +110,31 @@ class SignatureAuth(httpx.Auth):
         lines = headers.multi_items()
         content = request.content
         signed = self.signer.sign(request.method, str(request.url), lines, content)
-        if signed is None:
+        if _SIGNED not in request.extensions:  # the first request: what the caller gave
+            caller = headers.get("authorization")
+            request.extensions[_SIGNED] = _Signed(weakref.ref(request), request.method, content, caller)
+        else:
+            request.extensions[_SIGNED].request = weakref.ref(request)
+        if signed is None:  # a hosts.unsigned host (its redirects are still signed where they go)
             return
-        request.extensions[_SIGNED_FOR] = (request.method, str(request.url))
-        request.extensions[_CALLERS_BODY] = content
         for name in OWNED.intersection(name.lower() for name, _ in lines):
             del headers[name]
         for name, value in signed.fields:
             headers[name] = value
+        if signed.host is not None:
+            headers["Host"] = signed.host
         if signed.body is not content:
             _replace_body(request, signed.body)
+
+
+@dataclass(slots=True)
+class _Signed:
+    """The request this auth handled last in a chain of redirects, and what its caller gave."""
+
+    request: weakref.ref[httpx.Request]
+    method: str
+    body: bytes
+    authorization: str | None
 
 
 def _streamed(request: httpx.Request) -> bool:

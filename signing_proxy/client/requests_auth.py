@@ -55,6 +55,8 @@ class SignatureAuth(AuthBase):
                 headers.pop(name, None)
             for name, value in signed.fields:
                 headers[name] = value
+            if signed.host is not None:
+                headers["Host"] = signed.host
             sent = signed.body
             # the caller's body, for a redirect that resends it: never the Requester added here
             request.hooks["response"].append(partial(_unsign_redirected, body=body))

@@ -74,11 +74,14 @@ class Reloadable(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class SignedRequest:
-    """What to send: ``fields`` (named in ``OWNED``) replace the request's own, ``body`` is its body."""
+    """What to send: ``fields`` (named in ``OWNED``) replace the request's own, ``body`` is its body,
+    and ``host``, when set, replaces the caller's ``Host``: its spelling signed (``LocalHost:443``
+    goes out ``localhost``), since a verifier rebuilds the target URI from the Host it receives."""
 
     fields: tuple[tuple[str, str], ...]
     body: bytes
     keyid: str
+    host: str | None = None
 
 
 def key_file(path: str | Path) -> KeyProvider:
@@ -217,9 +220,11 @@ class Signer:
         try:
             sent_to = target = parse_absolute_uri(url)
             hosts = [value for name, value in lines if name.lower() == "host"]
+            respelled = None
             if hosts:  # the library sends the caller's Host: the target URI a verifier rebuilds uses it
                 authority = host_authority(hosts)
                 target = parse_absolute_uri(f"{target.scheme}://{authority}{target.path_query}")
+                respelled = target.authority if target.authority != hosts[0] else None
         except FieldError as exc:
             raise NotSigned(400, exc.reason, f"cannot sign a request to this URL: {exc.detail}") from None
         # a bearer or a Requester goes only where the bytes go: a Host naming another authority
@@ -233,7 +238,7 @@ class Signer:
         if signed.keyid is None:
             return None
         owned = tuple((name, value) for name, value in signed.fields if name.lower() in OWNED)
-        return SignedRequest(owned, signed.body, signed.keyid)
+        return SignedRequest(owned, signed.body, signed.keyid, respelled)
 
     def declared_too_large(self, content_length: str | None) -> None:
         """Refuse (``NotSigned`` 413) a body whose declared length is above the limit, before reading it."""

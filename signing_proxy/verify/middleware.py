@@ -107,10 +107,8 @@ async def as_received(
         except FieldError as exc:
             raise VerificationError(exc.reason, exc.detail) from None
         if served is not None and host not in served:  # a signature made for another origin
-            raise VerificationError(
-                MISDIRECTED,
-                f"this server answers for {', '.join(sorted(served))}, not {host!r}: "
-                "name it in hosts, or set external_origin",
+            raise VerificationError(  # the names it answers for are configuration: never shown
+                MISDIRECTED, f"this server does not answer for {host!r} (its hosts, or external_origin)"
             )
         origin = f"{request.scheme}://{authority}"
     if _decoded(request):

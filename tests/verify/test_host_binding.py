@@ -190,6 +190,7 @@ async def test_a_name_in_hosts_is_answered_for(kind: str) -> None:
         loopback = f"127.0.0.1:{port}"  # no longer among the names
         status, text = await send(port, "/feed", [loopback], signed(f"http://{loopback}/feed", b"{}"), b"{}")
     assert (status, ran) == (421, ["/article"]), text
+    assert "publisher-a" not in text.lower()  # the names it answers for are configuration: not shown
 
 
 @pytest.mark.parametrize("kind", FACES)
