@@ -22,6 +22,7 @@ from ..config import Config, parse_host_port
 from ..core.keys import KeyProvider
 from ..errors import CliError, Error
 from ..proxy.connect import load_interception_ca
+from ..proxy.gateway import gateway_upstream
 from ..service.app import ProxyApp
 from ..service.keys import key_provider_for, start_key_services
 from ..service.workers import MAX_WORKERS, reserve_port, run_workers
@@ -201,9 +202,14 @@ async def _serve(
         host, port = app.admin_address
         _announce(f"signing-proxy {__version__} admin on http://{host}:{port}")
     for host, port in addresses:
+        # a gateway signs nothing: its line names what it is in front of, not a keyid
+        role, after = (
+            ("gateway ", f"-> upstream {gateway_upstream(config.gateway)}")
+            if config.mode == "gateway"
+            else ("", f"keyid={key.thumbprint if key is not None else 'none'}")
+        )
         _announce(
-            f"signing-proxy {__version__} listening on http://{show_host(host)}:{port} "
-            f"keyid={key.thumbprint if key is not None else 'none'}"
+            f"signing-proxy {__version__} {role}listening on http://{show_host(host)}:{port} {after}"
             + (f" worker={worker}" if worker is not None else "")
         )
     await stop.wait()
