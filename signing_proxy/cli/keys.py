@@ -100,7 +100,8 @@ def _store(args: argparse.Namespace) -> tuple[Config, KeyStore]:
 
 
 def _fail(exc: Exception) -> CliError:
-    return CliError(str(exc))
+    """A refusal as one line; the store's ends with its stable reason (``rotation-pending``, ...)."""
+    return CliError(f"{exc} ({exc.reason})" if isinstance(exc, KeyStoreError) else str(exc))
 
 
 def _next(state: StoreState, record: KeyRecord, now: float) -> str:

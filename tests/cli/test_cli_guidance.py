@@ -91,3 +91,13 @@ def test_verify_origin_names_the_flag_and_the_path_of_a_missing_key_file(tmp_pat
             done.stderr
             == f"signing-proxy: {flag}: cannot read {tmp_path / 'missing.jwk'}: No such file or directory\n"
         )
+
+
+def test_a_second_rotation_is_refused_with_the_reason_the_readme_quotes(tmp_path: Path) -> None:
+    data = str(tmp_path)
+    assert run_cli("keys", "rotate", "--data-dir", data).returncode == 0  # the store's first key
+    assert run_cli("keys", "rotate", "--data-dir", data).returncode == 0  # published, waiting to sign
+    again = run_cli("keys", "rotate", "--data-dir", data)
+    assert again.returncode == 2
+    assert "already waiting to sign" in again.stderr
+    assert again.stderr.rstrip().endswith("(rotation-pending)")
