@@ -1,8 +1,9 @@
 """``signing-proxy run``: the proxy in the foreground, one event loop or ``--workers N``.
 
 Prints one line per listener on start (publication, admin, proxy), drains in-flight requests on
-SIGTERM/SIGINT, and on SIGHUP re-reads the key stores and the configuration (a bad one is refused
-and the running one keeps serving).
+SIGTERM/SIGINT (a second one during the drain ends it at once, exit status 128 + its number), and on
+SIGHUP re-reads the key stores and the configuration (a bad one is refused and the running one keeps
+serving).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from ..errors import CliError, Error
 from ..proxy.connect import load_interception_ca
 from ..proxy.gateway import gateway_upstream
 from ..service.app import ProxyApp
-from ..service.keys import key_provider_for, start_key_services
+from ..service.keys import KeyServices, key_provider_for, start_key_services
 from ..service.workers import MAX_WORKERS, reserve_port, run_workers
 from ..storage.keystore import StoreWatcher
 from .common import (
@@ -213,9 +214,47 @@ async def _serve(
             + (f" worker={worker}" if worker is not None else "")
         )
     await stop.wait()
-    log.info("shutting down: draining in-flight requests for up to %g s", app.config.timeouts.drain_s)
-    await services.stop()
-    await app.stop(drain_s=app.config.timeouts.drain_s)
+    return await _drain(app, services)
+
+
+CUT_CLOSE_S = 2.0  # after a drain is cut short: the most the closing of what is left may take
+
+
+async def _drain(app: ProxyApp, services: KeyServices) -> int:
+    """The first SIGTERM/SIGINT: let in-flight requests finish for up to ``timeouts.drain_s``, exit
+    status 0. A second one while requests are still awaited cuts that wait short: they are closed at
+    once, one line says so, and the exit status is 128 + the signal's number (130 for SIGINT)."""
+    drain_s = app.config.timeouts.drain_s
+    log.info("shutting down: draining in-flight requests for up to %g s", drain_s)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + drain_s
+    again: asyncio.Future[signal.Signals] = loop.create_future()
+
+    def second(sig: signal.Signals) -> None:
+        if not again.done():
+            again.set_result(sig)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, second, sig)
+
+    async def drain() -> None:
+        await services.stop()
+        await app.stop(drain_s=drain_s)
+
+    draining = asyncio.ensure_future(drain())
+    await asyncio.wait((draining, again), return_when=asyncio.FIRST_COMPLETED)
+    if not draining.done() and app.engine.busy() and loop.time() < deadline:
+        # still waiting for requests in flight (app.stop polls for them): none of its closing steps
+        # has run yet, so the stop below, which waits for nothing, runs each of them once
+        sig = again.result()
+        log.warning("%s during the drain: drain cut short, closing the requests still in flight", sig.name)
+        draining.cancel()
+        await asyncio.wait((draining,))
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(app.stop(drain_s=0), CUT_CLOSE_S)
+        return 128 + int(sig)
+    again.cancel()
+    await draining  # done, or past the wait for requests: what is left of it is bounded
     return 0
 
 
