@@ -28,7 +28,7 @@ examples:
   signing-proxy keys generate --out agent-key.pem    # new Ed25519 key (0600), prints its thumbprint
   signing-proxy keys rotate --grace 48h              # new key, signing after max-age + 30 s; the old one
                                                      # retires then and expires 48 h later
-  signing-proxy publish --out public/                # directory, svc.json, revocation list as files
+  signing-proxy publish --out public/ --domain agent.example   # directory, svc.json, revocation list
   signing-proxy ca export --out ca.pem               # the interception CA certificate, for trust stores
 
 Point an agent at it (HTTP and HTTPS, with the CA bundle):  eval "$(signing-proxy env)"

@@ -64,3 +64,10 @@ def test_the_rotation_example_says_when_the_old_key_retires_and_expires() -> Non
     assert done.returncode == 0
     assert "retires after 48 h" not in done.stdout  # it retires at the activation
     assert "retires then and expires 48 h later" in done.stdout
+
+
+def test_the_publish_example_names_the_domain_it_needs() -> None:
+    """The embedded defaults have no publish.domain: the example as printed must run."""
+    done = run_cli("--help")
+    example = next(line for line in done.stdout.splitlines() if "signing-proxy publish" in line)
+    assert "--domain " in example
