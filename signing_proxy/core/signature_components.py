@@ -19,7 +19,7 @@ from typing import Any
 from .errors import FieldError, SigningError
 from .fields import Fields
 from .sfv import parse_dictionary, serialize_member
-from .uri import Target
+from .uri import Target, received_authority
 
 __all__ = [
     "ALG_ED25519",
@@ -200,8 +200,10 @@ def component_value(message: Message, component: Component) -> str:
             return message.method  # as sent, case-sensitive (RFC 9421 section 2.2.1)
         if name == "@target-uri":
             return message.received_uri or target.uri
-        if name == "@authority":
-            return target.authority
+        if name == "@authority":  # as received, normalized only as section 2.2.3 says
+            return (
+                target.authority if message.received_uri is None else received_authority(message.received_uri)
+            )
         if name == "@scheme":
             return target.scheme
         if name == "@path":

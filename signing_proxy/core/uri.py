@@ -23,10 +23,12 @@ __all__ = [
     "Target",
     "directory_base",
     "host_authority",
+    "ipv6_text",
     "is_host_name",
     "parse_absolute_uri",
     "parse_authority",
     "parse_received_uri",
+    "received_authority",
     "valid_host_field",
 ]
 
@@ -133,6 +135,8 @@ def parse_authority(authority: str, scheme: str) -> tuple[str, int]:
         host, _, port_text = authority.partition(":")
     if not _valid_host(host):
         raise FieldError("malformed-target", "missing or invalid host")
+    if host.startswith("["):
+        host = f"[{ipv6_text(host[1:-1])}]"
     if port_text:
         if not (port_text.isascii() and port_text.isdigit()) or not 0 < int(port_text) < 65536:
             raise FieldError("malformed-target", "invalid port")
@@ -143,6 +147,34 @@ def parse_authority(authority: str, scheme: str) -> tuple[str, int]:
             raise FieldError("malformed-target", f"no default port for scheme {scheme!r}")
         port = default
     return host.lower(), port
+
+
+def ipv6_text(address: str) -> str:
+    """An IPv6 address (a valid one) in the one text form (RFC 5952 section 4): lower case, no
+    leading zeros, the longest run of two or more zero groups as ``::`` (the first of equal runs),
+    and in hex throughout, as WHATWG URLs write it (not RFC 5952's dotted IPv4 tail): the form the
+    web's verifiers rebuild ``@authority`` in (``[2001:DB8:0:0:0:0:0:1]`` is ``[2001:db8::1]``)."""
+    packed = ipaddress.IPv6Address(address).packed
+    groups = [packed[i] << 8 | packed[i + 1] for i in range(0, 16, 2)]
+    start, length, run = -1, 1, 0  # the longest run of zero groups, if longer than one
+    for i, group in enumerate(groups):
+        run = run + 1 if group == 0 else 0
+        if run > length:
+            start, length = i - run + 1, run
+    text = [f"{group:x}" for group in groups]
+    if start < 0:
+        return ":".join(text)
+    return ":".join(text[:start]) + "::" + ":".join(text[start + length :])
+
+
+def received_authority(uri: str) -> str:
+    """RFC 9421 ``@authority`` (section 2.2.3) of a target URI as received: its authority in lower
+    case without its scheme's default port (RFC 9110 section 4.2.3), nothing else changed (an IPv6
+    literal stays as the client wrote it)."""
+    scheme, _, rest = uri.partition("://")
+    authority = rest.split("/", 1)[0].lower()
+    default = f":{DEFAULT_PORTS.get(scheme.lower(), '')}"
+    return authority[: -len(default)] if authority.endswith(default) and default != ":" else authority
 
 
 def host_authority(values: Sequence[str]) -> str:

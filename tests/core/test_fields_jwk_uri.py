@@ -7,7 +7,14 @@ import pytest
 from signing_proxy.core.errors import FieldError, KeyFormatError
 from signing_proxy.core.fields import Fields
 from signing_proxy.core.jwk import PublicKey, SigningKey, load_private_key, public_key_from_jwk
-from signing_proxy.core.uri import directory_base, parse_absolute_uri
+from signing_proxy.core.signatures import Component, Message, component_value
+from signing_proxy.core.uri import (
+    directory_base,
+    ipv6_text,
+    parse_absolute_uri,
+    parse_received_uri,
+    received_authority,
+)
 
 
 def test_fields_absent_is_not_empty() -> None:
@@ -141,3 +148,35 @@ def test_what_names_no_directory_base_is_refused(url: str) -> None:
     with pytest.raises(FieldError) as caught:
         directory_base(url)
     assert caught.value.reason == "malformed-signature-agent"
+
+
+# what WHATWG URL parsing (Node's new URL(...).hostname) writes for each: checked against Node 20
+@pytest.mark.parametrize(
+    ("written", "canonical"),
+    [
+        ("2001:DB8:0:0:0:0:0:1", "2001:db8::1"),
+        ("::ffff:127.0.0.1", "::ffff:7f00:1"),  # hex throughout, as WHATWG writes it
+        ("2001:db8:0:0:1:0:0:1", "2001:db8::1:0:0:1"),  # the first of two equal runs
+        ("2001:db8:0:1:1:1:1:1", "2001:db8:0:1:1:1:1:1"),  # one zero group is not a run
+        ("0:0:0:0:0:0:0:0", "::"),
+        ("1:0:0:0:0:0:0:0", "1::"),
+        ("2001:0db8:0000:0000:0001:0000:0000:0001", "2001:db8::1:0:0:1"),
+        ("1:0:0:2:0:0:0:3", "1:0:0:2::3"),  # the longer run
+    ],
+)
+def test_an_ipv6_literal_has_one_spelling(written: str, canonical: str) -> None:
+    """The proxy signed and sent an IPv6 literal as the client wrote it; verifiers that rebuild
+    ``@authority`` from a WHATWG URL (Cloudflare's) compress it, and refused ours."""
+    target = parse_absolute_uri(f"http://[{written}]:8080/p")
+    assert (target.host, target.authority) == (f"[{canonical}]", f"[{canonical}]:8080")
+    assert ipv6_text(canonical) == canonical
+
+
+def test_a_received_authority_is_normalized_only_as_rfc_9421_says() -> None:
+    """@authority of a received message: lower case, no default port (RFC 9421 section 2.2.3), and
+    an IPv6 literal as the client wrote it: a signer need not compress it."""
+    received = "https://[2001:DB8:0:0::1]:443/x"
+    message = Message("GET", parse_received_uri(received), Fields(()), received)
+    assert component_value(message, Component("@authority")) == "[2001:db8:0:0::1]"
+    assert received_authority("http://Exchange.EXAMPLE:80/x") == "exchange.example"
+    assert received_authority("https://exchange.example:80/x") == "exchange.example:80"

@@ -215,3 +215,18 @@ def test_cloudflare_accepts_every_key_proof_of_the_published_directory(tmp_path:
     assert all(v.startswith("refused: content-digest") for v in tampered.values())
     foreign.pop("content_type")
     assert all(v.startswith("refused") for v in foreign.values())
+
+
+@pytest.mark.parametrize("written", ["0:0:0:0:0:ffff:7f00:1", "::FFFF:127.0.0.1"])
+def test_cloudflare_verifiers_accept_an_ipv6_literal_as_the_proxy_spells_it(
+    written: str, tmp_path: Path, origins: Origins, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The proxy signed and sent an IPv6 literal as the client wrote it; Cloudflare's verifiers
+    rebuild ``@authority`` from a WHATWG URL, which compresses it, and refused the request. (An
+    IPv4-mapped address reaches the loopback origin without an IPv6 listener.)"""
+    config = {"signing": {"signature_agent": ""}, "profiles": {"default": "web-bot-auth"}}
+    with ProxyProcess(tmp_path, config, key=KEY) as proxy, proxy_env(monkeypatch, proxy.url):
+        url = f"http://[{written}]:{origins.plain.port}/v6"
+        verdict = requests.get(url, timeout=WAIT_S).json()
+    assert verdict["headers"]["host"] == f"[::ffff:7f00:1]:{origins.plain.port}"
+    assert (verdict["web_bot_auth"], verdict["http_message_sig"]) == ("ok", "ok"), verdict
