@@ -6,11 +6,12 @@ start: a check that passed a file ``run`` then refused was no check."""
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
 import yaml
 
-from ..config import redacted
+from ..config import ENV_CONFIG_FILE, redacted
 from ..proxy.credentials import BearerStore
 from .common import HelpFormatter, config_from, environment_epilog
 
@@ -20,7 +21,8 @@ __all__ = ["add_parsers", "cmd_config_check"]
 def cmd_config_check(args: argparse.Namespace) -> int:
     config = config_from(args)
     BearerStore(config.credentials)  # the tokens' files and variables, read as ``run`` reads them
-    print(f"# {args.config or 'embedded default configuration'}: OK")
+    source = args.config or os.environ.get(ENV_CONFIG_FILE) or "embedded default configuration"
+    print(f"# {source}: OK")
     print(yaml.safe_dump(redacted(config), sort_keys=False), end="")
     return 0
 

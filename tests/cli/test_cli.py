@@ -105,6 +105,16 @@ def test_config_check_reads_the_token_files_run_reads(tmp_path: Path) -> None:
     assert "OK" not in done.stdout
 
 
+def test_config_check_names_the_file_signing_proxy_config_named(tmp_path: Path) -> None:
+    """It checked the file the variable names and said it had checked the embedded defaults."""
+    config = tmp_path / "from-env.yaml"
+    config.write_text("listen: 127.0.0.1:8181\n")
+    done = run_cli("config", "check", env={"SIGNING_PROXY_CONFIG": str(config)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0] == f"# {config}: OK"
+    assert "127.0.0.1:8181" in done.stdout
+
+
 def test_first_run_generates_an_owner_only_key(tmp_path: Path) -> None:
     data = tmp_path / "data"
     with started_run("--listen", "127.0.0.1:0", "--data-dir", str(data)) as lines:
