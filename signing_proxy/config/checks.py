@@ -36,14 +36,21 @@ def check_agent_name(name: str, path: str) -> None:
 
 
 def check_url(url: str | None, path: str) -> None:
-    """Refuse a set value that is not an absolute http(s) URL without a fragment."""
-    if url is not None and (
-        not url.startswith(("https://", "http://"))
+    """Refuse a set value that is not an absolute http(s) URL without a fragment or userinfo (never
+    sent: ``user:password@`` was dropped silently, and a refusal quoting it showed the password)."""
+    if url is None:
+        return
+    http = url.startswith(("https://", "http://"))
+    if http and "@" in url.split("/", 3)[2]:
+        raise ConfigError(f"{path}: an http(s) URL without user:password@ (userinfo is never sent)")
+    if (
+        not http
         or not url.split("/", 3)[2]
         or not url.isascii()
         or any(c.isspace() or c in '"\\<>#' for c in url)
     ):
-        raise ConfigError(f"{path}: must be an absolute http(s) URL, got {url!r}")
+        shown = repr(url) if "@" not in url else "a value not shown (it has an '@')"
+        raise ConfigError(f"{path}: must be an absolute http(s) URL, got {shown}")
 
 
 def is_loopback(host: str) -> bool:

@@ -277,3 +277,17 @@ def test_a_clock_skew_is_from_0_to_300_seconds(section: str, skew: int) -> None:
     with pytest.raises(ConfigError, match=rf"^{section}\.skew_s: must be an integer from 0 to 300"):
         parse_config({section: {"skew_s": skew}})
     assert getattr(parse_config({section: {"skew_s": 300}}), section).skew_s == 300
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("upstream", "http://user:s3cret@backend:9000"),  # was dropped silently
+        ("external_origin", "https://user:s3cret@exchange.example"),
+        ("upstream", "user:s3cret@backend:9000"),  # no scheme: refused without quoting it
+    ],
+)
+def test_a_url_with_user_and_password_is_refused_without_showing_it(key: str, value: str) -> None:
+    with pytest.raises(ConfigError, match=rf"^gateway\.{key}: ") as caught:
+        parse_config({"mode": "gateway", "gateway": {"upstream": "http://127.0.0.1:9000", key: value}})
+    assert "s3cret" not in str(caught.value)
