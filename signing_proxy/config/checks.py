@@ -24,8 +24,10 @@ AGENT_NAME_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")  # one safe path segmen
 def parse_host_port(value: str, path: str) -> tuple[str, int]:
     """``HOST:PORT`` (IPv6 as ``[::1]:8080``) -> (host, port); port 0 picks a free port."""
     host, sep, port = value.rpartition(":")
-    if not sep or not (port.isascii() and port.isdigit()) or not 0 <= int(port) < 65536 or not host:
+    if not sep or not (port.isascii() and port.isdigit()) or not host:
         raise ConfigError(f"{path}: must be HOST:PORT, got {value!r}")
+    if not 0 <= int(port) < 65536:
+        raise ConfigError(f"{path}: the port must be 1-65535 (0: any free port), got {value!r}")
     return host.strip("[]"), int(port)
 
 

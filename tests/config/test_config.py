@@ -38,6 +38,7 @@ def test_every_example_config_is_valid(path: Path) -> None:
         ),
         ({"signing": {"validity_s": 90000}}, "signing.validity_s: must be at most 86400"),
         ({"listen": "8080"}, "listen: must be HOST:PORT"),
+        ({"listen": "127.0.0.1:99999"}, "listen: the port must be 1-65535"),
         ({"listen": "0.0.0.0:8080"}, "listen: 0.0.0.0:8080 is not a loopback address"),
         ({"access": {"allow_clients": ["10.0.0.0/33"]}}, "access.allow_clients[0]: not a CIDR"),
         ({"log": {"level": "loud"}}, "log.level: must be one of debug, info, warning, error"),
