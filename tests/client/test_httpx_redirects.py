@@ -123,7 +123,13 @@ def test_without_the_hooks_a_redirect_carries_the_first_signature(
 
 
 def mock_run(
-    auth: HttpxAuth, start: str, location: str, status: int, method: str = "GET"
+    auth: HttpxAuth,
+    start: str,
+    location: str,
+    status: int,
+    method: str = "GET",
+    *,
+    headers: dict[str, str] | None = None,
 ) -> list[httpx.Request]:
     """Send ``method start`` through httpx following one redirect to ``location``; what was sent."""
     sent: list[httpx.Request] = []
@@ -140,7 +146,7 @@ def mock_run(
         follow_redirects=True,
         transport=httpx.MockTransport(answer),
     ) as client:
-        client.request(method, start, content=BODY if method == "POST" else None)
+        client.request(method, start, content=BODY if method == "POST" else None, headers=headers)
     return sent
 
 
@@ -180,20 +186,7 @@ def test_a_bearer_the_auth_added_does_not_follow_an_upgrade_its_rule_excludes(tm
 def test_a_callers_own_authorization_stays_on_a_same_origin_redirect(tmp_path: Path) -> None:
     auth = configured(tmp_path)
     headers = {"Authorization": "Bearer callers-own"}
-    sent: list[httpx.Request] = []
-
-    def answer(request: httpx.Request) -> httpx.Response:
-        sent.append(request)
-        return httpx.Response(307, headers={"Location": "/b"}) if len(sent) == 1 else httpx.Response(200)
-
-    with httpx.Client(
-        auth=auth,
-        event_hooks=auth.redirect_hooks(),
-        follow_redirects=True,
-        transport=httpx.MockTransport(answer),
-    ) as client:
-        client.post("https://pub.example/a", content=BODY, headers=headers)
-    first, landed = sent
+    first, landed = mock_run(auth, "https://pub.example/a", "/b", 307, "POST", headers=headers)
     assert first.headers["authorization"] == landed.headers["authorization"] == "Bearer callers-own"
     assert landed.url.path == "/b"
     assert "signature" in landed.headers
