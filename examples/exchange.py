@@ -19,6 +19,7 @@ async def app() -> web.Application:
     # directories and revocation lists through the package's one HTTP client, public https only
     # unless allow-listed; revocation lists polled every 300 s +/-10 %, failing closed until fetched
     verifier = build_verifier(egress=EgressPolicy(allow_private=tuple(sys.argv[2:])))
+    # served on loopback; behind a public name: signature_middleware(verifier, hosts=("exchange.example",))
     exchange = web.Application(middlewares=[signature_middleware(verifier)])
     exchange.router.add_post("/svc.v1.ExchangeService/DiscoverResources", discover)
     exchange.on_cleanup.append(lambda _app: verifier.close())
