@@ -16,8 +16,7 @@ from pathlib import Path
 
 from ..config import ENV_CONFIG_FILE, ENV_OVERRIDES, Config, apply_env_overrides, load_config
 from ..core.durations import parse_duration
-from ..core.errors import KeyFormatError
-from ..core.jwk import PRIVATE_JWK_MEMBERS, PublicKey, SigningKey, public_key_from_jwk
+from ..core.jwk import PublicKey, SigningKey
 from ..errors import (
     CAError,
     CliError,
@@ -28,7 +27,7 @@ from ..errors import (
     ProxyError,
     StorageError,
 )
-from ..storage.keyfile import load_key_file
+from ..storage.keyfile import load_key_file, load_public_key_file
 
 __all__ = [
     "REFUSALS",
@@ -200,21 +199,8 @@ def signing_key_file(path: str, flag: str) -> SigningKey:
 
 def public_key_file(path: Path, flag: str) -> PublicKey:
     """A public key from a file: SPKI PEM, public JWK, or a private key file (owner-only) whose public
-    half is taken."""
+    half is taken (``storage.keyfile.load_public_key_file``)."""
     try:
-        data = path.read_bytes().strip()
-    except OSError as exc:
-        raise CliError(f"{flag}: cannot read {path}: {exc.strerror or exc}") from None
-    try:
-        if data.startswith(b"{"):
-            jwk = json.loads(data)
-            if isinstance(jwk, dict) and PRIVATE_JWK_MEMBERS.intersection(jwk):
-                return signing_key_file(str(path), flag).public
-            return public_key_from_jwk(jwk)
-        if b"PRIVATE KEY-----" in data:
-            return signing_key_file(str(path), flag).public
-        return PublicKey.from_pem(data)
-    except ValueError:
-        raise CliError(f"{flag}: {path} is not valid JSON") from None
-    except KeyFormatError as exc:
-        raise CliError(f"{flag}: {path}: {exc.detail or exc.reason}") from None
+        return load_public_key_file(path)
+    except KeyFileError as exc:
+        raise CliError(f"{flag}: {exc}") from None

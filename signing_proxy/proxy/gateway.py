@@ -29,10 +29,11 @@ from ..core.fields import Fields
 from ..core.jwk import PublicKey
 from ..core.manifest import MANIFEST_MAX_BYTES
 from ..core.uri import Target, host_authority, parse_absolute_uri, parse_authority
-from ..errors import MISDIRECTED, ConfigError, ProxyError
+from ..errors import MISDIRECTED, ConfigError, KeyFileError, ProxyError
 from ..net.client import HttpClient
 from ..net.egress import EgressPolicy
 from ..net.framing import Outgoing, drop_hop_by_hop, outgoing
+from ..storage.keyfile import load_public_key_file
 from ..verify.counters import CounterStore
 from ..verify.directory import http_fetcher
 from ..verify.gateway import HEADER_PREFIX, GatewayPolicy, GatewayRefusal
@@ -41,7 +42,6 @@ from ..verify.issuers import IssuerAnchor
 from ..verify.manifest_watch import ManifestWatcher
 from ..verify.stores import open_counter_store
 from ..verify.verifier import VerifierPolicy
-from .relay import load_public_key_file
 
 __all__ = ["STORE_PROBE_INTERVAL_S", "STORE_PROBE_TIMEOUT_S", "GatewayPipeline", "gateway_upstream"]
 
@@ -86,7 +86,7 @@ def _anchors(section: GatewayConfig) -> dict[str, IssuerAnchor]:
         for path in entry.keys:
             try:
                 keys.append(load_public_key_file(Path(path).expanduser()))
-            except (OSError, ValueError) as exc:
+            except KeyFileError as exc:
                 raise ConfigError(
                     f"gateway.trusted_issuers.{iss}: {exc}", reason="pinned-key-unusable"
                 ) from None

@@ -10,14 +10,13 @@ exceed the hop cap (counted as signatures, ours included).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
 from ..config import Config
-from ..core.errors import KeyFormatError, VerificationError
+from ..core.errors import VerificationError
 from ..core.fields import Fields
-from ..core.jwk import PublicKey, public_key_from_jwk
+from ..core.jwk import PublicKey
 from ..core.profiles import (
     SVC,
     SigningProfile,
@@ -28,10 +27,11 @@ from ..core.profiles import (
 from ..core.sfv import parse_dictionary
 from ..core.signatures import Message, SignatureEntry, hop_components, parse_signature_stack
 from ..core.uri import Target
-from ..errors import ConfigError, ProxyError
+from ..errors import ConfigError, KeyFileError, ProxyError
 from ..net.client import HttpClient
 from ..net.egress import EgressPolicy
 from ..net.framing import Outgoing, drop_hop_by_hop, outgoing
+from ..storage.keyfile import load_public_key_file
 from ..verify.build import build_verifier
 from ..verify.revocation import RevocationPoller
 from ..verify.verifier import RequestVerifier, VerifierPolicy, refusal_answer
@@ -39,24 +39,13 @@ from .pipeline import Signer, next_hop_target
 from .profiles import ProfileSelector, fresh_params
 from .signer import SignOptions
 
-__all__ = ["RelayPipeline", "load_public_key_file", "unique_label"]
-
-
-def load_public_key_file(path: Path) -> PublicKey:
-    """A public Ed25519 key from a file: SPKI PEM or a public JWK."""
-    data = path.read_bytes().strip()
-    if data.startswith(b"{"):
-        try:
-            return public_key_from_jwk(json.loads(data))
-        except ValueError as exc:
-            raise KeyFormatError("malformed-jwk", f"{path}: not valid JSON") from exc
-    return PublicKey.from_pem(data)
+__all__ = ["RelayPipeline", "unique_label"]
 
 
 def _pinned(paths: Sequence[str], where: str) -> tuple[PublicKey, ...]:
     try:
         return tuple(load_public_key_file(Path(p).expanduser()) for p in paths)
-    except (OSError, KeyFormatError, ValueError) as exc:
+    except KeyFileError as exc:
         raise ConfigError(f"{where}: {exc}", reason="pinned-key-unusable") from None
 
 

@@ -6,14 +6,15 @@ file that is group- or world-readable, rather than signing with it.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from ..core.errors import KeyFormatError
-from ..core.jwk import SigningKey, load_private_key
+from ..core.jwk import PRIVATE_JWK_MEMBERS, PublicKey, SigningKey, load_private_key, public_key_from_jwk
 from ..errors import KeyFileError
 from .files import PrivateFileError, make_private_dir, read_private, write_atomic
 
-__all__ = ["KeyFileError", "load_key_file", "write_private_file"]
+__all__ = ["KeyFileError", "load_key_file", "load_public_key_file", "write_private_file"]
 
 
 def write_private_file(path: Path, data: bytes, *, overwrite: bool = False) -> None:
@@ -34,6 +35,29 @@ def load_key_file(path: Path) -> SigningKey:
         return load_private_key(data)
     except KeyFormatError as exc:
         raise KeyFileError(exc.reason, path, f"not a usable Ed25519 private key ({exc.detail})") from exc
+
+
+def load_public_key_file(path: Path) -> PublicKey:
+    """A public Ed25519 key from a file: SPKI PEM, a public JWK, or a private key file (PKCS#8 PEM
+    or private JWK, owner-only as ``load_key_file`` wants it) whose public half is taken, so the
+    file an agent signs with can be pinned as it is. KeyFileError names the path and the reason."""
+    try:
+        data = path.read_bytes().strip()
+    except OSError as exc:
+        raise KeyFileError("key-unreadable", path, f"cannot read key file: {exc.strerror or exc}") from None
+    try:
+        if data.startswith(b"{"):
+            jwk = json.loads(data)
+            if isinstance(jwk, dict) and PRIVATE_JWK_MEMBERS.intersection(jwk):
+                return load_key_file(path).public
+            return public_key_from_jwk(jwk)
+        if b"PRIVATE KEY-----" in data:
+            return load_key_file(path).public
+        return PublicKey.from_pem(data)
+    except KeyFormatError as exc:
+        raise KeyFileError(exc.reason, path, f"not a usable Ed25519 public key ({exc.detail})") from None
+    except ValueError:
+        raise KeyFileError("malformed-jwk", path, "not valid JSON") from None
 
 
 def _key_file_error(exc: PrivateFileError) -> KeyFileError:

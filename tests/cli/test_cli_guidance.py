@@ -87,9 +87,10 @@ def test_verify_origin_names_the_flag_and_the_path_of_a_missing_key_file(tmp_pat
     for flag in ("--pinned-key", "--pinned-broker-key"):
         done = run_cli("verify-origin", "--listen", "127.0.0.1:0", flag, str(tmp_path / "missing.jwk"))
         assert done.returncode == 2
+        missing = tmp_path / "missing.jwk"
         assert (
             done.stderr
-            == f"signing-proxy: {flag}: cannot read {tmp_path / 'missing.jwk'}: No such file or directory\n"
+            == f"signing-proxy: {flag}: {missing}: cannot read key file: No such file or directory\n"
         )
 
 
