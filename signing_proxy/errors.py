@@ -41,9 +41,9 @@ from .core.errors import (
     SigningError,
     VerificationError,
 )
+from .core.uri import MISDIRECTED
 
 __all__ = [
-    "MISDIRECTED",
     "VERIFIER_BUSY",
     "CAError",
     "CliError",
@@ -171,9 +171,6 @@ class CliError(Error):
 # A verification or a directory fetch refused because the verifier may not fetch more new key
 # directories this second (verify.fetches_per_s): answered 503 with Retry-After, whatever its class
 VERIFIER_BUSY = "verifier-busy"
-# A request for a name the verifier does not answer for (it builds its origin from Host): a signature
-# covers @target-uri, and one made for another origin must not verify here (RFC 9110 section 15.5.20)
-MISDIRECTED = "misdirected-request"
 
 _STATUS: tuple[tuple[type[Error], int], ...] = (
     (FieldError, 400),

@@ -12,6 +12,7 @@ import functools
 import ipaddress
 import re
 from collections.abc import Callable, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -20,6 +21,7 @@ from .errors import FieldError
 __all__ = [
     "DEFAULT_PORTS",
     "LOOPBACK_HOSTS",
+    "MISDIRECTED",
     "Target",
     "directory_base",
     "host_authority",
@@ -29,6 +31,7 @@ __all__ = [
     "parse_authority",
     "parse_received_uri",
     "received_authority",
+    "served_authority",
     "valid_host_field",
 ]
 
@@ -36,6 +39,7 @@ DEFAULT_PORTS = {"http": 80, "https": 443}
 # The names a verifier that builds its origin from Host answers for until it is told its own: a
 # signature covers @target-uri, so one made for another origin must not verify there.
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")
+MISDIRECTED = "misdirected-request"  # a Host outside them (RFC 9110 section 15.5.20: 421)
 MAX_HOST_CHARS = 253  # RFC 1035 section 2.3.4 (a name in text form, without its trailing dot)
 _LABEL = re.compile(r"[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?", re.IGNORECASE)
 
@@ -188,6 +192,16 @@ def host_authority(values: Sequence[str]) -> str:
     authority = values[0].strip()
     if not authority or not valid_host_field(authority):
         raise FieldError("malformed-host", "Host must be host[:port]")
+    return authority
+
+
+def served_authority(values: Sequence[str], hosts: AbstractSet[str] | None, setting: str) -> str:
+    """The authority of a request's one ``Host`` (``host_authority``: FieldError ``malformed-host``)
+    when its name is one of ``hosts`` (lower case; None: any), else FieldError ``misdirected-request``
+    naming ``setting``, what tells a verifier its names (never the names themselves)."""
+    authority = host_authority(values)
+    if hosts is not None and (host := parse_authority(authority, "http")[0]) not in hosts:
+        raise FieldError(MISDIRECTED, f"this server does not answer for {host!r} (set {setting})")
     return authority
 
 

@@ -28,8 +28,8 @@ from ..core.errors import FieldError
 from ..core.fields import Fields
 from ..core.jwk import PublicKey
 from ..core.manifest import MANIFEST_MAX_BYTES
-from ..core.uri import Target, host_authority, parse_absolute_uri, parse_authority
-from ..errors import MISDIRECTED, ConfigError, KeyFileError, ProxyError
+from ..core.uri import Target, parse_absolute_uri, served_authority
+from ..errors import ConfigError, KeyFileError, ProxyError, http_status
 from ..net.client import HttpClient
 from ..net.egress import EgressPolicy
 from ..net.framing import Outgoing, drop_hop_by_hop, outgoing
@@ -155,13 +155,11 @@ class GatewayPipeline:
         """The URI the client signed: our external origin, else ``http://`` + the Host it sent."""
         if self.external_origin is not None:
             return self.external_origin + target.path_query
+        values = [v for n, v in lines if n.lower() == "host"]
         try:
-            authority = host_authority([v for n, v in lines if n.lower() == "host"])
-            host, _ = parse_authority(authority, "http")
+            authority = served_authority(values, self.hosts, "gateway.hosts, or gateway.external_origin")
         except FieldError as exc:
-            raise ProxyError(400, exc.reason, exc.detail) from None
-        if host not in self.hosts:  # a signature made for another origin must not verify here
-            raise ProxyError(421, MISDIRECTED, f"this gateway answers for gateway.hosts, not {host!r}")
+            raise ProxyError(http_status(exc), exc.reason, exc.detail) from None
         return f"http://{authority}{target.path_query}"
 
     async def prepare(

@@ -24,8 +24,8 @@ from aiohttp.typedefs import Middleware
 from ..core.errors import FieldError, VerificationError
 from ..core.fields import Fields
 from ..core.signatures import VerifiedStack
-from ..core.uri import LOOPBACK_HOSTS, host_authority, is_host_name, parse_authority
-from ..errors import MISDIRECTED, problem_body
+from ..core.uri import LOOPBACK_HOSTS, is_host_name, served_authority
+from ..errors import problem_body
 from ..net.framing import drop_hop_by_hop
 from .verifier import RequestVerifier, refusal_answer
 
@@ -99,17 +99,11 @@ async def as_received(
     if external_origin:
         origin = external_origin.rstrip("/")
     else:
-        served = served_hosts(hosts)
         values = [v.decode("latin-1") for k, v in request.raw_headers if k.lower() == b"host"]
         try:
-            authority = host_authority(values)
-            host = parse_authority(authority, request.scheme)[0]
+            authority = served_authority(values, served_hosts(hosts), "hosts, or external_origin")
         except FieldError as exc:
             raise VerificationError(exc.reason, exc.detail) from None
-        if served is not None and host not in served:  # a signature made for another origin
-            raise VerificationError(  # the names it answers for are configuration: never shown
-                MISDIRECTED, f"this server does not answer for {host!r} (its hosts, or external_origin)"
-            )
         origin = f"{request.scheme}://{authority}"
     if _decoded(request):
         raise VerificationError(

@@ -92,6 +92,7 @@ async def test_by_default_a_gateway_answers_only_for_loopback_names(tmp_path: Pa
         with pytest.raises(ProxyError) as caught:
             pipeline.signed_uri(target, [("Host", "publisher-a.example")])
         assert (caught.value.status, caught.value.reason) == (421, "misdirected-request")
+        assert "gateway.hosts" in caught.value.detail  # the answer names the setting
     finally:
         await pipeline.close()
 
