@@ -217,45 +217,28 @@ async def _serve(
     return await _drain(app, services)
 
 
-CUT_CLOSE_S = 2.0  # after a drain is cut short: the most the closing of what is left may take
-
-
 async def _drain(app: ProxyApp, services: KeyServices) -> int:
     """The first SIGTERM/SIGINT: let in-flight requests finish for up to ``timeouts.drain_s``, exit
-    status 0. A second one while requests are still awaited cuts that wait short: they are closed at
-    once, one line says so, and the exit status is 128 + the signal's number (130 for SIGINT)."""
+    status 0. A second one while requests are still awaited cuts that wait short
+    (``ProxyApp.cut_drain``): they are closed at once, one line says so, and the exit status is
+    128 + the signal's number (130 for SIGINT)."""
     drain_s = app.config.timeouts.drain_s
     log.info("shutting down: draining in-flight requests for up to %g s", drain_s)
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + drain_s
-    again: asyncio.Future[signal.Signals] = loop.create_future()
+    cut: list[signal.Signals] = []
 
     def second(sig: signal.Signals) -> None:
-        if not again.done():
-            again.set_result(sig)
+        if not cut and app.cut_drain():
+            cut.append(sig)
+            log.warning(
+                "%s during the drain: drain cut short, closing the requests still in flight", sig.name
+            )
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, second, sig)
-
-    async def drain() -> None:
-        await services.stop()
-        await app.stop(drain_s=drain_s)
-
-    draining = asyncio.ensure_future(drain())
-    await asyncio.wait((draining, again), return_when=asyncio.FIRST_COMPLETED)
-    if not draining.done() and app.engine.busy() and loop.time() < deadline:
-        # still waiting for requests in flight (app.stop polls for them): none of its closing steps
-        # has run yet, so the stop below, which waits for nothing, runs each of them once
-        sig = again.result()
-        log.warning("%s during the drain: drain cut short, closing the requests still in flight", sig.name)
-        draining.cancel()
-        await asyncio.wait((draining,))
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(app.stop(drain_s=0), CUT_CLOSE_S)
-        return 128 + int(sig)
-    again.cancel()
-    await draining  # done, or past the wait for requests: what is left of it is bounded
-    return 0
+    await services.stop()
+    await app.stop(drain_s=drain_s)
+    return 128 + int(cut[0]) if cut else 0
 
 
 def _settle_heap() -> None:

@@ -105,6 +105,8 @@ class ProxyApp:
         self.admin_address: tuple[str, int] | None = None
         self.reuse_port = False  # set by `run --workers N`: N processes share the listening ports
         self.draining = False  # set on SIGTERM: finish what is in flight, keep no connection alive
+        self._cut = asyncio.Event()  # cut_drain: stop() waits no longer for what is in flight
+        self._waited = False  # stop()'s wait for what is in flight is over
         self.pool = UpstreamPool(
             config.upstream,
             connect_timeout_s=config.timeouts.connect_s,
@@ -413,6 +415,13 @@ class ProxyApp:
         self._admin_runner, bound = await start_admin_listener(app, host, port, reuse_port=self.reuse_port)
         return bound
 
+    def cut_drain(self) -> bool:
+        """``stop`` waits no longer for exchanges in flight (nor starts to): they are closed with the
+        rest, each closing step still run once. True when some were in flight and awaited."""
+        cutting = not self._waited and self.engine.busy()
+        self._cut.set()
+        return cutting
+
     async def stop(self, drain_s: float = 5.0) -> None:
         """Stop accepting, let in-flight exchanges finish up to ``drain_s``, then close everything."""
         self.draining = True
@@ -424,10 +433,11 @@ class ProxyApp:
             runner, self._admin_runner = self._admin_runner, None
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(runner.cleanup(), max(drain_s, 1.0))
-        while self._tasks and loop.time() < deadline:
+        while self._tasks and loop.time() < deadline and not self._cut.is_set():
             if not self.engine.busy():
                 break
             await asyncio.sleep(0.05)  # polled: in-flight exchanges share no one event to wait on
+        self._waited = True
         self.engine.close_all()
         self.interception.close()
         for task in list(self._tasks):
