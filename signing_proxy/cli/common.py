@@ -49,7 +49,7 @@ __all__ = [
 def config_from(args: argparse.Namespace) -> Config:
     """File (``--config`` or ``$SIGNING_PROXY_CONFIG``), then ``SIGNING_PROXY_*`` variables, then flags."""
     try:
-        path = getattr(args, "config", None) or os.environ.get(ENV_CONFIG_FILE)
+        path = config_path(args)
         config = apply_env_overrides(load_config(Path(path) if path else None), os.environ)
         overrides = {}
         if getattr(args, "listen", None):
@@ -68,7 +68,17 @@ def config_from(args: argparse.Namespace) -> Config:
             overrides["gateway.hosts"] = list(args.gateway_hosts)
         return config.with_overrides(**overrides) if overrides else config
     except ConfigError as exc:
-        raise CliError(f"configuration error: {_naming_variables(str(exc))}") from None
+        raise config_refused(exc) from None
+
+
+def config_path(args: argparse.Namespace) -> str | None:
+    """The configuration file a command reads: ``--config``, else ``$SIGNING_PROXY_CONFIG``."""
+    return getattr(args, "config", None) or os.environ.get(ENV_CONFIG_FILE)
+
+
+def config_refused(exc: ConfigError) -> CliError:
+    """A refused configuration as the command line says it (``configuration error: ...``)."""
+    return CliError(f"configuration error: {_naming_variables(str(exc))}")
 
 
 def _naming_variables(message: str) -> str:

@@ -6,22 +6,25 @@ start: a check that passed a file ``run`` then refused was no check."""
 from __future__ import annotations
 
 import argparse
-import os
 from typing import Any
 
 import yaml
 
-from ..config import ENV_CONFIG_FILE, redacted
+from ..config import redacted
+from ..errors import ConfigError
 from ..proxy.credentials import BearerStore
-from .common import HelpFormatter, config_from, environment_epilog
+from .common import HelpFormatter, config_from, config_path, config_refused, environment_epilog
 
 __all__ = ["add_parsers", "cmd_config_check"]
 
 
 def cmd_config_check(args: argparse.Namespace) -> int:
     config = config_from(args)
-    BearerStore(config.credentials)  # the tokens' files and variables, read as ``run`` reads them
-    source = args.config or os.environ.get(ENV_CONFIG_FILE) or "embedded default configuration"
+    try:
+        BearerStore(config.credentials)  # the tokens' files and variables, read as ``run`` reads them
+    except ConfigError as exc:
+        raise config_refused(exc) from None
+    source = config_path(args) or "embedded default configuration"
     print(f"# {source}: OK")
     print(yaml.safe_dump(redacted(config), sort_keys=False), end="")
     return 0

@@ -101,7 +101,7 @@ def test_config_check_reads_the_token_files_run_reads(tmp_path: Path) -> None:
     config.write_text(f"credentials:\n  - hosts: [a.example]\n    bearer_file: {tmp_path / 'missing'}\n")
     done = run_cli("config", "check", str(config))
     assert done.returncode == 2
-    assert "credentials[0].bearer_file:" in done.stderr
+    assert done.stderr.startswith("signing-proxy: configuration error: credentials[0].bearer_file:")
     assert "OK" not in done.stdout
 
 
