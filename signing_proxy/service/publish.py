@@ -157,21 +157,21 @@ class PublishServer:
             body = render_revocation_list(state.revocations)
             return _document(body, REVOCATION_LIST_MEDIA_TYPE, REVOCATION_CACHE_CONTROL)
         directory = state.directory(now, publication.revocation_url)
-        try:
-            body = render_directory(directory, now=now)
+        # an agent of publish.agents (under /agents/<name>) gets the spec's directory whatever it asks:
+        # protocol-02 has a directory's Signature-Agent be an origin (its directory at the root), so a
+        # path is no web-bot-auth directory, and we hold no private key of these agents to prove its
+        # keys with (a draft client ignores every key without a proof)
+        spec = bool(publication.base) or not prefers_web_directory(request.headers.get("Accept"))
+        try:  # the drafts' body is the one the proofs' Content-Digest covers
+            body = render_directory(directory, now=now, jose_alg=spec)
         except KeyFormatError as exc:
             log.warning("not serving the directory of agent %s: %s", publication.agent, exc.detail)
             return _problem(
                 503, "no-valid-key", "no key of this agent is valid now; see `signing-proxy keys list`"
             )
         cache = f"max-age={self.max_age_s}"
-        # an agent of publish.agents (under /agents/<name>) gets the spec's directory whatever it asks:
-        # protocol-02 has a directory's Signature-Agent be an origin (its directory at the root), so a
-        # path is no web-bot-auth directory, and we hold no private key of these agents to prove its
-        # keys with (a draft client ignores every key without a proof)
-        if publication.base or not prefers_web_directory(request.headers.get("Accept")):
+        if spec:
             return _document(body, DIRECTORY_MEDIA_TYPE, cache, Vary="Accept")
-        body = render_directory(directory, jose_alg=False)  # the body the proofs' Content-Digest covers
         # the drafts' signed directory: one possession proof per published key whose private key we
         # hold, bound to our public authority (never the Host asked: a proof for any name would bind
         # our keys to a stranger's domain)

@@ -1,7 +1,7 @@
 """requests: the URL goes out in the form signed, and a redirect never carries the first signature.
 
 requests re-applies no auth to a redirect it follows: it copied the first request's fields, so the
-signature for one URL went to another (another origin, even), which could replay it for the redirecting.
+signature for one URL went to another (another origin, even), which could replay it for the first.
 And a URL written with its default port (``http://h:80/p``) was signed as ``http://h/p`` but sent to
 a proxy as written, so no verifier rebuilding the target from the wire could check it.
 """
