@@ -44,20 +44,28 @@ class SignatureAuth(httpx.Auth):
 
     def __init__(self, signer: Signer) -> None:
         self.signer = signer
+        self._follows = False  # redirect hooks were handed out: each request remembers what it was
 
     def redirect_hooks(self) -> dict[str, list[RequestHook]]:
         """``event_hooks`` for an ``httpx.Client`` that follows redirects: sign each for its URL."""
+        self._follows = True
         return {"request": [self._sign_redirect]}
 
     def async_redirect_hooks(self) -> dict[str, list[AsyncRequestHook]]:
         """``event_hooks`` for an ``httpx.AsyncClient`` that follows redirects."""
+        self._follows = True
 
         async def sign_redirect(request: httpx.Request) -> None:
-            if _SIGNED in request.extensions and self.signer.refresh_due():
-                await asyncio.to_thread(self.signer.refresh)
+            if _SIGNED in request.extensions:
+                await self._refresh_off_loop()
             self._sign_redirect(request)
 
         return {"request": [sign_redirect]}
+
+    async def _refresh_off_loop(self) -> None:
+        """Re-read the key store when due, in a worker thread: never on the event loop."""
+        if self.signer.refresh_due():
+            await asyncio.to_thread(self.signer.refresh)
 
     def _sign_redirect(self, request: httpx.Request) -> None:
         """A request hook: a request httpx built for a redirect from one we signed (the one signed
@@ -94,8 +102,7 @@ class SignatureAuth(httpx.Auth):
         yield request
 
     async def async_auth_flow(self, request: httpx.Request) -> AsyncGenerator[httpx.Request, httpx.Response]:
-        if self.signer.refresh_due():
-            await asyncio.to_thread(self.signer.refresh)
+        await self._refresh_off_loop()
         if _streamed(request):
             self.signer.declared_too_large(request.headers.get("content-length"))
             assert isinstance(request.stream, httpx.AsyncByteStream)
@@ -110,11 +117,8 @@ class SignatureAuth(httpx.Auth):
         lines = headers.multi_items()
         content = request.content
         signed = self.signer.sign(request.method, str(request.url), lines, content)
-        if _SIGNED not in request.extensions:  # the first request: what the caller gave
-            caller = headers.get("authorization")
-            request.extensions[_SIGNED] = _Signed(weakref.ref(request), request.method, content, caller)
-        else:
-            request.extensions[_SIGNED].request = weakref.ref(request)
+        if self._follows:  # only a redirect hook asks what a request was
+            _remember(request, content)
         if signed is None:  # a hosts.unsigned host (its redirects are still signed where they go)
             return
         for name in OWNED.intersection(name.lower() for name, _ in lines):
@@ -125,6 +129,17 @@ class SignatureAuth(httpx.Auth):
             headers["Host"] = signed.host
         if signed.body is not content:
             _replace_body(request, signed.body)
+
+
+def _remember(request: httpx.Request, content: bytes) -> None:
+    """Note in ``request``'s extensions that it is the one handled last of its chain, and on the
+    first of a chain what its caller gave (the body, the ``Authorization``)."""
+    known: _Signed | None = request.extensions.get(_SIGNED)
+    if known is None:
+        caller = request.headers.get("authorization")
+        request.extensions[_SIGNED] = _Signed(weakref.ref(request), request.method, content, caller)
+    else:
+        known.request = weakref.ref(request)
 
 
 @dataclass(slots=True)
