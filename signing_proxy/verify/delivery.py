@@ -50,7 +50,7 @@ from ..net.client import HttpClient
 from ..net.egress import EgressPolicy
 from .build import build_verifier
 from .directory import DirectoryError, directory_url
-from .middleware import Hosts, as_received
+from .middleware import Hosts, as_received, served_hosts
 from .verifier import PINNED, RequestVerifier, VerifierPolicy
 
 __all__ = [
@@ -257,4 +257,4 @@ async def verify_delivery_request(
     load balancer sits in front; otherwise scheme and Host of the request, a name in ``hosts``
     (VerificationError ``misdirected-request`` for another: ``middleware.as_received``).
     """
-    return await verifier.verify(*await as_received(request, external_origin, hosts))
+    return await verifier.verify(*await as_received(request, external_origin, served_hosts(hosts)))

@@ -38,6 +38,12 @@ async def verify_gateway_request(
 
     The origin is ``external_origin``, else the request's scheme and ``Host``, a name in ``hosts``
     (``middleware.as_received``)."""
+    return await _verified(gateway, request, external_origin, served_hosts(hosts))
+
+
+async def _verified(
+    gateway: GatewayVerifier, request: web.Request, external_origin: str | None, hosts: frozenset[str] | None
+) -> GatewayVerdict:
     try:
         received = await as_received(request, external_origin, hosts)
     except VerificationError as exc:  # no target URI to verify against: refused like a bad signature
@@ -77,9 +83,7 @@ def gateway_middleware(
         if exempt(request):
             return await handler(request)
         try:
-            request[GATEWAY] = await verify_gateway_request(
-                gateway, request, external_origin=external_origin, hosts=served
-            )
+            request[GATEWAY] = await _verified(gateway, request, external_origin, served)
         except GatewayRefusal as refusal:
             return gateway_refusal(refusal)
         return await handler(request)

@@ -59,7 +59,7 @@ async def verify_aiohttp_request(
     load balancer sits in front (RFC 9421 section 7.4.3); otherwise scheme and Host of the request,
     a Host naming one of ``hosts``.
     """
-    return await verifier.verify(*await as_received(request, external_origin, hosts))
+    return await verifier.verify(*await as_received(request, external_origin, served_hosts(hosts)))
 
 
 def served_hosts(hosts: Hosts) -> frozenset[str] | None:
@@ -78,8 +78,11 @@ def _served(hosts: tuple[str, ...]) -> frozenset[str]:
     return frozenset(host.lower() for host in hosts)
 
 
+LOOPBACK = served_hosts(LOOPBACK_HOSTS)  # the names answered for until told: as ``as_received`` takes them
+
+
 async def as_received(
-    request: web.Request, external_origin: str | None, hosts: Hosts = LOOPBACK_HOSTS
+    request: web.Request, external_origin: str | None, hosts: frozenset[str] | None = LOOPBACK
 ) -> tuple[str, str, Fields, bytes]:
     """Method, target URI, header field lines and body of ``request`` exactly as they arrived (raw
     lines, raw path, the bytes read): what every aiohttp face of the verifier checks.
@@ -101,7 +104,7 @@ async def as_received(
     else:
         values = [v.decode("latin-1") for k, v in request.raw_headers if k.lower() == b"host"]
         try:
-            authority = served_authority(values, served_hosts(hosts), "hosts, or external_origin")
+            authority = served_authority(values, hosts, "hosts, or external_origin")
         except FieldError as exc:
             raise VerificationError(exc.reason, exc.detail) from None
         origin = f"{request.scheme}://{authority}"
@@ -188,9 +191,7 @@ def signature_middleware(
         if exempt(request):
             return await handler(request)
         try:
-            request[SIGNATURE] = await verify_aiohttp_request(
-                verifier, request, external_origin=external_origin, hosts=served
-            )
+            request[SIGNATURE] = await verifier.verify(*await as_received(request, external_origin, served))
         except VerificationError as exc:
             return refusal(exc)
         return await handler(request)
