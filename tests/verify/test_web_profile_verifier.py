@@ -231,3 +231,19 @@ def test_the_drafts_signed_directory_keeps_its_proven_key_and_drops_an_unproven_
     assert [k.thumbprint for k in kept.web_keys] == ["poqkLGiymh_W0uP6PZFw-dvez3QJT5SolqXBCW38r0U"]
     elsewhere = only_proven(parse_directory(body), result, directory_url("https://other.test"), now, 5)
     assert elsewhere.web_keys == ()
+
+
+async def test_a_drafts_key_rotated_in_is_found_by_the_keyid_refetch() -> None:
+    """The refetch for a keyid the cached directory lacks looks in the drafts' keys too, for a
+    web-bot-auth label (and only for one: tests above hold the spec's profile to its window)."""
+    other = SigningKey.generate()
+    jwk = {"kty": "OKP", "crv": "Ed25519", "x": other.public.jwk()["x"]}
+    fetch = FakeFetch()
+    fetch.answers[directory_url(AGENT_DIR)] = FetchResult(200, json.dumps({"keys": [jwk]}).encode(), None)
+    verifier = RequestVerifier(DirectoryResolver(fetch, keyid_refetch_s=0))  # a refetch at once
+    assert (await verifier.verify("GET", URL, _request(key=other), b"")).profile == "web-bot-auth"  # cached
+    fetch.answers[directory_url(AGENT_DIR)] = FetchResult(200, _drafts_directory(), "max-age=300")
+    stack = await verifier.verify("GET", URL, _request(), b"")  # AGENT's key: only in the refetched one
+    assert stack.agent.keyid == AGENT.thumbprint
+    assert fetch.calls == [directory_url(AGENT_DIR)] * 2
+    await verifier.close()
