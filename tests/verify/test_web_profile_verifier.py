@@ -39,7 +39,9 @@ AGENT_DIR = "https://agent.example"
 URL = "https://shop.example/cart?x=1"
 
 
-def _request(key: SigningKey = AGENT, agent_member: str | None = None) -> Fields:
+def _request(
+    key: SigningKey = AGENT, agent_member: str | None = None, *, method: str = "GET", url: str = URL
+) -> Fields:
     """A web-bot-auth request signed by ``key``; ``agent_member``: the covered Signature-Agent
     member as sent (default: the one our signer writes for AGENT_DIR)."""
     now = int(time.time())
@@ -48,7 +50,7 @@ def _request(key: SigningKey = AGENT, agent_member: str | None = None) -> Fields
     assert value is not None
     fields.add("Signature-Agent", value if agent_member is None else f"agent={agent_member}")
     member = sign_message(
-        Message("GET", parse_absolute_uri(URL), fields),
+        Message(method, parse_absolute_uri(url), fields),
         key,
         created=now,
         expires=now + 300,
@@ -246,4 +248,19 @@ async def test_a_drafts_key_rotated_in_is_found_by_the_keyid_refetch() -> None:
     stack = await verifier.verify("GET", URL, _request(), b"")  # AGENT's key: only in the refetched one
     assert stack.agent.keyid == AGENT.thumbprint
     assert fetch.calls == [directory_url(AGENT_DIR)] * 2
+    await verifier.close()
+
+
+@pytest.mark.parametrize(
+    "path", ["/v1/svc.v1.ExchangeService/DiscoverResources", "/v1/svc.v1.ExchangeService/DiscoverResources/"]
+)
+async def test_an_exchange_call_or_a_spelling_of_one_is_refused_under_web_bot_auth(path: str) -> None:
+    """A web-bot-auth label binds the authority only: an exchange call (or a path a backend may route
+    as one, which the gateway refuses as malformed) is accepted under the spec's profile only."""
+    verifier, fetch = _verifier()
+    url = "https://exchange.example" + path
+    with pytest.raises(VerificationError) as err:
+        await verifier.verify("POST", url, _request(method="POST", url=url), b"")
+    assert err.value.reason == "exchange-call-profile"
+    assert fetch.calls == []
     await verifier.close()
