@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from signing_proxy.config import Config, ConfigError, load_config, parse_config, redacted
+from signing_proxy.config.loading import _problem
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "config"
 
@@ -292,3 +293,12 @@ def test_a_url_with_user_and_password_is_refused_without_showing_it(key: str, va
     with pytest.raises(ConfigError, match=rf"^gateway\.{key}: ") as caught:
         parse_config({"mode": "gateway", "gateway": {"upstream": "http://127.0.0.1:9000", key: value}})
     assert "s3cret" not in str(caught.value)
+
+
+@pytest.mark.parametrize("problem", ["found character 'SECRET that cannot start", 'expected "SECRET here'])
+def test_a_yaml_problem_with_an_unbalanced_quote_is_not_shown(problem: str) -> None:
+    """No file found here makes PyYAML say that; the guard is what holds if one does (a quoted part
+    that cannot be masked is not shown at all)."""
+    shown = _problem(yaml.MarkedYAMLError(problem=problem))
+    assert "SECRET" not in shown
+    assert shown == "syntax error"
