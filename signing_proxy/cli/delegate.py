@@ -33,7 +33,7 @@ from ..core.jwk import PublicKey, public_key_from_jwk
 from ..core.jws import parse_jwt
 from ..core.keys import format_rfc3339
 from ..errors import CliError
-from .common import duration
+from .common import duration, signing_key_file
 from .delegate_inputs import (
     caps_args,
     expires_at,
@@ -43,7 +43,6 @@ from .delegate_inputs import (
     read_chain,
     read_owner_keys,
     scopes_arg,
-    signing_key_file,
 )
 
 __all__ = ["add_parsers"]

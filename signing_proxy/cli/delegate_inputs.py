@@ -35,11 +35,9 @@ __all__ = [
     "now_arg",
     "print_notes",
     "proxy_holder_jkt",
-    "public_key_file",
     "read_chain",
     "read_owner_keys",
     "scopes_arg",
-    "signing_key_file",
 ]
 
 MAX_CHAIN_FILE_BYTES: Final = 256 * 1024
