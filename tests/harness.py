@@ -232,7 +232,7 @@ class VerifyingOrigin(OnItsOwnLoop):
         keys: dict[str, PublicKey] | None = None,
     ) -> Arrival:
         trusted = self.keys if keys is None else keys
-        message = Message(method, parse_received_uri(target_uri), Fields(lines), target_uri)  # as received
+        message = Message(method, parse_received_uri(target_uri), Fields(lines))  # as received
         verified, reason, labels, keyids, profile = False, None, [], [], "svc"
         try:
             stack = verify_stack(

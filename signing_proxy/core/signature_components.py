@@ -151,16 +151,16 @@ _SHARED_INNER_CHARS = 512  # our choice: the spec's Inner List is 79 characters
 
 @dataclass(slots=True)
 class Message:
-    """What a signature base is built from: the method as sent, the canonical target, the field lines,
-    and for a message received, its target URI as received (``received_uri``): ``@target-uri`` is
-    that one (RFC 9421 section 2.2.2, the target URI "assembled from" the authority and target as
-    they arrived: RFC 9112 section 3.3), not a normal form of it. A signer sends its canonical target
-    and signs that."""
+    """What a signature base is built from: the method as sent, the target, the field lines.
+
+    ``@target-uri`` is the target's URI as received when it carries one (``Target.received``: RFC
+    9421 section 2.2.2, the target URI "assembled from" the authority and target as they arrived,
+    RFC 9112 section 3.3), not a normal form of it; else its canonical URI, which is what the
+    agent's signer sends."""
 
     method: str
     target: Target
     fields: Fields
-    received_uri: str | None = None
     _dict_cache: dict[str, tuple[str, dict[str, Any]]] = field(default_factory=dict, repr=False)
 
     def dictionary(self, name: str) -> dict[str, Any]:
@@ -199,11 +199,9 @@ def component_value(message: Message, component: Component) -> str:
         if name == "@method":
             return message.method  # as sent, case-sensitive (RFC 9421 section 2.2.1)
         if name == "@target-uri":
-            return message.received_uri or target.uri
+            return target.wire_uri
         if name == "@authority":  # as received, normalized only as section 2.2.3 says
-            return (
-                target.authority if message.received_uri is None else received_authority(message.received_uri)
-            )
+            return received_authority(target)
         if name == "@scheme":
             return target.scheme
         if name == "@path":

@@ -1,9 +1,11 @@
 """Target URIs: parse what arrives, canonicalize once, and send exactly what was signed.
 
 RFC 9421 gives ``@target-uri`` no normalization of its own: a verifier rebuilds it from the
-request it receives (RFC 9112 section 3.3). So the proxy canonicalizes the URI once (lower-case
-scheme and host, default port omitted, empty path -> ``/``, no userinfo, no fragment) and puts
-exactly that on the wire. Path and query are kept byte-for-byte: never decoded, never re-encoded.
+request it receives (RFC 9112 section 3.3). So the agent's proxy canonicalizes the URI once
+(lower-case scheme and host, default port omitted, empty path -> ``/``, no userinfo, no fragment)
+and puts exactly that on the wire. Path and query are kept byte-for-byte: never decoded, never
+re-encoded. What verifies someone else's signature takes the URI as received (``Target.received``)
+and, when it forwards, sends that spelling on.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import ipaddress
 import re
 from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from .errors import FieldError
@@ -24,6 +26,7 @@ __all__ = [
     "MISDIRECTED",
     "Target",
     "directory_base",
+    "forwarded_target",
     "host_authority",
     "ipv6_text",
     "is_host_name",
@@ -32,6 +35,7 @@ __all__ = [
     "parse_received_uri",
     "received_authority",
     "served_authority",
+    "spelled",
     "valid_host_field",
 ]
 
@@ -73,12 +77,20 @@ def _cached_when_short(max_chars: int, maxsize: int) -> Callable[[Callable[[str]
 
 @dataclass(frozen=True, slots=True)
 class Target:
-    """A request target in canonical form; ``path_query`` is the origin-form request-target."""
+    """A request target in canonical form; ``path_query`` is the origin-form request-target.
+
+    ``received``: the target URI as a client sent it, when that is another spelling of ``uri``
+    (``parse_received_uri``, ``forwarded_target``). It is what ``@target-uri`` covers (RFC 9421
+    section 2.2.2: the target URI as received) and, at a relay or a gateway, what travels on
+    (``wire_uri``, ``wire_parts``), so that a signature over it verifies at the next hop as it did
+    here. Spellings of one target are equal: ``received`` takes no part in ``==`` or hashing.
+    """
 
     scheme: str
     host: str  # lower-case; IPv6 literals keep their brackets
     port: int
     path_query: str
+    received: str | None = field(default=None, compare=False)
 
     @property
     def authority(self) -> str:
@@ -90,6 +102,19 @@ class Target:
     @property
     def uri(self) -> str:
         return f"{self.scheme}://{self.authority}{self.path_query}"
+
+    @property
+    def wire_uri(self) -> str:
+        """The target URI in the spelling that travels: ``received``, else ``uri``."""
+        return self.uri if self.received is None else self.received
+
+    def wire_parts(self) -> tuple[str, str]:
+        """The authority (``Host``) and the origin-form request target, in the spelling that travels."""
+        if self.received is None:
+            return self.authority, self.path_query
+        rest = self.received.partition("://")[2]
+        cut = _authority_end(rest)
+        return rest[:cut], rest[cut:]
 
     @property
     def path(self) -> str:
@@ -171,14 +196,19 @@ def ipv6_text(address: str) -> str:
     return ":".join(text[:start]) + "::" + ":".join(text[start + length :])
 
 
-def received_authority(uri: str) -> str:
-    """RFC 9421 ``@authority`` (section 2.2.3) of a target URI as received: its authority in lower
-    case without its scheme's default port (RFC 9110 section 4.2.3), nothing else changed (an IPv6
-    literal stays as the client wrote it)."""
-    scheme, _, rest = uri.partition("://")
-    authority = rest.split("/", 1)[0].lower()
-    default = f":{DEFAULT_PORTS.get(scheme.lower(), '')}"
-    return authority[: -len(default)] if authority.endswith(default) and default != ":" else authority
+def received_authority(target: Target) -> str:
+    """RFC 9421 ``@authority`` (section 2.2.3) of a target as received (``Target.received``): its
+    authority as it arrived in lower case, without userinfo, and without the port when that is the
+    scheme's default however it was written (``:443``, ``:0443``: RFC 9110 section 4.2.3); nothing
+    else changed (an IPv6 literal stays as the client wrote it)."""
+    if target.received is None:
+        return target.authority
+    authority = target.wire_parts()[0].rpartition("@")[2].lower()
+    if target.port == DEFAULT_PORTS[target.scheme]:
+        colon = authority.find(":", authority.rfind("]") + 1)  # after an IPv6 literal's brackets
+        if colon >= 0:
+            authority = authority[:colon]
+    return authority
 
 
 def host_authority(values: Sequence[str]) -> str:
@@ -248,17 +278,23 @@ def _valid_host(host: str) -> bool:
     return all(_LABEL.fullmatch(label) for label in name.split("."))
 
 
+def _authority_end(rest: str) -> int:
+    """Where the authority of ``rest`` (a URI after its ``://``) ends: at its first ``/``, ``?`` or ``#``."""
+    cut = len(rest)
+    for ch in "/?#":
+        pos = rest.find(ch)
+        if 0 <= pos < cut:
+            cut = pos
+    return cut
+
+
 def _parse(uri: str) -> Target:
     """Parse an absolute-form ``http://`` or ``https://`` URI into its canonical Target."""
     scheme, sep, rest = uri.partition("://")
     scheme = scheme.lower()
     if not sep or scheme not in DEFAULT_PORTS:
         raise FieldError("unsupported-scheme", "only absolute http:// and https:// targets are proxied")
-    cut = len(rest)
-    for ch in "/?#":
-        pos = rest.find(ch)
-        if 0 <= pos < cut:
-            cut = pos
+    cut = _authority_end(rest)
     host, port = parse_authority(rest[:cut], scheme)
     return Target(scheme, host, port, canonical_path_query(rest[cut:]))
 
@@ -277,7 +313,32 @@ def parse_received_uri(uri: str) -> Target:
     which no request target carries (RFC 9112 section 3.2)."""
     if "#" in uri:
         raise FieldError("malformed-target", "a request target carries no fragment")
-    return parse_absolute_uri(uri)
+    target = parse_absolute_uri(uri)
+    return target if uri == target.uri else replace(target, received=uri)
+
+
+def forwarded_target(uri: str) -> Target:
+    """The target of an absolute-form request a relay received (``uri``), keeping its spelling when
+    that can travel on unchanged: a lower-case scheme, no userinfo, a path. The relay verifies and
+    signs that spelling and sends it on, so a signature over it verifies at the next hop as it did
+    at the relay. Another spelling gives the canonical target: a signature over it is refused at
+    the relay, as it would be at the next hop. FieldError as ``parse_received_uri``."""
+    target = parse_received_uri(uri)
+    if target.received is None:
+        return target
+    authority, path_query = target.wire_parts()
+    if not uri.startswith(f"{target.scheme}://") or "@" in authority or not path_query.startswith("/"):
+        return replace(target, received=None)
+    return target
+
+
+def spelled(target: Target, request_target: str) -> Target:
+    """``target`` (canonical, built from the origin-form ``request_target``) sent with
+    ``request_target`` as received: the path and query byte-for-byte, an empty query kept. A
+    fragment, which no request target carries (RFC 9112 section 3.2), leaves the target canonical."""
+    if request_target == target.path_query or "#" in request_target:
+        return target
+    return replace(target, received=f"{target.scheme}://{target.authority}{request_target}")
 
 
 # RFC 3986 section 2.3: characters a percent-encoding stands for needlessly (section 6.2.2.2)

@@ -108,11 +108,15 @@ def serialize_head(
     """Request line, Host, the fields in order, Content-Length when there is (or may be) a body.
 
     ``absolute_form`` is for a next-hop relay (RFC 9112 section 3.2.2), which then sees the full URI.
+    The target goes out in the spelling it travels in (``Target.wire_parts``): a relay's or a
+    gateway's as received, so that what was signed over it still verifies.
     """
-    request_target = target.uri if absolute_form else target.path_query
+    authority, request_target = target.wire_parts()
+    if absolute_form:
+        request_target = target.wire_uri
     lines = "".join([f"{name}: {value}\r\n" for name, value in fields])
     length = f"Content-Length: {body_len}\r\n" if body_len or framed or method in BODY_METHODS else ""
-    head = f"{method} {request_target} HTTP/1.1\r\nHost: {target.authority}\r\n{lines}{length}\r\n"
+    head = f"{method} {request_target} HTTP/1.1\r\nHost: {authority}\r\n{lines}{length}\r\n"
     try:
         return head.encode("latin-1")
     except UnicodeEncodeError:

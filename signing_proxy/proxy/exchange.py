@@ -23,7 +23,7 @@ from typing import Protocol
 
 from ..core.challenge import RetryPlan
 from ..core.errors import FieldError
-from ..core.uri import Target, parse_absolute_uri, valid_host_field
+from ..core.uri import Target, forwarded_target, parse_absolute_uri, spelled, valid_host_field
 from ..errors import ProxyError
 from ..metrics import Metrics
 from ..net.forward import ResponseStream, forward
@@ -69,10 +69,13 @@ class Prepare(Protocol):
 class Routes:
     """Sidecar routes: an origin-form prefix mapped to an upstream base URL (longest prefix wins)."""
 
-    def __init__(self, routes: Sequence[tuple[str, str]]) -> None:
+    def __init__(self, routes: Sequence[tuple[str, str]], *, as_received: bool = False) -> None:
+        """``as_received``: targets keep the request target as received (``core.uri.spelled``), for
+        a gateway, which verifies a signature over it and sends it on."""
         self._routes = sorted(
             ((prefix, parse_absolute_uri(up)) for prefix, up in routes), key=lambda r: -len(r[0])
         )
+        self.as_received = as_received
 
     def target_for(self, raw_target: str) -> Target | None:
         path = raw_target.split("?", 1)[0]
@@ -83,7 +86,9 @@ class Routes:
                 rest = raw_target[len(prefix) - 1 :]  # "" or "?q" after "/exchange"
             else:
                 continue
-            return base.with_path_query(base.path + rest)
+            path_query = base.path + rest
+            target = base.with_path_query(path_query)
+            return spelled(target, path_query) if self.as_received else target
         return None
 
 
@@ -292,7 +297,9 @@ class ProxyHandler:
         policy.access.check_proxy_auth(req.header("proxy-authorization"))
         if req.upgrade == "websocket":
             raw = _websocket_as_http(raw)
-        return _target(lambda: parse_absolute_uri(raw)), None
+        # a relay sends on the spelling it received, and verifies what was signed over it
+        parse = forwarded_target if policy.mode == "relay" else parse_absolute_uri
+        return _target(lambda: parse(raw)), None
 
     async def _websocket(
         self, conn: ClientConnection, req: Request, target: Target, policy: Policy

@@ -152,15 +152,17 @@ class GatewayPipeline:
         self.store_state = "unknown"  # "ok" or "unavailable" once probed (watch_store)
 
     def signed_uri(self, target: Target, lines: Sequence[tuple[str, str]]) -> str:
-        """The URI the client signed: our external origin, else ``http://`` + the Host it sent."""
+        """The URI the client signed: our external origin, else ``http://`` + the Host it sent; and
+        the request target as it arrived (``Target.received``: the routes keep it)."""
+        request_target = target.wire_parts()[1]
         if self.external_origin is not None:
-            return self.external_origin + target.path_query
+            return self.external_origin + request_target
         values = [v for n, v in lines if n.lower() == "host"]
         try:
             authority = served_authority(values, self.hosts, "gateway.hosts, or gateway.external_origin")
         except FieldError as exc:
             raise ProxyError(http_status(exc), exc.reason, exc.detail) from None
-        return f"http://{authority}{target.path_query}"
+        return f"http://{authority}{request_target}"
 
     async def prepare(
         self, method: str, target: Target, lines: Sequence[tuple[str, str]], body: bytes, *, framed: bool

@@ -134,7 +134,7 @@ class RelayPipeline:
             )
         if self.config.relay.verify:
             try:
-                await self._get_verifier().verify(method, target.uri, fields, body, entries=entries)
+                await self._get_verifier().verify(method, target.wire_uri, fields, body, entries=entries)
             except VerificationError as exc:
                 if self.signer.metrics is not None:
                     self.signer.metrics.verification_failure(exc.reason)

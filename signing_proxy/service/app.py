@@ -183,10 +183,10 @@ class ProxyApp:
             access=AccessControl(config.access),
             connect_timeout_s=config.timeouts.connect_s,
             idle_s=config.timeouts.client_idle_s,
-            routes=Routes(
-                [("/", gateway_upstream(config.gateway))]
+            routes=(
+                Routes([("/", gateway_upstream(config.gateway))], as_received=True)
                 if config.mode == "gateway"
-                else [(r.prefix, r.upstream) for r in config.routes]
+                else Routes([(r.prefix, r.upstream) for r in config.routes])
             ),
             prepare=self.prepare,
             access_log=AccessLog(

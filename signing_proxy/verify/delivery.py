@@ -136,7 +136,7 @@ class DeliveryVerifier:
                 "presented-key-mismatch", "the presented key is not the one the URL is bound to", label
             )
         checked = check_stack(
-            Message(method, target, reduced, url),
+            Message(method, target, reduced),
             body,
             now=now,
             skew_s=self.policy.skew_s,

@@ -155,7 +155,7 @@ class RequestVerifier:
     ) -> VerifiedStack:
         now = self.clock()
         try:
-            message = Message(method, parse_received_uri(target_uri), fields, target_uri)
+            message = Message(method, parse_received_uri(target_uri), fields)
         except FieldError as exc:
             raise VerificationError(exc.reason, exc.detail) from None
         policy = self.policy

@@ -10,11 +10,14 @@ from signing_proxy.core.jwk import PublicKey, SigningKey, load_private_key, publ
 from signing_proxy.core.signatures import Component, Message, component_value
 from signing_proxy.core.uri import (
     directory_base,
+    forwarded_target,
     ipv6_text,
     parse_absolute_uri,
     parse_received_uri,
     received_authority,
+    spelled,
 )
+from signing_proxy.net.framing import serialize_head
 
 
 def test_fields_absent_is_not_empty() -> None:
@@ -176,7 +179,62 @@ def test_a_received_authority_is_normalized_only_as_rfc_9421_says() -> None:
     """@authority of a received message: lower case, no default port (RFC 9421 section 2.2.3), and
     an IPv6 literal as the client wrote it: a signer need not compress it."""
     received = "https://[2001:DB8:0:0::1]:443/x"
-    message = Message("GET", parse_received_uri(received), Fields(()), received)
+    message = Message("GET", parse_received_uri(received), Fields(()))
     assert component_value(message, Component("@authority")) == "[2001:db8:0:0::1]"
-    assert received_authority("http://Exchange.EXAMPLE:80/x") == "exchange.example"
-    assert received_authority("https://exchange.example:80/x") == "exchange.example:80"
+    for uri, authority in [
+        ("http://Exchange.EXAMPLE:80/x", "exchange.example"),
+        ("https://exchange.example:80/x", "exchange.example:80"),
+        ("https://Exchange.example:0443/x", "exchange.example"),  # the default port, however written
+        ("https://[2001:DB8::1]:0443/x", "[2001:db8::1]"),
+        ("http://exchange.example:/x", "exchange.example"),  # an empty port is the default
+        ("http://u@Exchange.example/x", "exchange.example"),  # userinfo is no part of it
+        ("https://exchange.example/x", "exchange.example"),
+    ]:
+        assert received_authority(parse_received_uri(uri)) == authority, uri
+
+
+@pytest.mark.parametrize(
+    ("received", "authority", "request_target"),
+    [
+        ("https://Exchange.EXAMPLE:443/x?", "Exchange.EXAMPLE:443", "/x?"),
+        ("http://[2001:DB8::A]:0080/a?b", "[2001:DB8::A]:0080", "/a?b"),
+    ],
+)
+def test_a_relay_keeps_a_spelling_that_can_travel_on(
+    received: str, authority: str, request_target: str
+) -> None:
+    target = forwarded_target(received)
+    assert target == parse_absolute_uri(received)  # one target, whatever its spelling
+    assert (target.wire_uri, target.wire_parts()) == (received, (authority, request_target))
+    head = serialize_head("GET", target, [], 0, False).decode()
+    assert head.startswith(f"GET {request_target} HTTP/1.1\r\nHost: {authority}\r\n")
+    relayed = serialize_head("GET", target, [], 0, False, absolute_form=True).decode()
+    assert relayed.startswith(f"GET {received} HTTP/1.1\r\nHost: {authority}\r\n")
+
+
+@pytest.mark.parametrize(
+    "received",
+    [
+        "HTTPS://exchange.example/x",
+        "https://u@exchange.example/x",
+        "https://exchange.example?x",
+        "https://exchange.example/x",
+    ],
+    ids=["upper-case-scheme", "userinfo", "no-path", "already-canonical"],
+)
+def test_a_spelling_the_next_hop_would_rebuild_otherwise_is_not_kept(received: str) -> None:
+    target = forwarded_target(received)
+    assert target.received is None
+    assert (
+        serialize_head("GET", target, [], 0, False)
+        .decode()
+        .startswith(f"GET {target.path_query} HTTP/1.1\r\nHost: exchange.example\r\n")
+    )
+
+
+def test_a_gateway_keeps_its_request_target_as_received() -> None:
+    target = parse_absolute_uri("http://127.0.0.1:9000/x?")
+    kept = spelled(target, "/x?")
+    assert (kept, kept.received) == (target, "http://127.0.0.1:9000/x?")
+    assert spelled(target, "/x") is target  # already its normal form
+    assert spelled(target, "/x?#f") is target  # a fragment is never sent: the normal form goes

@@ -37,10 +37,11 @@ from signing_proxy.core.signatures import (
     attach_signature,
     sign_message,
 )
-from signing_proxy.core.uri import parse_absolute_uri
+from signing_proxy.core.uri import parse_absolute_uri, parse_received_uri
 from signing_proxy.proxy.relay import unique_label
 from signing_proxy.service.app import ProxyApp
 from tests.harness import WAIT_S, VerifyingOrigin
+from tests.oracle import oracle_sign
 
 pytestmark = pytest.mark.integration
 
@@ -271,3 +272,66 @@ def test_relay_label_is_unique_in_the_dictionary() -> None:
     assert unique_label("broker", ["agent"]) == "broker"
     assert unique_label("broker", ["agent", "broker"]) == "broker2"
     assert unique_label("broker", ["agent", "broker", "broker2"]) == "broker3"
+
+
+def third_party(rig: Rig, url: str, body: bytes = b'{"ver":"1.0"}') -> bytes:
+    """An absolute-form request for ``url`` as written, which pyauth (http-message-signatures) signed
+    as an agent: its ``@target-uri`` is ``url`` exactly, no normal form."""
+    lines = [
+        ("Content-Type", "application/json"),
+        ("Content-Digest", content_digest(body)),
+        ("Authorization", "Bearer agent-token"),
+        ("Signature-Agent", f'"{rig.agent_dir.base}"'),
+    ]
+    signed = oracle_sign(
+        "POST", url, lines, body, keyid=AGENT.thumbprint, private_key=AGENT._private, now=int(time.time())
+    )
+    head = f"POST {url} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {len(body)}\r\n"
+    return (head + "".join(f"{n}: {v}\r\n" for n, v in signed) + "\r\n").encode() + body
+
+
+@pytest.mark.parametrize(
+    "spelling",
+    ["http://127.0.0.1:{port}/x?", "http://127.0.0.1:0{port}/x", "http://127.0.0.1:0{port}/x?"],
+    ids=["empty-query", "leading-zero-port", "both"],
+)
+async def test_a_spelling_the_agent_signed_is_verified_and_sent_on_as_received(
+    rig: Rig, spelling: str
+) -> None:
+    """RFC 9421 section 2.2.2: ``@target-uri`` is the URI as received. The relay verified, signed and
+    sent on its normal form (``/x``, the port without its zero), so it refused ``bad-signature`` what
+    the agent signed and the origin would have verified. It now keeps the spelling: both labels
+    verify at the origin, under our verifier and under pyauth."""
+    url = spelling.format(port=rig.origin.port)
+    status, doc = await send(rig, third_party(rig, url))
+    assert status == 200, doc
+    arrival = rig.origin.arrivals[-1]
+    assert arrival.target_uri == url  # Host and request target as the agent wrote them
+    assert (arrival.verified, arrival.oracle, arrival.labels) == (True, "ok", ["agent", "broker"])
+
+
+@pytest.mark.parametrize(
+    "spelling",
+    ["HTTP://127.0.0.1:{port}/x", "http://127.0.0.1:{port}?q"],
+    ids=["upper-case-scheme", "no-path"],
+)
+async def test_a_spelling_that_cannot_travel_on_unchanged_is_refused(rig: Rig, spelling: str) -> None:
+    """What the next hop would rebuild differently (its scheme in lower case, the path an origin-form
+    target must have; userinfo, never sent, in tests/core/test_fields_jwk_uri.py) is checked in its
+    normal form: a signature over the spelling itself is refused at the relay, as it would be
+    downstream. (Signed by ``core`` over the spelling as given: pyauth writes a path itself.)"""
+    url = spelling.format(port=rig.origin.port)
+    body = b'{"ver":"1.0"}'
+    fields = Fields(
+        [
+            ("Content-Digest", content_digest(body)),
+            ("Authorization", "Bearer agent-token"),
+            ("Signature-Agent", f'"{rig.agent_dir.base}"'),
+        ]
+    )
+    now = int(time.time())
+    message = Message("POST", parse_received_uri(url), fields)  # @target-uri: ``url`` exactly
+    attach_signature(fields, sign_message(message, AGENT, created=now, expires=now + 60))
+    head = f"POST {url} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {len(body)}\r\n"
+    raw = (head + "".join(f"{n}: {v}\r\n" for n, v in fields) + "\r\n").encode() + body
+    await refused(rig, raw, "bad-signature")

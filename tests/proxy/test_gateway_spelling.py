@@ -1,0 +1,135 @@
+"""The gateway mode checks, and sends on, the request target as it arrived.
+
+RFC 9421 section 2.2.2: ``@target-uri`` is assembled from the authority and the request target as
+received. The gateway took the Host as received but its routes rebuilt the request target in our
+normal form (an empty query dropped), so a third party that signed ``/feed?`` (pyauth does) was
+refused ``bad-signature``, and the backend got ``/feed``.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from signing_proxy.config import parse_config
+from signing_proxy.core.digest import content_digest
+from signing_proxy.core.jwk import SigningKey
+from signing_proxy.proxy.exchange import Routes
+from signing_proxy.proxy.gateway import GatewayPipeline
+from tests.harness import WAIT_S, ProxyProcess
+from tests.oracle import oracle_sign
+from tests.verify.directory_host import served_directory
+
+
+async def test_the_gateways_routes_keep_the_request_target_as_received(tmp_path: Path) -> None:
+    routes = Routes([("/", "http://127.0.0.1:9000")], as_received=True)
+    target = routes.target_for("/v1/x?")
+    assert target is not None
+    assert (target.path_query, target.wire_parts()) == ("/v1/x", ("127.0.0.1:9000", "/v1/x?"))
+    same = routes.target_for("/v1/x?a=1")
+    assert same is not None
+    assert same.received is None  # nothing to keep: the spelling is the normal one
+    agents = Routes([("/", "http://127.0.0.1:9000")]).target_for("/v1/x?")
+    assert agents is not None
+    assert agents.received is None  # an agent's routes send the normal form
+    config = parse_config(
+        {
+            "mode": "gateway",
+            "data_dir": str(tmp_path),
+            "gateway": {"upstream": "http://127.0.0.1:9000", "hosts": ["gw.example"]},
+        }
+    )
+    pipeline = GatewayPipeline(config)
+    try:
+        assert pipeline.signed_uri(target, [("Host", "GW.example")]) == "http://GW.example/v1/x?"
+    finally:
+        await pipeline.close()
+
+
+@contextmanager
+def recording_backend() -> Iterator[tuple[int, list[bytes]]]:
+    """Answers 200 to every request; records each request line."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    seen: list[bytes] = []
+
+    def serve(conn: socket.socket) -> None:
+        with conn:
+            conn.settimeout(WAIT_S)
+            buf = b""
+            while b"\r\n\r\n" not in buf:
+                try:
+                    chunk = conn.recv(65536)
+                except OSError:
+                    return
+                if not chunk:
+                    return
+                buf += chunk
+            seen.append(buf.split(b"\r\n", 1)[0])
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+
+    def accept() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield listener.getsockname()[1], seen
+    finally:
+        listener.close()
+
+
+def get(port: int, request_target: str, host: str, lines: list[tuple[str, str]]) -> bytes:
+    """One GET on its own connection (no client library respells the target); the whole answer."""
+    head = f"GET {request_target} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n"
+    head += "".join(f"{n}: {v}\r\n" for n, v in lines) + "\r\n"
+    with socket.create_connection(("127.0.0.1", port), timeout=WAIT_S) as sock:
+        sock.sendall(head.encode("latin-1"))
+        out = b""
+        while chunk := sock.recv(65536):
+            out += chunk
+        return out
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("request_target", ["/feed?", "/feed?page=2"], ids=["empty-query", "query"])
+def test_a_third_partys_signature_over_the_target_it_sent_passes_and_the_backend_gets_it(
+    tmp_path: Path, request_target: str
+) -> None:
+    agent = SigningKey.generate()
+    with recording_backend() as (backend_port, seen), served_directory(agent) as base:
+        config: dict[str, Any] = {
+            "mode": "gateway",
+            "log": {"format": "json", "access_log": False},
+            "egress": {"allow_private": ["127.0.0.1/32"]},
+            "gateway": {"upstream": f"http://127.0.0.1:{backend_port}"},
+        }
+        with ProxyProcess(tmp_path, config) as gateway:
+            host = f"127.0.0.1:{gateway.port}"
+            lines = [
+                ("Content-Digest", content_digest(b"")),
+                ("Authorization", ""),
+                ("Signature-Agent", base),
+            ]
+            signed = oracle_sign(
+                "GET",
+                f"http://{host}{request_target}",
+                lines,
+                b"",
+                keyid=agent.thumbprint,
+                private_key=agent._private,
+                now=int(time.time()),
+            )
+            answer = get(gateway.port, request_target, host, signed)
+    assert answer.startswith(b"HTTP/1.1 200"), answer
+    assert seen == [f"GET {request_target} HTTP/1.1".encode()]
