@@ -180,6 +180,9 @@ class ProxyHandler:
 
             outgoing = await build()
             keyid, profile = outgoing.keyid, outgoing.profile
+            # a resend (net.forward) signs again what we sign; a gateway's signature is the client's,
+            # checked once: a second check would refuse it as its own replay and count it twice
+            resend = build if policy.mode != "gateway" else _as_sent(outgoing)
             transactions = self.transactions
             tap = transactions.tap_for(req.method, target, keyid) if transactions is not None else None
             hold = self.discovery.holds if self.discovery is not None else None
@@ -188,7 +191,7 @@ class ProxyHandler:
                 conn,
                 self.pool,
                 outgoing,
-                build,
+                resend,
                 hold=challenge or hold,
                 on_latency=self._observe_latency,
                 tap=tap,
@@ -350,6 +353,15 @@ def _websocket_as_http(uri: str) -> str:
     scheme, sep, rest = uri.partition("://")
     mapped = {"ws": "http", "wss": "https"}.get(scheme.lower())
     return f"{mapped}{sep}{rest}" if mapped is not None and sep else uri
+
+
+def _as_sent(sent: Outgoing) -> Callable[[], Awaitable[Outgoing]]:
+    """A resend of ``sent`` as it was."""
+
+    async def again() -> Outgoing:
+        return sent
+
+    return again
 
 
 def _target(build: Callable[[], Target]) -> Target:

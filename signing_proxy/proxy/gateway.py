@@ -8,10 +8,11 @@ gets the request as it arrived — minus any ``X-Verified-*`` field the client s
 gateway's own ``X-Verified-*`` fields, which it may trust. A refusal is a problem+json answer with
 the step's status and stable reason; nothing refused reaches the backend.
 
-A request is verified once: when the engine sends it again (a pooled backend connection reset
-before any answer, ``net.forward``), ``prepare`` is called again with the same request and returns
-the verified request re-serialised, without a second check. A second check would find its own
-signature already seen (``signature-replayed``) and count its accesses twice.
+Each call of ``prepare`` is a check. A request is checked once all the same: when the engine sends
+it again (a pooled backend connection reset before any answer, ``net.forward``), it sends the
+verified bytes again (``proxy.exchange``: a resend re-signs only what this proxy signs). A second
+check would find the client's own signature already seen (``signature-replayed``) and count its
+accesses twice.
 """
 
 from __future__ import annotations
@@ -19,8 +20,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from contextvars import ContextVar
-from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import Config, GatewayConfig
@@ -49,25 +48,6 @@ log = logging.getLogger("signing_proxy.gateway")
 
 STORE_PROBE_INTERVAL_S = 1.0  # the counter_store readiness check is at most this old (plus the timeout)
 STORE_PROBE_TIMEOUT_S = 0.5  # a store slower than this to answer a PING is reported unavailable
-
-
-@dataclass(frozen=True, slots=True)
-class _Verified:
-    """The last request this connection's task verified: its field lines (the very object the
-    engine passes again on a resend), and what goes to the backend, without the body."""
-
-    lines: Sequence[tuple[str, str]]
-    method: str
-    target: Target
-    forwarded: Fields
-    keyid: str
-
-
-# Per connection: the engine serves a connection's requests one after another in one task, and
-# a resend calls ``prepare`` from that task with the same ``req.headers`` list. The list is held
-# here, so its identity cannot be reused by another request while it is; the next request's
-# ``prepare`` replaces it. No body is held: the resend passes it again.
-_last_verified: ContextVar[_Verified | None] = ContextVar("gateway_last_verified", default=None)
 
 
 def gateway_upstream(section: GatewayConfig) -> str:
@@ -169,11 +149,6 @@ class GatewayPipeline:
     ) -> Outgoing:
         if (target.scheme, target.authority) != (self.upstream.scheme, self.upstream.authority):
             raise ProxyError(404, "no-route", "a gateway forwards only to its backend (origin-form targets)")
-        last = _last_verified.get()
-        if last is not None and last.lines is lines and last.method == method and last.target == target:
-            # the same request sent again (net.forward's resend): verified and counted already
-            return outgoing(method, target, last.forwarded, body, framed=framed, keyid=last.keyid, via=None)
-        _last_verified.set(None)
         uri = self.signed_uri(target, lines)
         fields = drop_hop_by_hop(lines)
         try:
@@ -185,7 +160,6 @@ class GatewayPipeline:
         forwarded = Fields(kept + verdict.headers())
         # keyid: the verified agent's, for the access log (a gateway adds no signature)
         agent = verdict.stack.agent.keyid
-        _last_verified.set(_Verified(lines, method, target, forwarded, agent))
         return outgoing(method, target, forwarded, body, framed=framed, keyid=agent, via=None)
 
     def store_check(self) -> str | None:
