@@ -1,4 +1,5 @@
-"""A raw upstream for one WebSocket handshake through the proxy, and the event loops tests run on."""
+"""Raw upstreams (a listener that serves each connection on a thread; one WebSocket handshake through
+the proxy), and the event loops tests run on."""
 
 from __future__ import annotations
 
@@ -6,11 +7,33 @@ import asyncio
 import contextlib
 import socket
 import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
 from tests.harness import WAIT_S
+
+
+@contextlib.contextmanager
+def raw_backend(serve: Callable[[socket.socket], None]) -> Iterator[int]:
+    """A listener on 127.0.0.1 that runs ``serve`` on each connection it accepts, each on its own
+    thread (``serve`` closes it); yields its port, and stops accepting when the block ends."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def accept() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:  # closed
+                return
+            threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        listener.close()
 
 
 def loop_factories() -> list[Any]:

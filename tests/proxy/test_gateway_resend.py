@@ -6,7 +6,6 @@ its accesses twice."""
 from __future__ import annotations
 
 import socket
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -24,6 +23,7 @@ from signing_proxy.core.uri import parse_absolute_uri
 from signing_proxy.proxy.gateway import GatewayPipeline
 from signing_proxy.verify.gateway import GatewayVerdict
 from tests.harness import ProxyProcess
+from tests.proxy.raw_upstream import raw_backend
 from tests.verify.directory_host import served_directory
 
 
@@ -66,7 +66,6 @@ def get(port: int, path: str, host: str, lines: list[tuple[str, str]]) -> bytes:
 def resetting_backend() -> Iterator[tuple[int, list[bytes]]]:
     """Answers the first request of a connection (keep-alive), then closes it without an answer when
     the next one arrives, as a server whose keep-alive timer just fired does."""
-    listener = socket.create_server(("127.0.0.1", 0))
     seen: list[bytes] = []
 
     def serve(conn: socket.socket) -> None:
@@ -90,19 +89,8 @@ def resetting_backend() -> Iterator[tuple[int, list[bytes]]]:
                 answered += 1
                 conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 
-    def accept() -> None:
-        while True:
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=serve, args=(conn,), daemon=True).start()
-
-    threading.Thread(target=accept, daemon=True).start()
-    try:
-        yield listener.getsockname()[1], seen
-    finally:
-        listener.close()
+    with raw_backend(serve) as port:
+        yield port, seen
 
 
 @pytest.mark.integration

@@ -9,7 +9,6 @@ refused ``bad-signature``, and the backend got ``/feed``.
 from __future__ import annotations
 
 import socket
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,6 +24,7 @@ from signing_proxy.proxy.exchange import Routes
 from signing_proxy.proxy.gateway import GatewayPipeline
 from tests.harness import WAIT_S, ProxyProcess
 from tests.oracle import oracle_sign
+from tests.proxy.raw_upstream import raw_backend
 from tests.verify.directory_host import served_directory
 
 
@@ -56,7 +56,6 @@ async def test_the_gateways_routes_keep_the_request_target_as_received(tmp_path:
 @contextmanager
 def recording_backend() -> Iterator[tuple[int, list[bytes]]]:
     """Answers 200 to every request; records each request line."""
-    listener = socket.create_server(("127.0.0.1", 0))
     seen: list[bytes] = []
 
     def serve(conn: socket.socket) -> None:
@@ -74,19 +73,8 @@ def recording_backend() -> Iterator[tuple[int, list[bytes]]]:
             seen.append(buf.split(b"\r\n", 1)[0])
             conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
 
-    def accept() -> None:
-        while True:
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=serve, args=(conn,), daemon=True).start()
-
-    threading.Thread(target=accept, daemon=True).start()
-    try:
-        yield listener.getsockname()[1], seen
-    finally:
-        listener.close()
+    with raw_backend(serve) as port:
+        yield port, seen
 
 
 def get(port: int, request_target: str, host: str, lines: list[tuple[str, str]]) -> bytes:
