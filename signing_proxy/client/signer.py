@@ -227,12 +227,11 @@ class Signer:
                 respelled = target.authority if target.authority != hosts[0] else None
         except FieldError as exc:
             raise NotSigned(400, exc.reason, f"cannot sign a request to this URL: {exc.detail}") from None
-        # a bearer or a Requester goes only where the bytes go: a Host naming another authority
-        # (kept by aiohttp on a redirect to another origin) gets neither, as the proxy decides on
-        # the URL and never on Host
-        routed = (target.host, target.port) == (sent_to.host, sent_to.port)
+        # a bearer or a Requester goes only where the bytes go, as the proxy decides on the URL and
+        # never on Host: a Host naming another authority (kept by aiohttp on a redirect to another
+        # origin) chooses neither
         try:
-            signed = self._pipeline.sign_fields(method.upper(), target, lines, body, routed=routed)
+            signed = self._pipeline.sign_fields(method.upper(), target, lines, body, sent_to=sent_to)
         except ProxyError as exc:
             raise NotSigned(exc.status, exc.reason, exc.detail, exc.headers) from None
         if signed.keyid is None:

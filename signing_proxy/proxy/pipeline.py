@@ -100,11 +100,13 @@ class SigningPipeline:
         body: bytes,
         *,
         retry: RetryPlan | None = None,
-        routed: bool = True,
+        sent_to: Target | None = None,
     ) -> SignedFields:
-        """The pipeline without the wire. ``routed``: the bytes go to ``target``'s authority; False
-        (an in-process caller's ``Host`` names another) adds no configured bearer and no Requester."""
-        built = _build(self, method, target, lines, body, retry=retry, routed=routed)
+        """The pipeline without the wire. ``sent_to``: where the bytes go, when an in-process
+        caller's ``Host`` names another authority than the URL's (``target`` is then the Host's, what
+        a verifier rebuilds): the bearer is the one configured for ``sent_to``, and no Requester is
+        added (it is meant for the exchange the Host names, not for where the bytes go)."""
+        built = _build(self, method, target, lines, body, retry=retry, sent_to=sent_to)
         if isinstance(built, SignedFields):
             return built
         return built.signed(self.signer.sign(built.message, **built.how))
@@ -178,10 +180,11 @@ def _build(
     body: bytes,
     *,
     retry: RetryPlan | None,
-    routed: bool = True,
+    sent_to: Target | None = None,
 ) -> _ToSign | SignedFields:
     """Everything before the signature; the fields as they go for a host sent unsigned."""
     config, bearers = pipeline.config, pipeline.bearers
+    routed = sent_to is None or (sent_to.host, sent_to.port) == (target.host, target.port)
     requester = pipeline.requester if routed else None  # never to an origin it is not meant for
     transactions, profiles, label = pipeline.transactions, pipeline.profiles, pipeline.signer.label
     fields = drop_hop_by_hop(lines)
@@ -192,7 +195,7 @@ def _build(
         raise ProxyError(400, "duplicate-authorization", "the request has more than one Authorization line")
     fields.remove("authorization", *AGENT_STRIPPED)
     authorization = agent_auth[0].strip() if agent_auth else ""
-    credential = bearers.for_target(target) if routed else None
+    credential = bearers.for_target(target if sent_to is None else sent_to)  # chosen by where it goes
     if credential is not None and (credential[0].override or not authorization):
         authorization = f"Bearer {credential[1]}"
     if profiles is not None or retry is not None:

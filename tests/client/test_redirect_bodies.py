@@ -95,3 +95,27 @@ def test_a_callers_host_never_chooses_the_bearer_for_bytes_sent_elsewhere(
         assert arrival.header("host") == "api.example"
         assert arrival.header("authorization") == ""  # present and covered, empty
         assert BEARER not in json.dumps(arrival.lines)
+
+
+def test_the_bearer_is_the_one_for_where_the_bytes_go(tmp_path: Path, landing: VerifyingOrigin) -> None:
+    """With ``Host: api.example`` on a request to 127.0.0.1, no bearer went at all: the Host's would
+    reach another origin, and the URL's, configured for the address the bytes go to, was dropped
+    too. It is now the URL's, as the proxy chooses it."""
+    key = tmp_path / "agent.pem"
+    key.write_bytes(KEY.to_pem())
+    key.chmod(0o600)
+    files = {}
+    for name, token in (("api", BEARER), ("address", "t0ken-of-127.0.0.1")):
+        files[name] = tmp_path / name
+        files[name].write_text(token + "\n")
+        files[name].chmod(0o600)
+    credentials = [
+        {"hosts": ["api.example"], "bearer_file": str(files["api"]), "allow_plaintext": True},
+        {"hosts": ["127.0.0.1"], "bearer_file": str(files["address"]), "allow_plaintext": True},
+    ]
+    signer = Signer(key_file(key), parse_config({"credentials": credentials}))
+    assert via_aiohttp(signer, landing.url("/x"), {"Host": "api.example"}) == 200
+    (arrival,) = landing.arrivals
+    assert arrival.verified, arrival.reason  # over the Host's URI, as the origin rebuilds it
+    assert arrival.header("host") == "api.example"
+    assert arrival.header("authorization") == "Bearer t0ken-of-127.0.0.1"
