@@ -3,7 +3,8 @@
 Prints one line per listener on start (publication, admin, proxy), drains in-flight requests on
 SIGTERM/SIGINT (a second one during the drain ends it at once, exit status 128 + its number), and on
 SIGHUP re-reads the key stores and the configuration (a bad one is refused and the running one keeps
-serving).
+serving). With ``--workers N`` one signal sent to the whole process group (a terminal's Ctrl-C) still
+counts once in each worker: see ``DUPLICATE_SIGNAL_S``.
 """
 
 from __future__ import annotations
@@ -42,6 +43,15 @@ from .common import (
 __all__ = ["add_parsers", "cmd_run"]
 
 log = logging.getLogger("signing_proxy")
+
+# ``--workers``: the parent forwards every SIGTERM/SIGINT it gets to each worker, so one signal sent to
+# the whole process group — a terminal's Ctrl-C, ``kill -- -PGID``, systemd stopping the service's
+# cgroup — reaches a worker twice: directly, and a few milliseconds later from the parent. Taken as a
+# second signal, that copy cut the drain short and closed the requests in flight (a single Ctrl-C
+# lost them). In a worker, the same signal again within this long of the one that began the drain is
+# that copy and is not counted; a signal sent to the parent alone arrives once, and a second one later
+# than this (a person pressing Ctrl-C again, a supervisor signalling again) still cuts the drain.
+DUPLICATE_SIGNAL_S = 0.25
 
 
 def add_parsers(sub: Any) -> None:
@@ -184,8 +194,15 @@ async def _serve(
     # signals first: a supervisor may act on the lines below at once
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    began: list[tuple[signal.Signals, float]] = []  # the signal that began the drain, and when
+
+    def on_stop(sig: signal.Signals) -> None:
+        if not began:
+            began.append((sig, loop.time()))
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_stop, sig)
 
     def on_sighup() -> None:
         if stop.is_set():  # draining: nothing is reloaded any more
@@ -214,20 +231,26 @@ async def _serve(
             + (f" worker={worker}" if worker is not None else "")
         )
     await stop.wait()
-    return await _drain(app, services)
+    return await _drain(app, services, began[0] if worker is not None else None)
 
 
-async def _drain(app: ProxyApp, services: KeyServices) -> int:
+async def _drain(
+    app: ProxyApp, services: KeyServices, began: tuple[signal.Signals, float] | None = None
+) -> int:
     """The first SIGTERM/SIGINT: let in-flight requests finish for up to ``timeouts.drain_s``, exit
     status 0. A second one while requests are still awaited cuts that wait short
     (``ProxyApp.cut_drain``): they are closed at once, one line says so, and the exit status is
-    128 + the signal's number (130 for SIGINT)."""
+    128 + the signal's number (130 for SIGINT). ``began`` (a worker's: the signal that began the
+    drain, and the loop time it came): the same signal within ``DUPLICATE_SIGNAL_S`` of it is the
+    parent's copy of it, not a second one."""
     drain_s = app.config.timeouts.drain_s
     log.info("shutting down: draining in-flight requests for up to %g s", drain_s)
     loop = asyncio.get_running_loop()
     cut: list[signal.Signals] = []
 
     def second(sig: signal.Signals) -> None:
+        if began is not None and sig == began[0] and loop.time() - began[1] < DUPLICATE_SIGNAL_S:
+            return  # one signal to the whole group, forwarded by the parent too: counted once
         if not cut and app.cut_drain():
             cut.append(sig)
             log.warning(
