@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Collection, Mapping, Set
+from collections.abc import Collection, Iterable, Mapping, Set
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any, cast
@@ -243,16 +243,26 @@ class DirectoryKey:
 @dataclass(frozen=True)
 class Directory:
     """A parsed or to-be-served key directory; thumbprints are unique. ``keys`` are the spec's (with
-    their windows); ``web_keys`` those published in the drafts' form (``DirectoryKey.drafts``)."""
+    their windows); ``web_keys`` those published in the drafts' form (``DirectoryKey.drafts``, which
+    decides: ``of`` sorts a list of both)."""
 
     keys: tuple[DirectoryKey, ...]
     revocation_url: str | None = None
     web_keys: tuple[DirectoryKey, ...] = ()
     _index: dict[str, DirectoryKey] = field(init=False, repr=False, compare=False)
 
+    @classmethod
+    def of(cls, keys: Iterable[DirectoryKey], revocation_url: str | None = None) -> Directory:
+        """A directory of ``keys`` in either form, each where its ``drafts`` flag puts it."""
+        listed = tuple(keys)
+        spec = tuple(key for key in listed if not key.drafts)
+        return cls(spec, revocation_url, tuple(key for key in listed if key.drafts))
+
     def __post_init__(self) -> None:
         keys = tuple(self.keys)
         object.__setattr__(self, "keys", keys)
+        if any(key.drafts for key in keys) or not all(key.drafts for key in self.web_keys):
+            raise ValueError("a key in the drafts' form goes in web_keys, and only such a key (Directory.of)")
         index: dict[str, DirectoryKey] = {}
         for key in (*keys, *self.web_keys):
             if key.thumbprint in index:
@@ -366,8 +376,7 @@ def parse_directory(
     url = doc.get("revocation_url")
     if url is not None and not isinstance(url, str):
         raise KeyFormatError("bad-revocation-url", "revocation_url must be a string")
-    spec = tuple(key for key in keys if not key.drafts)
-    return Directory(spec, url or None, tuple(key for key in keys if key.drafts))
+    return Directory.of(keys, url or None)
 
 
 # --------------------------------------------------------------------------------------------

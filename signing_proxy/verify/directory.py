@@ -113,15 +113,12 @@ def only_proven(directory: Directory, result: FetchResult, url: str, now: float,
     proven = proven_keys(result.body, authority, Fields(result.proof_fields), publics, now=now, skew_s=skew_s)
     if proven is None:
         return directory
-    kept = tuple(key for key in directory.keys if key.thumbprint in proven)
-    kept_web = tuple(key for key in directory.web_keys if key.thumbprint in proven)
-    if len(kept) + len(kept_web) != len(listed):
+    kept = [key for key in listed if key.thumbprint in proven]
+    if len(kept) != len(listed):
         log.warning(
-            "directory %s: %d key(s) without a valid possession proof ignored",
-            url,
-            len(listed) - len(kept) - len(kept_web),
+            "directory %s: %d key(s) without a valid possession proof ignored", url, len(listed) - len(kept)
         )
-    return Directory(kept, directory.revocation_url, kept_web)
+    return Directory.of(kept, directory.revocation_url)
 
 
 def ttl_from_cache_control(value: str | None, floor_s: float, ceiling_s: float) -> float:

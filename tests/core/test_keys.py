@@ -337,6 +337,19 @@ def test_the_drafts_signed_directory_vector_parses_as_web_keys() -> None:
     assert directory.lookup(key.thumbprint, web=True) is key
 
 
+def test_a_keys_form_decides_its_place_in_a_directory() -> None:
+    """One flag, ``DirectoryKey.drafts``: ``Directory.of`` sorts a list by it, and a directory that
+    puts a key where its flag does not is refused (it would be looked up under the other rules)."""
+    spec = DirectoryKey(SigningKey.generate().public, 0, 10)
+    drafts = DirectoryKey(SigningKey.generate().public, 0, 2**62, drafts=True)
+    directory = Directory.of([drafts, spec], "https://agent.example/revoked")
+    assert (directory.keys, directory.web_keys) == ((spec,), (drafts,))
+    assert directory.revocation_url == "https://agent.example/revoked"
+    for keys, web_keys in (((drafts,), ()), ((), (spec,))):
+        with pytest.raises(ValueError, match="drafts"):
+            Directory(keys, None, web_keys)
+
+
 def test_a_drafts_key_takes_its_window_from_nbf_and_exp() -> None:
     jwk = {"kty": "OKP", "crv": "Ed25519", "x": X_A1, "kid": KID_A1, "nbf": T0 + 0.5, "exp": T0 + DAY + 0.5}
     (key,) = parse_directory(doc(jwk)).web_keys
