@@ -37,7 +37,6 @@ __all__ = [
     "config_from",
     "configure_logging",
     "duration",
-    "env_variable",
     "environment_epilog",
     "error_line",
     "public_key_file",
@@ -88,11 +87,6 @@ def _naming_variables(message: str) -> str:
         if name not in message and re.search(rf"\bset {re.escape(key)}\b", message):
             message += f", or the variable {name}" + (" (comma-separated)" if is_list else "")
     return message
-
-
-def env_variable(key: str) -> str | None:
-    """The ``SIGNING_PROXY_*`` variable that sets the configuration key ``key``, if one does."""
-    return next((name for name, (dotted, _list) in ENV_OVERRIDES.items() if dotted == key), None)
 
 
 def configure_logging(level: str, fmt: str) -> None:

@@ -29,7 +29,7 @@ from ..core.rotation import ROTATION_MARGIN_S, KeyRecord, activation_delay, choo
 from ..errors import CliError, KeyFileError, KeyStoreError
 from ..storage.keyfile import load_key_file, write_private_file
 from ..storage.keystore import KeyStore, StoreState, open_or_create
-from .common import add_config_flag, add_data_dir_flag, config_from, duration, env_variable
+from .common import add_config_flag, add_data_dir_flag, config_from, config_refused, duration
 from .tokenkeys import cmd_token_generate, cmd_token_show, token_key_for_store
 
 __all__ = ["add_parsers"]
@@ -295,12 +295,14 @@ def cmd_publish(args: argparse.Namespace) -> int:
     try:
         config = config.with_overrides(**overrides) if overrides else config
         if config.publish.domain is None:  # refused by publications() too, without saying how to give it
-            raise CliError(
-                "configuration error: publish.domain is required to publish (the manifest's domain): "
-                f"pass --domain DOMAIN, or set publish.domain (or {env_variable('publish.domain')})"
+            raise ConfigError(
+                "publish.domain is required to publish (the manifest's domain): "
+                "pass --domain DOMAIN, or set publish.domain"
             )
         targets = publications(config)
-    except (ConfigError, ValueError) as exc:
+    except ConfigError as exc:
+        raise config_refused(exc) from None  # names the variable that sets a key it asks for
+    except ValueError as exc:
         raise CliError(f"configuration error: {exc}") from None
     now = time.time()
     files: dict[str, bytes] = {}
