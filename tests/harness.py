@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import os
+import queue
 import signal
 import socket
 import ssl
@@ -62,24 +63,41 @@ def run_cli(
 
 
 @contextlib.contextmanager
-def started_run(*args: str) -> Iterator[list[str]]:
-    """``python -m signing_proxy run ARGS``: yield its stderr lines up to "listening on"; stop it after."""
+def started(command: str, *args: str, until: str = "listening on") -> Iterator[list[str]]:
+    """``python -m signing_proxy COMMAND ARGS`` (no ``*_proxy`` variables): yield its stderr lines up
+    to the first that holds ``until``, each waited for at most ``WAIT_S``; stopped by PID after."""
+    env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "signing_proxy", "run", *args], stderr=subprocess.PIPE, text=True
+        [sys.executable, "-m", "signing_proxy", command, *args], stderr=subprocess.PIPE, text=True, env=env
     )
+    assert proc.stderr is not None
+    stderr = proc.stderr
+    arrived: queue.Queue[str | None] = queue.Queue()
+
+    def read() -> None:
+        for line in stderr:
+            arrived.put(line)
+        arrived.put(None)  # the end: the process closed its stderr
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
     try:
-        assert proc.stderr is not None
-        lines = []
-        for line in proc.stderr:
+        lines: list[str] = []
+        while not lines or until not in lines[-1]:
+            line = arrived.get(timeout=WAIT_S)
+            if line is None:
+                raise AssertionError(f"{command} ended before saying {until!r}: {''.join(lines)}")
             lines.append(line)
-            if "listening on" in line:
-                break
         yield lines
     finally:
-        proc.terminate()
-        proc.wait(WAIT_S)
-        if proc.stderr is not None:
-            proc.stderr.close()
+        stop_process(proc)
+        reader.join(WAIT_S)
+        stderr.close()
+
+
+def started_run(*args: str) -> contextlib.AbstractContextManager[list[str]]:
+    """``started("run", *args)``: the proxy, up to its first "listening on" line."""
+    return started("run", *args)
 
 
 def wait_for(condition: Callable[[], bool], what: str, limit_s: float = WAIT_S) -> None:

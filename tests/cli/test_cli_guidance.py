@@ -2,11 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import queue
-import subprocess
-import sys
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -14,37 +9,15 @@ from pathlib import Path
 import requests
 
 from signing_proxy.core.jwk import SigningKey
-from tests.harness import WAIT_S, ProxyProcess, run_cli, stop_process
+from tests.harness import WAIT_S, ProxyProcess, run_cli, started
 
 
 @contextmanager
 def verify_origin(*flags: str) -> Iterator[int]:
     """``signing-proxy verify-origin --listen 127.0.0.1:0 FLAGS``: its port; stopped by PID after."""
-    env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "signing_proxy", "verify-origin", "--listen", "127.0.0.1:0", *flags],
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    lines: queue.Queue[str] = queue.Queue()
-    assert proc.stderr is not None
-    stderr = proc.stderr
-
-    def read() -> None:
-        for line in stderr:
-            lines.put(line)
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    try:
-        line = lines.get(timeout=WAIT_S)
-        assert "verify-origin listening on http://127.0.0.1:" in line, line
-        yield int(line.rsplit(":", 1)[1])
-    finally:
-        stop_process(proc)
-        reader.join(WAIT_S)
-        stderr.close()
+    with started("verify-origin", "--listen", "127.0.0.1:0", *flags, until="listening on") as lines:
+        assert "verify-origin listening on http://127.0.0.1:" in lines[-1], lines
+        yield int(lines[-1].rsplit(":", 1)[1])
 
 
 def test_publish_without_a_domain_names_the_flag_the_key_and_the_variable(tmp_path: Path) -> None:
