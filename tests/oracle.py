@@ -60,6 +60,7 @@ def oracle_sign(
     now: int,
     label: str = "agent",
     components: Iterable[str] = SPEC_FIVE,
+    tag: str | None = None,
 ) -> list[tuple[str, str]]:
     """``lines`` with a signature of ``label`` that pyauth made over ``method`` and ``url`` exactly as
     given (its ``@target-uri`` is ``url``, no normal form), valid from ``now`` for 300 s; appended to
@@ -74,6 +75,7 @@ def oracle_sign(
         created=created,
         expires=created + datetime.timedelta(seconds=300),
         label=label,
+        tag=tag,
         covered_component_ids=tuple(components),
         append_if_signature_exists=True,
         body=body,

@@ -286,6 +286,8 @@ class ProxyHandler:
         if tunnel is not None:
             if not raw.startswith("/"):
                 raise ProxyError(400, "malformed-target", "requests inside a tunnel use origin-form targets")
+            if policy.mode == "relay":  # sent on as received, as an absolute-form target is
+                return _target(lambda: spelled(tunnel.with_path_query(raw), raw)), None
             return _target(lambda: tunnel.with_path_query(raw)), None
         if raw.startswith("/"):
             path = raw.split("?", 1)[0]

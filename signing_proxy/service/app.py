@@ -186,7 +186,9 @@ class ProxyApp:
             routes=(
                 Routes([("/", gateway_upstream(config.gateway))], as_received=True)
                 if config.mode == "gateway"
-                else Routes([(r.prefix, r.upstream) for r in config.routes])
+                else Routes(
+                    [(r.prefix, r.upstream) for r in config.routes], as_received=config.mode == "relay"
+                )
             ),
             prepare=self.prepare,
             access_log=AccessLog(

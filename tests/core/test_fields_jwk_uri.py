@@ -210,6 +210,9 @@ def test_a_relay_keeps_a_spelling_that_can_travel_on(
     assert head.startswith(f"GET {request_target} HTTP/1.1\r\nHost: {authority}\r\n")
     relayed = serialize_head("GET", target, [], 0, False, absolute_form=True).decode()
     assert relayed.startswith(f"GET {received} HTTP/1.1\r\nHost: {authority}\r\n")
+    message = Message("GET", target, Fields(()))  # what a label over it covers is what is sent
+    assert component_value(message, Component("@target-uri")) == received
+    assert component_value(message, Component("@request-target")) == request_target
 
 
 @pytest.mark.parametrize(
