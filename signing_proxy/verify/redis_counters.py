@@ -24,9 +24,10 @@ lifetime quota's window is the grant's remaining life (up to ``ENDLESS_QUOTA_WIN
 
 Remaining gap: a loss is seen only by a store that adopted the epoch before it. If every replica
 restarts with Redis (one replica, or all on the failed node), or a replica that starts after the
-loss creates an epoch and admits before any older replica's next operation writes the tombstone,
-those admissions start from zero. A failover to a Redis replica that lags keeps the epoch and
-loses the last counts unseen. Persistence (deploy/kubernetes/gateway.yaml) is the first defence.
+loss creates an epoch and admits before any older replica's next operation or readiness probe (once
+a second) writes the tombstone, those admissions start from zero. A failover to a Redis replica that
+lags keeps the epoch and loses the last counts unseen. Persistence (deploy/kubernetes/gateway.yaml)
+is the first defence.
 """
 
 from __future__ import annotations
@@ -94,6 +95,7 @@ end
 return {1, best, best_count, best_ttl}
 """
 )
+_PING = _CHECK_EPOCH + "return {1}\n"
 _FIRST_SEEN = (
     _CHECK_EPOCH
     + """
@@ -128,6 +130,7 @@ class RedisCounterStore:
         self._adopt: Any = client.register_script(_ADOPT)
         self._take_all: Any = client.register_script(_TAKE_ALL)
         self._first_seen: Any = client.register_script(_FIRST_SEEN)
+        self._ping: Any = client.register_script(_PING)
 
     @classmethod
     def from_url(cls, url: str) -> RedisCounterStore:
@@ -177,13 +180,10 @@ class RedisCounterStore:
         return bool(fresh)
 
     async def ping(self) -> None:
-        """``/readyz``'s probe: Redis answers, and the epoch is still the one this store adopted (an
-        operator's acknowledgement included); ``CounterStateLost`` when the data is known lost."""
-        value = await self.client.get(EPOCH_KEY)
-        current = value.encode() if isinstance(value, str) else value  # bytes: no decode_responses
-        tombstone = current is not None and current.startswith(_LOST)
-        if tombstone or (self.epoch is not None and current != self.epoch and _lost(current)):
-            raise CounterStateLost(f"Redis lost the counters ({EPOCH_KEY} is {current!r})")
+        """``/readyz``'s probe: the epoch check every operation makes, alone (``CounterStateLost`` when
+        the data is lost; an operator's acknowledgement adopted). It writes the tombstone as they do,
+        so a loss the probe sees first is refused by replicas started after it too."""
+        await self._run(self._ping, [], [])
 
     async def close(self) -> None:
         await self.client.aclose()

@@ -167,6 +167,28 @@ async def test_a_restart_with_the_shipped_persistence_keeps_counts_and_replays(s
         await store.close()
 
 
+async def test_a_loss_the_probe_sees_first_is_refused_by_a_replica_started_after_it(
+    server: RedisServer,
+) -> None:
+    """The probe read the epoch and raised, but wrote nothing: a replica started after the loss
+    created a fresh epoch and admitted from zero until some older replica's next count."""
+    store = RedisCounterStore.from_url(server.url)
+    try:
+        assert await admitted(store) is True
+        restart(server)
+        first = await outcome(store.ping())  # the pool's old connection may fail first
+        assert first in ("ConnectionError", "CounterStateLost")
+        if first == "ConnectionError":
+            assert await outcome(store.ping()) == "CounterStateLost"
+        later = RedisCounterStore.from_url(server.url)
+        try:
+            assert await admitted(later) == "CounterStateLost"
+        finally:
+            await later.close()
+    finally:
+        await store.close()
+
+
 async def test_readiness_sees_a_loss_the_store_has_seen(server: RedisServer) -> None:
     """/readyz probes with the store's ping(): PING alone answered while every count was refused."""
     store = RedisCounterStore.from_url(server.url)
