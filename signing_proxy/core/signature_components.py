@@ -208,8 +208,8 @@ def component_value(message: Message, component: Component) -> str:
             return target.path
         if name == "@query":
             return target.query
-        if name == "@request-target":  # as received, like @target-uri (RFC 9421 section 2.2.5)
-            return target.wire_parts()[1]
+        if name == "@request-target":  # the origin-form target as it travels (Target.wire_parts):
+            return target.wire_parts()[1]  # what an origin receives, whatever form reached a relay
         raise SigningError("unsupported-component", f"derived component {name} is not supported")
     if component.key is None:
         value = message.fields.combined(name)

@@ -79,11 +79,12 @@ def _cached_when_short(max_chars: int, maxsize: int) -> Callable[[Callable[[str]
 class Target:
     """A request target in canonical form; ``path_query`` is the origin-form request-target.
 
-    ``received``: the target URI as a client sent it, when that is another spelling of ``uri``
-    (``parse_received_uri``, ``forwarded_target``). It is what ``@target-uri`` covers (RFC 9421
-    section 2.2.2: the target URI as received) and, at a relay or a gateway, what travels on
-    (``wire_uri``, ``wire_parts``), so that a signature over it verifies at the next hop as it did
-    here. Spellings of one target are equal: ``received`` takes no part in ``==`` or hashing.
+    ``received``: the target URI in the spelling a client sent, when that is another spelling of
+    ``uri`` (``parse_received_uri``, ``forwarded_target``; for a gateway's backend, ``spelled``: the
+    backend's origin with the request target the client sent). It is what ``@target-uri`` covers
+    (RFC 9421 section 2.2.2: the target URI as received) and, at a relay or a gateway, what travels
+    on (``wire_uri``, ``wire_parts``), so that a signature over it verifies at the next hop as it
+    did here. Spellings of one target are equal: ``received`` takes no part in ``==`` or hashing.
     """
 
     scheme: str
@@ -307,16 +308,17 @@ parse_absolute_uri = _cached_when_short(2048, 1024)(_parse)
 
 
 def parse_received_uri(uri: str) -> Target:
-    """The canonical target of a target URI a verifier received (``scheme://`` + ``Host`` + the
-    request target, as they arrived), which is itself what ``@target-uri`` covers (``Message``'s
-    ``received_uri``). FieldError as ``parse_absolute_uri``, and ``malformed-target`` for a fragment,
-    which no request target carries (RFC 9112 section 3.2)."""
+    """The target of a target URI a verifier received (``scheme://`` + ``Host`` + the request target,
+    as they arrived), canonical, carrying ``uri`` as ``received`` when that is another spelling:
+    what ``@target-uri`` covers. FieldError as ``parse_absolute_uri``, and ``malformed-target`` for a
+    fragment, which no request target carries (RFC 9112 section 3.2)."""
     if "#" in uri:
         raise FieldError("malformed-target", "a request target carries no fragment")
     target = parse_absolute_uri(uri)
     return target if uri == target.uri else replace(target, received=uri)
 
 
+@_cached_when_short(2048, 1024)  # as parse_absolute_uri: a relay sees the same few URIs, spelled alike
 def forwarded_target(uri: str) -> Target:
     """The target of an absolute-form request a relay received (``uri``), keeping its spelling when
     that can travel on unchanged: a lower-case scheme, no userinfo, a path. The relay verifies and

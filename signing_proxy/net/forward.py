@@ -215,7 +215,7 @@ async def forward(
     client: ClientConnection,
     pool: UpstreamPool,
     outgoing: Outgoing,
-    rebuild: Callable[[], Awaitable[Outgoing]],
+    rebuild: Callable[[], Awaitable[Outgoing]] | None,
     *,
     hold: Hold | None = None,
     on_latency: Callable[[float], None] | None = None,
@@ -223,7 +223,10 @@ async def forward(
 ) -> ResponseStream:
     """Send ``outgoing`` and stream the answer to ``client``; ``ProxyError`` before anything was written,
     ``AbortConnection`` after. A held response is returned with ``held`` set and nothing written;
-    ``tap`` keeps a bounded copy of the body (of the last attempt)."""
+    ``tap`` keeps a bounded copy of the body (of the last attempt). An idempotent request whose pooled
+    connection was reset before any answer is sent again once: made anew by ``rebuild`` (a request
+    signed here is signed again), or as it was when there is none (a request whose signature is the
+    client's)."""
     head_only = outgoing.method == "HEAD"
     for attempt in (1, 2):
         conn = pool.take_idle(outgoing.connect_to)
@@ -245,7 +248,8 @@ async def forward(
             if stream.head_written:
                 raise AbortConnection from error
             if attempt == 1 and reused and error.reason == "upstream-reset" and outgoing.method in IDEMPOTENT:
-                outgoing = await rebuild()  # never for POST/PATCH: the first one may have been processed
+                if rebuild is not None:  # never for POST/PATCH: the first one may have been processed
+                    outgoing = await rebuild()
                 continue
             raise
         finally:

@@ -111,9 +111,12 @@ def serialize_head(
     The target goes out in the spelling it travels in (``Target.wire_parts``): a relay's or a
     gateway's as received, so that what was signed over it still verifies.
     """
-    authority, request_target = target.wire_parts()
-    if absolute_form:
-        request_target = target.wire_uri
+    if target.received is None:  # the agent's hop: its canonical target, as signed
+        authority, request_target = target.authority, target.uri if absolute_form else target.path_query
+    else:
+        authority, request_target = target.wire_parts()
+        if absolute_form:
+            request_target = target.received
     lines = "".join([f"{name}: {value}\r\n" for name, value in fields])
     length = f"Content-Length: {body_len}\r\n" if body_len or framed or method in BODY_METHODS else ""
     head = f"{method} {request_target} HTTP/1.1\r\nHost: {authority}\r\n{lines}{length}\r\n"

@@ -71,7 +71,7 @@ class Routes:
 
     def __init__(self, routes: Sequence[tuple[str, str]], *, as_received: bool = False) -> None:
         """``as_received``: targets keep the request target as received (``core.uri.spelled``), for
-        a gateway, which verifies a signature over it and sends it on."""
+        a proxy that verifies someone else's signature over it and sends it on (``Policy``)."""
         self._routes = sorted(
             ((prefix, parse_absolute_uri(up)) for prefix, up in routes), key=lambda r: -len(r[0])
         )
@@ -97,6 +97,9 @@ class Policy:
     """What a configuration reload may change, swapped in one step."""
 
     mode: str
+    # a relay or a gateway: targets go on as received, as the signatures they verify were made over
+    # them; the agent's hop sends the canonical target it signs
+    as_received: bool
     access: AccessControl
     connect_timeout_s: float
     idle_s: float  # timeouts.client_idle_s: a piped WebSocket (and a blind tunnel) closes after this silence
@@ -181,8 +184,8 @@ class ProxyHandler:
             outgoing = await build()
             keyid, profile = outgoing.keyid, outgoing.profile
             # a resend (net.forward) signs again what we sign; a gateway's signature is the client's,
-            # checked once: a second check would refuse it as its own replay and count it twice
-            resend = build if policy.mode != "gateway" else _as_sent(outgoing)
+            # checked once and sent again as it was: a second check would refuse it as its own replay
+            resend = build if policy.mode != "gateway" else None
             transactions = self.transactions
             tap = transactions.tap_for(req.method, target, keyid) if transactions is not None else None
             hold = self.discovery.holds if self.discovery is not None else None
@@ -286,7 +289,7 @@ class ProxyHandler:
         if tunnel is not None:
             if not raw.startswith("/"):
                 raise ProxyError(400, "malformed-target", "requests inside a tunnel use origin-form targets")
-            if policy.mode == "relay":  # sent on as received, as an absolute-form target is
+            if policy.as_received:
                 return _target(lambda: spelled(tunnel.with_path_query(raw), raw)), None
             return _target(lambda: tunnel.with_path_query(raw)), None
         if raw.startswith("/"):
@@ -302,8 +305,7 @@ class ProxyHandler:
         policy.access.check_proxy_auth(req.header("proxy-authorization"))
         if req.upgrade == "websocket":
             raw = _websocket_as_http(raw)
-        # a relay sends on the spelling it received, and verifies what was signed over it
-        parse = forwarded_target if policy.mode == "relay" else parse_absolute_uri
+        parse = forwarded_target if policy.as_received else parse_absolute_uri
         return _target(lambda: parse(raw)), None
 
     async def _websocket(
@@ -355,15 +357,6 @@ def _websocket_as_http(uri: str) -> str:
     scheme, sep, rest = uri.partition("://")
     mapped = {"ws": "http", "wss": "https"}.get(scheme.lower())
     return f"{mapped}{sep}{rest}" if mapped is not None and sep else uri
-
-
-def _as_sent(sent: Outgoing) -> Callable[[], Awaitable[Outgoing]]:
-    """A resend of ``sent`` as it was."""
-
-    async def again() -> Outgoing:
-        return sent
-
-    return again
 
 
 def _target(build: Callable[[], Target]) -> Target:

@@ -178,17 +178,18 @@ class ProxyApp:
         )
 
     def _policy(self, config: Config) -> Policy:
+        as_received = config.mode != "agent"  # relay, gateway: what they verify goes on as it came
         return Policy(
             mode=config.mode,
+            as_received=as_received,
             access=AccessControl(config.access),
             connect_timeout_s=config.timeouts.connect_s,
             idle_s=config.timeouts.client_idle_s,
-            routes=(
-                Routes([("/", gateway_upstream(config.gateway))], as_received=True)
+            routes=Routes(
+                [("/", gateway_upstream(config.gateway))]
                 if config.mode == "gateway"
-                else Routes(
-                    [(r.prefix, r.upstream) for r in config.routes], as_received=config.mode == "relay"
-                )
+                else [(r.prefix, r.upstream) for r in config.routes],
+                as_received=as_received,
             ),
             prepare=self.prepare,
             access_log=AccessLog(

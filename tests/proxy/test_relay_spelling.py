@@ -142,3 +142,29 @@ async def test_request_target_is_the_one_sent(tmp_path: Path, path: str) -> None
     (arrival,) = origin.arrivals
     assert arrival.target_uri == url
     assert (arrival.verified, arrival.oracle, arrival.labels) == (True, "ok", ["agent", "broker"])
+
+
+async def test_a_relays_route_sends_on_the_request_target_as_received(tmp_path: Path) -> None:
+    """A relay's sidecar route (``/up/`` to the origin) keeps the rest of the request target as it
+    came, ``x?`` included, as its absolute-form and tunnelled requests do."""
+    async with relay(
+        tmp_path, lambda origin: {"routes": [{"prefix": "/up/", "upstream": origin.url("/")}]}
+    ) as (
+        port,
+        origin,
+        base,
+    ):
+        url = origin.url("/x?")  # where the route sends it: what the agent signs
+        lines = [
+            ("Content-Digest", content_digest(BODY)),
+            ("Authorization", ""),
+            ("Signature-Agent", f'"{base}"'),
+        ]
+        signed = oracle_sign(
+            "POST", url, lines, BODY, keyid=AGENT.thumbprint, private_key=AGENT._private, now=int(time.time())
+        )
+        answer = await exchange(port, request("POST", "/up/x?", f"127.0.0.1:{port}", signed, BODY))
+    assert answer.startswith(b"HTTP/1.1 200"), answer
+    (arrival,) = origin.arrivals
+    assert arrival.target_uri == url
+    assert (arrival.verified, arrival.oracle, arrival.labels) == (True, "ok", ["agent", "broker"])
