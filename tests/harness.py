@@ -84,7 +84,11 @@ def started(command: str, *args: str, until: str = "listening on") -> Iterator[l
     try:
         lines: list[str] = []
         while not lines or until not in lines[-1]:
-            line = arrived.get(timeout=WAIT_S)
+            try:
+                line = arrived.get(timeout=WAIT_S)
+            except queue.Empty:
+                said = "".join(lines)
+                raise AssertionError(f"{command} said nothing for {WAIT_S} s after: {said}") from None
             if line is None:
                 raise AssertionError(f"{command} ended before saying {until!r}: {''.join(lines)}")
             lines.append(line)

@@ -102,10 +102,10 @@ class SigningPipeline:
         retry: RetryPlan | None = None,
         sent_to: Target | None = None,
     ) -> SignedFields:
-        """The pipeline without the wire. ``sent_to``: where the bytes go, when an in-process
-        caller's ``Host`` names another authority than the URL's (``target`` is then the Host's, what
-        a verifier rebuilds): the bearer is the one configured for ``sent_to``, and no Requester is
-        added (it is meant for the exchange the Host names, not for where the bytes go)."""
+        """The pipeline without the wire. ``sent_to``: where the bytes go (an in-process caller's
+        URL), when ``target`` is built from the ``Host`` it sets (what a verifier rebuilds): the
+        bearer is the one configured for ``sent_to``, and when the two name other authorities no
+        Requester is added (it is meant for the exchange the Host names, not for where bytes go)."""
         built = _build(self, method, target, lines, body, retry=retry, sent_to=sent_to)
         if isinstance(built, SignedFields):
             return built
