@@ -370,8 +370,11 @@ class ProxyProcess:
         key: SigningKey | None = None,
         extra_args: tuple[str, ...] = (),
         env: dict[str, str] | None = None,
+        own_group: bool = False,
     ) -> None:
+        """``own_group``: the proxy leads a new process group (a shell's job): its PID is the group's."""
         self.tmp = tmp
+        self.own_group = own_group
         self.key = key or SigningKey.generate()
         self.config = {"listen": "127.0.0.1:0", "data_dir": str(tmp / "data"), **(config or {})}
         self.extra_args = extra_args
@@ -404,6 +407,7 @@ class ProxyProcess:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             env=env,
+            start_new_session=self.own_group,
         )
         ready = threading.Event()
 

@@ -3,8 +3,8 @@
 Prints one line per listener on start (publication, admin, proxy), drains in-flight requests on
 SIGTERM/SIGINT (a second one during the drain ends it at once, exit status 128 + its number), and on
 SIGHUP re-reads the key stores and the configuration (a bad one is refused and the running one keeps
-serving). With ``--workers N`` one signal sent to the whole process group (a terminal's Ctrl-C) still
-counts once in each worker: see ``DUPLICATE_SIGNAL_S``.
+serving). With ``--workers N`` the parent counts the stop signals (``service.workers``): a worker
+takes SIGTERM/SIGINT as "drain" however often it comes, and the parent's ``CUT_SIGNAL`` as "cut".
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from ..proxy.connect import load_interception_ca
 from ..proxy.gateway import gateway_upstream
 from ..service.app import ProxyApp
 from ..service.keys import KeyServices, key_provider_for, start_key_services
-from ..service.workers import MAX_WORKERS, reserve_port, run_workers
+from ..service.workers import CUT_SIGNAL, MAX_WORKERS, reserve_port, run_workers
 from ..storage.keystore import StoreWatcher
 from .common import (
     REFUSALS,
@@ -43,15 +43,6 @@ from .common import (
 __all__ = ["add_parsers", "cmd_run"]
 
 log = logging.getLogger("signing_proxy")
-
-# ``--workers``: the parent forwards every SIGTERM/SIGINT it gets to each worker, so one signal sent to
-# the whole process group — a terminal's Ctrl-C, ``kill -- -PGID``, systemd stopping the service's
-# cgroup — reaches a worker twice: directly, and a few milliseconds later from the parent. Taken as a
-# second signal, that copy cut the drain short and closed the requests in flight (a single Ctrl-C
-# lost them). In a worker, the same signal again within this long of the one that began the drain is
-# that copy and is not counted; a signal sent to the parent alone arrives once, and a second one later
-# than this (a person pressing Ctrl-C again, a supervisor signalling again) still cuts the drain.
-DUPLICATE_SIGNAL_S = 0.25
 
 
 def add_parsers(sub: Any) -> None:
@@ -194,15 +185,16 @@ async def _serve(
     # signals first: a supervisor may act on the lines below at once
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    began: list[tuple[signal.Signals, float]] = []  # the signal that began the drain, and when
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    cut_asked = asyncio.Event()  # a worker's: the parent got a second stop signal
 
-    def on_stop(sig: signal.Signals) -> None:
-        if not began:
-            began.append((sig, loop.time()))
+    def on_cut() -> None:
+        cut_asked.set()
         stop.set()
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, on_stop, sig)
+    if worker is not None:
+        loop.add_signal_handler(CUT_SIGNAL, on_cut)
 
     def on_sighup() -> None:
         if stop.is_set():  # draining: nothing is reloaded any more
@@ -231,36 +223,45 @@ async def _serve(
             + (f" worker={worker}" if worker is not None else "")
         )
     await stop.wait()
-    return await _drain(app, services, began[0] if worker is not None else None)
+    return await _drain(app, services, cut_asked if worker is not None else None)
 
 
-async def _drain(
-    app: ProxyApp, services: KeyServices, began: tuple[signal.Signals, float] | None = None
-) -> int:
+async def _drain(app: ProxyApp, services: KeyServices, cut_asked: asyncio.Event | None = None) -> int:
     """The first SIGTERM/SIGINT: let in-flight requests finish for up to ``timeouts.drain_s``, exit
     status 0. A second one while requests are still awaited cuts that wait short
     (``ProxyApp.cut_drain``): they are closed at once, one line says so, and the exit status is
-    128 + the signal's number (130 for SIGINT). ``began`` (a worker's: the signal that began the
-    drain, and the loop time it came): the same signal within ``DUPLICATE_SIGNAL_S`` of it is the
-    parent's copy of it, not a second one."""
+    128 + the signal's number (130 for SIGINT). A worker's (``cut_asked``) is cut by its parent
+    only, which counts the signals: SIGTERM/SIGINT reach a worker again from the process group."""
     drain_s = app.config.timeouts.drain_s
     log.info("shutting down: draining in-flight requests for up to %g s", drain_s)
     loop = asyncio.get_running_loop()
-    cut: list[signal.Signals] = []
+    cut: list[int] = []
 
     def second(sig: signal.Signals) -> None:
-        if began is not None and sig == began[0] and loop.time() - began[1] < DUPLICATE_SIGNAL_S:
-            return  # one signal to the whole group, forwarded by the parent too: counted once
         if not cut and app.cut_drain():
             cut.append(sig)
             log.warning(
                 "%s during the drain: drain cut short, closing the requests still in flight", sig.name
             )
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, second, sig)
-    await services.stop()
-    await app.stop(drain_s=drain_s)
+    async def when_asked(asked: asyncio.Event) -> None:
+        await asked.wait()
+        if not cut and app.cut_drain():
+            cut.append(CUT_SIGNAL)
+            log.warning("the parent got a second stop signal: closing the requests still in flight")
+
+    watch = None
+    if cut_asked is None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, second, sig)
+    else:
+        watch = loop.create_task(when_asked(cut_asked))
+    try:
+        await services.stop()
+        await app.stop(drain_s=drain_s)
+    finally:
+        if watch is not None:
+            watch.cancel()
     return 128 + int(cut[0]) if cut else 0
 
 

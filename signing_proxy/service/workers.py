@@ -5,6 +5,12 @@ memory: keys and the interception CA live in the data directory (created once, u
 each worker watches the key store itself, and the parent only forwards signals — SIGHUP (reload)
 and SIGTERM/SIGINT (drain) — and restarts a worker that dies. A port of 0 is resolved once by the
 parent, which keeps a bound (not listening) SO_REUSEPORT socket on it so every worker gets the same.
+
+The parent counts the stop signals, since it gets each one once: a signal sent to the whole process
+group (a terminal's Ctrl-C, systemd stopping the service) reaches every worker directly as well,
+so a worker takes SIGTERM/SIGINT only as "drain" however often it comes. A second SIGTERM/SIGINT
+to the parent sends the workers ``CUT_SIGNAL`` (their drain is cut short), and the parent then
+exits 128 + that second signal's number.
 """
 
 from __future__ import annotations
@@ -19,12 +25,13 @@ import sys
 import time
 from collections.abc import Callable
 
-__all__ = ["MAX_WORKERS", "reserve_port", "run_workers"]
+__all__ = ["CUT_SIGNAL", "MAX_WORKERS", "reserve_port", "run_workers"]
 
 log = logging.getLogger("signing_proxy")
 
 MAX_WORKERS = 64
 RESTART_BACKOFF_S = 1.0  # a worker that keeps dying is restarted at most once a second
+CUT_SIGNAL = signal.SIGUSR1  # to a worker: a second stop signal reached the parent, cut the drain
 
 
 def reserve_port(host: str, port: int) -> tuple[socket.socket, int]:
@@ -41,6 +48,7 @@ def run_workers(count: int, worker: Callable[[int], int]) -> int:
     """Fork ``count`` workers running ``worker(index)``; forward signals; return when all have exited."""
     children: dict[int, int] = {}  # pid -> worker index
     stopping = False
+    asked: list[int] = []  # the stop signals the parent got: the first drains, the second cuts
     last_start: dict[int, float] = {}
 
     parent = os.getpid()
@@ -52,7 +60,7 @@ def run_workers(count: int, worker: Callable[[int], int]) -> int:
         if stopping:  # a SIGTERM came during the wait: its children were told, a new one would not be
             return
         last_start[index] = time.monotonic()
-        signals = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+        signals = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, CUT_SIGNAL)
         signal.pthread_sigmask(signal.SIG_BLOCK, signals)  # none lands before the child is recorded
         try:
             pid = os.fork()
@@ -79,13 +87,19 @@ def run_workers(count: int, worker: Callable[[int], int]) -> int:
                 sys.stderr.flush()
                 os._exit(code)
 
+    def send(sig: int) -> None:
+        for pid in list(children):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+
     def forward(sig: int, _frame: object) -> None:
         nonlocal stopping
         if sig in (signal.SIGTERM, signal.SIGINT):
             stopping = True
-        for pid in list(children):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
+            asked.append(sig)
+            if len(asked) >= 2:
+                sig = CUT_SIGNAL  # a worker takes any number of SIGTERM/SIGINT as "drain"
+        send(sig)
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, forward)
@@ -110,10 +124,14 @@ def run_workers(count: int, worker: Callable[[int], int]) -> int:
             log.error("worker %d refused to start (exit 2); stopping", index)
             stopping = True
             status = 2
-            forward(signal.SIGTERM, None)
+            send(signal.SIGTERM)
             continue
         log.error("worker %d exited unexpectedly (status %d); restarting it", index, code)
         spawn(index)
+    if len(asked) >= 2:
+        second = signal.Signals(asked[1])
+        log.warning("%s during the drain: drain cut short, the requests still in flight closed", second.name)
+        return 128 + int(second)
     return status
 
 
