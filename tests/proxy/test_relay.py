@@ -11,6 +11,7 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -79,8 +80,13 @@ class Rig:
     app: ProxyApp
 
 
-@pytest.fixture
-async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
+@asynccontextmanager
+async def running_relay(
+    tmp_path: Path, extra: Callable[[VerifyingOrigin], dict[str, Any]]
+) -> AsyncIterator[Rig]:
+    """A relay (a real ``ProxyApp`` on 127.0.0.1; ``extra``: more of its configuration, given the
+    origin) that resolves the agent's key from a directory served on loopback, and a verifying
+    origin that trusts the agent and the relay."""
     host = DirectoryHost()
     now = int(time.time())
     host.keys = [DirectoryKey(AGENT.public, now - 60, now + 3600)]
@@ -89,25 +95,29 @@ async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
     web_app.router.add_get("/revoked.json", host.revocations)
     async with TestServer(web_app, host="127.0.0.1") as dir_server:
         host.base = f"http://127.0.0.1:{dir_server.port}"
-        config = parse_config(
-            {
+        with VerifyingOrigin() as origin:
+            origin.trust(AGENT, RELAY)
+            config = {
                 "mode": "relay",
                 "listen": "127.0.0.1:0",
                 "data_dir": str(tmp_path),
                 "signing": {"label": "broker"},
-                "relay": {"max_hops": 3},
                 "egress": {"allow_private": ["127.0.0.1/32"]},  # the directory host is on loopback
                 "log": {"access_log": False},
+                **extra(origin),
             }
-        )
-        app = ProxyApp(config, StaticKeyProvider(RELAY))
-        (_, port), *_ = await app.start()
-        with VerifyingOrigin() as origin:
-            origin.trust(AGENT, RELAY)
+            app = ProxyApp(parse_config(config), StaticKeyProvider(RELAY))
+            (_, port), *_ = await app.start()
             try:
                 yield Rig(port, origin, host, app)
             finally:
                 await app.stop(drain_s=1)
+
+
+@pytest.fixture
+async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
+    async with running_relay(tmp_path, lambda _origin: {"relay": {"max_hops": 3}}) as running:
+        yield running
 
 
 def build(
@@ -274,19 +284,24 @@ def test_relay_label_is_unique_in_the_dictionary() -> None:
     assert unique_label("broker", ["agent", "broker", "broker2"]) == "broker3"
 
 
-def third_party(rig: Rig, url: str, body: bytes = b'{"ver":"1.0"}') -> bytes:
-    """An absolute-form request for ``url`` as written, which pyauth (http-message-signatures) signed
-    as an agent: its ``@target-uri`` is ``url`` exactly, no normal form."""
+def signed_post(url: str, base: str, body: bytes = b'{"ver":"1.0"}') -> list[tuple[str, str]]:
+    """An agent's POST of ``body`` to ``url`` exactly as written (its ``@target-uri``, no normal
+    form), signed by pyauth (http-message-signatures); the agent's key is in the directory at
+    ``base``."""
     lines = [
         ("Content-Type", "application/json"),
         ("Content-Digest", content_digest(body)),
         ("Authorization", "Bearer agent-token"),
-        ("Signature-Agent", f'"{rig.agent_dir.base}"'),
+        ("Signature-Agent", f'"{base}"'),
     ]
-    signed = oracle_sign(
-        "POST", url, lines, body, keyid=AGENT.thumbprint, private_key=AGENT._private, now=int(time.time())
-    )
+    now = int(time.time())
+    return oracle_sign("POST", url, lines, body, keyid=AGENT.thumbprint, private_key=AGENT._private, now=now)
+
+
+def third_party(rig: Rig, url: str, body: bytes = b'{"ver":"1.0"}') -> bytes:
+    """An absolute-form request for ``url`` as written, which pyauth signed as an agent."""
     head = f"POST {url} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {len(body)}\r\n"
+    signed = signed_post(url, rig.agent_dir.base, body)
     return (head + "".join(f"{n}: {v}\r\n" for n, v in signed) + "\r\n").encode() + body
 
 
