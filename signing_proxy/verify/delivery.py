@@ -106,6 +106,8 @@ class DeliveryVerifier:
         self.verifier = verifier
         self.policy = policy
         self.clock: Callable[[], float] = verifier.clock
+        assert verifier.revocations is not None  # RequestVerifier makes one when none is given
+        verifier.revocations.configure(directory_url(base) for base in policy.exchange_directories)
 
     async def close(self) -> None:
         await self.verifier.close()

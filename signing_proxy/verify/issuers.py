@@ -45,6 +45,10 @@ class IssuerKeys:
     grace_s: int = 0
     trusted_only: bool = False  # refuse issuers not in ``trusted`` instead of fetching their directory
 
+    def __post_init__(self) -> None:
+        named = (a.directory for a in self.trusted.values() if a.directory is not None)
+        self.revocations.configure(directory_url(base) for base in named)
+
     async def keys_for(self, iss: str, now: float) -> tuple[PublicKey, ...]:
         """The anchors of ``iss``; empty when it has none (the chain is then refused). Raises
         DirectoryError ``verifier-busy`` when its directory would be fetched but the budget is out."""

@@ -8,8 +8,10 @@ keeps, per directory URL, the set its ``revocation_url`` served: each successful
 once named stays refused for this directory (spec "States and transitions": "a revoked thumbprint
 stays revoked"), also after the directory left the cache and came back: sets of directories that
 left are kept aside, for 4,096 directories and 8 MiB at most (each charged its thumbprints and its
-URL). One directory holds at most ``MAX_REVOKED_PER_DIRECTORY`` (11,468) thumbprints, charged a
-quarter of either store at most: a longer list is refused (``revocation-list-too-large``) like any unusable
+URL). Strangers' lists can push strangers' sets out of that store, never those of the directories
+the operator named (``configure``: brokers, issuers, exchanges), which are kept whatever comes. One
+directory holds at most ``MAX_REVOKED_PER_DIRECTORY`` (11,468) thumbprints, charged a quarter of
+either store at most: a longer list is refused (``revocation-list-too-large``) like any unusable
 list, so no one directory's list pushes other directories out of the cache, nor their sets out of
 the store. A directory whose list was never fetched fails closed (``revocation-unavailable``),
 retried at most every ``retry_s``; a failed later poll keeps the last set. Each tracked directory is
@@ -23,7 +25,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from ..core.keys import (
@@ -113,6 +115,15 @@ class RevocationPoller:
     _retired: LruCache[str, RevocationList] = field(
         default_factory=lambda: LruCache(RETIRED_DIRECTORIES, RETIRED_BYTES, key_size=len)
     )
+    configured: set[str] = field(default_factory=set)  # directory URLs the operator named
+    _kept: dict[str, RevocationList] = field(default_factory=dict)  # theirs, never dropped
+
+    def configure(self, directory_urls: Iterable[str]) -> None:
+        """Directories the operator named (brokers, issuers, exchanges): what their lists revoked is
+        kept when they leave the cache, outside the store strangers' sets share, so no stranger's
+        list can push it out (DESIGN section 7: one party's input never changes what is believed
+        about another). Bounded by the configuration, each by ``MAX_REVOKED_PER_DIRECTORY``."""
+        self.configured.update(directory_urls)
 
     def attach(self, resolver: DirectoryResolver) -> None:
         """Track only directories ``resolver`` holds, charge their sets to it, forget what it drops."""
@@ -134,8 +145,11 @@ class RevocationPoller:
         state = self._states.get(directory_url)
         if state is not None:
             return state.revoked
-        kept = self._retired.peek(directory_url)
+        kept = self._kept_aside(directory_url)
         return kept.revoked if kept is not None else frozenset()
+
+    def _kept_aside(self, directory_url: str) -> RevocationList | None:
+        return self._kept.get(directory_url) or self._retired.peek(directory_url)
 
     async def revoked_by(self, directory_url: str, revocation_url: str | None) -> frozenset[str]:
         """Every thumbprint the directory at ``directory_url`` has revoked: what its lists revoked
@@ -187,10 +201,11 @@ class RevocationPoller:
         if state is None:
             # what its lists revoked before it left the cache stays revoked (the list is still
             # fetched before its keys are trusted)
-            state = _State(revocation_url, current=self._retired.peek(directory_url))
+            state = _State(revocation_url, current=self._kept_aside(directory_url))
             if self.holds(directory_url):  # else: used for the request in hand, then dropped
                 self._states[directory_url] = state
                 self._retired.pop(directory_url)
+                self._kept.pop(directory_url, None)
         elif state.url != revocation_url:
             # the directory moved its list: earlier entries stay refused, the new list must arrive
             state.url, state.last_success, state.last_attempt = revocation_url, None, None
@@ -201,8 +216,11 @@ class RevocationPoller:
         state = self._states.pop(directory_url, None)
         if state is not None and state.current is not None and state.current.revoked:
             revoked = state.current
-            cost = len(revoked.revoked) * REVOKED_ENTRY_COST + RETIRED_SET_COST  # and its URL
-            self._retired.put(directory_url, revoked, cost)
+            if directory_url in self.configured:
+                self._kept[directory_url] = revoked
+            else:
+                cost = len(revoked.revoked) * REVOKED_ENTRY_COST + RETIRED_SET_COST  # and its URL
+                self._retired.put(directory_url, revoked, cost)
         loop = state.loop if state is not None else None
         if state is not None and loop is not None:
             # dropped, not only cancelled: a task cancelled before it ran holds its frame, which holds

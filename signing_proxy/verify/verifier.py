@@ -115,6 +115,7 @@ class RequestVerifier:
             self.revocations = RevocationPoller(self.resolver.fetch, clock=self.clock)
         self._poller = self.revocations
         self._poller.attach(self.resolver)
+        self._poller.configure(directory_url(base) for base in self.policy.broker_directories)
 
     async def verify(
         self,

@@ -28,6 +28,8 @@ from signing_proxy.core.signatures import Message, attach_signature, hop_compone
 from signing_proxy.core.uri import parse_absolute_uri
 from signing_proxy.net.egress import MAX_URL_CHARS
 from signing_proxy.verify import (
+    DeliveryPolicy,
+    DeliveryVerifier,
     DirectoryError,
     DirectoryResolver,
     FetchResult,
@@ -39,6 +41,7 @@ from signing_proxy.verify import (
     directory_url,
 )
 from signing_proxy.verify.directory import CACHE_BYTES, PARSED_COST_FACTOR
+from signing_proxy.verify.issuers import IssuerAnchor, IssuerKeys
 from signing_proxy.verify.revocation import (
     DIRECTORY_SHARE,
     MAX_REVOCATION_LIST_BYTES,
@@ -455,3 +458,44 @@ async def test_the_window_is_checked_again_after_the_keys_were_fetched() -> None
         await verifier.verify("POST", TARGET, request, BODY)
     assert caught.value.reason == "signature-expired"
     await verifier.close()
+
+
+async def test_strangers_lists_never_push_out_what_a_configured_directorys_list_revoked() -> None:
+    """The sets kept aside share one bounded store: a few strangers' long lists push the others out
+    (five of a quarter each). A configured directory's set went with them, so after its list stopped
+    naming a key it had revoked, strangers could bring that key back. It is now kept apart; a
+    stranger's directory (here ``agent.example``'s twin, not configured) still shares the store."""
+    clock, fetch = Clock(), FakeFetch()
+    poller = RevocationPoller(fetch, clock=clock, sleep=never_wakes)
+    poller.configure([DIR_URL])  # as the verifiers do for brokers, issuers and exchanges
+    twin, twin_list = "https://twin.example/d", "https://twin.example/revoked.json"
+    fetch.answers[REV_URL] = listing(KEY.thumbprint)
+    fetch.answers[twin_list] = listing(KEY.thumbprint)
+    for url, revocations in ((DIR_URL, REV_URL), (twin, twin_list)):
+        assert await poller.poll_once(url, revocations)
+        poller.forget(url)  # both left the cache: their sets are kept aside
+    for n in range(DIRECTORY_SHARE + 2):  # strangers' directories with lists as long as allowed
+        url, revocations = f"https://s{n}.example/d", f"https://s{n}.example/revoked.json"
+        fetch.answers[revocations] = listing(*thumbprints(MAX_REVOKED_PER_DIRECTORY, f"s{n}"))
+        assert await poller.poll_once(url, revocations)
+        poller.forget(url)
+    assert poller.revoked(twin) == frozenset()  # a stranger's set: pushed out of the bounded store
+    assert poller.revoked(DIR_URL) == {KEY.thumbprint}  # the configured directory's: kept
+    fetch.answers[REV_URL] = listing(as_of=NOW + 300)  # back, and its list no longer names KEY
+    assert await poller.poll_once(DIR_URL, REV_URL)
+    assert poller.revoked(DIR_URL) == {KEY.thumbprint}  # still revoked
+    await poller.close()
+
+
+def test_the_verifiers_configure_the_directories_their_operator_named() -> None:
+    """Brokers (relay, gateway), trusted issuers (gateway) and exchanges (delivery)."""
+    resolver = DirectoryResolver(FakeFetch())
+    verifier = RequestVerifier(resolver, VerifierPolicy(broker_directories=("https://broker.example",)))
+    poller = verifier.revocations
+    assert poller is not None
+    IssuerKeys(
+        resolver, poller, LOOPBACK, trusted={"urn:owner": IssuerAnchor(directory="https://issuer.example")}
+    )
+    DeliveryVerifier(verifier, DeliveryPolicy(exchange_directories=("https://exchange.example",)))
+    named = ("https://broker.example", "https://issuer.example", "https://exchange.example")
+    assert poller.configured == {directory_url(base) for base in named}
