@@ -5,6 +5,7 @@ party would, so our verifier is never only checked against our own signer."""
 from __future__ import annotations
 
 import datetime
+import time
 import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -12,6 +13,9 @@ from dataclasses import dataclass
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from http_message_signatures import HTTPMessageSigner, HTTPMessageVerifier, MappingKeyResolver, algorithms
 from http_message_signatures.signatures import SignatureVerifyWarning
+
+from signing_proxy.core.digest import content_digest
+from signing_proxy.core.jwk import SigningKey
 
 SPEC_FIVE = ("@method", "@target-uri", "content-digest", "authorization", "signature-agent")
 WEB_BOT_AUTH_REQUIRED = ("@authority",)  # the web-bot-auth profile's one required component
@@ -82,6 +86,32 @@ def oracle_sign(
         use_existing_digest=True,
     )
     return request.headers.items()
+
+
+def oracle_agent_sign(
+    method: str,
+    url: str,
+    body: bytes,
+    key: SigningKey,
+    *,
+    signature_agent: str,
+    authorization: str = "",
+    head: Iterable[tuple[str, str]] = (),
+    now: int | None = None,
+) -> list[tuple[str, str]]:
+    """An agent's request as a third party signs it: ``head``, the spec's covered fields for ``body``
+    (``Content-Digest``, ``Authorization``, ``Signature-Agent`` as given), and pyauth's signature by
+    ``key`` over ``url`` exactly (``oracle_sign``), valid from ``now`` (default: this second)."""
+    lines = [
+        *head,
+        ("Content-Digest", content_digest(body)),
+        ("Authorization", authorization),
+        ("Signature-Agent", signature_agent),
+    ]
+    signed_at = int(time.time()) if now is None else now
+    return oracle_sign(
+        method, url, lines, body, keyid=key.thumbprint, private_key=key._private, now=signed_at
+    )
 
 
 def oracle_verify(

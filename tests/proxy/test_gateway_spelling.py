@@ -9,7 +9,6 @@ refused ``bad-signature``, and the backend got ``/feed``.
 from __future__ import annotations
 
 import socket
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,12 +17,11 @@ from typing import Any
 import pytest
 
 from signing_proxy.config import parse_config
-from signing_proxy.core.digest import content_digest
 from signing_proxy.core.jwk import SigningKey
 from signing_proxy.proxy.exchange import Routes
 from signing_proxy.proxy.gateway import GatewayPipeline
 from tests.harness import WAIT_S, ProxyProcess
-from tests.oracle import oracle_sign
+from tests.oracle import oracle_agent_sign
 from tests.proxy.raw_upstream import raw_backend
 from tests.verify.directory_host import served_directory
 
@@ -104,19 +102,8 @@ def test_a_third_partys_signature_over_the_target_it_sent_passes_and_the_backend
         }
         with ProxyProcess(tmp_path, config) as gateway:
             host = f"127.0.0.1:{gateway.port}"
-            lines = [
-                ("Content-Digest", content_digest(b"")),
-                ("Authorization", ""),
-                ("Signature-Agent", base),
-            ]
-            signed = oracle_sign(
-                "GET",
-                f"http://{host}{request_target}",
-                lines,
-                b"",
-                keyid=agent.thumbprint,
-                private_key=agent._private,
-                now=int(time.time()),
+            signed = oracle_agent_sign(
+                "GET", f"http://{host}{request_target}", b"", agent, signature_agent=base
             )
             answer = get(gateway.port, request_target, host, signed)
     assert answer.startswith(b"HTTP/1.1 200"), answer

@@ -42,7 +42,7 @@ from signing_proxy.core.uri import parse_absolute_uri, parse_received_uri
 from signing_proxy.proxy.relay import unique_label
 from signing_proxy.service.app import ProxyApp
 from tests.harness import WAIT_S, VerifyingOrigin
-from tests.oracle import oracle_sign
+from tests.oracle import oracle_agent_sign
 
 pytestmark = pytest.mark.integration
 
@@ -288,14 +288,15 @@ def signed_post(url: str, base: str, body: bytes = b'{"ver":"1.0"}') -> list[tup
     """An agent's POST of ``body`` to ``url`` exactly as written (its ``@target-uri``, no normal
     form), signed by pyauth (http-message-signatures); the agent's key is in the directory at
     ``base``."""
-    lines = [
-        ("Content-Type", "application/json"),
-        ("Content-Digest", content_digest(body)),
-        ("Authorization", "Bearer agent-token"),
-        ("Signature-Agent", f'"{base}"'),
-    ]
-    now = int(time.time())
-    return oracle_sign("POST", url, lines, body, keyid=AGENT.thumbprint, private_key=AGENT._private, now=now)
+    return oracle_agent_sign(
+        "POST",
+        url,
+        body,
+        AGENT,
+        signature_agent=f'"{base}"',
+        authorization="Bearer agent-token",
+        head=[("Content-Type", "application/json")],
+    )
 
 
 def third_party(rig: Rig, url: str, body: bytes = b'{"ver":"1.0"}') -> bytes:

@@ -20,7 +20,6 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer, make_mocked_request
 from multidict import CIMultiDict
 
-from signing_proxy.core.digest import content_digest
 from signing_proxy.core.errors import VerificationError
 from signing_proxy.core.jwk import SigningKey
 from signing_proxy.verify import (
@@ -36,7 +35,7 @@ from signing_proxy.verify.gateway_aiohttp import gateway_middleware
 from signing_proxy.verify.issuers import IssuerKeys
 from signing_proxy.verify.middleware import as_received
 from tests.harness import WAIT_S
-from tests.oracle import oracle_sign
+from tests.oracle import oracle_agent_sign
 from tests.verify import strangers
 from tests.verify.strangers import directory_doc
 
@@ -226,19 +225,6 @@ async def test_a_third_partys_signature_over_the_uri_it_sent_passes(kind: str) -
     ``@target-uri`` in our normal form (``http://localhost:…/feed``) and refused it."""
     async with serving(kind) as (port, ran):
         host = f"LocalHost:{port}"
-        lines = [
-            ("Content-Digest", content_digest(b"{}")),
-            ("Authorization", ""),
-            ("Signature-Agent", AGENT_DIR),
-        ]
-        fields = oracle_sign(
-            "POST",
-            f"http://{host}/feed?",
-            lines,
-            b"{}",
-            keyid=AGENT.thumbprint,
-            private_key=AGENT._private,
-            now=int(time.time()),
-        )
+        fields = oracle_agent_sign("POST", f"http://{host}/feed?", b"{}", AGENT, signature_agent=AGENT_DIR)
         status, text = await send(port, "/feed?", [host], fields, b"{}")
     assert (status, ran) == (200, ["/feed"]), text
