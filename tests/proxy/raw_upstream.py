@@ -36,6 +36,21 @@ def raw_backend(serve: Callable[[socket.socket], None]) -> Iterator[int]:
         listener.close()
 
 
+def request_line(conn: socket.socket) -> bytes | None:
+    """Read one request head (no body) from ``conn``; its request line, or None when the peer closed
+    or the read failed first."""
+    head = b""
+    while b"\r\n\r\n" not in head:
+        try:
+            chunk = conn.recv(65536)
+        except OSError:
+            return None
+        if not chunk:
+            return None
+        head += chunk
+    return head.split(b"\r\n", 1)[0]
+
+
 def loop_factories() -> list[Any]:
     """asyncio's event loop, and uvloop's when it is installed (``pytest.param``s, by name)."""
     factories: list[Any] = [pytest.param(asyncio.new_event_loop, id="asyncio")]

@@ -23,7 +23,7 @@ from signing_proxy.core.uri import parse_absolute_uri
 from signing_proxy.proxy.gateway import GatewayPipeline
 from signing_proxy.verify.gateway import GatewayVerdict
 from tests.harness import ProxyProcess
-from tests.proxy.raw_upstream import raw_backend
+from tests.proxy.raw_upstream import raw_backend, request_line
 from tests.verify.directory_host import served_directory
 
 
@@ -71,23 +71,14 @@ def resetting_backend() -> Iterator[tuple[int, list[bytes]]]:
     def serve(conn: socket.socket) -> None:
         with conn:
             conn.settimeout(10)
-            buf, answered = b"", 0
-            while True:
-                try:
-                    chunk = conn.recv(65536)
-                except OSError:
-                    return
-                if not chunk:
-                    return
-                buf += chunk
-                if b"\r\n\r\n" not in buf:
-                    continue
-                seen.append(buf.split(b"\r\n", 1)[0])
-                buf = b""
-                if answered:
-                    return
-                answered += 1
-                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            first = request_line(conn)  # GETs without a body, one at a time on a connection
+            if first is None:
+                return
+            seen.append(first)
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            second = request_line(conn)
+            if second is not None:
+                seen.append(second)  # and the connection closes with no answer
 
     with raw_backend(serve) as port:
         yield port, seen

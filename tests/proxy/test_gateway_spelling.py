@@ -22,7 +22,7 @@ from signing_proxy.proxy.exchange import Routes
 from signing_proxy.proxy.gateway import GatewayPipeline
 from tests.harness import WAIT_S, ProxyProcess
 from tests.oracle import oracle_agent_sign
-from tests.proxy.raw_upstream import raw_backend
+from tests.proxy.raw_upstream import raw_backend, request_line
 from tests.verify.directory_host import served_directory
 
 
@@ -59,16 +59,10 @@ def recording_backend() -> Iterator[tuple[int, list[bytes]]]:
     def serve(conn: socket.socket) -> None:
         with conn:
             conn.settimeout(WAIT_S)
-            buf = b""
-            while b"\r\n\r\n" not in buf:
-                try:
-                    chunk = conn.recv(65536)
-                except OSError:
-                    return
-                if not chunk:
-                    return
-                buf += chunk
-            seen.append(buf.split(b"\r\n", 1)[0])
+            line = request_line(conn)
+            if line is None:
+                return
+            seen.append(line)
             conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
 
     with raw_backend(serve) as port:
