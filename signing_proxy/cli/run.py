@@ -237,31 +237,23 @@ async def _drain(app: ProxyApp, services: KeyServices, cut_asked: asyncio.Event 
     loop = asyncio.get_running_loop()
     cut: list[int] = []
 
-    def second(sig: signal.Signals) -> None:
+    def cut_short(number: int, said: str) -> None:
         if not cut and app.cut_drain():
-            cut.append(sig)
-            log.warning(
-                "%s during the drain: drain cut short, closing the requests still in flight", sig.name
-            )
+            cut.append(number)
+            log.warning("%s", said)
 
-    async def when_asked(asked: asyncio.Event) -> None:
-        await asked.wait()
-        if not cut and app.cut_drain():
-            cut.append(CUT_SIGNAL)
-            log.warning("the parent got a second stop signal: closing the requests still in flight")
-
-    watch = None
+    closing = "closing the requests still in flight"
     if cut_asked is None:
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, second, sig)
+            said = f"{sig.name} during the drain: drain cut short, {closing}"
+            loop.add_signal_handler(sig, cut_short, sig, said)
     else:
-        watch = loop.create_task(when_asked(cut_asked))
-    try:
-        await services.stop()
-        await app.stop(drain_s=drain_s)
-    finally:
-        if watch is not None:
-            watch.cancel()
+        said = f"the parent got a second stop signal: {closing}"
+        loop.add_signal_handler(CUT_SIGNAL, cut_short, CUT_SIGNAL, said)
+        if cut_asked.is_set():  # it came before the drain began
+            cut_short(CUT_SIGNAL, said)
+    await services.stop()
+    await app.stop(drain_s=drain_s)
     return 128 + int(cut[0]) if cut else 0
 
 
