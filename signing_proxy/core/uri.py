@@ -330,7 +330,7 @@ def forwarded_target(uri: str) -> Target:
         return target
     authority, path_query = target.wire_parts()
     if not uri.startswith(f"{target.scheme}://") or "@" in authority or not path_query.startswith("/"):
-        return replace(target, received=None)
+        return parse_absolute_uri(uri)  # the canonical target, already parsed and kept
     return target
 
 
