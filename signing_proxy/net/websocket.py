@@ -6,7 +6,8 @@ The handshake is an ordinary GET that the policy has prepared (signed: ``@target
 connection, and reads the answer with the same bounds as any response head. A ``101`` switches
 both sides to a byte pipe (``tunnel.BlindTunnel``: backpressure, half-close, idle timeout); any
 other answer is relayed as a small response (a body over ``REFUSAL_BODY_MAX_BYTES`` is a 502
-``response-too-large`` instead) and the client connection closes. Frames are never read or changed.
+``response-too-large`` instead, one the upstream cut short a 502 ``upstream-reset``: never part of a
+body relayed as whole) and the client connection closes. Frames are never read or changed.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ class _Handshake(asyncio.Protocol):
         self._fed = 0
         self._size = 0
         self._max_head = max_head_bytes
+        self._ends_at_close = False  # a refusal with neither Content-Length nor chunked: EOF ends its body
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = typing.cast(asyncio.Transport, transport)  # uvloop's are not subclasses
@@ -90,9 +92,9 @@ class _Handshake(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         if not self.done.done():
-            if self.status and self.status != 101:
+            if self._ends_at_close:
                 self.done.set_result(None)  # a close-delimited refusal: what arrived is its body
-            else:
+            else:  # during the head, or before a framed refusal's body was whole: never relayed as whole
                 self._fail(ProxyError(502, "upstream-reset", "the upstream closed during the handshake"))
 
     def on_status(self, status: bytes) -> None:
@@ -108,6 +110,22 @@ class _Handshake(asyncio.Protocol):
             if framed_interim(self.status, self.headers):
                 self._fail(ProxyError(502, "upstream-bad-response", "upstream framed an interim response"))
             self.status, self.headers = 0, []
+            return
+        if self.status == 101:
+            return
+        codings = [
+            coding
+            for name, value in self.headers
+            if name.lower() == b"transfer-encoding"
+            for coding in list_tokens_bytes(value)
+        ]
+        if codings and codings != [b"chunked"]:  # as any response (net.upstream): it would reach the
+            self._fail(  # client as if it were the content, its Transfer-Encoding dropped as hop-by-hop
+                ProxyError(502, "upstream-bad-response", "upstream used a transfer coding other than chunked")
+            )
+            return
+        lengths = [value for name, value in self.headers if name.lower() == b"content-length"]
+        self._ends_at_close = not codings and not lengths
 
     def on_body(self, body: bytes) -> None:
         self._fed = 0

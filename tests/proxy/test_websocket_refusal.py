@@ -67,3 +67,39 @@ def test_a_relayed_204_or_304_has_no_content_length(proxy: ProxyProcess, answer:
     assert status.startswith(answer[:12])
     assert b"content-length" not in fields, fields
     assert got == b""
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b"HTTP/1.1 403 Forbidden\r\nContent-Length: 1000\r\n\r\npartial",
+        b"HTTP/1.1 403 Forbidden\r\nTransfer-Encoding: chunked\r\n\r\n7\r\npartial\r\n",
+    ],
+    ids=["content-length", "chunked"],
+)
+def test_a_framed_refusal_cut_short_by_the_upstream_is_502_never_relayed_as_whole(
+    proxy: ProxyProcess, answer: bytes
+) -> None:
+    """The upstream closes before the body it framed is whole (RFC 9112 section 8): what arrived
+    ("partial") is not the refusal, and a ``Content-Length`` of 7 would say it was."""
+    status, _, got = refused_through(proxy, answer)
+    assert status.startswith(b"HTTP/1.1 502 "), (status, got)
+    assert json.loads(got)["reason"] == "upstream-reset"
+    assert b"partial" not in got
+
+
+def test_a_refusal_in_a_transfer_coding_other_than_chunked_is_502(proxy: ProxyProcess) -> None:
+    """Its ``Transfer-Encoding`` is hop-by-hop and dropped: relayed, the gzip-coded bytes would reach
+    the client as the content itself (as for any response: ``net.upstream``)."""
+    status, _, got = refused_through(
+        proxy, b"HTTP/1.1 403 Forbidden\r\nTransfer-Encoding: gzip\r\n\r\n\x1f\x8b\x08\x00coded"
+    )
+    assert status.startswith(b"HTTP/1.1 502 "), (status, got)
+    assert json.loads(got)["reason"] == "upstream-bad-response"
+
+
+def test_a_close_delimited_refusal_is_relayed_whole_at_eof(proxy: ProxyProcess) -> None:
+    status, fields, got = refused_through(proxy, b"HTTP/1.1 403 Forbidden\r\n\r\nno entry")
+    assert status.startswith(b"HTTP/1.1 403 ")
+    assert fields[b"content-length"] == b"8"
+    assert got == b"no entry"
