@@ -168,9 +168,15 @@ def parse_authority(authority: str, scheme: str) -> tuple[str, int]:
     if host.startswith("["):
         host = f"[{ipv6_text(host[1:-1])}]"
     if port_text:
-        if not (port_text.isascii() and port_text.isdigit()) or not 0 < int(port_text) < 65536:
+        # leading zeros are digits too (RFC 3986 section 3.2.3): int() reads what follows them, and
+        # only five (it refuses more than 4,300 digits with a ValueError, not our FieldError)
+        digits = port_text.lstrip("0")
+        if (
+            not (port_text.isascii() and port_text.isdigit() and len(digits) <= 5)
+            or not 0 < int(digits or "0") < 65536
+        ):
             raise FieldError("malformed-target", "invalid port")
-        port = int(port_text)
+        port = int(digits)
     else:
         default = DEFAULT_PORTS.get(scheme)
         if default is None:

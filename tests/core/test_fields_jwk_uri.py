@@ -116,6 +116,8 @@ def test_target_uri_is_canonical_and_byte_exact(raw: str, uri: str) -> None:
         "http://x/p?q=%2",  # rebuilding the URI refused these, which we signed)
         "http://x/%zz",
         "http://x/%%41",
+        "http://x:" + "9" * 4301 + "/",  # int() refuses it with a ValueError, not our FieldError
+        "http://x:" + "0" * 4300 + "99999/",
     ],
 )  # a superscript two and an Arabic-Indic one are digits to str.isdigit(), and int() refuses the first
 def test_bad_targets_are_refused(raw: str) -> None:
@@ -131,6 +133,7 @@ def test_bad_targets_are_refused(raw: str) -> None:
         ("http://agent.example:80/dir/", "http://agent.example/dir"),
         ("https://agent.example:8443", "https://agent.example:8443"),
         ("https://agent.example/%7eme/%2f%41", "https://agent.example/~me/%2FA"),  # 6.2.2.2: unreserved
+        ("https://agent.example:" + "0" * 4400 + "8443", "https://agent.example:8443"),  # leading zeros
     ],
 )
 def test_a_directory_base_has_one_spelling(spelling: str, base: str) -> None:
@@ -145,6 +148,7 @@ def test_a_directory_base_has_one_spelling(spelling: str, base: str) -> None:
         "https://agent.example/?q",
         "https://agent.example#f",
         "https://a.example/%2e/x",
+        "https://agent.example:" + "9" * 4301,  # refused as malformed, not an unexpected ValueError
     ],
 )
 def test_what_names_no_directory_base_is_refused(url: str) -> None:

@@ -142,6 +142,17 @@ async def test_userinfo_in_host_is_refused(app: tuple[int, list[str]]) -> None:
     assert '"reason":"malformed-host"' in text
 
 
+async def test_a_port_too_long_for_int_is_a_malformed_host_not_a_500(app: tuple[int, list[str]]) -> None:
+    """Python refuses ``int()`` of more than 4,300 digits with a ValueError; a Host under aiohttp's
+    field limit carried one past every face's refusal (a 500 and a traceback)."""
+    port, ran = app
+    host = f"127.0.0.1:{port}"
+    long_port = f"127.0.0.1:{'9' * 4301}"
+    status, text = await send(port, "/feed", [long_port], signed(f"http://{host}/feed", b"{}"), b"{}")
+    assert (status, ran) == (401, []), text
+    assert '"reason":"malformed-host"' in text
+
+
 async def test_a_second_host_is_refused() -> None:
     """aiohttp's own server refuses a second Host before any middleware runs; an application that
     hands the faces a request some other way (a test client, another server) still gets a refusal."""
