@@ -23,7 +23,7 @@ from ..core.fields import Fields
 from ..core.uri import Target, parse_absolute_uri
 from ..errors import ProxyError
 from .egress import EgressPolicy
-from .framing import BODY_METHODS, Outgoing, drop_hop_by_hop, outgoing
+from .framing import BODY_METHODS, Outgoing, drop_hop_by_hop, keep_piece, outgoing
 from .upstream import ResponseHead, UpstreamConnection, UpstreamPool
 
 __all__ = ["FetchedResponse", "HttpClient", "Prepare"]
@@ -68,7 +68,7 @@ class _BufferingSink:
         self.truncated = False
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.head: ResponseHead | None = None
-        self.chunks: list[bytes] = []
+        self.chunks: list[bytes | bytearray] = []
         self.size = 0
 
     def on_head(self, head: ResponseHead) -> None:
@@ -78,14 +78,14 @@ class _BufferingSink:
         self.size += len(data)
         if self.size > self.max_bytes:
             if self.truncate:
-                self.chunks.append(data[: len(data) - (self.size - self.max_bytes)])
+                keep_piece(self.chunks, data[: len(data) - (self.size - self.max_bytes)])
                 self.truncated = True
             # the connection's own failure path: detaches this sink, never reuses the socket, closes it
             self.conn._fail(
                 ProxyError(502, "response-too-large", f"{self.url}: larger than {self.max_bytes} bytes")
             )
             return
-        self.chunks.append(data)
+        keep_piece(self.chunks, data)
 
     def on_feed_end(self) -> None:
         pass

@@ -21,6 +21,7 @@ __all__ = [
     "Outgoing",
     "drop_hop_by_hop",
     "framed_interim",
+    "keep_piece",
     "list_tokens",
     "list_tokens_bytes",
     "outgoing",
@@ -74,6 +75,29 @@ def framed_interim(status: int, headers: Iterable[tuple[bytes, bytes]]) -> bool:
 
 _BODILESS_INTERIM = frozenset({100, 102, 103})
 _FRAMING = frozenset({b"content-length", b"transfer-encoding"})
+
+
+# A chunked body arrives in as many pieces as its sender likes. Kept as a bytes object each, a piece
+# of one byte held about 90 bytes that no byte bound counted: a 2 MiB upload sent a byte a chunk grew
+# the proxy by 178 MiB. Pieces shorter than this are joined in one bytearray as they come.
+SMALL_PIECE_BYTES = 16 * 1024
+
+
+def keep_piece(pieces: list[bytes | bytearray], piece: bytes) -> None:
+    """Append ``piece`` to a body held in ``pieces`` (``b"".join`` them): the memory held stays within
+    a few percent of the bytes counted, however finely the sender cut them. A body that comes in one
+    piece (the common one) is kept as it came, never copied."""
+    if pieces and len(piece) < SMALL_PIECE_BYTES:
+        last = pieces[-1]
+        if isinstance(last, bytearray):
+            last += piece
+            return
+        if len(last) < SMALL_PIECE_BYTES:
+            joined = bytearray(last)
+            joined += piece
+            pieces[-1] = joined
+            return
+    pieces.append(piece)
 
 
 def list_tokens(value: str) -> list[str]:

@@ -71,7 +71,7 @@ class Request:
         self.method = ""
         self.version = "1.1"
         self.headers: list[tuple[str, str]] = []
-        self.body: list[bytes] = []
+        self.body: list[bytes | bytearray] = []  # net.framing.keep_piece: small pieces joined
         self.body_size = 0
         self.too_large = False
         self.complete = False

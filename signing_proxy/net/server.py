@@ -21,7 +21,7 @@ import httptools
 
 from ..core.uri import Target
 from ..errors import ProxyError
-from .framing import local_answer, problem_response
+from .framing import keep_piece, local_answer, problem_response
 from .outbox import Outbox
 from .request import AbortConnection, Limits, Request, busy, full, head_too_large, too_large
 from .timers import TIMER_SLACK_S, Deadline
@@ -282,7 +282,7 @@ class ClientConnection(asyncio.Protocol):
         elif extra and engine.buffered + extra > engine.limits.max_buffered_bytes:
             req.over_budget = True
         else:
-            req.body.append(body)
+            keep_piece(req.body, body)
             req.held += extra
             engine.buffered += extra
             return

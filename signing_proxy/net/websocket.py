@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import httptools
 
 from ..errors import ProxyError
-from .framing import HOP_BY_HOP, Outgoing, framed_interim, list_tokens_bytes, response_head
+from .framing import HOP_BY_HOP, Outgoing, framed_interim, keep_piece, list_tokens_bytes, response_head
 from .server import ClientConnection
 from .tunnel import BlindTunnel
 from .upstream import MAX_RESPONSE_HEAD_BYTES, UpstreamPool
@@ -50,7 +50,7 @@ class _Handshake(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.status = 0
         self.headers: list[tuple[bytes, bytes]] = []
-        self.body: list[bytes] = []
+        self.body: list[bytes | bytearray] = []
         self.rest = b""  # frames that came with the 101, for the client
         self._parser = httptools.HttpResponseParser(self)
         self._fed = 0
@@ -142,7 +142,7 @@ class _Handshake(asyncio.Protocol):
                 )
             )
             return
-        self.body.append(body)
+        keep_piece(self.body, body)
 
     def on_message_complete(self) -> None:
         if self.status and not self.done.done():

@@ -23,7 +23,7 @@ from signing_proxy.errors import ProxyError
 from signing_proxy.net import upstream
 from signing_proxy.net.client import HttpClient
 from signing_proxy.net.forward import forward
-from signing_proxy.net.framing import Outgoing, outgoing
+from signing_proxy.net.framing import SMALL_PIECE_BYTES, Outgoing, keep_piece, outgoing
 from signing_proxy.net.request import Limits, Request
 from signing_proxy.net.server import ClientConnection, Engine
 from signing_proxy.net.upstream import UpstreamPool
@@ -262,6 +262,66 @@ async def test_a_long_chunked_body_is_not_a_long_trailer(rig: tuple[Engine, Hold
     answer = await exchange(port, head + chunks)
     assert answer.startswith(b"HTTP/1.1 200 ")
     assert answer.endswith(b"x" * 60)
+
+
+class HoldingBody:
+    """Holds each request, its body still buffered by the engine, until ``release`` is set."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.requests: list[Request] = []
+
+    def connection_made(self, conn: ClientConnection) -> None:
+        pass
+
+    async def serve(self, conn: ClientConnection, req: Request) -> bool:
+        self.requests.append(req)
+        await self.release.wait()
+        conn.local_response(200, "text/plain", await conn.read_body(req))
+        return conn.keep_alive
+
+
+async def test_a_body_sent_a_byte_a_chunk_holds_about_its_own_size() -> None:
+    """Each chunk's data was kept as its own piece, uncounted by ``max_body_bytes`` and
+    ``max_buffered_bytes``: through a real proxy, 2 MiB sent a byte a chunk grew it by 178 MiB; here
+    (Python shares one-byte objects, so only the list's slots count) 550 KiB held for 64 KiB. Now
+    small pieces join one buffer as they come: about 67 KiB."""
+    size = 64 * 1024
+    wire = b"1\r\nx\r\n" * size + b"0\r\n\r\n"
+    head = b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+    handler = HoldingBody()
+    limits = Limits(max_header_bytes=4096, max_body_bytes=1 << 20, client_idle_s=5, read_s=5)
+    async with running(handler, limits) as (_, port):
+        reader, writer = await opened(port)
+        try:
+            with held_after() as held:
+                writer.write(head + wire)
+                await asyncio.wait_for(writer.drain(), WAIT_S)
+                await until(lambda: bool(handler.requests) and handler.requests[0].complete)
+            handler.release.set()
+            answer = await asyncio.wait_for(reader.read(-1), WAIT_S)
+        finally:
+            writer.close()
+    assert answer.startswith(b"HTTP/1.1 200 ")
+    assert answer.endswith(b"\r\n\r\n" + b"x" * size)
+    assert held.bytes < 3 * size, held.bytes
+
+
+def test_small_pieces_join_and_a_body_in_one_piece_is_not_copied() -> None:
+    one = b"a" * 100
+    pieces: list[bytes | bytearray] = []
+    keep_piece(pieces, one)
+    assert pieces[0] is one  # the common body: kept as it came
+    for _ in range(1000):
+        keep_piece(pieces, b"b")
+    assert len(pieces) == 1
+    big = b"c" * SMALL_PIECE_BYTES
+    keep_piece(pieces, big)
+    keep_piece(pieces, b"d")
+    keep_piece(pieces, b"e")
+    assert len(pieces) == 3
+    assert pieces[1] is big
+    assert b"".join(pieces) == one + b"b" * 1000 + big + b"de"
 
 
 # --- through a real proxy ---------------------------------------------------------------------------
