@@ -30,6 +30,7 @@ from ..config.profiles import ProfileName
 from ..core.errors import FieldError
 from ..core.keys import KeyProvider
 from ..core.profiles import PROFILES as SIGNING_PROFILES
+from ..core.profiles import member_refusal
 from ..core.uri import host_authority, parse_absolute_uri
 from ..errors import ConfigError, ProxyError
 from ..proxy.pipeline import BearerStore, SigningPipeline
@@ -131,9 +132,10 @@ class Signer:
     ``config``: the proxy's configuration (``signing``, ``credentials``, ``requester``, ``hosts``,
     ``limits``, ``profiles``); its key settings are not read here, ``keys`` is the key source.
     ``profile``: one signing profile for every host (``svc``, the spec's, or ``web-bot-auth``); None
-    (the default): per host, as the ``profiles`` section says. ``refresh_every_s``: how often a
-    reloadable key source
-    (the key store) and the delegation file are looked at again (``refresh_if_due``).
+    (the default): per host, as the ``profiles`` section says. ``web-bot-auth`` needs
+    ``signing.signature_agent`` to be an https origin (or empty), as ``profiles.default`` does:
+    ConfigError here otherwise. ``refresh_every_s``: how often a reloadable key source (the key
+    store) and the delegation file are looked at again (``refresh_if_due``).
     """
 
     def __init__(
@@ -152,6 +154,14 @@ class Signer:
             raise ConfigError("mode: the in-process signer signs as an agent (mode: agent)")
         if profile is not None and profile not in PROFILES:
             raise ConfigError(f"profile: {profile!r} is not a known signing profile ({', '.join(PROFILES)})")
+        if profile is not None and SIGNING_PROFILES[profile].signature_agent == "dictionary":
+            refusal = member_refusal(config.signing.signature_agent)
+            if refusal is not None:  # as the configuration refuses it for profiles.default
+                raise ConfigError(
+                    f"profile: {profile!r} sends signing.signature_agent as a Signature-Agent member "
+                    f"on every request, but {refusal}; name the origin serving your key directory, or "
+                    "leave profile unset and sign under a profiles rule with signature_agent: string"
+                )
         self.config = config
         self.keys = keys
         self.profile = profile

@@ -2,7 +2,9 @@
 
 ``svc`` is the spec's profile and the default; ``web-bot-auth`` is the IETF drafts' profile for the
 open web (``core/profiles.py``). ``learn: true`` lets an origin's ``Accept-Signature`` challenge
-choose the profile of its host, remembered for at most ``learn_max_hosts`` hosts.
+choose the profile of its host, remembered for at most ``learn_max_hosts`` hosts. Whatever chooses
+web-bot-auth in its Dictionary form (``default``, a rule, ``learn``) needs ``signing.signature_agent``
+to be an https origin or empty (``Config._check``).
 """
 
 from __future__ import annotations

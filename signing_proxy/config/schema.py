@@ -16,10 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from ..core.errors import FieldError
+from ..core.profiles import member_refusal
 from ..core.rotation import ROTATION_MARGIN_S
 from ..core.signature_verify import MAX_SKEW_S
-from ..core.uri import directory_base
 from ..errors import ConfigError
 from .build import build, to_plain
 from .checks import check_host_pattern, is_loopback, parse_host_port, positive
@@ -411,16 +410,15 @@ class Config:
                 )
             if self.publish.listen == self.listen and not self.listen.endswith(":0"):
                 raise ConfigError("publish.listen: must differ from listen (the proxy port)")
-        web = self.profiles.default == "web-bot-auth" or any(
-            r.profile == "web-bot-auth" and r.signature_agent == "dictionary" for r in self.profiles.rules
-        )
         agent = self.signing.signature_agent
-        if web and agent and not _https_origin(agent):
+        chooser = _web_member_chooser(self.profiles)
+        if chooser is not None and member_refusal(agent) is not None:
+            setting, remedy = chooser
             raise ConfigError(
-                f"signing.signature_agent: {agent!r} is sent to web-bot-auth destinations as a "
-                "Signature-Agent member, which the drafts (protocol-02) require to be an https origin "
-                "(https://agent.example) and verifiers otherwise ignore; or give the rule "
-                "signature_agent: string (the drafts' legacy form)"
+                f"signing.signature_agent: {agent!r} would be sent as a web-bot-auth Signature-Agent "
+                f"member {setting}, which the drafts (protocol-02) require to be an https origin "
+                f"(https://agent.example) and verifiers otherwise ignore: name the origin serving your "
+                f"key directory, or {remedy}"
             )
         outlives = self.publish.directory_max_age_s + ROTATION_MARGIN_S
         if self.signing.key_lifetime_s <= outlives:  # else a rotation cannot publish before use
@@ -446,11 +444,24 @@ class Config:
         return typing.cast(Config, build(Config, raw, ""))
 
 
-def _https_origin(url: str) -> bool:
-    """An https origin (``https://agent.example``, a trailing ``/`` allowed), as ``directory_base``
-    reads a directory's base: no path, userinfo, query or fragment."""
-    try:
-        base = directory_base(url)
-    except FieldError:
-        return False
-    return base.startswith("https://") and "/" not in base.removeprefix("https://")
+def _web_member_chooser(profiles: ProfilesConfig) -> tuple[str, str] | None:
+    """The setting that can sign a destination web-bot-auth with a Signature-Agent Dictionary member
+    (the setting, and how else to stop it), or None. An origin's challenge retried as web-bot-auth
+    (always on) is not one: with no origin to name, that retry is declined (``proxy.challenges``)."""
+    if profiles.default == "web-bot-auth":
+        return (
+            "by profiles.default: web-bot-auth",
+            "sign web-bot-auth only under rules with signature_agent: string",
+        )
+    for i, rule in enumerate(profiles.rules):
+        if rule.profile == "web-bot-auth" and rule.signature_agent == "dictionary":
+            return (
+                f"by profiles.rules[{i}] (web-bot-auth)",
+                "give that rule signature_agent: string (the drafts' legacy form)",
+            )
+    if profiles.learn:
+        return (
+            "to the hosts profiles.learn: true switches to web-bot-auth",
+            "set profiles.learn: false (such a challenge then goes back to the agent)",
+        )
+    return None

@@ -6,7 +6,10 @@ for (``tag="web-bot-auth"``, a ``nonce`` value, or a bare ``nonce``/``created`` 
 one"). ``plan_retry`` turns it into a ``RetryPlan`` — the web-bot-auth profile with the narrowing
 components asked for and the origin's nonce — or None when the challenge asks for nothing we would
 sign differently (no loop: a challenge we already met, or one we cannot meet, is passed back).
-Sans-IO.
+A retry sends our Signature-Agent as a Dictionary member, which protocol-02 requires to be an https
+origin (a verifier ignores any other member): ``retry_refusal`` says when the configured URL is not
+one (a registry's ``https://registry.example/agents/alice``), and the retry is then declined, never
+sent with a member no verifier would use. Sans-IO.
 """
 
 from __future__ import annotations
@@ -17,10 +20,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import FieldError
-from .profiles import WEB_BOT_AUTH, WEB_BOT_AUTH_TAG, WEB_COVERABLE, SigningProfile
+from .profiles import WEB_BOT_AUTH, WEB_BOT_AUTH_TAG, WEB_COVERABLE, SigningProfile, member_refusal
 from .signature_components import Component, parse_field_dictionary
 
-__all__ = ["CHALLENGE_STATUSES", "RetryPlan", "plan_retry"]
+__all__ = ["CHALLENGE_STATUSES", "RetryPlan", "plan_retry", "retry_refusal"]
 
 CHALLENGE_STATUSES = frozenset({401, 403, 429})
 _CONTENT_DIGEST = Component("content-digest")
@@ -50,6 +53,14 @@ def plan_retry(accept_signature: str, sent: SigningProfile | None) -> RetryPlan 
         if plan is not None:
             return plan
     return None
+
+
+def retry_refusal(plan: RetryPlan, agent: str) -> str | None:
+    """Why ``plan`` cannot be signed with the Signature-Agent URL ``agent`` (None: it can; "" sends
+    none): its Dictionary member must be an https origin (``profiles.member_refusal``)."""
+    if plan.profile.signature_agent != "dictionary":
+        return None
+    return member_refusal(agent)
 
 
 def _plan(member: Any, sent: SigningProfile | None) -> RetryPlan | None:

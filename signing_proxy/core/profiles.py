@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Literal
 
 from .b64 import b64_encode
@@ -44,6 +45,7 @@ __all__ = [
     "SigningProfile",
     "check_web_components",
     "entry_profile",
+    "member_refusal",
     "profile_components",
     "profile_params",
     "signature_agent_field",
@@ -111,15 +113,43 @@ WEB_BOT_AUTH = SigningProfile(
 PROFILES = {SVC.name: SVC, WEB_BOT_AUTH.name: WEB_BOT_AUTH}
 
 
+@lru_cache(maxsize=8)  # one configured URL (a few across reloads), asked per web-bot-auth request
+def member_refusal(url: str) -> str | None:
+    """Why ``url`` cannot be sent as a Signature-Agent Dictionary member, or None (it can; "" sends none).
+
+    protocol-02 5.5: a directory member "MUST be the ASCII serialization of an origin" and a verifier
+    "MUST ignore a member carrying anything else"; its values are https URIs. So an https origin
+    (``https://agent.example``, a trailing ``/`` allowed), as ``directory_base`` reads a directory's
+    base: no path (a registry's ``/agents/alice`` names no directory here), userinfo, query or fragment.
+    """
+    if not url:
+        return None
+    try:
+        base = directory_base(url)
+    except FieldError:
+        base = ""
+    if base.startswith("https://") and "/" not in base.removeprefix("https://"):
+        return None
+    return (
+        f"{url!r} is no https origin (https://agent.example): a protocol-02 verifier ignores a "
+        "web-bot-auth Signature-Agent member that is not one, and finds no key directory"
+    )
+
+
 def signature_agent_field(
     profile: SigningProfile, label: str, url: str
 ) -> tuple[str | None, Component | None]:
-    """The Signature-Agent field value to send (None: send none) and the component covering it."""
+    """The Signature-Agent field value to send (None: send none) and the component covering it.
+    FieldError ``signature-agent-not-origin`` for a Dictionary member that is no https origin
+    (``member_refusal``): never sent, a verifier would ignore it."""
     if profile.signature_agent == "spec":
         return (serialize_sf_string(url) if url else ""), Component("signature-agent")
     if not url:
         return None, None
     if profile.signature_agent == "dictionary":
+        refusal = member_refusal(url)
+        if refusal is not None:
+            raise FieldError("signature-agent-not-origin", refusal)
         return f"{label}={serialize_sf_string(url)}", Component("signature-agent", key=label)
     return serialize_sf_string(url), Component("signature-agent")
 

@@ -6,7 +6,10 @@ Rules are host patterns, first match wins. With ``profiles.learn: true`` an orig
 ``Accept-Signature`` asks for ``tag="web-bot-auth"`` is remembered as a web-bot-auth origin (at most
 ``learn_max_hosts``, the oldest forgotten first): that origin only, scheme and port included, so a
 challenge over plain http or on another port changes nothing for the https origin of the same name.
-A rule naming the host still wins over what was learned.
+A rule naming the host still wins over what was learned. A learned host is signed with the
+Dictionary form, whose member must be an https origin: the configuration refuses ``learn: true``
+with a ``signing.signature_agent`` that is not one, and a challenge is then never retried either
+(``proxy.challenges``), so nothing is learned.
 """
 
 from __future__ import annotations

@@ -98,6 +98,25 @@ def test_web_bot_auth_destinations_are_signed_under_their_profile(forced: str | 
     assert ("tag=" in spec_input) is (forced is not None)
 
 
+def test_a_forced_web_bot_auth_profile_needs_an_origin_for_its_signature_agent_member() -> None:
+    """``profile="web-bot-auth"`` skipped the check ``profiles.default`` gets and signed with
+    ``agent="https://registry.example/agents/alice"``, a member a protocol-02 verifier ignores."""
+    registry = parse_config({"signing": {"signature_agent": "https://registry.example/agents/alice"}})
+    with pytest.raises(
+        ConfigError, match=r"^profile: 'web-bot-auth' sends signing\.signature_agent .* no https origin"
+    ):
+        Signer(StaticKeyProvider(KEY), registry, profile="web-bot-auth")
+    spec = Signer(StaticKeyProvider(KEY), registry, profile="svc").sign("GET", "https://o.example/", [], b"")
+    assert spec is not None  # the spec's profile takes a directory base with a path
+    assert dict(spec.fields)["Signature-Agent"] == '"https://registry.example/agents/alice"'
+    origin = parse_config({"signing": {"signature_agent": "https://agent.example"}})
+    web = Signer(StaticKeyProvider(KEY), origin, profile="web-bot-auth").sign(
+        "GET", "https://o.example/", [], b""
+    )
+    assert web is not None
+    assert dict(web.fields)["Signature-Agent"] == 'agent="https://agent.example"'
+
+
 def test_a_relay_config_is_refused() -> None:
     with pytest.raises(ConfigError, match=r"^mode:"):
         Signer(StaticKeyProvider(KEY), parse_config({"mode": "relay"}))

@@ -249,13 +249,51 @@ def test_a_key_that_outlives_a_cached_directory_by_the_margin_is_accepted() -> N
 )
 @pytest.mark.parametrize(
     "profiles",
-    [{"default": "web-bot-auth"}, {"rules": [{"hosts": ["*.example.com"], "profile": "web-bot-auth"}]}],
+    [
+        {"default": "web-bot-auth"},
+        {"rules": [{"hosts": ["*.example.com"], "profile": "web-bot-auth"}]},
+        {"learn": True},  # a learned host is signed in the dictionary form too
+    ],
 )
 def test_web_bot_auth_members_must_name_an_https_origin(agent: str, profiles: dict[str, Any]) -> None:
     """protocol-02: a Signature-Agent member (the dictionary form) is an https origin; a verifier
     ignores anything else, so the proxy signed requests no verifier could place."""
     with pytest.raises(ConfigError, match=r"signing\.signature_agent: .* https origin"):
         parse_config({"signing": {"signature_agent": agent}, "profiles": profiles})
+
+
+@pytest.mark.parametrize(
+    ("profiles", "setting"),
+    [
+        ({"default": "web-bot-auth"}, r"by profiles\.default: web-bot-auth"),
+        (
+            {
+                "rules": [
+                    {"hosts": ["a.example"], "profile": "web-bot-auth", "signature_agent": "string"},
+                    {"hosts": ["b.example"], "profile": "web-bot-auth"},
+                ],
+                "learn": True,
+            },
+            r"by profiles\.rules\[1\] \(web-bot-auth\)",
+        ),
+        ({"learn": True}, r"to the hosts profiles\.learn: true switches to web-bot-auth"),
+    ],
+)
+def test_the_refusal_names_the_setting_that_chose_web_bot_auth(
+    profiles: dict[str, Any], setting: str
+) -> None:
+    """``learn: true`` with a registry path was accepted, and every learned host was then signed with
+    a Signature-Agent member a protocol-02 verifier ignores."""
+    with pytest.raises(ConfigError, match=rf"^signing\.signature_agent: '[^']*/agents/alice' .*{setting}"):
+        parse_config(
+            {"signing": {"signature_agent": "https://registry.example/agents/alice"}, "profiles": profiles}
+        )
+
+
+def test_learning_with_an_origin_or_no_signature_agent_is_accepted() -> None:
+    for agent in ("https://agent.example", "https://agent.example/", ""):
+        config = parse_config({"signing": {"signature_agent": agent}, "profiles": {"learn": True}})
+        assert config.profiles.learn
 
 
 def test_the_legacy_string_form_and_the_spec_profile_keep_any_http_url() -> None:

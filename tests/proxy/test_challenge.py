@@ -108,3 +108,26 @@ def test_without_learning_every_request_is_challenged(origin: VerifyingOrigin, t
         assert _send(proxy, "GET", origin.url("/a")).status_code == 200
         assert _send(proxy, "GET", origin.url("/b")).status_code == 200
     assert len(origin.arrivals) == 4
+
+
+def test_with_a_registry_path_the_challenge_goes_back_and_no_broken_member_is_sent(
+    origin: VerifyingOrigin, tmp_path: Path
+) -> None:
+    """protocol-02: a Signature-Agent member is an https origin, and a verifier ignores any other. A
+    registry path (``/agents/alice``, right for the spec's profile) went out on the retry as
+    ``agent="https://.../agents/alice"``: declined now, the origin's challenge reaches the agent."""
+    registry = "https://registry.example/agents/alice"
+    config = {"log": {"format": "json"}, "signing": {"signature_agent": registry}}
+    with ProxyProcess(tmp_path, config, key=KEY) as proxy:
+        resp = _send(proxy, "GET", origin.url("/page"))
+        wait_for(lambda: len(proxy.access_lines()) == 1, "the access-log line")
+        (line,) = proxy.access_lines()
+        declined = [entry for entry in proxy.stderr_lines if "retry declined" in entry]
+    assert resp.status_code == 401
+    assert resp.headers["Accept-Signature"] == CHALLENGE
+    assert (line["profile"], line["status"]) == ("svc", 401)
+    (first,) = origin.arrivals  # no retry
+    assert first.verified
+    assert first.header("signature-agent") == f'"{registry}"'  # the spec's profile takes a path
+    assert len(declined) == 1
+    assert f"signing.signature_agent '{registry}' is no https origin" in declined[0]
