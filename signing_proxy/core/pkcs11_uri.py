@@ -6,7 +6,11 @@ token by its label (``token``), serial, manufacturer or model, and a key object 
 query attributes by ``&``; values are percent-decoded (RFC 7512 section 2.3). An attribute that
 appears twice, an unknown standard attribute, malformed percent-encoding, and a ``type`` other
 than ``private`` are refused with ``KeyFormatError("bad-pkcs11-uri")``; vendor attributes
-(``x-...``) are ignored, as section 2.3 allows. ``str(uri)`` never shows a ``pin-value``.
+(``x-...``) are ignored, as section 2.3 allows. A value (but a ``pin-value``'s) holding what looks
+like a query attribute in the wrong place is refused too: RFC 7512 lets ``&`` and ``=`` into a path
+value, so ``object=agent&pin-value=...`` would make the PIN part of a key label, shown in every
+message naming the key. ``str(uri)``, ``repr`` and ``describe()`` never show a ``pin-value``, not
+even one inside another value.
 """
 
 from __future__ import annotations
@@ -65,7 +69,8 @@ class Pkcs11Uri:
     pin_value: str | None = field(default=None, repr=False)  # a secret: never printed
 
     def __str__(self) -> str:
-        """The canonical URI, without ``pin-value`` (it is a secret)."""
+        """The canonical URI, without ``pin-value`` (it is a secret), nor one inside another value
+        (``_shown``: never in a parsed URI, so what ``keyindex`` writes of one is the URI itself)."""
         path = [
             ("token", self.token),
             ("manufacturer", self.manufacturer),
@@ -73,22 +78,29 @@ class Pkcs11Uri:
             ("model", self.model),
             ("object", self.object),
         ]
-        parts = [f"{name}={_quote(value.encode(), _PATH_SAFE)}" for name, value in path if value is not None]
+        parts = [f"{name}={_shown(value, 'path', _PATH_SAFE)}" for name, value in path if value is not None]
         if self.id is not None:
             parts.append("id=" + "".join(f"%{b:02X}" for b in self.id))
         query = [("module-path", self.module_path), ("pin-source", self.pin_source)]
         q = "&".join(
-            f"{name}={_quote(value.encode(), _QUERY_SAFE)}" for name, value in query if value is not None
+            f"{name}={_shown(value, 'query', _QUERY_SAFE)}" for name, value in query if value is not None
         )
         return PKCS11_SCHEME + ";".join(parts) + (f"?{q}" if q else "")
 
+    def __repr__(self) -> str:  # as str: the dataclass's would show a PIN put in another value
+        return f"Pkcs11Uri({str(self)!r})"
+
     def describe(self) -> str:
-        """The key in words for messages: ``object 'agent' on token 'Agent keys'``."""
-        what = f"object {self.object!r}" if self.object is not None else "the key"
+        """The key in words for messages: ``object 'agent' on token 'Agent keys'`` (``_shown``)."""
+        what = f"object {_shown(self.object, 'path')!r}" if self.object is not None else "the key"
         if self.id is not None:
             what += f" (id {self.id.hex()})"
         where = next(
-            (f"{n} {v!r}" for n, v in (("token", self.token), ("serial", self.serial)) if v is not None),
+            (
+                f"{n} {_shown(v, 'path')!r}"
+                for n, v in (("token", self.token), ("serial", self.serial))
+                if v is not None
+            ),
             "the first token",
         )
         return f"{what} on {where}"
@@ -147,7 +159,49 @@ def _attributes(text: str, sep: str, known: frozenset[str], where: str) -> dict[
         if name in found:
             raise KeyFormatError(_REASON, f"attribute {name!r} appears twice")
         found[name] = _unquote(value, name, query=query)
+        if name not in _SECRET_ATTRS and name != "id":  # an id is shown in hex, never as text
+            _refuse_misplaced(found[name].decode("latin-1"), name, where)
     return found
+
+
+# what looks like a query attribute inside a value (decoded). A path value (a label) may hold no
+# pin-value anywhere (as mask_pin_value sees one), nor a pin-source, module-path or module-name first
+# or after a separator and then "=" or ":"; a query value (a file path, "?" allowed) none of them
+# after "?", "&" or ";". So a parsed URI has nothing for _shown to hide.
+_PIN_IN: Final = {
+    "path": re.compile(r"(?i)pin[-_]?(value)[=:]?"),
+    "query": re.compile(r"(?i)[?&;]\s*pin[-_]?(value)[=:]?"),
+}
+_OTHER_IN: Final = {
+    "path": re.compile(r"(?i)(?<![a-z0-9])(?:pin[-_]?(source)|module[-_]?(path|name))\s*[=:]"),
+    "query": re.compile(r"(?i)[?&;]\s*(?:pin[-_]?(source)|module[-_]?(path|name))\s*[=:]"),
+}
+
+
+def _refuse_misplaced(value: str, name: str, where: str) -> None:
+    """Refuse a value that holds what looks like a query attribute; the value is never shown."""
+    match = _PIN_IN[where].search(value) or _OTHER_IN[where].search(value)
+    if match is None:
+        return
+    word = next(group for group in match.groups() if group).lower()
+    found = ("module-" if word in ("path", "name") else "pin-") + word
+    hint = f"query attributes go after '?', separated by '&' (pkcs11:...?{found}=...)"
+    if word == "value":
+        hint += "; better, keep the PIN out of the URI: signing.pkcs11.pin_env or pin_file"
+    raise KeyFormatError(
+        _REASON,
+        f"{where} attribute {name!r}: its value holds what looks like query attribute {found!r} "
+        f"(the value is not shown); {hint}",
+    )
+
+
+def _shown(value: str, where: str, safe: bytes | None = None) -> str:
+    """``value`` for display (percent-encoded when ``safe`` is given), hidden from what looks like a
+    pin-value on: a second line of defence for a ``Pkcs11Uri`` not made by ``parse_pkcs11_uri``."""
+    match = _PIN_IN[where].search(value)
+    kept = value if match is None else value[: match.end()]
+    text = kept if safe is None else _quote(kept.encode(), safe)
+    return text if match is None else text + "(not shown)"
 
 
 def _text(raw: bytes | None, name: str) -> str | None:

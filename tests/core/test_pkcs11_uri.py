@@ -131,3 +131,67 @@ def test_malformed_uris_are_refused(text: str, words: str) -> None:
         parse_pkcs11_uri(text)
     assert caught.value.reason == "bad-pkcs11-uri"
     assert words in caught.value.detail
+
+
+@pytest.mark.parametrize(
+    ("text", "attribute", "found"),
+    [
+        # "&" for "?": RFC 7512 lets "&" and "=" into a path value, so this was object label
+        # "k&pin-value=s3cr3t-4711", shown in every message naming the key
+        (f"pkcs11:token=t;object=k&pin-value={PIN}", "object", "pin-value"),
+        (f"pkcs11:token=t&PIN_VALUE={PIN};object=k", "token", "pin-value"),
+        (f"pkcs11:token=t;object=k&Pin-Value:{PIN}", "object", "pin-value"),
+        (f"pkcs11:token=t;object=k&pin-value{PIN}", "object", "pin-value"),  # the "=" forgotten too
+        (f"pkcs11:token=t;object=k%26pin-value%3D{PIN}", "object", "pin-value"),  # percent-encoded
+        (f"pkcs11:token=t;serial=k&pinvalue={PIN};object=k", "serial", "pin-value"),
+        (f"pkcs11:token=t;object=k?module-path=/m.so?pin-value={PIN}", "module-path", "pin-value"),
+        (f"pkcs11:token=t;object=k?pin-source=/run/pin?pin_value={PIN}", "pin-source", "pin-value"),
+        ("pkcs11:token=t;object=k&pin-source=/run/s3cr3t-4711", "object", "pin-source"),
+        ("pkcs11:token=t;object=k&module-path=/s3cr3t-4711.so", "object", "module-path"),
+    ],
+)
+def test_a_query_attribute_in_a_value_is_refused_without_showing_it(
+    text: str, attribute: str, found: str
+) -> None:
+    with pytest.raises(KeyFormatError) as caught:
+        parse_pkcs11_uri(text)
+    assert caught.value.reason == "bad-pkcs11-uri"
+    assert f"attribute {attribute!r}: its value holds what looks like query attribute {found!r}" in (
+        caught.value.detail
+    )
+    assert "(pkcs11:...?" + found + "=...)" in caught.value.detail  # where it belongs
+    for shown in (caught.value.detail, str(caught.value)):
+        assert not any(part in shown for part in (PIN, "s3cr3t", "4711"))
+    if found == "pin-value":
+        assert "signing.pkcs11.pin_env or pin_file" in caught.value.detail
+
+
+def test_look_alikes_of_query_attributes_in_values_still_parse() -> None:
+    """A label with "&" (RFC 7512 allows it), a PIN file whose name says pin-value, an id whose
+    bytes spell one (an id is shown in hex): nothing misplaced, each shown whole."""
+    for text in (
+        "pkcs11:token=R&D;object=team&agent",
+        "pkcs11:token=t;object=k?pin-source=file:/run/secrets/hsm-pin-value",
+        "pkcs11:token=t;object=k?module-path=/opt/pin-source/m.so",
+        "pkcs11:token=t;object=pin-source-key",
+        "pkcs11:token=t;id=%70%69%6E%2D%76%61%6C%75%65",
+    ):
+        uri = parse_pkcs11_uri(text)
+        assert str(uri) == text
+        assert "not shown" not in uri.describe()
+
+
+def test_a_pin_in_another_value_is_never_shown() -> None:
+    """A second line of defence, for a Pkcs11Uri not made by parse_pkcs11_uri: ``describe()``
+    (every message naming a token key) and ``str`` hid a pin-value only in its own attribute."""
+    uri = Pkcs11Uri(
+        token=f"t&pin-value={PIN} x",
+        serial="0a1b",
+        object=f"k&PIN_VALUE:{PIN}&more",
+        module_path=f"/m.so?pin-value={PIN}",
+        pin_source=f"/run/pin;pinvalue{PIN}",
+    )
+    for shown in (uri.describe(), str(uri), repr(uri)):
+        assert not any(part in shown for part in (PIN, "s3cr3t", "4711")), shown
+    assert uri.describe() == "object 'k&PIN_VALUE:(not shown)' on token 't&pin-value=(not shown)'"
+    assert str(uri).startswith("pkcs11:token=t&pin-value%3D(not shown);serial=0a1b;")

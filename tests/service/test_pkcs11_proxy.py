@@ -199,3 +199,35 @@ def test_workers_are_refused_with_a_token_key(tmp_path: Path) -> None:
     assert refused.returncode == 2
     assert "--workers" in refused.stderr
     assert "PKCS#11" in refused.stderr
+
+
+def test_a_pin_after_an_ampersand_is_refused_and_never_shown(tmp_path: Path) -> None:
+    """``object=agent&pin-value=PIN`` ("&" for "?") parsed as the object label "agent&pin-value=PIN"
+    (RFC 7512 lets "&" and "=" into a path value): ``run`` and ``keys show`` asked the token for
+    that key and printed "no private key object 'agent&pin-value=4711-user' ..." with the PIN."""
+    hsm = SoftHsm(tmp_path)
+    generate(tmp_path, hsm)
+    uri = f"pkcs11:token={hsm.label};object=agent&pin-value={PIN}"
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "listen": "127.0.0.1:0",
+                "data_dir": str(tmp_path),
+                "signing": {"key": uri, "pkcs11": hsm.pkcs11_config()},
+            }
+        )
+    )
+    run = run_cli("run", "--config", str(config), env=hsm.env())
+    show = run_cli(
+        "keys", "show", "--config", str(token_config(tmp_path, hsm)), "--pkcs11", uri, env=hsm.env()
+    )
+    for done, where in ((run, "signing.key"), (show, "--pkcs11")):
+        assert done.returncode == 2, done.stderr
+        assert f"{where}: path attribute 'object': its value holds what looks like query attribute" in (
+            done.stderr
+        )
+        assert "'pin-value'" in done.stderr
+        assert "token-key-missing" not in done.stderr  # refused before the token is asked
+        assert PIN not in done.stdout + done.stderr
+        assert "4711" not in done.stdout + done.stderr

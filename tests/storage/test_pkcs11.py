@@ -14,7 +14,7 @@ import pytest
 
 from signing_proxy.config import parse_config
 from signing_proxy.core.errors import KeyFormatError
-from signing_proxy.core.pkcs11_uri import parse_pkcs11_uri
+from signing_proxy.core.pkcs11_uri import Pkcs11Uri, parse_pkcs11_uri
 from signing_proxy.errors import TokenError
 from signing_proxy.service.tokenkeys import token_provider_for
 from signing_proxy.storage.pkcs11 import (
@@ -260,3 +260,19 @@ def test_a_blank_pin_env_is_refused_and_never_tried(
         token_provider_for(config)
     assert caught.value.reason == "token-pin-missing"
     assert logins == []  # refused before the token is asked
+
+
+def test_a_pin_in_a_label_is_never_in_a_token_error(hsm: SoftHsm) -> None:
+    """The messages naming the key (no such key: storage.pkcs11 ``_read_public``) or the token (no
+    such token: ``Pkcs11Module.session``) printed a label verbatim; ``parse_pkcs11_uri`` now refuses
+    such a label, and ``describe()`` hides a pin-value in one made otherwise."""
+    module = module_for(hsm.module)
+    for uri, reason in (
+        (Pkcs11Uri(token=hsm.label, object=f"agent&pin-value={PIN}"), "token-key-missing"),
+        (Pkcs11Uri(token=f"{hsm.label}&pin-value={PIN}", object="agent"), "token-missing"),
+    ):
+        with pytest.raises(TokenError) as caught:
+            open_token_key(TokenSlot(module, uri, PIN), uri)
+        assert caught.value.reason == reason
+        assert "pin-value=(not shown)" in str(caught.value)
+        assert PIN not in str(caught.value) + repr(TokenSlot(module, uri, PIN))
