@@ -21,16 +21,13 @@ import logging
 from collections.abc import Callable
 
 from ..core.challenge import CHALLENGE_STATUSES, RetryPlan, plan_retry, retry_refusal
-from ..core.errors import FieldError
 from ..core.profiles import PROFILES
-from ..core.sfv import parse_item
-from ..core.signature_components import parse_field_dictionary
 from ..core.uri import Target
 from ..net.forward import IDEMPOTENT
 from ..net.framing import Outgoing
 from ..net.upstream import ResponseHead
 
-__all__ = ["ChallengeHold", "challenge_hold", "sent_signature_agent"]
+__all__ = ["ChallengeHold", "challenge_hold"]
 
 log = logging.getLogger("signing_proxy.challenges")
 
@@ -38,17 +35,17 @@ log = logging.getLogger("signing_proxy.challenges")
 class ChallengeHold:
     """A ``net.forward`` hold for one request: True (hold) for a challenge it will retry."""
 
-    __slots__ = ("head", "learn", "other", "plan", "sent")
+    __slots__ = ("agent", "learn", "other", "plan", "sent")
 
     def __init__(
         self,
         sent: str,
         other: Callable[[ResponseHead, Target], bool] | None,
         learn: Callable[[Target], object] | None,
-        head: bytes,
+        agent: str,
     ) -> None:
         self.sent = sent  # the profile the first attempt was signed under
-        self.head = head  # the first attempt's head: the Signature-Agent a retry would send again
+        self.agent = agent  # signing.signature_agent as the first attempt was signed: a retry sends it
         self.other = other  # discovery's hold, consulted first
         self.learn = learn
         self.plan: RetryPlan | None = None
@@ -64,8 +61,7 @@ class ChallengeHold:
         plan = plan_retry(", ".join(values), PROFILES.get(self.sent))
         if plan is None:
             return False
-        agent = sent_signature_agent(self.head)
-        refusal = retry_refusal(plan, agent)
+        refusal = retry_refusal(plan, self.agent)
         if refusal is not None:  # its member would be ignored: the challenge goes back, unanswered
             log.warning(
                 "%s://%s asked for a web-bot-auth signature; retry declined, the challenge goes back "
@@ -85,37 +81,10 @@ def challenge_hold(
     outgoing: Outgoing,
     other: Callable[[ResponseHead, Target], bool] | None,
     learn: Callable[[Target], object] | None,
+    agent: str,
 ) -> ChallengeHold | None:
-    """A hold for ``outgoing`` when a challenge may be retried (signed, idempotent), else None."""
+    """A hold for ``outgoing`` when a challenge may be retried (signed, idempotent), else None.
+    ``agent``: the ``signing.signature_agent`` of the configuration that signed ``outgoing``."""
     if outgoing.profile is None or outgoing.method not in IDEMPOTENT:
         return None
-    return ChallengeHold(outgoing.profile, other, learn, outgoing.head)
-
-
-def sent_signature_agent(head: bytes) -> str:
-    """The Signature-Agent URL a request head we signed carries ("" for none or an empty one): the
-    configured ``signing.signature_agent`` in the form its profile sends (the spec's sf-String, the
-    drafts' legacy String, or a Dictionary member). A value none of them reads is returned as it is
-    (a retry then refuses it as no origin)."""
-    for line in head.split(b"\r\n")[1:]:
-        name, sep, raw = line.partition(b":")
-        if not sep or name.strip().lower() != b"signature-agent":
-            continue
-        value = raw.strip().decode("latin-1")
-        if not value:
-            return ""
-        try:
-            item, _params = parse_item(value)
-        except (ValueError, UnicodeEncodeError):
-            item = None
-        if isinstance(item, str):
-            return item
-        try:
-            members = parse_field_dictionary(value, "Signature-Agent")
-        except FieldError:
-            return value
-        for member in members.values():
-            if isinstance(member, tuple) and isinstance(member[0], str):
-                return member[0]
-        return value
-    return ""
+    return ChallengeHold(outgoing.profile, other, learn, agent)

@@ -106,6 +106,7 @@ class Policy:
     routes: Routes
     prepare: Prepare
     access_log: AccessLog
+    signature_agent: str  # signing.signature_agent: what a challenge's retry would send as a member
 
 
 class ConnectPolicy(Protocol):
@@ -189,7 +190,11 @@ class ProxyHandler:
             transactions = self.transactions
             tap = transactions.tap_for(req.method, target, keyid) if transactions is not None else None
             hold = self.discovery.holds if self.discovery is not None else None
-            challenge = challenge_hold(outgoing, hold, self.learn) if self.challenges else None
+            challenge = (
+                challenge_hold(outgoing, hold, self.learn, policy.signature_agent)
+                if self.challenges
+                else None
+            )
             stream = await forward(
                 conn,
                 self.pool,

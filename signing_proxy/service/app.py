@@ -199,6 +199,7 @@ class ProxyApp:
                 later=self.access_writer.later,
                 pending=self.access_pending,
             ),
+            signature_agent=config.signing.signature_agent,
         )
 
     def _count_discovery(self, counter: str) -> None:

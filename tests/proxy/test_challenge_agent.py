@@ -59,7 +59,7 @@ def test_a_challenge_is_not_retried_with_a_registry_path_and_nothing_is_learned(
     host so): a member a protocol-02 verifier ignores, from which it finds no directory."""
     first = _first(_pipeline(REGISTRY))
     learned: list[Target] = []
-    hold = challenge_hold(first, None, learned.append)
+    hold = challenge_hold(first, None, learned.append, REGISTRY)
     assert hold is not None
     with caplog.at_level(logging.WARNING, logger="signing_proxy.challenges"):
         assert not hold(_challenge(), parse_absolute_uri(URL))  # not held: the challenge goes back
@@ -75,7 +75,7 @@ def test_a_challenge_is_not_retried_with_a_registry_path_and_nothing_is_learned(
 def test_a_challenge_is_retried_when_the_member_is_an_origin_or_absent(agent: str) -> None:
     first = _first(_pipeline(agent))
     learned: list[Target] = []
-    hold = challenge_hold(first, None, learned.append)
+    hold = challenge_hold(first, None, learned.append, agent)
     assert hold is not None
     assert hold(_challenge(), parse_absolute_uri(URL))
     assert hold.plan is not None
@@ -83,31 +83,12 @@ def test_a_challenge_is_retried_when_the_member_is_an_origin_or_absent(agent: st
     assert learned == [parse_absolute_uri(URL)]
 
 
-@pytest.mark.parametrize(
-    ("agent", "profiles", "url"),
-    [
-        (REGISTRY, None, URL),  # the spec's sf-String
-        ("", None, URL),  # the spec's empty Signature-Agent
-        ("https://agent.example", {"default": "web-bot-auth"}, URL),  # the drafts' Dictionary member
-        (REGISTRY, LEGACY, "https://old.example/"),  # the drafts' legacy String
-    ],
-)
-def test_the_signature_agent_a_head_we_signed_carries(
-    agent: str, profiles: dict[str, object] | None, url: str
-) -> None:
-    from signing_proxy.proxy.challenges import (
-        sent_signature_agent,
-    )  # new: here, so the others run on old code
-
-    assert sent_signature_agent(_first(_pipeline(agent, profiles), url).head) == agent
-
-
 def test_a_legacy_string_host_with_a_path_declines_a_retry_in_the_dictionary_form() -> None:
     """A rule's ``signature_agent: string`` takes a path; a challenge asking for more components was
     retried in the dictionary form, with the path as its member."""
     first = _first(_pipeline(REGISTRY, LEGACY), "https://old.example/")
     assert first.profile == WEB_BOT_AUTH.name
-    hold = challenge_hold(first, None, None)
+    hold = challenge_hold(first, None, None, REGISTRY)
     assert hold is not None
     more = _challenge(b'sig1=("@authority" "@path");tag="web-bot-auth"')
     assert not hold(more, parse_absolute_uri("https://old.example/"))

@@ -22,7 +22,6 @@ from tests.proxy.test_transactions import Rig, T, bound, sent_fields
 
 CALL = parse_absolute_uri("https://exchange.example/v1/svc.v1.ExchangeService/DiscoverResources")
 CHALLENGE = b'sig1=("@authority");tag="web-bot-auth"'
-SENT = b"GET / HTTP/1.1\r\nSignature-Agent: \r\n\r\n"  # a first attempt with no Signature-Agent URL
 
 
 def exchange_pipeline(profiles: dict[str, object]) -> tuple[SigningPipeline, ProfileSelector]:
@@ -52,7 +51,7 @@ def signed_call(pipeline: SigningPipeline) -> tuple[str | None, bool]:
 
 def challenged(selector: ProfileSelector, url: str) -> None:
     """``url``'s origin answers 401 asking for web-bot-auth, and the proxy learns from it."""
-    hold = ChallengeHold("svc", None, lambda t: selector.learn(t.host, WEB_BOT_AUTH, t.scheme, t.port), SENT)
+    hold = ChallengeHold("svc", None, lambda t: selector.learn(t.host, WEB_BOT_AUTH, t.scheme, t.port), "")
     head = ResponseHead(
         status=401,
         reason="",
