@@ -4,15 +4,17 @@
 and ``--agent NAME`` (default ``signing.agent``), and refuse to leave the agent with no valid key
 unless ``--force``. ``rotate`` publishes first and signs later: the new key signs once every cached
 copy of the directory holds it (``publish.directory_max_age_s`` + ``ROTATION_MARGIN_S``), unless
-``--activate-in`` or ``--now`` says otherwise. Times are printed as RFC 3339 UTC; durations are read
-as ``30m``, ``48h``, ``90d`` or ``3600s``. ``publish --out`` writes the bytes the publication listener
-serves.
+``--activate-in`` or ``--now`` says otherwise; ``--grace`` is at least ``signing.validity_s`` + the
+running proxy's reload interval, so no signature the old key makes outlives its window. Times are
+printed as RFC 3339 UTC; durations are read as ``30m``, ``48h``, ``90d`` or ``3600s``. ``publish
+--out`` writes the bytes the publication listener serves.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -28,7 +30,7 @@ from ..core.pkcs11_uri import mask_pin_value
 from ..core.rotation import ROTATION_MARGIN_S, KeyRecord, activation_delay, choose_signing_key
 from ..errors import CliError, KeyFileError, KeyStoreError
 from ..storage.keyfile import load_key_file, write_private_file
-from ..storage.keystore import KeyStore, StoreState, open_or_create
+from ..storage.keystore import RELOAD_CHECK_INTERVAL_S, KeyStore, StoreState, open_or_create
 from .common import add_config_flag, add_data_dir_flag, config_from, config_refused, duration
 from .tokenkeys import cmd_token_generate, cmd_token_show, token_key_for_store
 
@@ -170,12 +172,35 @@ def cmd_keys_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_grace(grace_s: int, validity_s: int) -> None:
+    """Refuse a grace shorter than ``signing.validity_s`` + the running proxy's reload interval.
+
+    A rotation cuts the old key's window to the new key's activation + the grace, but a signature the
+    old key made before the rotation, or before a running proxy reloaded the store (up to
+    ``RELOAD_CHECK_INTERVAL_S`` later), says ``expires`` ``validity_s`` after it was made: a verifier
+    holding the new directory refuses it once the window has closed (spec: "Verifiers MUST reject
+    signatures whose key is outside its window"). With this floor the window outlasts every such
+    signature, and each one the old key makes up to the activation keeps its full validity. Checked
+    before anything is written (a store, a key on a token), ``--now`` included.
+    """
+    reload_s = math.ceil(RELOAD_CHECK_INTERVAL_S)
+    least = validity_s + reload_s
+    if grace_s < least:
+        raise CliError(
+            f"--grace {grace_s}s is shorter than signing.validity_s ({validity_s} seconds) plus the "
+            f"{reload_s} s a running proxy takes to reload the key store: signatures the old key has made "
+            f"would outlive its window and be refused; use --grace {least}s or longer (a compromised key: "
+            "`keys revoke`)"
+        )
+
+
 def cmd_keys_rotate(args: argparse.Namespace) -> int:
     config, store = _store(args)
+    _check_grace(args.grace, config.signing.validity_s)
     lifetime = args.lifetime if args.lifetime is not None else config.signing.key_lifetime_s
     max_age = config.publish.directory_max_age_s
-    now = time.time()
     token_key = token_key_for_store(config, args.pkcs11) if args.pkcs11 else None  # on a token
+    now = time.time()  # after the token's key is made: the old key's window is cut from here
     try:
         if token_key is not None and not store.exists():
             first = store.create(now, lifetime_s=lifetime, key=token_key)
@@ -397,7 +422,8 @@ def add_parsers(sub: Any) -> None:
         default=parse_duration(DEFAULT_GRACE),
         metavar="DURATION",
         help=f"how long the old key stays published and valid after the new one activates "
-        f"(default {DEFAULT_GRACE})",
+        f"(default {DEFAULT_GRACE}; at least signing.validity_s + {math.ceil(RELOAD_CHECK_INTERVAL_S)}s, "
+        "so that no signature it made outlives it)",
     )
     rotate.add_argument(
         "--lifetime",

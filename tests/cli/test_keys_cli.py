@@ -9,10 +9,12 @@ from typing import Any
 
 import pytest
 
+from signing_proxy.client.signer import Signer
+from signing_proxy.config import load_config
 from signing_proxy.core.jwk import SigningKey
-from signing_proxy.core.keys import parse_rfc3339
+from signing_proxy.core.keys import parse_directory, parse_rfc3339, render_directory
 from signing_proxy.core.rotation import CLOCK_MARGIN_S
-from signing_proxy.storage.keystore import KeyStore
+from signing_proxy.storage.keystore import KeyStore, StoreKeyProvider
 from tests.harness import run_cli, started_run
 
 
@@ -161,6 +163,50 @@ def test_the_default_activation_never_outlives_the_current_key(tmp_path: Path) -
     assert "warning" in done.stderr  # sooner than the max-age: caches may still lack it
     new = next(k for k in listing(tmp_path)["keys"] if k["thumbprint"] != old.thumbprint)
     assert parse_rfc3339(new["activates_at"]) == old.not_after
+
+
+def test_a_grace_shorter_than_the_signature_validity_is_refused(tmp_path: Path) -> None:
+    """A rotation cuts the old key's window to the activation + grace, but a signature the old key
+    made just before says ``expires`` ``signing.validity_s`` (300 s) after it: a verifier holding the
+    new directory would refuse it, unexpired, as outside its key's window. Refused, ``--now``
+    included, before anything is written; the numbers and the fix in one line."""
+    data = tmp_path / "data"
+    store = KeyStore(data)
+    store.create(time.time(), lifetime_s=86_400)
+    before = store.index_path.read_bytes()
+    for when in (["--activate-in", "90s"], ["--now"], []):  # the reviewer's case, the emergency, default
+        done = run_cli("keys", "rotate", "--data-dir", str(data), "--grace", "60s", *when)
+        assert done.returncode == 2, done.stdout
+        assert "--grace 60s is shorter than signing.validity_s (300 seconds) plus the 1 s" in done.stderr
+        assert "use --grace 301s or longer" in done.stderr
+        assert len(done.stderr.splitlines()) == 1
+        assert store.index_path.read_bytes() == before  # no new key, no window cut
+    assert run_cli("keys", "rotate", "--data-dir", str(data), "--grace", "300s").returncode == 2
+    assert run_cli("keys", "rotate", "--data-dir", str(data), "--grace", "301s").returncode == 0
+
+
+def test_the_old_key_outlives_every_signature_it_made_before_the_rotation(tmp_path: Path) -> None:
+    """The shortest grace accepted (signing.validity_s + 1 s) keeps a signature the old key made
+    before an immediate rotation verifiable by its window in the new directory until it expires."""
+    config = tmp_path / "config.yaml"
+    config.write_text(f"data_dir: {tmp_path / 'data'}\nsigning:\n  validity_s: 30\n")
+    store = KeyStore(tmp_path / "data")
+    old = store.create(time.time(), lifetime_s=86_400)
+    signer = Signer(StoreKeyProvider(store), load_config(config))
+    signed = signer.sign("GET", "https://exchange.example/x", [], b"")
+    assert signed is not None
+    assert signed.keyid == old.thumbprint
+    params = dict(signed.fields)["Signature-Input"]
+    expires = int(params.split("expires=", 1)[1].split(";", 1)[0])
+    refused = run_cli("keys", "rotate", "--config", str(config), "--now", "--grace", "30s")
+    assert refused.returncode == 2
+    assert "signing.validity_s (30 seconds)" in refused.stderr
+    done = run_cli("keys", "rotate", "--config", str(config), "--now", "--grace", "31s")
+    assert done.returncode == 0, done.stderr
+    state = store.load(private=False)
+    assert state.record(old.thumbprint) != old  # the rotation did cut the old key's window
+    directory = parse_directory(render_directory(state.directory(time.time(), None)))
+    assert directory.find(old.thumbprint, expires - 1) is not None  # the signature's last second
 
 
 def test_now_and_activate_in_are_exclusive(tmp_path: Path) -> None:

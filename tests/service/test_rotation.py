@@ -65,6 +65,9 @@ MAX_AGE_S = 2  # the directory's max-age here; the configuration's floor (60 s) 
 # a new key signs this long after `keys rotate`: publication (the store is noticed within 1 s) may be
 # starved by up to PUBLISH_MARGIN_S - 1 s before a verifier caches a directory without it
 PUBLISH_MARGIN_S = 8
+# signing.validity_s of the rotation below: `keys rotate` refuses a grace shorter than it + 1 s (a
+# signature the old key made would outlive its window), and the test waits the grace out
+VALIDITY_S = 5
 LOOPBACK = EgressPolicy(["127.0.0.0/8"])
 _T = TypeVar("_T")
 
@@ -118,7 +121,7 @@ class Rig:
     """The proxy with its publication listener (as ``signing-proxy run`` builds them) and a
     ``StrictOrigin``, on one event loop in a thread of its own; stopped by ``close``."""
 
-    def __init__(self, tmp: Path, max_age_s: int = MAX_AGE_S) -> None:
+    def __init__(self, tmp: Path, max_age_s: int = MAX_AGE_S, validity_s: int = 300) -> None:
         self.max_age_s = max_age_s
         # the publish port is known before the proxy starts (Signature-Agent names it) without a
         # bind-and-release race: held by a SO_REUSEPORT socket that never listens
@@ -128,7 +131,7 @@ class Rig:
             {
                 "listen": "127.0.0.1:0",
                 "data_dir": str(tmp / "data"),
-                "signing": {"signature_agent": self.base},
+                "signing": {"signature_agent": self.base, "validity_s": validity_s},
                 "publish": {
                     "listen": f"127.0.0.1:{port}",
                     "domain": "agent.example",
@@ -140,6 +143,8 @@ class Rig:
         publish = dataclasses.replace(config.publish, directory_max_age_s=max_age_s)
         self.config: Config = dataclasses.replace(config, publish=publish)
         self.data = tmp / "data"
+        self.cli_config = tmp / "keys-cli.yaml"  # what `keys ...` reads: the proxy's signing.validity_s
+        self.cli_config.write_text(f"signing:\n  validity_s: {validity_s}\n")
         keys = key_provider_for(self.config)  # the key store, created on first run
         assert isinstance(keys, StoreKeyProvider)
         self.keys = keys
@@ -194,12 +199,12 @@ class Rig:
         return [k.thumbprint for k in parse_directory(resp.content).keys]
 
     def keys_cli(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return run_cli("keys", *args, "--data-dir", str(self.data))
+        return run_cli("keys", *args, "--config", str(self.cli_config), "--data-dir", str(self.data))
 
 
 @contextmanager
-def rig(tmp: Path, max_age_s: int = MAX_AGE_S) -> Iterator[Rig]:
-    r = Rig(tmp, max_age_s)
+def rig(tmp: Path, max_age_s: int = MAX_AGE_S, validity_s: int = 300) -> Iterator[Rig]:
+    r = Rig(tmp, max_age_s, validity_s)
     try:
         yield r
     finally:
@@ -239,7 +244,7 @@ def test_publish_first_sign_later_refuses_nothing_at_a_caching_verifier(tmp_path
     """Spec rotation 1 and Limits: the new key is published at once, signs only once every cached
     copy of the directory (max-age) holds it; the old key signs until then, stays published for the
     grace, and is gone after it. Zero refusals throughout."""
-    with rig(tmp_path) as r:
+    with rig(tmp_path, validity_s=VALIDITY_S) as r:
         (old,) = r.served_keys()
         verdicts = r.origin.verdicts
         started = time.monotonic()
@@ -247,12 +252,14 @@ def test_publish_first_sign_later_refuses_nothing_at_a_caching_verifier(tmp_path
             wait_for(lambda: len(verdicts) >= 20 and r.origin.resolver.fetches >= 2, "traffic, re-fetches")
             # the directory must hold the new key max-age before it signs: PUBLISH_MARGIN_S to spare
             # (`keys rotate` adds 30 s by default)
-            done = r.keys_cli("rotate", "--activate-in", f"{MAX_AGE_S + PUBLISH_MARGIN_S}s", "--grace", "3s")
+            grace_s = VALIDITY_S + 1  # the shortest `keys rotate` accepts
+            activate_in = f"{MAX_AGE_S + PUBLISH_MARGIN_S}s"
+            done = r.keys_cli("rotate", "--activate-in", activate_in, "--grace", f"{grace_s}s")
             assert done.returncode == 0, done.stderr
             new = done.stdout.split("new key ", 1)[1].split(":", 1)[0]
             activation = parse_rfc3339(done.stdout.split("signs from ", 1)[1].split()[0])
             old_end = parse_rfc3339(done.stdout.split("now ends at ", 1)[1].split()[0])
-            assert old_end == activation + 3
+            assert old_end == activation + grace_s
             wait_for(lambda: new in r.served_keys(), "the new key published (no SIGHUP)")
             assert old in r.served_keys()  # beside the old one
             wait_for(
