@@ -439,7 +439,8 @@ class Discovery:
             )
         body = problem_body(403, PROBLEM_REASON, detail, **finding.doc)
         lines = [b"HTTP/1.1 403 " + (head.reason or "Forbidden").encode("latin-1")]
-        lines.extend(n + b": " + v for n, v in head.headers if n.lower() not in _REPLACED)
+        dropped = _REPLACED | head.connection_named  # and what the edge's Connection names (RFC 9110 7.6.1)
+        lines.extend(n + b": " + v for n, v in head.headers if n.lower() not in dropped)
         if finding.manifest_url is not None:
             lines.append(b"Link: " + link_value(finding.manifest_url).encode("latin-1"))
         lines += [

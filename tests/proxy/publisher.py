@@ -185,6 +185,7 @@ class Publisher:
         else:
             return web.Response(text="hello")
         headers = {"X-Content-Rules": rules, "X-Edge": "kept", "Cache-Control": "max-age=3600"}
+        headers |= {"Connection": "X-Edge-Hop", "X-Edge-Hop": "for-the-next-hop-only"}  # RFC 9110 7.6.1
         return web.Response(status=403, body=EDGE_BODY, content_type="text/html", headers=headers)
 
     async def _manifest(self, request: web.Request) -> web.StreamResponse:

@@ -115,6 +115,7 @@ def test_refusal_over_http_is_answered_with_the_publishers_exchanges(publisher: 
     assert r.headers["Link"] == f'<{manifest_url}>; rel="{LINK_REL}"; type="application/json"'
     assert r.headers["Content-Type"] == "application/problem+json"
     assert r.headers["X-Edge"] == "kept"  # the edge's own fields stay
+    assert "X-Edge-Hop" not in r.headers  # but never one its Connection names (RFC 9110 section 7.6.1)
     assert r.headers["Cache-Control"] == "no-store"  # ... except those describing the replaced body
     doc = r.json()
     assert doc["status"] == 403
@@ -293,6 +294,7 @@ def test_off_and_passthrough_keep_the_edge_body(
     assert r.status_code == 403
     assert r.content == EDGE_BODY
     assert r.headers["Content-Type"].startswith("text/html")
+    assert "X-Edge-Hop" not in r.headers
     assert r.headers["X-Content-Rules"] == publisher.manifest_url("v1.0")
     if mode == "off":
         assert "Link" not in r.headers
