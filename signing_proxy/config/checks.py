@@ -37,9 +37,10 @@ def check_agent_name(name: str, path: str) -> None:
         raise ConfigError(f"{path}: agent names are 1-63 of a-z 0-9 . _ - starting with a letter or digit")
 
 
-def check_url(url: str | None, path: str) -> None:
+def check_url(url: str | None, path: str, *, query: bool = True) -> None:
     """Refuse a set value that is not an absolute http(s) URL without a fragment or userinfo (never
-    sent: ``user:password@`` was dropped silently, and a refusal quoting it showed the password)."""
+    sent: ``user:password@`` was dropped silently, and a refusal quoting it showed the password);
+    ``query=False`` refuses a query too (a URL published for others to fetch as it is)."""
     if url is None:
         return
     http = url.startswith(("https://", "http://"))
@@ -49,10 +50,12 @@ def check_url(url: str | None, path: str) -> None:
         not http
         or not url.split("/", 3)[2]
         or not url.isascii()
-        or any(c.isspace() or c in '"\\<>#' for c in url)
+        or any(c.isspace() or c in '"\\<>#' or (c == "?" and not query) for c in url)
     ):
         shown = repr(url) if "@" not in url else "a value not shown (it has an '@')"
-        raise ConfigError(f"{path}: must be an absolute http(s) URL, got {shown}")
+        raise ConfigError(
+            f"{path}: must be an absolute http(s) URL{'' if query else ', no query'}, got {shown}"
+        )
 
 
 def is_loopback(host: str) -> bool:

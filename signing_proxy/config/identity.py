@@ -72,6 +72,8 @@ class SigningConfig:
             raise ConfigError(f"{path}.signature_agent: must be an http(s) URL or empty")
         if any(c in self.signature_agent for c in ' "\\<>'):
             raise ConfigError(f"{path}.signature_agent: must not contain spaces, quotes or backslashes")
+        if self.signature_agent:  # sent with every request, and fetched by verifiers: no user:password@
+            check_url(self.signature_agent, f"{path}.signature_agent")
         positive(self.validity_s, f"{path}.validity_s", maximum=86_400)
         check_agent_name(self.agent, f"{path}.agent")
         positive(self.key_lifetime_s, f"{path}.key_lifetime_s", maximum=3650 * 86_400)
@@ -101,15 +103,8 @@ class PublishConfig:
                 render_agent_manifest(self.domain)
             except ManifestError:
                 raise ConfigError(f"{path}.domain: must be a domain name, got {self.domain!r}") from None
-        for name in ("public_url", "revocation_url"):
-            url = getattr(self, name)
-            if url is not None and (
-                not url.startswith(("https://", "http://"))
-                or len(url.split("/", 3)[2]) == 0
-                or any(c.isspace() or c in '"\\<>?#' for c in url)
-                or not url.isascii()
-            ):
-                raise ConfigError(f"{path}.{name}: must be an absolute http(s) URL, no query, got {url!r}")
+        for name in ("public_url", "revocation_url"):  # published as they are: no user:password@
+            check_url(getattr(self, name), f"{path}.{name}", query=False)
         low, high = DIRECTORY_MAX_AGE_RANGE_S
         positive(self.directory_max_age_s, f"{path}.directory_max_age_s", maximum=high)
         if self.directory_max_age_s < low:

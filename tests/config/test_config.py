@@ -82,6 +82,30 @@ def test_mistakes_are_refused_with_their_key_path(raw: Any, message: str) -> Non
     assert str(err.value).startswith(message) or message in str(err.value), str(err.value)
 
 
+@pytest.mark.parametrize(
+    ("agent", "words"),
+    [
+        ("https://alice:s3cret@agent.example", "an http(s) URL without user:password@"),
+        ("https://agent.example@127.0.0.1/agents/alice", "an http(s) URL without user:password@"),
+        ("https://user@agent.example", "an http(s) URL without user:password@"),
+        ("https://agent.example#me", "must be an absolute http(s) URL"),
+    ],
+)
+@pytest.mark.parametrize("profiles", [{}, {"default": "web-bot-auth"}])
+def test_a_signature_agent_verifiers_cannot_fetch_is_refused_in_any_profile(
+    agent: str, words: str, profiles: dict[str, Any]
+) -> None:
+    """Userinfo was accepted (outside web-bot-auth), then sent as it is in the Signature-Agent of
+    every signed request (the password to every origin); every verifier's egress refuses userinfo
+    and fragments, so its directory was never fetched. Refused by signing's own check (as the other
+    URL settings are), the password never shown."""
+    with pytest.raises(ConfigError) as err:
+        parse_config({"signing": {"signature_agent": agent}, "profiles": profiles})
+    message = str(err.value)
+    assert message.startswith(f"signing.signature_agent: {words}"), message
+    assert not any(part in message for part in ("s3cret", "alice", "127.0.0.1")), message
+
+
 def test_public_listen_is_allowed_with_an_allow_list_with_or_without_auth(tmp_path: Path) -> None:
     parse_config({"listen": "0.0.0.0:8080", "access": {"allow_clients": ["10.0.0.0/8"]}})
     users = str(tmp_path / "users")
@@ -242,9 +266,8 @@ def test_a_key_that_outlives_a_cached_directory_by_the_margin_is_accepted() -> N
         "https://registry.example/agents/alice",
         "http://agent.example",
         "https://agent.example/a/",
-        "https://agent.example?x=1",  # these three passed a check of the path alone
-        "https://user@agent.example",
-        "https://agent.example#me",
+        "https://agent.example?x=1",  # passed a check of the path alone (as did the two refused
+        # in any profile now: test_a_signature_agent_verifiers_cannot_fetch_is_refused_in_any_profile)
     ],
 )
 @pytest.mark.parametrize(

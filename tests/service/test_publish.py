@@ -263,6 +263,29 @@ def test_publish_config_mistakes_name_their_key(publish: dict[str, Any], message
     assert str(err.value).startswith(message), str(err.value)
 
 
+@pytest.mark.parametrize("name", ["public_url", "revocation_url"])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://alice:s3cret@registry.example",
+        "https://alice:s3cret@registry.example/rl.json",
+        "https://registry.example@127.0.0.1/rl.json",  # looks like one host, is another
+        "https://alice:s3cret@registry.example/rl json",  # refused anyway: it was shown
+        "https://registry.example/rl.json?u=alice:s3cret@x",  # a query, with an '@': not shown
+    ],
+)
+def test_publish_urls_with_userinfo_are_refused_without_showing_it(name: str, url: str) -> None:
+    """``user:password@`` was accepted and published: the directory's revocation_url carried the
+    password, and every verifier's egress (ours too) refuses userinfo, so the list was never
+    fetched and every request signed with these keys failed closed (401 revocation-unavailable)."""
+    with pytest.raises(ConfigError) as err:
+        parse_config({"publish": {"listen": "127.0.0.1:0", "domain": "registry.example", name: url}})
+    message = str(err.value)
+    assert message.startswith(f"publish.{name}: "), message
+    assert "user:password@" in message or "not shown" in message, message
+    assert not any(part in message for part in ("s3cret", "alice", "127.0.0.1")), message
+
+
 def test_publishing_a_static_signing_key_is_refused() -> None:
     with pytest.raises(ConfigError, match=r"publish\.listen: publishing needs the key store"):
         parse_config(
