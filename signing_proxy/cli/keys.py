@@ -7,7 +7,8 @@ copy of the directory holds it (``publish.directory_max_age_s`` + ``ROTATION_MAR
 ``--activate-in`` or ``--now`` says otherwise; ``--grace`` is at least ``signing.validity_s`` + the
 running proxy's reload interval, so no signature the old key makes outlives its window. Times are
 printed as RFC 3339 UTC; durations are read as ``30m``, ``48h``, ``90d`` or ``3600s``. ``publish
---out`` writes the bytes the publication listener serves.
+--out`` writes the bytes the publication listener serves, each file atomically through a temporary
+file of a random name that it creates (a link planted in the document root is never followed).
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -29,6 +29,7 @@ from ..core.keys import format_rfc3339
 from ..core.pkcs11_uri import mask_pin_value
 from ..core.rotation import ROTATION_MARGIN_S, KeyRecord, activation_delay, choose_signing_key
 from ..errors import CliError, KeyFileError, KeyStoreError
+from ..storage.files import PUBLIC_FILE_MODE, write_atomic
 from ..storage.keyfile import load_key_file, write_private_file
 from ..storage.keystore import RELOAD_CHECK_INTERVAL_S, KeyStore, StoreState, open_or_create
 from .common import add_config_flag, add_data_dir_flag, config_from, config_refused, duration
@@ -295,16 +296,11 @@ def cmd_keys_prune(args: argparse.Namespace) -> int:
 
 
 def _write_public_file(path: Path, data: bytes) -> None:
+    """``data`` at ``path``, mode 0644 (served to anyone), atomically: through a temporary file of a
+    fresh random name created O_EXCL, so nothing another user planted in the document root (a link
+    at a name it could guess) is followed, written or renamed into place."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    write_atomic(path, data, PUBLIC_FILE_MODE)
 
 
 def cmd_publish(args: argparse.Namespace) -> int:

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from signing_proxy.cli.main import main
 from signing_proxy.client.signer import Signer
 from signing_proxy.config import load_config
 from signing_proxy.core.jwk import SigningKey
@@ -313,6 +316,35 @@ def test_publish_needs_a_domain_and_a_valid_key(tmp_path: Path) -> None:
     assert (out / ".well-known/svc.json").read_bytes() == (
         b'{"ver":"1.0","role":"ROLE_AGENT","domain":"agent.example"}'
     )
+
+
+def test_publish_follows_no_link_planted_at_its_temporary_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Another user who can write to the document root plants a link where ``publish --out`` puts
+    its temporary file, a name it could guess (``.NAME.PID.tmp``): publish wrote through the link
+    into its target, then renamed the link into place. In-process (``main``): the PID is this one."""
+    data, out = tmp_path / "data", tmp_path / "public"
+    KeyStore(data).create(time.time(), lifetime_s=86_400)
+    names = ("http-message-signatures-directory", "svc.json", "http-message-signatures-revocations.json")
+    (out / ".well-known").mkdir(parents=True)
+    victims = {}
+    for name in names:
+        victims[name] = tmp_path / f"victim-{name}"
+        victims[name].write_text("another user's file\n")
+        (out / ".well-known" / f".{name}.{os.getpid()}.tmp").symlink_to(victims[name])
+    status = main(["publish", "--out", str(out), "--data-dir", str(data), "--domain", "agent.example"])
+    assert status == 0, capsys.readouterr().err
+    for name in names:
+        assert victims[name].read_text() == "another user's file\n"  # not written through the link
+        published = out / ".well-known" / name
+        assert not published.is_symlink()
+        assert published.is_file()
+        assert stat.S_IMODE(published.stat().st_mode) == 0o644  # served to anyone, as before
+    assert (out / ".well-known/svc.json").read_bytes() == (
+        b'{"ver":"1.0","role":"ROLE_AGENT","domain":"agent.example"}'
+    )
+    assert b'"keys"' in (out / ".well-known/http-message-signatures-directory").read_bytes()
 
 
 def test_a_thumbprint_starting_with_a_dash_is_revoked_after_double_dash(tmp_path: Path) -> None:
