@@ -16,6 +16,7 @@ __all__ = [
     "is_loopback",
     "parse_host_port",
     "positive",
+    "shown",
 ]
 
 AGENT_NAME_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")  # one safe path segment, in files and URLs
@@ -52,10 +53,14 @@ def check_url(url: str | None, path: str, *, query: bool = True) -> None:
         or not url.isascii()
         or any(c.isspace() or c in '"\\<>#' or (c == "?" and not query) for c in url)
     ):
-        shown = repr(url) if "@" not in url else "a value not shown (it has an '@')"
         raise ConfigError(
-            f"{path}: must be an absolute http(s) URL{'' if query else ', no query'}, got {shown}"
+            f"{path}: must be an absolute http(s) URL{'' if query else ', no query'}, got {shown(url)}"
         )
+
+
+def shown(url: str) -> str:
+    """``url`` as a refusal may quote it: never one with an ``@`` (it may hold ``user:password``)."""
+    return repr(url) if "@" not in url else "a value not shown (it has an '@')"
 
 
 def is_loopback(host: str) -> bool:

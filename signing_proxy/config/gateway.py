@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from ..core.uri import LOOPBACK_HOSTS, is_host_name
 from ..errors import ConfigError
-from .checks import check_url, positive
+from .checks import check_url, positive, shown
 
 __all__ = ["GatewayConfig", "TrustedIssuer"]
 
@@ -62,7 +62,7 @@ class GatewayConfig:
             raise ConfigError(f"{path}.delegation_leeway_s: must be from 0 to 300")
         store = self.store
         if store != "sqlite" and not store.startswith(("sqlite:///", "redis://", "rediss://", "unix://")):
-            raise ConfigError(f"{path}.store: sqlite, sqlite:///PATH or a redis:// URL, got {store!r}")
+            raise ConfigError(f"{path}.store: sqlite, sqlite:///PATH or a redis:// URL, got {shown(store)}")
         check_url(self.external_origin, f"{path}.external_origin")
         for i, host in enumerate(self.hosts):
             if not is_host_name(host):

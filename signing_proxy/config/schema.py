@@ -21,7 +21,7 @@ from ..core.rotation import ROTATION_MARGIN_S
 from ..core.signature_verify import MAX_SKEW_S
 from ..errors import ConfigError
 from .build import build, to_plain
-from .checks import check_host_pattern, is_loopback, parse_host_port, positive
+from .checks import check_host_pattern, check_url, is_loopback, parse_host_port, positive, shown
 from .gateway import GatewayConfig, TrustedIssuer
 from .identity import DelegationConfig, PublishConfig, RequesterConfig, SigningConfig
 from .profiles import ProfilesConfig
@@ -104,10 +104,11 @@ class UpstreamConfig:
         positive(self.pool_max_idle_per_host, f"{path}.pool_max_idle_per_host")
         positive(self.pool_max_idle, f"{path}.pool_max_idle")
         if self.next_hop is not None:
+            check_url(self.next_hop, f"{path}.next_hop")  # user:password@ would be dropped, never sent
             scheme, sep, rest = self.next_hop.partition("://")
             if not sep or scheme not in ("http", "https") or not rest.strip("/") or "/" in rest.strip("/"):
                 raise ConfigError(
-                    f"{path}.next_hop: must be http(s)://HOST[:PORT] of a relay, got {self.next_hop!r}"
+                    f"{path}.next_hop: must be http(s)://HOST[:PORT] of a relay, got {shown(self.next_hop)}"
                 )
 
 
@@ -173,8 +174,7 @@ class RelayConfig:
             if self.max_hops < 2:
                 raise ConfigError(f"{path}.max_hops: a relay adds a second signature; must be at least 2")
         for i, base in enumerate(self.broker_directories):
-            if not base.startswith(("https://", "http://")):
-                raise ConfigError(f"{path}.broker_directories[{i}]: must be an http(s) URL")
+            check_url(base, f"{path}.broker_directories[{i}]")  # userinfo: never fetched (egress)
         _check_skew(self.skew_s, f"{path}.skew_s")
 
 
@@ -237,8 +237,9 @@ class Route:
     def _check(self, path: str) -> None:
         if not self.prefix.startswith("/") or not self.prefix.endswith("/"):
             raise ConfigError(f"{path}.prefix: must start and end with '/', got {self.prefix!r}")
-        if not self.upstream.startswith(("https://", "http://")) or not self.upstream.endswith("/"):
-            raise ConfigError(f"{path}.upstream: must be an http(s) URL ending in '/', got {self.upstream!r}")
+        check_url(self.upstream, f"{path}.upstream")  # user:password@ would be dropped, never sent
+        if not self.upstream.endswith("/"):
+            raise ConfigError(f"{path}.upstream: must end in '/', got {shown(self.upstream)}")
 
 
 def _check_cidrs(cidrs: tuple[str, ...], path: str) -> None:

@@ -50,7 +50,7 @@ def test_every_example_config_is_valid(path: Path) -> None:
         ),
         (
             {"routes": [{"prefix": "/x/", "upstream": "ftp://x/"}]},
-            "routes[0].upstream: must be an http(s) URL",
+            "routes[0].upstream: must be an absolute http(s) URL",
         ),
         (
             {"routes": [{"prefix": "/healthz/", "upstream": "https://x.example/"}]},
@@ -104,6 +104,41 @@ def test_a_signature_agent_verifiers_cannot_fetch_is_refused_in_any_profile(
     message = str(err.value)
     assert message.startswith(f"signing.signature_agent: {words}"), message
     assert not any(part in message for part in ("s3cret", "alice", "127.0.0.1")), message
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (
+            {"upstream": {"next_hop": "http://u:s3cret@relay:8080"}},
+            "upstream.next_hop: an http(s) URL without",
+        ),
+        (
+            {"upstream": {"next_hop": "http://u:s3cret@relay:8080/x"}},
+            "upstream.next_hop: an http(s) URL without",
+        ),
+        (
+            {"routes": [{"prefix": "/x/", "upstream": "https://u:s3cret@up.example/"}]},
+            "routes[0].upstream: an http(s) URL without",
+        ),
+        (
+            {"routes": [{"prefix": "/x/", "upstream": "ftp://u:s3cret@up.example/"}]},
+            "routes[0].upstream: must",
+        ),
+        (
+            {"mode": "relay", "relay": {"broker_directories": ["https://u:s3cret@broker.example"]}},
+            "relay.broker_directories[0]: an http(s) URL without",
+        ),
+        ({"gateway": {"store": "Redis://:s3cret@redis.example:6379/0"}}, "gateway.store: sqlite"),
+    ],
+)
+def test_userinfo_in_a_url_setting_is_refused_and_never_shown(raw: Any, message: str) -> None:
+    """Each took ``user:password@`` and dropped it silently (a next hop or route never got it; egress
+    never fetches a broker's directory with it), and a refusal quoted the value, password and all."""
+    with pytest.raises(ConfigError) as err:
+        parse_config(raw)
+    assert str(err.value).startswith(message), str(err.value)
+    assert "s3cret" not in str(err.value)
 
 
 def test_public_listen_is_allowed_with_an_allow_list_with_or_without_auth(tmp_path: Path) -> None:
