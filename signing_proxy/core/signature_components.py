@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from .errors import FieldError, SigningError
@@ -25,11 +26,14 @@ __all__ = [
     "ALG_ED25519",
     "SPEC_COMPONENTS",
     "Component",
+    "Dictionaries",
     "Message",
     "base_of",
+    "check_components",
     "component_value",
     "hop_components",
     "parse_field_dictionary",
+    "received_component",
     "serialize_params_value",
     "serialize_sf_string",
     "signature_base",
@@ -80,6 +84,23 @@ def hop_components(previous_label: str | None) -> tuple[Component, ...]:
     if previous_label is None:
         return SPEC_COMPONENTS
     return (*SPEC_COMPONENTS, Component("signature", key=previous_label))
+
+
+def received_component(name: str, key: str | None) -> Component:
+    """The identifier a stranger's Signature-Input names. The same few come on every request: built
+    (and serialized) once and shared, being immutable; but only short ones (every identifier a
+    profile covers is), or 256 names of 60 KiB would stay held, about 30 MiB, until others evict them."""
+    if len(name) <= _SHARED_IDENTIFIER_CHARS and (key is None or len(key) <= _SHARED_IDENTIFIER_CHARS):
+        return _shared_component(name, key)
+    return Component(str(name), key)
+
+
+_SHARED_IDENTIFIER_CHARS = 64  # our choice: "signature-agent" is 15; a hop's label, a few more
+
+
+@lru_cache(maxsize=256)
+def _shared_component(name: str, key: str | None) -> Component:
+    return Component(str(name), key)
 
 
 def _sf_int(value: int) -> str:
@@ -189,8 +210,15 @@ def parse_field_dictionary(value: str, name: str) -> dict[str, Any]:
         raise FieldError(f"malformed-{name.lower()}", f"{name} is not a structured Dictionary") from exc
 
 
-def component_value(message: Message, component: Component) -> str:
-    """The value of one covered component (RFC 9421 sections 2.1, 2.1.2 and 2.2)."""
+Dictionaries = dict[str, dict[str, Any]]
+"""One message's Dictionary fields, by component name, parsed as first read (``component_value``):
+a verifier builds a base per label from the same fields, and each later label covers the one before
+it in ``Signature``. The combined field is then joined and parsed once per message, not per label."""
+
+
+def component_value(message: Message, component: Component, dictionaries: Dictionaries | None = None) -> str:
+    """The value of one covered component (RFC 9421 sections 2.1, 2.1.2 and 2.2); a dictionary
+    member's field is read through ``dictionaries`` when given (the fields unchanged meanwhile)."""
     name = component.name
     if component.is_derived:
         if component.key is not None:
@@ -216,16 +244,36 @@ def component_value(message: Message, component: Component) -> str:
         if value is None:  # absent is never empty (spec, "Request signature" rule 4)
             raise SigningError("missing-covered-header", f"covered field {name!r} is absent")
         return value
-    members = message.dictionary(name)
+    members = None if dictionaries is None else dictionaries.get(name)
+    if members is None:
+        members = message.dictionary(name)
+        if dictionaries is not None:
+            dictionaries[name] = members
     if component.key not in members:
         raise SigningError("missing-dictionary-member", f"{name} has no member {component.key!r}")
     member = members[component.key]
     return serialize_member(member)  # strict re-serialization (RFC 9421 section 2.1.2)
 
 
-def signature_base(message: Message, components: Sequence[Component], params_value: str) -> bytes:
+def signature_base(
+    message: Message,
+    components: Sequence[Component],
+    params_value: str,
+    dictionaries: Dictionaries | None = None,
+) -> bytes:
     """RFC 9421 section 2.5: one line per component, then ``@signature-params``; LF, no trailing LF."""
-    return base_of(components, [component_value(message, c) for c in components], params_value)
+    values = [component_value(message, c, dictionaries) for c in components]
+    return base_of(components, values, params_value)
+
+
+def check_components(
+    message: Message, components: Sequence[Component], dictionaries: Dictionaries | None = None
+) -> None:
+    """Refuse what ``signature_base`` would refuse in these components (absent, no such member, not
+    ASCII on one line) without building a base: a verifier's check before it fetches any key."""
+    values = [component_value(message, c, dictionaries) for c in components]
+    if not all(value.isascii() and "\n" not in value for value in values):
+        raise SigningError("non-ascii-component", "a covered value is not ASCII or spans lines")
 
 
 def base_of(components: Sequence[Component], values: Sequence[str], params_value: str) -> bytes:

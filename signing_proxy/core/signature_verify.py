@@ -6,12 +6,14 @@ keyid (a directory fetch is I/O, so it happens outside) and hands ``verify_stack
 ``check_stack`` applies every rule that needs no key — exactly the covered set of
 ``hop_components`` for its position, ``alg="ed25519"``, a thumbprint ``keyid``, ``created`` no more
 than ``skew_s`` ahead of ``now`` (a parameter, never a clock), ``now`` before ``expires``, a lifetime
-of at most ``max_validity_s``, Content-Digest over the received body, every covered component
-present (the signature bases are built here) — so a caller can refuse before any I/O;
-``verify_checked`` then checks each key's window and revocation and each signature over its base,
-and returns a frozen ``VerifiedStack``, the only thing a caller should trust. ``verify_stack`` is
-both. Refusals are VerificationError with the spec's reason codes. Import the public names from
-``signatures`` (``check_stack``/``verify_checked`` from here).
+of at most ``max_validity_s``, Content-Digest over the received body, at most ``MAX_HOPS`` labels,
+every covered component present (the first label's base is built here, the others' components
+looked up) — so a caller can refuse before any I/O; ``verify_checked`` then checks each key's window
+and revocation and each signature over its base, a later label's built only once its key is in hand
+(a stranger's stack costs one base until a label verifies), and returns a frozen ``VerifiedStack``,
+the only thing a caller should trust. ``verify_stack`` is both. Refusals are VerificationError with
+the spec's reason codes. Import the public names from ``signatures`` (``check_stack``/
+``verify_checked`` from here).
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
 from .digest import verify_content_digest
@@ -34,8 +35,11 @@ from .signature_components import (
     ALG_ED25519,
     SPEC_COMPONENTS,
     Component,
+    Dictionaries,
     Message,
+    check_components,
     parse_field_dictionary,
+    received_component,
     signature_base,
 )
 from .uri import directory_base
@@ -43,6 +47,7 @@ from .uri import directory_base
 __all__ = [
     "DEFAULT_MAX_VALIDITY_S",
     "DEFAULT_SKEW_S",
+    "MAX_HOPS",
     "MAX_SKEW_S",
     "CheckedStack",
     "KeyLookup",
@@ -62,6 +67,9 @@ DEFAULT_SKEW_S = 5  # our choice: the spec gives no clock-skew tolerance (README
 MAX_SKEW_S = 300  # our choice: the most a configuration may forgive (a signature's whole default life)
 # our choice (spec silent, config verify.max_validity_s): a leaked request is replayable for at most an hour
 DEFAULT_MAX_VALIDITY_S = 3600
+# our choice (spec: hop caps "not shown"): the most labels any verifier takes, with or without a
+# max_hops of its own; a broker chain is 2 or 3, and each label's base repeats every covered value
+MAX_HOPS = 16
 # RFC 9421 signature parameters registry; the spec's template uses the first four.
 _KNOWN_PARAMS = frozenset({"keyid", "alg", "created", "expires", "nonce", "tag"})
 
@@ -107,6 +115,8 @@ def parse_signature_stack(fields: Fields) -> tuple[SignatureEntry, ...]:
     dangling = set(inputs) ^ set(signatures)
     if dangling:
         raise VerificationError("dangling-label", f"labels {sorted(dangling)} appear in only one header")
+    if len(inputs) > MAX_HOPS:  # before any label is read: a stranger may send thousands
+        raise VerificationError("too-many-hops", f"{len(inputs)} signatures exceed the cap of {MAX_HOPS}")
     entries = []
     for label, member in inputs.items():
         entries.append(_entry(label, member, signatures[label]))
@@ -127,7 +137,7 @@ def _entry(label: str, member: Any, sig_member: Any) -> SignatureEntry:
             raise VerificationError(
                 "unsupported-component-parameter", f"component {item_value!r} has parameters {unknown}", label
             )
-        components.append(_component(item_value, key))
+        components.append(received_component(item_value, key))
     if not (isinstance(sig_member, tuple) and isinstance(sig_member[0], bytes)):
         raise VerificationError("malformed-signature", f"member {label!r} is not a Byte Sequence", label)
     return SignatureEntry(
@@ -137,23 +147,6 @@ def _entry(label: str, member: Any, sig_member: Any) -> SignatureEntry:
         params_value=serialize_member(member),
         signature=sig_member[0],
     )
-
-
-def _component(name: str, key: str | None) -> Component:
-    """The identifier a stranger's Signature-Input names. The same few come on every request: built
-    (and serialized) once and shared, being immutable; but only short ones (every identifier a
-    profile covers is), or 256 names of 60 KiB would stay held, about 30 MiB, until others evict them."""
-    if len(name) <= _SHARED_IDENTIFIER_CHARS and (key is None or len(key) <= _SHARED_IDENTIFIER_CHARS):
-        return _shared_component(name, key)
-    return Component(str(name), key)
-
-
-_SHARED_IDENTIFIER_CHARS = 64  # our choice: "signature-agent" is 15; a hop's label, a few more
-
-
-@lru_cache(maxsize=256)
-def _shared_component(name: str, key: str | None) -> Component:
-    return Component(str(name), key)
 
 
 # An sf-string without escapes or parameters, which is what a Signature-Agent URL is: read in C
@@ -324,8 +317,10 @@ def _check_key(entry: SignatureEntry, key: VerificationKey | None, now: float) -
 class CheckedStack:
     """A stack that passed every rule needing no key; each label with its keyid, created, expires."""
 
-    message: Message
-    entries: tuple[tuple[SignatureEntry, str, int, int, bytes], ...]  # keyid, created, expires, base
+    message: Message  # its fields unchanged until ``verify_checked``
+    entries: tuple[tuple[SignatureEntry, str, int, int], ...]  # keyid, created, expires
+    base: bytes  # the first label's signature base; a later label's is built when it is verified
+    dictionaries: Dictionaries  # the message's Dictionary fields, each parsed once for every label
     signature_agent: str  # the raw covered value
     directory: str | None  # the directory base it names (None when empty)
     profile: str = SVC.name
@@ -344,8 +339,8 @@ def check_stack(
     entries: tuple[SignatureEntry, ...] | None = None,
 ) -> CheckedStack:
     """Every rule that needs no key (parse, hop cap, components, parameters, window, lifetime,
-    Signature-Agent syntax, Content-Digest, signature bases); raise VerificationError with the first
-    refusal.
+    Signature-Agent syntax, Content-Digest, covered values); raise VerificationError with the first
+    refusal. The hop cap is ``max_hops``, and never more than ``MAX_HOPS``.
 
     ``body`` is the received content; pass None only when the caller checks Content-Digest itself.
     ``allow_web``: accept web-bot-auth stacks (their own rules). ``required`` is what the spec's
@@ -355,8 +350,9 @@ def check_stack(
     """
     if entries is None:
         entries = parse_signature_stack(message.fields)
-    if max_hops is not None and len(entries) > max_hops:
-        raise VerificationError("too-many-hops", f"{len(entries)} signatures exceed the cap of {max_hops}")
+    cap = MAX_HOPS if max_hops is None else min(max_hops, MAX_HOPS)
+    if len(entries) > cap:
+        raise VerificationError("too-many-hops", f"{len(entries)} signatures exceed the cap of {cap}")
     profile = entry_profile(entries[0].param("tag"), entries[0].label)
     if profile is not SVC and not (allow_web and tuple(required) == SPEC_COMPONENTS):
         raise VerificationError(
@@ -405,14 +401,21 @@ def check_stack(
         digest_covered = True
     if body is not None and digest_covered:
         verify_content_digest(message.fields.combined("content-digest"), body)
-    with_bases = []
-    for entry, keyid, created, expires in checked:
-        try:  # a covered field that is absent or ambiguous needs no key to be refused
-            base = signature_base(message, entry.components, entry.params_value)
-        except SigningError as exc:
-            raise VerificationError(exc.reason, exc.detail, entry.label) from exc
-        with_bases.append((entry, keyid, created, expires, base))
-    return CheckedStack(message, tuple(with_bases), raw_agent, directory, profile.name)
+    # a covered field that is absent or ambiguous needs no key to be refused: the first label's base
+    # is built (it is verified first), a later label's components beyond those are looked up
+    dictionaries: Dictionaries = {}
+    entry = entries[0]
+    try:
+        base = signature_base(message, entry.components, entry.params_value, dictionaries)
+        if len(entries) > 1:
+            seen = set(entry.components)
+            for entry in entries[1:]:
+                beyond = [c for c in entry.components if c not in seen]
+                check_components(message, beyond, dictionaries)
+                seen.update(beyond)
+    except SigningError as exc:
+        raise VerificationError(exc.reason, exc.detail, entry.label) from exc
+    return CheckedStack(message, tuple(checked), base, dictionaries, raw_agent, directory, profile.name)
 
 
 def _names_exchange_call(message: Message) -> bool:
@@ -427,13 +430,21 @@ def verify_checked(checked: CheckedStack, lookup: KeyLookup, *, now: float) -> V
     """Resolve each label's key with ``lookup``, check its window and revocation and the signature.
 
     ``now`` is the time the keys are used: after any fetch of them, so the signature's window is
-    checked again here (``check_stack`` checked it before the fetches, which may take seconds)."""
+    checked again here (``check_stack`` checked it before the fetches, which may take seconds).
+    A later label's base is built here, once its key is found, and kept only if it verifies."""
     message = checked.message
     verified = []
-    for index, (entry, keyid, created, expires, base) in enumerate(checked.entries):
+    for index, (entry, keyid, created, expires) in enumerate(checked.entries):
         if now >= expires:
             raise VerificationError("signature-expired", "the signature's window has ended", entry.label)
         key = _check_key(entry, lookup(entry, index), now)
+        if index == 0:
+            base = checked.base
+        else:
+            try:  # check_stack found every component: only a change to the fields since refuses here
+                base = signature_base(message, entry.components, entry.params_value, checked.dictionaries)
+            except SigningError as exc:
+                raise VerificationError(exc.reason, exc.detail, entry.label) from exc
         if not key.public.verify(entry.signature, base):
             raise VerificationError("bad-signature", _bad_signature_hint(message, entry), entry.label)
         verified.append(

@@ -80,7 +80,9 @@ class VerifierPolicy:
 
     skew_s: int = DEFAULT_SKEW_S  # for a created in the future only, never past expires
     max_validity_s: int = DEFAULT_MAX_VALIDITY_S  # expires - created above this is refused
-    max_hops: int | None = None  # RequestConstraints.max_hops / max_intermediary_hops, counted as labels
+    # RequestConstraints.max_hops / max_intermediary_hops, counted as labels; at most MAX_HOPS (16)
+    # whatever is set, and that is the cap when none is
+    max_hops: int | None = None
     broker_directories: tuple[str, ...] = ()  # directory bases where later labels' keys are looked up
     pinned_agent_keys: tuple[PublicKey, ...] = ()  # for agents that send an empty Signature-Agent
     pinned_broker_keys: tuple[PublicKey, ...] = ()  # brokers known by key, no directory fetch
