@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import ConfigError, parse_host_port
-from ..core.signature_verify import MAX_SKEW_S
+from ..core.signature_verify import MAX_HOPS, MAX_SKEW_S
 from ..errors import CliError
 from ..net.egress import EgressPolicy
 from ..verify import VerifierPolicy
@@ -44,8 +44,8 @@ def cmd_verify_origin(args: argparse.Namespace) -> int:
             raise CliError(f"--broker-directory: must be an http(s) URL, got {url!r}")
     if not 0 <= args.skew <= MAX_SKEW_S:  # the bounds of verify.skew_s
         raise CliError(f"--skew: seconds from 0 to {MAX_SKEW_S}, got {args.skew}")
-    if args.max_hops is not None and args.max_hops < 1:
-        raise CliError(f"--max-hops: a positive number of signatures, got {args.max_hops}")
+    if args.max_hops is not None and not 1 <= args.max_hops <= MAX_HOPS:
+        raise CliError(f"--max-hops: signatures from 1 to {MAX_HOPS} (no longer stack), got {args.max_hops}")
     policy = VerifierPolicy(
         skew_s=args.skew,
         max_hops=args.max_hops,
@@ -142,7 +142,8 @@ def add_parsers(sub: Any) -> None:
         "--max-hops",
         type=int,
         metavar="N",
-        help="refuse stacks with more than N signatures (default: no cap)",
+        help="refuse stacks with more than N signatures, 1 to 16 (default: no cap but the 16 every "
+        "verifier holds to)",
     )
     p.add_argument("--skew", type=int, default=5, metavar="SECONDS", help="clock skew tolerated (default 5)")
     p.set_defaults(func=cmd_verify_origin)

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from ..core.profiles import member_refusal
 from ..core.rotation import ROTATION_MARGIN_S
-from ..core.signature_verify import MAX_SKEW_S
+from ..core.signature_verify import MAX_HOPS, MAX_SKEW_S
 from ..errors import ConfigError
 from .build import build, to_plain
 from .checks import check_host_pattern, check_url, is_loopback, parse_host_port, positive, shown
@@ -170,7 +170,7 @@ class RelayConfig:
 
     def _check(self, path: str) -> None:
         if self.max_hops is not None:
-            positive(self.max_hops, f"{path}.max_hops")
+            positive(self.max_hops, f"{path}.max_hops", maximum=MAX_HOPS)  # no verifier takes a longer stack
             if self.max_hops < 2:
                 raise ConfigError(f"{path}.max_hops: a relay adds a second signature; must be at least 2")
         for i, base in enumerate(self.broker_directories):

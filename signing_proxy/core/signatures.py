@@ -38,6 +38,7 @@ from .signature_components import (
 )
 from .signature_verify import (
     DEFAULT_SKEW_S,
+    MAX_HOPS,
     KeyLookup,
     SignatureEntry,
     VerificationKey,
@@ -51,6 +52,7 @@ from .signature_verify import (
 __all__ = [
     "DEFAULT_SKEW_S",
     "DEFAULT_VALIDITY_S",
+    "MAX_HOPS",
     "SPEC_COMPONENTS",
     "Component",
     "KeyLookup",

@@ -25,7 +25,7 @@ from ..core.profiles import (
     signature_agent_field,
 )
 from ..core.sfv import parse_dictionary
-from ..core.signatures import Message, SignatureEntry, hop_components, parse_signature_stack
+from ..core.signatures import MAX_HOPS, Message, SignatureEntry, hop_components, parse_signature_stack
 from ..core.uri import Target
 from ..errors import ConfigError, KeyFileError, ProxyError
 from ..net.client import HttpClient
@@ -123,14 +123,19 @@ class RelayPipeline:
         try:
             entries = parse_signature_stack(fields)
         except VerificationError as exc:
+            if exc.reason == "too-many-hops":  # past MAX_HOPS: refused as any stack too long for us
+                raise ProxyError(403, exc.reason, exc.detail) from None
             status, headers = refusal_answer(exc)  # a 401 names the scheme it wants
             raise ProxyError(
                 status, exc.reason, f"a relay only forwards signed requests: {exc.detail}", headers
             ) from None
         cap = self.config.relay.max_hops
-        if cap is not None and len(entries) + 1 > cap:
+        if len(entries) + 1 > (MAX_HOPS if cap is None else cap):  # ours too: the next verifier counts it
+            named = (
+                f"relay.max_hops={cap}" if cap is not None else f"the cap of {MAX_HOPS} (no relay.max_hops)"
+            )
             raise ProxyError(
-                403, "too-many-hops", f"{len(entries)} signatures plus ours would exceed relay.max_hops={cap}"
+                403, "too-many-hops", f"{len(entries)} signatures plus ours would exceed {named}"
             )
         if self.config.relay.verify:
             try:

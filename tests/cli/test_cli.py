@@ -144,7 +144,8 @@ def test_run_refuses_a_worker_count_below_one(tmp_path: Path) -> None:
     [
         (["--skew", "-30"], "--skew: seconds from 0 to 300, got -30"),
         (["--skew", "301"], "--skew: seconds from 0 to 300, got 301"),
-        (["--max-hops", "0"], "--max-hops: a positive number of signatures, got 0"),
+        (["--max-hops", "0"], "--max-hops: signatures from 1 to 16 (no longer stack), got 0"),
+        (["--max-hops", "17"], "--max-hops: signatures from 1 to 16 (no longer stack), got 17"),
     ],
 )
 def test_verify_origin_refuses_the_bounds_its_configuration_refuses(flags: list[str], message: str) -> None:

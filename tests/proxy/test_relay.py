@@ -278,6 +278,24 @@ async def test_hop_cap_counts_our_signature(rig: Rig) -> None:
     assert "max_hops=3" in doc["detail"]
 
 
+@pytest.mark.parametrize("incoming", [16, 17])
+async def test_without_a_cap_a_relay_leaves_room_for_its_own_label(tmp_path: Path, incoming: int) -> None:
+    """Every verifier takes at most MAX_HOPS (16) labels. A relay with no relay.max_hops took 16 and
+    forwarded 17, which the next verifier refused; 17 was a 401 where a cap's refusal is a 403."""
+
+    def more(fields: Fields) -> None:
+        for index in range(incoming - 1):
+            label = f"b{index}"
+            fields.set(
+                "Signature-Input", f'{fields.combined("Signature-Input")}, {label}=("@method");keyid="k"'
+            )
+            fields.set("Signature", f"{fields.combined('Signature')}, {label}=:AAAA:")
+
+    async with running_relay(tmp_path, lambda _origin: {}) as uncapped:
+        doc = await refused(uncapped, build(uncapped, mutate=more), "too-many-hops", status=403)
+    assert "16" in doc["detail"]
+
+
 def test_relay_label_is_unique_in_the_dictionary() -> None:
     assert unique_label("broker", ["agent"]) == "broker"
     assert unique_label("broker", ["agent", "broker"]) == "broker2"
