@@ -12,6 +12,7 @@ from .checks import check_url, positive, shown
 __all__ = ["GatewayConfig", "TrustedIssuer"]
 
 MAX_ISSUER_KEY_GRACE_S = 30 * 86_400  # our bound: a rotated issuer key trusted at most 30 days more
+MAX_STRANGER_QUOTA_ROWS = 10_000_000  # our bound on the bound: a few GB of counters
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,9 @@ class GatewayConfig:
     understood_extensions: tuple[str, ...] = ()  # ext_critical keys this exchange evaluates
     replay_protection: bool = False  # refuse a signature seen before within its validity
     store: str = "sqlite"  # counters: sqlite (in data_dir), sqlite:///PATH, redis://host:6379/0
+    # live counters of chains whose issuer is not in trusted_issuers (measured: ~180 bytes each in
+    # SQLite, ~350 in Redis: 100,000 is ~18 MB and ~35 MB); a new one past it: 503 quota-store-full
+    max_stranger_quota_rows: int = 100_000
     audience: str | None = None  # this exchange's name in a delegation token's aud
     delegation_leeway_s: int = 0  # clock difference tolerated on a link's exp/nbf
     external_origin: str | None = None  # https://exchange.example when TLS ends in front of us
@@ -60,6 +64,8 @@ class GatewayConfig:
             raise ConfigError(f"{path}.issuer_key_grace_s: must be from 0 to {MAX_ISSUER_KEY_GRACE_S}")
         if not 0 <= self.delegation_leeway_s <= 300:
             raise ConfigError(f"{path}.delegation_leeway_s: must be from 0 to 300")
+        if not 0 <= self.max_stranger_quota_rows <= MAX_STRANGER_QUOTA_ROWS:
+            raise ConfigError(f"{path}.max_stranger_quota_rows: must be from 0 to {MAX_STRANGER_QUOTA_ROWS}")
         store = self.store
         if store != "sqlite" and not store.startswith(("sqlite:///", "redis://", "rediss://", "unix://")):
             raise ConfigError(f"{path}.store: sqlite, sqlite:///PATH or a redis:// URL, got {shown(store)}")

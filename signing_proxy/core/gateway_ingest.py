@@ -310,9 +310,10 @@ def check_mirror(mirror: DelegationIn, verified: VerifiedDelegation, now: float)
 
 
 # Our choice (the spec: a lifetime quota is "bounded only by expiry"): a chain none of whose links
-# has exp keeps its count for a year from the first access. Any https issuer may sign such chains by
-# default (gateway.trusted_issuers_only: false), and a counter row kept for ever per chain was stored
-# state any stranger could grow without end.
+# has exp keeps its count for a year from the first access, so that its row leaves the store some
+# day. That alone bounds nothing: a stranger's chain may also carry a quota_period of up to 10,000
+# years or an exp of up to 2**53 s, and each new chain is a new row (request rate x window). The
+# bound on strangers' rows is the store's: gateway.max_stranger_quota_rows (verify.counters).
 ENDLESS_QUOTA_WINDOW_S = 366 * 86_400
 
 
@@ -347,7 +348,7 @@ def quota_counters(
             window = float(period)
         elif ends is not None:
             window = max(1.0, ends - now + leeway_s)  # a lifetime quota: until the grant ends
-        else:  # a grant that never ends: its count is kept this long, not for ever (strangers' rows)
+        else:  # a grant that never ends: its count is kept this long, not for ever
             window = float(ENDLESS_QUOTA_WINDOW_S)
         key = hashlib.sha256("~".join(parts[: index + 1]).encode("ascii")).hexdigest()
         counters.append(QuotaCounter(key, limit, window))

@@ -99,6 +99,7 @@ class GatewayPipeline:
                 replay_protection=section.replay_protection,
                 audience=section.audience,
                 leeway_s=section.delegation_leeway_s,
+                max_stranger_quota_rows=section.max_stranger_quota_rows,
             ),
             store=self.store,
             trusted_issuers=_anchors(section),

@@ -8,6 +8,17 @@ is at its limit none is counted, and the answer says when that one's window ends
 one-counter case.
 ``first_seen`` records a key for ``ttl_s`` and says whether it was new (replay protection).
 
+Strangers' rows are bounded. Any https issuer may sign chains with caps (``gateway.trusted_issuers_only``
+is false by default), and each new capped chain is a counter row kept for its window (a
+``quota_period`` of up to 10,000 years, a grant's life until an ``exp`` of up to 2**53 s). So
+``take_all`` is told ``max_stranger_rows`` when the chain's authority issuer is not in
+``gateway.trusted_issuers``: the rows it creates are marked a stranger's, and a take that would
+create one while the live stranger rows would then number more than ``max_stranger_rows`` counts
+nothing and raises ``StrangerRowsFull`` (the gateway answers 503 ``quota-store-full``). Rows that
+exist keep counting (never reset, never refused for the bound), a trusted issuer's chain is never
+refused for it, and an expired row leaves the bound. The check is inside the same atomic step as
+the count, so concurrent workers or replicas cannot overshoot it.
+
 Two stores: ``SqliteCounterStore`` (the embedded default, a file in the data directory; every
 operation is one ``BEGIN IMMEDIATE`` transaction, so ``--workers`` processes sharing the file
 never lose or double a count) and ``verify.redis_counters.RedisCounterStore`` for several gateway
@@ -29,13 +40,30 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from ..core.errors import Error
 from ..core.gateway_ingest import QuotaCounter
 
-__all__ = ["SQLITE_FILE", "CounterStore", "SqliteCounterStore", "Taken"]
+__all__ = [
+    "QUOTA_STORE_FULL",
+    "SQLITE_FILE",
+    "CounterStore",
+    "SqliteCounterStore",
+    "StrangerRowsFull",
+    "Taken",
+]
 
 SQLITE_FILE = "gateway-counters.sqlite3"  # in data_dir
 SQLITE_BUSY_TIMEOUT_MS = 5000  # our choice: a worker waits this long for another's transaction
 PRUNE_EVERY = 256  # our choice: expired rows are deleted once per this many writes
+QUOTA_STORE_FULL = "quota-store-full"
+
+
+class StrangerRowsFull(Error):
+    """The take would create a counter row of an untrusted issuer's chain while the live rows of
+    such chains are at ``max_stranger_rows``: nothing was counted (refused, fail closed)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(QUOTA_STORE_FULL, f"{limit} counters of untrusted issuers' chains are live")
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,11 +76,16 @@ class Taken:
 
 
 class CounterStore(Protocol):
-    async def take_all(self, counters: Sequence[QuotaCounter], now: float) -> tuple[int, Taken]:
+    async def take_all(
+        self, counters: Sequence[QuotaCounter], now: float, max_stranger_rows: int | None = None
+    ) -> tuple[int, Taken]:
         """Count one access on every counter if each is below its limit, else on none (atomic).
 
         Returns the index of the counter that decided, with its figures: the first one at its
-        limit when refused, else the one with the fewest accesses left."""
+        limit when refused, else the one with the fewest accesses left. ``max_stranger_rows``
+        (None: the chain's issuer is trusted) marks the rows this take creates as a stranger's and
+        raises ``StrangerRowsFull``, counting nothing, when creating them would leave more live
+        stranger rows than that."""
         ...
 
     async def first_seen(self, key: str, ttl_s: float, now: float) -> bool:
@@ -67,9 +100,44 @@ class CounterStore(Protocol):
 
 
 _SCHEMA = (
-    "CREATE TABLE IF NOT EXISTS counters (key TEXT PRIMARY KEY, count INTEGER NOT NULL, expires_at REAL)",
+    "CREATE TABLE IF NOT EXISTS counters (key TEXT PRIMARY KEY, count INTEGER NOT NULL, expires_at REAL, "
+    "stranger INTEGER NOT NULL DEFAULT 0)",
     "CREATE TABLE IF NOT EXISTS seen (key TEXT PRIMARY KEY, expires_at REAL NOT NULL)",
 )
+# Strangers' rows (stranger = 1): their number is kept in ``tally`` by triggers, whatever statement
+# inserts, updates or deletes them (a count, the prune, another worker), so the bound is read in O(1);
+# the partial index finds the expired ones without a scan.
+_STRANGER_SCHEMA = (
+    "CREATE INDEX IF NOT EXISTS counters_stranger_expiry ON counters (expires_at) WHERE stranger = 1",
+    "CREATE TABLE IF NOT EXISTS tally (name TEXT PRIMARY KEY, n INTEGER NOT NULL)",
+    "INSERT OR IGNORE INTO tally (name, n) SELECT 'stranger_rows', COUNT(*) FROM counters WHERE stranger = 1",
+    "CREATE TRIGGER IF NOT EXISTS stranger_row_in AFTER INSERT ON counters WHEN NEW.stranger = 1 "
+    "BEGIN UPDATE tally SET n = n + 1 WHERE name = 'stranger_rows'; END",
+    "CREATE TRIGGER IF NOT EXISTS stranger_row_out AFTER DELETE ON counters WHEN OLD.stranger = 1 "
+    "BEGIN UPDATE tally SET n = n - 1 WHERE name = 'stranger_rows'; END",
+    "CREATE TRIGGER IF NOT EXISTS stranger_row_flag AFTER UPDATE OF stranger ON counters "
+    "WHEN NEW.stranger <> OLD.stranger "
+    "BEGIN UPDATE tally SET n = n + NEW.stranger - OLD.stranger WHERE name = 'stranger_rows'; END",
+)
+_TALLY = "SELECT n FROM tally WHERE name = 'stranger_rows'"
+
+
+def _create_schema(db: sqlite3.Connection) -> None:
+    """The tables, in one transaction: workers starting together on a file written by an earlier
+    version (no ``stranger`` column: its rows are all counted as trusted) add the column once."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        for statement in _SCHEMA:
+            db.execute(statement)
+        columns = {row[1] for row in db.execute("PRAGMA table_info(counters)")}
+        if "stranger" not in columns:
+            db.execute("ALTER TABLE counters ADD COLUMN stranger INTEGER NOT NULL DEFAULT 0")
+        for statement in _STRANGER_SCHEMA:
+            db.execute(statement)
+        db.execute("COMMIT")
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
 
 
 WAL_SWITCH_TRIES = 100  # our choice: 100 x 20 ms; the switch ignores busy_timeout while a peer holds the file
@@ -107,14 +175,17 @@ class SqliteCounterStore:
             _set_wal(db)  # readers never block the writer
             # no fsync per count: a crash of the process loses nothing, a power cut the last moments
             db.execute("PRAGMA synchronous=NORMAL")
-            for statement in _SCHEMA:
-                db.execute(statement)
+            _create_schema(db)
             self._db = db
         return self._db
 
-    async def take_all(self, counters: Sequence[QuotaCounter], now: float) -> tuple[int, Taken]:
+    async def take_all(
+        self, counters: Sequence[QuotaCounter], now: float, max_stranger_rows: int | None = None
+    ) -> tuple[int, Taken]:
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self._take_all, tuple(counters), now)
+        return await loop.run_in_executor(
+            self._executor, self._take_all, tuple(counters), now, max_stranger_rows
+        )
 
     async def first_seen(self, key: str, ttl_s: float, now: float) -> bool:
         loop = asyncio.get_running_loop()
@@ -131,26 +202,44 @@ class SqliteCounterStore:
         self._executor.shutdown(wait=True)
 
     # --- on the store's thread ---
-    def _take_all(self, counters: tuple[QuotaCounter, ...], now: float) -> tuple[int, Taken]:
+    def _take_all(
+        self, counters: tuple[QuotaCounter, ...], now: float, max_stranger_rows: int | None
+    ) -> tuple[int, Taken]:
         db = self._connect()
         db.execute("BEGIN IMMEDIATE")  # the write lock first: no other process reads a stale count
         try:
             current = []
+            created = False
             for index, (key, limit, window_s) in enumerate(counters):
-                row = db.execute("SELECT count, expires_at FROM counters WHERE key = ?", (key,)).fetchone()
+                row = db.execute(
+                    "SELECT count, expires_at, stranger FROM counters WHERE key = ?", (key,)
+                ).fetchone()
                 if row is None or (row[1] is not None and row[1] <= now):
+                    # a row this take creates: a stranger's when its chain's issuer is not trusted
+                    created = True
                     count, expires_at = 0, (now + window_s if window_s is not None else None)
+                    stranger = int(max_stranger_rows is not None)
                 else:
-                    count, expires_at = int(row[0]), row[1]
+                    count, expires_at, stranger = int(row[0]), row[1], int(row[2])
                 if count >= limit:
                     db.execute("COMMIT")
                     return index, Taken(False, count, expires_at)
-                current.append((key, count + 1, expires_at))
+                current.append((key, count + 1, expires_at, stranger))
+            bound = max_stranger_rows if created else None  # None: this take adds no stranger row
+            live = 0
+            if bound is not None:  # expired strangers' rows leave the bound (the index finds only those)
+                db.execute("DELETE FROM counters WHERE stranger = 1 AND expires_at <= ?", (now,))
+                live = int(db.execute(_TALLY).fetchone()[0])
             db.executemany(
-                "INSERT INTO counters (key, count, expires_at) VALUES (?, ?, ?) "
-                "ON CONFLICT(key) DO UPDATE SET count = excluded.count, expires_at = excluded.expires_at",
+                "INSERT INTO counters (key, count, expires_at, stranger) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT(key) DO UPDATE SET count = excluded.count, expires_at = excluded.expires_at, "
+                "stranger = excluded.stranger",
                 current,
             )
+            if bound is not None:
+                after = int(db.execute(_TALLY).fetchone()[0])
+                if after > live and after > bound:  # this take adds a stranger row past the bound:
+                    raise StrangerRowsFull(bound)  # rolled back (the purge too), nothing counted
             self._maybe_prune(db, now)
             db.execute("COMMIT")
         except BaseException:

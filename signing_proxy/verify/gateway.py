@@ -13,7 +13,10 @@
    issuer's directory would need the exhausted fetch budget).
 4. **Quota**: each capped link's ``max_accesses`` within its ``quota_period`` (lifetime when
    absent), counted atomically in the ``CounterStore`` per chain up to that link. 429
-   ``DENIAL_REASON_QUOTA_EXCEEDED`` with ``Retry-After`` at the window's end.
+   ``DENIAL_REASON_QUOTA_EXCEEDED`` with ``Retry-After`` at the window's end. A chain whose
+   authority issuer is not in ``trusted_issuers`` may create counters only while fewer than
+   ``GatewayPolicy.max_stranger_quota_rows`` of such chains' counters are live: past it, 503
+   ``quota-store-full`` with ``Retry-After`` (nothing counted, nothing admitted uncounted).
 5. **Replay** (optional): the agent's signature seen before within its validity is refused. 401
    ``signature-replayed``. Checked just before the count of step 4 (its ``now`` taken then, after
    the keys were awaited), so that a replayed request never spends an access of the chain.
@@ -32,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from urllib.parse import quote
 
+from ..config import GatewayConfig
 from ..core.delegation import verify_chain
 from ..core.delegation_claims import parse_link
 from ..core.delegation_verify import VerifiedDelegation
@@ -51,7 +55,7 @@ from ..core.requester import REQUESTER_TYPE_DELEGATED
 from ..core.scopes import format_scope_list
 from ..core.signatures import VerifiedStack
 from ..errors import DirectoryError
-from .counters import CounterStore
+from .counters import CounterStore, StrangerRowsFull
 from .issuers import IssuerKeys
 from .verifier import SIGNATURE_CHALLENGE, RequestVerifier, refusal_answer
 
@@ -70,6 +74,9 @@ log = logging.getLogger("signing_proxy.gateway")
 DELEGATION_INVALID = "DENIAL_REASON_DELEGATION_INVALID"  # spec "Failure handling"
 QUOTA_EXCEEDED = "DENIAL_REASON_QUOTA_EXCEEDED"  # spec "Failure handling"
 HEADER_PREFIX = "x-verified-"  # every header the gateway sets; client-sent copies are dropped
+# quota-store-full: no stranger's counter frees on demand (each lasts its window), so a fixed pause
+STORE_FULL_RETRY_AFTER_S = 60
+STORE_FULL_LOG_EVERY_S = 60.0  # one warning a minute while strangers' counters are at their bound
 _SAFE = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) not in '%",')  # percent-encode the rest
 
 
@@ -88,6 +95,8 @@ class GatewayPolicy:
     replay_protection: bool = False
     audience: str | None = None  # this exchange's name in a token's aud
     leeway_s: int = 0  # tolerated clock difference on exp/nbf of delegation links
+    # live counters of chains whose authority issuer is not in trusted_issuers (one default: gateway.*)
+    max_stranger_quota_rows: int = GatewayConfig.max_stranger_quota_rows
 
 
 @dataclass(frozen=True)
@@ -151,6 +160,7 @@ class GatewayVerifier:
     store: CounterStore | None = None  # needed for quotas and replay protection
     policy: GatewayPolicy = field(default_factory=GatewayPolicy)
     clock: Callable[[], float] = time.time
+    _full_logged_at: float | None = field(default=None, init=False, repr=False)
 
     async def check(self, method: str, target_uri: str, fields: Fields, body: bytes) -> GatewayVerdict:
         """The verdict, or ``GatewayRefusal`` with the status and stable reason of the step that refused."""
@@ -259,8 +269,16 @@ class GatewayVerifier:
             return None
         if self.store is None:  # fail closed: a cap nobody counts is not a cap
             raise GatewayRefusal(503, "quota-store-unavailable", "no counter store is configured")
+        # a chain any https issuer may sign: the counters it creates are within a bound (strangers')
+        trusted = chain.links[0].iss in self.issuers.trusted
+        bound = None if trusted else self.policy.max_stranger_quota_rows
         try:
-            index, taken = await self.store.take_all(counters, now)
+            index, taken = await self.store.take_all(counters, now, bound)
+        except StrangerRowsFull as exc:
+            self._log_full(exc)
+            retry = (("Retry-After", str(STORE_FULL_RETRY_AFTER_S)),)
+            detail = "too many counters of untrusted issuers' chains are live; this chain's cannot be kept"
+            raise GatewayRefusal(503, exc.reason, detail, retry) from None
         except Exception as exc:  # the store's client errors: answered 503, one line in the log
             log.warning("counter store failed: %s", type(exc).__name__)
             raise GatewayRefusal(
@@ -273,6 +291,16 @@ class GatewayVerifier:
                 headers = (("Retry-After", str(max(1, math.ceil(taken.reset_at - self.clock())))),)
             raise GatewayRefusal(429, QUOTA_EXCEEDED, f"{limit} accesses used in this quota period", headers)
         return limit - taken.count
+
+    def _log_full(self, exc: StrangerRowsFull) -> None:
+        now = self.clock()
+        if self._full_logged_at is None or now - self._full_logged_at >= STORE_FULL_LOG_EVERY_S:
+            self._full_logged_at = now
+            log.warning(
+                "new capped chains of untrusted issuers refused (503 quota-store-full): %s "
+                "(gateway.max_stranger_quota_rows; list an issuer in gateway.trusted_issuers to exempt it)",
+                exc.detail,
+            )
 
     async def _check_replay(self, stack: VerifiedStack) -> None:
         if self.store is None:

@@ -4,6 +4,10 @@ Each operation is one atomic server-side step, never a read-modify-write from he
 a Lua script (read every count, refuse at the first limit reached, else ``INCR`` each and set a
 window's expiry on its first access), ``first_seen`` is a script around ``SET key 1 NX PX ttl``.
 Keys carry the prefix ``sp:gw:`` and expire with their window, so Redis holds only live state.
+The counters created for untrusted issuers' chains are also members of the sorted set
+``sp:gw:strangers``, scored by their expiry on the gateways' clock (``now``): the same script drops
+the expired members and refuses a take that would add one past ``max_stranger_rows``
+(``verify.counters``). A gateway clock ahead of Redis's drops a member up to that much early.
 
 Lost state fails closed (a cap nobody counts is not a cap). A Redis that restarts without its data,
 or is flushed, would otherwise start every count and the replay memory again from zero, and a
@@ -43,14 +47,15 @@ from redis.exceptions import RedisError
 
 from ..core.errors import Error
 from ..core.gateway_ingest import QuotaCounter
-from .counters import Taken
+from .counters import StrangerRowsFull, Taken
 
-__all__ = ["EPOCH_KEY", "KEY_PREFIX", "CounterStateLost", "RedisCounterStore"]
+__all__ = ["EPOCH_KEY", "KEY_PREFIX", "STRANGERS_KEY", "CounterStateLost", "RedisCounterStore"]
 
 log = logging.getLogger("signing_proxy.counters")
 
 KEY_PREFIX = "sp:gw:"  # our namespace in a Redis database another service may share
 EPOCH_KEY = KEY_PREFIX + "epoch"
+STRANGERS_KEY = KEY_PREFIX + "strangers"  # the counters of untrusted issuers' chains, by expiry (ms)
 _REPLICA, _LOST = b"gw:", b"lost:"  # an epoch a store created; the tombstone of a lost one
 _ADOPT = """
 local epoch = redis.call('GET', KEYS[1])
@@ -71,25 +76,54 @@ if epoch ~= ARGV[1] then
   return {-1, epoch}
 end
 """
+# KEYS: the epoch, the strangers' set, the counters. ARGV: the epoch, max_stranger_rows (-1: the
+# chain's issuer is trusted), now in ms, then each counter's limit and window in ms (0: no expiry).
+# The strangers' set holds the counters created for untrusted issuers' chains, scored by when they
+# expire: the expired are removed before it is counted (in this script, so that replicas racing
+# cannot overshoot), and a take that would add one past the bound answers {2} and counts nothing.
 _TAKE_ALL = (
     _CHECK_EPOCH
     + """
-local n = #KEYS - 1
+local bound, now = tonumber(ARGV[2]), tonumber(ARGV[3])
+local n = #KEYS - 2
+local fresh, created = {}, false
 for i = 1, n do
-  local count = tonumber(redis.call('GET', KEYS[i + 1]) or '0')
-  if count >= tonumber(ARGV[2 * i]) then
-    return {0, i, count, redis.call('PTTL', KEYS[i + 1])}
+  local count = tonumber(redis.call('GET', KEYS[i + 2]) or '0')
+  if count >= tonumber(ARGV[2 * i + 2]) then
+    return {0, i, count, redis.call('PTTL', KEYS[i + 2])}
+  end
+  fresh[i] = count == 0
+  created = created or fresh[i]
+end
+if bound >= 0 and created then
+  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+  local adds = 0
+  for i = 1, n do
+    if fresh[i] and not redis.call('ZSCORE', KEYS[2], KEYS[i + 2]) then
+      adds = adds + 1
+    end
+  end
+  if adds > 0 and redis.call('ZCARD', KEYS[2]) + adds > bound then
+    return {2}
   end
 end
 local best, left, best_count, best_ttl = 1, nil, 0, -1
 for i = 1, n do
-  local count = redis.call('INCR', KEYS[i + 1])
-  if count == 1 and tonumber(ARGV[2 * i + 1]) > 0 then
-    redis.call('PEXPIRE', KEYS[i + 1], ARGV[2 * i + 1])
+  local count = redis.call('INCR', KEYS[i + 2])
+  local window = tonumber(ARGV[2 * i + 3])
+  if count == 1 then
+    if window > 0 then
+      redis.call('PEXPIRE', KEYS[i + 2], window)
+    end
+    if bound >= 0 then
+      redis.call('ZADD', KEYS[2], window > 0 and string.format('%.0f', now + window) or '+inf', KEYS[i + 2])
+    else
+      redis.call('ZREM', KEYS[2], KEYS[i + 2])
+    end
   end
-  local rest = tonumber(ARGV[2 * i]) - count
+  local rest = tonumber(ARGV[2 * i + 2]) - count
   if left == nil or rest < left then
-    best, left, best_count, best_ttl = i, rest, count, redis.call('PTTL', KEYS[i + 1])
+    best, left, best_count, best_ttl = i, rest, count, redis.call('PTTL', KEYS[i + 2])
   end
 end
 return {1, best, best_count, best_ttl}
@@ -164,13 +198,19 @@ class RedisCounterStore:
             self.epoch = now
         raise CounterStateLost(f"{EPOCH_KEY} keeps changing")
 
-    async def take_all(self, counters: Sequence[QuotaCounter], now: float) -> tuple[int, Taken]:
-        args: list[Any] = []
+    async def take_all(
+        self, counters: Sequence[QuotaCounter], now: float, max_stranger_rows: int | None = None
+    ) -> tuple[int, Taken]:
+        args: list[Any] = [-1 if max_stranger_rows is None else max_stranger_rows, math.floor(now * 1000)]
         for counter in counters:
             window_s = counter.window_s
             args += [counter.limit, max(1, math.ceil(window_s * 1000)) if window_s is not None else 0]
-        keys = [KEY_PREFIX + "q:" + c.key for c in counters]
-        allowed, index, count, pttl = await self._run(self._take_all, keys, args)
+        keys = [STRANGERS_KEY] + [KEY_PREFIX + "q:" + c.key for c in counters]
+        result = await self._run(self._take_all, keys, args)
+        if int(result[0]) == 2:
+            assert max_stranger_rows is not None  # the script answers {2} only with a bound
+            raise StrangerRowsFull(max_stranger_rows)
+        allowed, index, count, pttl = result
         reset_at = now + int(pttl) / 1000 if int(pttl) >= 0 else None  # -1: no expiry (lifetime)
         return int(index) - 1, Taken(bool(allowed), int(count), reset_at)
 

@@ -288,9 +288,11 @@ async def test_retry_after_counts_from_the_refusal_not_from_the_request(world: W
     inner: CounterStore = store  # the narrowed type, kept inside the methods below
 
     class WaitingStore:
-        async def take_all(self, counters: Sequence[QuotaCounter], now: float) -> tuple[int, Taken]:
+        async def take_all(
+            self, counters: Sequence[QuotaCounter], now: float, max_stranger_rows: int | None = None
+        ) -> tuple[int, Taken]:
             world.clock.now += 0.5  # the lock was held this long; the window opens at the later time
-            return await inner.take_all(counters, world.clock.now)
+            return await inner.take_all(counters, world.clock.now, max_stranger_rows)
 
         async def first_seen(self, key: str, ttl_s: float, now: float) -> bool:
             return await inner.first_seen(key, ttl_s, now)
