@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from ..core.signature_verify import MAX_HOPS
 from ..core.uri import LOOPBACK_HOSTS, is_host_name
 from ..errors import ConfigError
 from .checks import check_url, positive, shown
@@ -59,7 +60,7 @@ class GatewayConfig:
     def _check(self, path: str) -> None:
         check_url(self.upstream, f"{path}.upstream")
         if self.max_hops is not None:
-            positive(self.max_hops, f"{path}.max_hops")
+            positive(self.max_hops, f"{path}.max_hops", maximum=MAX_HOPS)  # no verifier takes more
         if not 0 <= self.issuer_key_grace_s <= MAX_ISSUER_KEY_GRACE_S:
             raise ConfigError(f"{path}.issuer_key_grace_s: must be from 0 to {MAX_ISSUER_KEY_GRACE_S}")
         if not 0 <= self.delegation_leeway_s <= 300:

@@ -75,6 +75,7 @@ def test_every_example_config_is_valid(path: Path) -> None:
         ),
         (["not", "a", "mapping"], "config: must be a mapping"),
         ({"mode": "relay", "relay": {"max_hops": 17}}, "relay.max_hops: must be at most 16"),
+        ({"gateway": {"max_hops": 17}}, "gateway.max_hops: must be at most 16"),
     ],
 )
 def test_mistakes_are_refused_with_their_key_path(raw: Any, message: str) -> None:
