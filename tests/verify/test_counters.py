@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -15,43 +14,14 @@ from signing_proxy.verify.counters import CounterStore, SqliteCounterStore, Take
 from signing_proxy.verify.redis_counters import RedisCounterStore
 from signing_proxy.verify.stores import open_counter_store
 from tests.redis_server import RedisServer
+from tests.verify.conftest import Factory
 
 NOW = 1_800_000_000.0
-
-Factory = Callable[[], CounterStore]
 
 
 async def take(store: CounterStore, key: str, limit: int, window_s: float | None, now: float) -> Taken:
     """One counter, through ``take_all`` (the stores' one way to count)."""
     return (await store.take_all((QuotaCounter(key, limit, window_s),), now))[1]
-
-
-@pytest.fixture(scope="module")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    with RedisServer(tmp_path_factory.mktemp("redis")) as server:
-        yield server
-
-
-@pytest.fixture(params=["sqlite", pytest.param("redis", marks=pytest.mark.integration)])
-async def factory(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Factory]:
-    made: list[CounterStore] = []
-    if request.param == "sqlite":
-
-        def make() -> CounterStore:
-            made.append(SqliteCounterStore(tmp_path / "counters.sqlite3"))
-            return made[-1]
-    else:
-        server: RedisServer = request.getfixturevalue("redis_server")
-        first = RedisCounterStore.from_url(server.url)
-        await first.client.flushdb()
-
-        def make() -> CounterStore:
-            made.append(RedisCounterStore.from_url(server.url) if made else first)
-            return made[-1]
-
-    yield make
-    for store in made:
-        await store.close()
 
 
 async def test_take_counts_up_to_the_limit_then_refuses_without_counting(factory: Factory) -> None:

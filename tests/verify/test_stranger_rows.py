@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -25,41 +25,12 @@ from signing_proxy.verify.gateway import GatewayPolicy
 from signing_proxy.verify.issuers import IssuerAnchor
 from signing_proxy.verify.redis_counters import STRANGERS_KEY, RedisCounterStore
 from tests.redis_server import RedisServer
+from tests.verify.conftest import Factory
 from tests.verify.fakes import NOW as NOW_W  # the world fixture's clock
 from tests.verify.test_gateway import OWNER, World, world  # noqa: F401 (the fixture)
 
 NOW = 1_800_000_000.0
 BOUND = 3
-
-Factory = Callable[[], CounterStore]
-
-
-@pytest.fixture(scope="module")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    with RedisServer(tmp_path_factory.mktemp("redis")) as server:
-        yield server
-
-
-@pytest.fixture(params=["sqlite", pytest.param("redis", marks=pytest.mark.integration)])
-async def factory(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Factory]:
-    made: list[CounterStore] = []
-    if request.param == "sqlite":
-
-        def make() -> CounterStore:
-            made.append(SqliteCounterStore(tmp_path / "counters.sqlite3"))
-            return made[-1]
-    else:
-        server: RedisServer = request.getfixturevalue("redis_server")
-        first = RedisCounterStore.from_url(server.url)
-        await first.client.flushdb()
-
-        def make() -> CounterStore:
-            made.append(RedisCounterStore.from_url(server.url) if made else first)
-            return made[-1]
-
-    yield make
-    for store in made:
-        await store.close()
 
 
 async def stranger(store: CounterStore, key: str, now: float, limit: int = 5, window_s: float = 60) -> int:
