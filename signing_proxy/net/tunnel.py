@@ -64,10 +64,10 @@ class TunnelStart(asyncio.Protocol):
 
     def begin(self, early: bytes) -> None:
         self.raw.set_protocol(self)
+        if not self.raw.is_closing():  # before the early bytes: a pause they cause must stand (plain
+            self.raw.resume_reading()  # HTTP pipelined after the CONNECT pauses its inner connection)
         if early:
             self.data_received(early)
-        if not self.raw.is_closing():
-            self.raw.resume_reading()
 
     # --- raw transport callbacks until the tunnel knows what it carries ---
     def data_received(self, data: bytes) -> None:
@@ -268,9 +268,9 @@ class BlindTunnel:
             raw.write(data)
         if held and self.upstream.transport is not None and not self.upstream.transport.is_closing():
             self.upstream.transport.resume_reading()
+        raw.resume_reading()  # before the early bytes: a pause they cause (the upstream full) must stand
         if early:
             self.client.data_received(early)
-        raw.resume_reading()
 
     def active(self) -> None:
         """Bytes moved: the idle clock starts again (a timestamp; the timer re-arms when it fires)."""

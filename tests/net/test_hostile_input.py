@@ -11,6 +11,7 @@ import contextlib
 import json
 import socket
 import struct
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
@@ -31,6 +32,7 @@ from signing_proxy.net.websocket import _Handshake
 from tests.harness import WAIT_S, ProxyProcess, VerifyingOrigin, until, wait_for
 from tests.memory import held_after
 from tests.net.test_engine import exchange, running
+from tests.proxy.raw_upstream import raw_backend
 
 KEY = SigningKey.generate()
 BIG = 200_000  # far above every limit below; never sent whole by a well-behaved test
@@ -393,6 +395,42 @@ def test_a_long_url_through_the_proxy_is_414_before_it_ends(tmp_path: Path) -> N
     ):
         sock.sendall(b"GET http://127.0.0.1/" + b"a" * 8192)  # and nothing more
         assert sock.recv(65536).startswith(b"HTTP/1.1 414 ")
+
+
+@pytest.mark.parametrize("early_requests", [0, 3])
+def test_requests_pipelined_with_a_connect_are_read_no_faster_than_served(
+    tmp_path: Path, early_requests: int
+) -> None:
+    """Plain HTTP sent in the same write as the CONNECT went to the tunnel's inner connection, which
+    paused reading after two; the tunnel then resumed the socket, undoing that pause, and every
+    request after it was kept unparsed: 200 MiB streamed to an upstream that never answers grew the
+    proxy by 270 MiB. Now the client is held back by the socket, as after the 200."""
+    answered = threading.Event()
+
+    def silent(conn: socket.socket) -> None:  # reads the first request, never answers it
+        with conn:
+            answered.wait(WAIT_S)
+
+    request = b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n"
+    with raw_backend(silent) as port:
+        config = {"intercept": {"allowed_ports": [port]}}
+        with (
+            ProxyProcess(tmp_path, config, key=KEY) as proxy,
+            socket.create_connection(("127.0.0.1", proxy.port), timeout=WAIT_S) as sock,
+        ):
+            connect = f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode()
+            sock.sendall(connect + request * early_requests)
+            before = proxy.rss_kib()
+            sock.settimeout(1.0)  # no progress for a second: the proxy has stopped reading
+            sent, chunk = 0, request * (65536 // len(request))
+            with contextlib.suppress(TimeoutError):
+                while sent < 64 << 20:
+                    sock.sendall(chunk)
+                    sent += len(chunk)
+            grown_mib = (proxy.rss_kib() - before) / 1024
+            answered.set()
+    assert sent < 16 << 20, f"{sent >> 20} MiB read from a client whose first request is unanswered"
+    assert grown_mib < 16, grown_mib
 
 
 async def fetched_from(
