@@ -15,10 +15,11 @@ sends it to with that ``Host`` (``hosts=None``: any name, for a tool that gates 
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 
-from aiohttp import web
+from aiohttp import StreamReader, web
 from aiohttp.typedefs import Middleware
 
 from ..core.errors import FieldError, VerificationError
@@ -87,6 +88,10 @@ async def as_received(
     """Method, target URI, header field lines and body of ``request`` exactly as they arrived (raw
     lines, raw path, the bytes read): what every aiohttp face of the verifier checks.
 
+    The whole body is read here (within aiohttp's ``client_max_size``: 413 above it), before any
+    handler runs; the request then replays those very bytes to whatever reads it next (``read``,
+    ``text``, ``json``, ``post``, ``multipart`` or streaming ``content``).
+
     The field lines are the end-to-end ones (``net.framing.drop_hop_by_hop``, as the gateway and the
     relay verify them): without ``Connection``, the other hop-by-hop fields and every field a
     ``Connection`` names. Such a field ends at this hop (RFC 9110 section 7.6.1), so a signature
@@ -115,8 +120,32 @@ async def as_received(
             "body sent with a Content-Encoding cannot be checked; run the server with auto_decompress=False",
         )
     body = await request.read()
+    _replay(request, body)
     lines = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.raw_headers]
     return request.method, origin + request.raw_path, drop_hop_by_hop(lines), body
+
+
+def _replay(request: web.Request, body: bytes) -> None:
+    """Give ``request`` a body stream that replays ``body``, the bytes just read (and then verified).
+
+    ``request.read()`` drains aiohttp's input stream: only ``read``/``text``/``json`` and an
+    url-encoded ``post`` see the body afterwards (from read's cache), while ``content`` (streaming),
+    ``multipart()`` and a multipart ``post()`` read that stream and got nothing (or a 500). With this
+    stream every way of reading sees exactly the bytes that were verified; none reads the socket again.
+
+    aiohttp (3.14) has no public way to give a request another body stream (``clone()`` keeps it), and
+    the request reads it from the private ``_payload`` (``content``, ``multipart``, ``post``): set here
+    only, with the reified ``content`` forgotten. tests/verify/test_middleware_body.py pins it on every
+    face, so an aiohttp that reads the body elsewhere fails there.
+    """
+    if not request.body_exists:  # no body at all (aiohttp's empty stream): nothing to replay
+        return
+    # a limit above the body: the stream never asks the connection to pause for bytes already held
+    replay = StreamReader(request.protocol, max(len(body), 2**16), loop=asyncio.get_running_loop())
+    replay.feed_data(body)
+    replay.feed_eof()
+    request._payload = replay
+    request._cache.pop("content", None)
 
 
 # what aiohttp's request parsers decode (http_parser.py, _http_parser.pyx), compared as they compare
