@@ -19,7 +19,8 @@ from typing import Any, Literal
 from ..core.profiles import member_refusal
 from ..core.rotation import ROTATION_MARGIN_S
 from ..core.signature_verify import MAX_HOPS, MAX_SKEW_S
-from ..errors import ConfigError
+from ..core.uri import ipv6_text, parse_authority
+from ..errors import ConfigError, FieldError
 from .build import build, to_plain
 from .checks import check_host_pattern, check_url, is_loopback, parse_host_port, positive, shown
 from .gateway import GatewayConfig, TrustedIssuer
@@ -95,7 +96,7 @@ class TimeoutsConfig:
 @dataclass(frozen=True)
 class UpstreamConfig:
     ca_file: str | None = None  # extra CAs trusted for upstream TLS, on top of the system store
-    pin_ca_files: Mapping[str, str] = field(default_factory=dict)  # host -> CA file (only these CAs)
+    pin_ca_files: Mapping[str, str] = field(default_factory=dict)  # host -> only this CA (``pinned``)
     pool_max_idle_per_host: int = 256  # idle keep-alive connections per origin (each closes after 30 s idle)
     pool_max_idle: int = 1024  # ... and in all: clients choose the origins, so their number is theirs
     next_hop: str | None = None  # a relay every request is sent to, in absolute form (http:// or https://)
@@ -103,6 +104,7 @@ class UpstreamConfig:
     def _check(self, path: str) -> None:
         positive(self.pool_max_idle_per_host, f"{path}.pool_max_idle_per_host")
         positive(self.pool_max_idle, f"{path}.pool_max_idle")
+        self.pinned(f"{path}.pin_ca_files")
         if self.next_hop is not None:
             check_url(self.next_hop, f"{path}.next_hop")  # user:password@ would be dropped, never sent
             scheme, sep, rest = self.next_hop.partition("://")
@@ -110,6 +112,34 @@ class UpstreamConfig:
                 raise ConfigError(
                     f"{path}.next_hop: must be http(s)://HOST[:PORT] of a relay, got {shown(self.next_hop)}"
                 )
+
+    @staticmethod
+    def pin_host(host: str) -> str:
+        """A (valid) host as ``pinned`` keys it and a target's is looked up: lower case, no trailing dot,
+        an IPv6 literal in brackets in its one text form (``[0:0::1]`` is ``[::1]``)."""
+        host = host.lower()
+        return f"[{ipv6_text(host[1:-1])}]" if host.startswith("[") else host.removesuffix(".")
+
+    def pinned(self, path: str = "upstream.pin_ca_files") -> dict[str, str]:
+        """``pin_ca_files`` keyed by ``pin_host``. ConfigError naming a key that is not one host (a port,
+        a pattern, a URL, userinfo, no valid name or address), or two keys for one host (ambiguous)."""
+        named: dict[str, str] = {}  # host -> the key naming it
+        for key in self.pin_ca_files:
+            where = f"{path}[{key!r}]" if "@" not in key else f"{path}[a key with an '@', not shown]"
+            text = f"[{key}]" if key.count(":") > 1 and not key.startswith("[") else key  # bare IPv6
+            try:
+                host = parse_authority(text, "https")[0] if not set("*@/?#") & set(key) else ""
+            except FieldError:
+                host = ""
+            if not host or ":" in (text.partition("]")[2] if text.startswith("[") else text):
+                raise ConfigError(
+                    f"{where}: must be one host name or IP address (IPv6 as [::1]), pinned on every port: "
+                    "no ':PORT', no '*.domain' pattern, no URL, path or userinfo"
+                )
+            if (host := self.pin_host(host)) in named:
+                raise ConfigError(f"{where}: {path}[{named[host]!r}] pins {host} too: keep one")
+            named[host] = key
+        return {host: self.pin_ca_files[key] for host, key in named.items()}
 
 
 @dataclass(frozen=True)

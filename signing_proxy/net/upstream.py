@@ -344,9 +344,8 @@ class UpstreamPool:
         self._idle: dict[tuple[str, str, int], deque[UpstreamConnection]] = {}
         self._idle_count = 0  # connections in _idle (config.pool_max_idle)
         self._tls_default = client_tls_context(config.ca_file)
-        self._tls_pinned = {
-            host.lower(): client_tls_context(only=path) for host, path in config.pin_ca_files.items()
-        }
+        # keyed, and looked up, by UpstreamConfig.pin_host: any spelling of a host finds its pin
+        self._tls_pinned = {host: client_tls_context(only=path) for host, path in config.pinned().items()}
         self.connections_opened = 0
 
     @property
@@ -355,7 +354,9 @@ class UpstreamPool:
         return len(self._idle)
 
     def _tls_for(self, host: str) -> ssl.SSLContext:
-        return self._tls_pinned.get(host, self._tls_default)
+        if not self._tls_pinned:
+            return self._tls_default
+        return self._tls_pinned.get(UpstreamConfig.pin_host(host), self._tls_default)
 
     def take_idle(self, target: Target) -> UpstreamConnection | None:
         key = (target.scheme, target.host, target.port)
