@@ -26,6 +26,7 @@ __all__ = [
     "MISDIRECTED",
     "Target",
     "directory_base",
+    "ends_in_number",
     "forwarded_target",
     "host_authority",
     "ipv6_text",
@@ -282,7 +283,26 @@ def _valid_host(host: str) -> bool:
     name = host[:-1] if host.endswith(".") else host
     if not name or len(name) > MAX_HOST_CHARS:
         return False
-    return all(_LABEL.fullmatch(label) for label in name.split("."))
+    labels = name.split(".")
+    if not all(_LABEL.fullmatch(label) for label in labels):
+        return False
+    if ends_in_number(labels[-1]):  # read as IPv4 by the resolver (2130706433, 127.1, 0177.0.0.1 are
+        try:  # 127.0.0.1; 010.0.0.1 is 8.0.0.1): only a dotted-quad in decimal names what it says
+            ipaddress.IPv4Address(name)
+        except ValueError:
+            return False
+    return True
+
+
+def ends_in_number(label: str) -> bool:
+    """Whether a host's last label "ends in a number" (WHATWG URL): browsers and ``inet_aton`` (the
+    resolver) read such a host as an IPv4 address, in decimal, octal or hex, whole or in parts."""
+    if label.isdigit():
+        return True
+    return label[:2].lower() == "0x" and all(c in _HEX_DIGITS for c in label[2:].lower())
+
+
+_HEX_DIGITS = frozenset("0123456789abcdef")
 
 
 def _authority_end(rest: str) -> int:

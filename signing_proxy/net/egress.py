@@ -21,7 +21,7 @@ from typing import Final
 
 from ..config import EgressConfig
 from ..core.errors import FieldError
-from ..core.uri import DEFAULT_PORTS, Target, canonical_path_query
+from ..core.uri import DEFAULT_PORTS, Target, canonical_path_query, ends_in_number
 from ..errors import ConfigError, EgressError
 
 __all__ = ["MAX_URL_CHARS", "EgressPolicy", "forbidden_class"]
@@ -35,7 +35,6 @@ CHECKED_URLS_MAX: Final = 1024  # check_url's remembered answers (accepted URLs 
 _MAX_HOST_CHARS: Final = 253  # RFC 1035 section 2.3.4 (255 octets on the wire, 253 as text)
 _MAX_LABEL_CHARS: Final = 63  # RFC 1035 section 2.3.4
 _LDH: Final = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-")  # RFC 1123 section 2.1 host names
-_HEX: Final = frozenset("0123456789abcdef")
 
 
 def _v4(cidr: str) -> ipaddress.IPv4Network:
@@ -110,13 +109,6 @@ def forbidden_class(ip: IPAddress) -> str | None:
     return None if ip in _V6_GLOBAL_UNICAST else "reserved"
 
 
-def _ends_in_number(label: str) -> bool:
-    # WHATWG URL "ends in a number": browsers and inet_aton read such hosts as IPv4 (127.1, 0x7f.1)
-    if label.isdigit():
-        return True
-    return label[:2] == "0x" and _HEX.issuperset(label[2:])
-
-
 def _host(host: str) -> IPAddress | None:
     """Validate a lower-case URL host: an IP literal (returned) or an LDH DNS name (None); else raise."""
     if host.startswith("["):
@@ -136,7 +128,7 @@ def _host(host: str) -> IPAddress | None:
             )
         if label[0] == "-" or label[-1] == "-":
             raise EgressError("egress-host", "a host label may not start or end with a hyphen")
-    if _ends_in_number(labels[-1]):
+    if ends_in_number(labels[-1]):
         try:
             return ipaddress.IPv4Address(host)  # dotted-quad decimal only: no octal, hex or short forms
         except ValueError:

@@ -118,6 +118,14 @@ def test_target_uri_is_canonical_and_byte_exact(raw: str, uri: str) -> None:
         "http://x/%%41",
         "http://x:" + "9" * 4301 + "/",  # int() refuses it with a ValueError, not our FieldError
         "http://x:" + "0" * 4300 + "99999/",
+        # read as IPv4 by the resolver (127.0.0.1, 8.0.0.1), while rules and leaves saw a DNS name
+        "http://2130706433/",
+        "http://127.1/",
+        "http://0x7f.1/",
+        "http://0177.0.0.1/",
+        "http://010.0.0.1/",
+        "http://a.example.0X1F/",
+        "http://1.2.3.4.5/",
     ],
 )  # a superscript two and an Arabic-Indic one are digits to str.isdigit(), and int() refuses the first
 def test_bad_targets_are_refused(raw: str) -> None:
@@ -177,6 +185,11 @@ def test_an_ipv6_literal_has_one_spelling(written: str, canonical: str) -> None:
     target = parse_absolute_uri(f"http://[{written}]:8080/p")
     assert (target.host, target.authority) == (f"[{canonical}]", f"[{canonical}]:8080")
     assert ipv6_text(canonical) == canonical
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "1.2.3.4.", "a.example", "1a.example", "x.0xg", "x.0x1g"])
+def test_names_that_only_look_numeric_and_dotted_quads_are_hosts(host: str) -> None:
+    assert parse_absolute_uri(f"http://{host}/").host == host.lower()
 
 
 def test_a_received_authority_is_normalized_only_as_rfc_9421_says() -> None:
