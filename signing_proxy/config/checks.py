@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from functools import lru_cache
 
+from ..core.uri import ipv6_text
 from ..errors import ConfigError
 
 __all__ = [
@@ -83,15 +85,41 @@ def positive(value: float, path: str, maximum: float | None = None) -> None:
 
 
 def check_host_pattern(pattern: str, path: str) -> None:
-    """Refuse a host pattern that is neither ``host`` nor ``*.domain``."""
+    """Refuse a host pattern that is neither ``host`` nor ``*.domain``: no port (a pattern names a
+    host on every port; ``host:8443`` matched nothing), an IPv6 address only as itself."""
     body = pattern[2:] if pattern.startswith("*.") else pattern
-    if not body or any(c in body for c in "*/ @?#"):
-        raise ConfigError(f"{path}: host patterns are 'host' or '*.domain', got {pattern!r}")
+    if (
+        not body
+        or any(c in body for c in "*/ @?#")
+        or ((":" in body or "[" in body) and (pattern.startswith("*.") or _ipv6_pattern(body) is None))
+    ):
+        shape = "'host' or '*.domain' (no port; an IPv6 address as [::1])"
+        raise ConfigError(f"{path}: host patterns are {shape}, got {pattern!r}")
 
 
 def host_matches(pattern: str, host: str) -> bool:
-    """``*.example.com`` matches any subdomain (not the apex); other patterns match exactly."""
-    pattern, host = pattern.lower(), host.lower()
+    """``*.example.com`` matches any subdomain (not the apex); other patterns match exactly. Both in
+    the form targets take: lower case, no root dot (``a.example.`` is ``a.example``), an IPv6 literal
+    bracketed and canonical (``::1``, ``[0:0::1]`` and ``[::1]`` are one)."""
+    pattern = _pattern_form(pattern)
+    host = host.lower().removesuffix(".")
     if pattern.startswith("*."):
         return host.endswith(pattern[1:])
     return host == pattern
+
+
+@lru_cache(maxsize=1024)  # a configuration's patterns, asked on every request
+def _pattern_form(pattern: str) -> str:
+    pattern = pattern.lower().removesuffix(".")
+    if ":" in pattern or "[" in pattern:
+        return _ipv6_pattern(pattern) or pattern
+    return pattern
+
+
+def _ipv6_pattern(body: str) -> str | None:
+    """``body`` (``::1`` or ``[::1]``) as a target's host spells it, or None when it is no IPv6 address."""
+    address = body[1:-1] if body.startswith("[") and body.endswith("]") else body
+    try:
+        return f"[{ipv6_text(address)}]"
+    except ValueError:
+        return None

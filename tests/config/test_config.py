@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from signing_proxy.config import Config, ConfigError, load_config, parse_config, redacted
+from signing_proxy.config.checks import host_matches
 from signing_proxy.config.loading import _problem
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "config"
@@ -400,3 +401,31 @@ def test_a_yaml_problem_with_an_unbalanced_quote_is_not_shown(problem: str) -> N
     shown = _problem(yaml.MarkedYAMLError(problem=problem))
     assert "SECRET" not in shown
     assert shown == "syntax error"
+
+
+@pytest.mark.parametrize(
+    ("pattern", "host", "matches"),
+    [
+        ("::1", "[::1]", True),  # a CONNECT to [::1] or [0:0::1]: the target's host is "[::1]"
+        ("[0:0::1]", "[::1]", True),
+        ("[::1]", "[::2]", False),
+        ("api.internal", "api.internal.", True),  # a URL target keeps its root dot
+        ("API.internal.", "api.internal", True),
+        ("*.example", "x.example.", True),
+        ("*.example", "example", False),
+        ("a.example", "b.a.example", False),
+    ],
+)
+def test_a_host_pattern_matches_every_spelling_of_its_host(pattern: str, host: str, matches: bool) -> None:
+    """Patterns were compared as written, lower-cased: ``::1`` or ``[0:0::1]`` never matched a target
+    (whose host is ``[::1]``), nor ``api.internal`` a target written ``api.internal.``; a tunnel rule
+    missed, and the host was intercepted and signed."""
+    assert host_matches(pattern, host) is matches
+
+
+@pytest.mark.parametrize("pattern", ["host:8443", "[::1]:443", "*.[::1]", "[zz]", "*.a:1"])
+def test_a_host_pattern_with_a_port_or_a_broken_address_is_refused(pattern: str) -> None:
+    """``host:8443`` was taken and matched nothing: a pattern names a host on every port."""
+    with pytest.raises(ConfigError) as err:
+        parse_config({"intercept": {"tunnel": [pattern]}})
+    assert str(err.value).startswith("intercept.tunnel[0]: host patterns are 'host' or '*.domain' (no port")
