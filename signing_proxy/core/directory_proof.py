@@ -151,7 +151,11 @@ def _proof_keyid(member: Any, now: float, skew_s: int) -> str | None:
     shape = tuple((str(value), tuple(sorted(p.items()))) for value, p in items)
     if shape != _COMPONENTS or any(not isinstance(value, str) for value, _ in items):
         return None
-    if not _REQUIRED <= set(params) <= _ALLOWED or params["tag"] != DIRECTORY_SIGNATURE_TAG:
+    if not _REQUIRED <= set(params) <= _ALLOWED:
+        return None
+    # RFC 9421 section 2.3: tag is a String. A Token equals its text (http_sf's Token is a UserString):
+    # `tag=http-message-signatures-directory` is caught as a proof (``_tag``) and proves nothing.
+    if params["tag"].__class__ is not str or params["tag"] != DIRECTORY_SIGNATURE_TAG:
         return None
     if params.get("alg", "ed25519") != "ed25519":
         return None

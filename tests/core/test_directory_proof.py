@@ -124,6 +124,8 @@ COVERED = '("@authority";req "content-digest")'
         (f'{COVERED};created="1000";expires=2000;keyid="{PROOF_KEY.thumbprint}"{TAG}', frozenset()),
         (f"{COVERED}{WINDOW}", None),  # no directory tag: not a directory proof, nothing judged
         (f'{COVERED}{WINDOW};tag="web-bot-auth"', None),
+        # the tag as a Token, not a String (RFC 9421 section 2.3): judged as a proof, and not one
+        (f"{COVERED}{WINDOW};tag=http-message-signatures-directory", frozenset()),
     ],
 )
 def test_a_correctly_signed_proof_of_the_wrong_shape_proves_nothing(
