@@ -18,6 +18,7 @@ from .digest import content_digest, verify_content_digest
 from .errors import FieldError, VerificationError
 from .fields import Fields
 from .jwk import PublicKey, SigningKey
+from .keys import MAX_DIRECTORY_KEYS
 from .sfv import serialize_member
 from .signature_components import parse_field_dictionary
 from .signature_verify import DEFAULT_SKEW_S
@@ -100,6 +101,7 @@ def proven_keys(
     *,
     now: float,
     skew_s: int = DEFAULT_SKEW_S,
+    max_proofs: int = MAX_DIRECTORY_KEYS,
 ) -> frozenset[str] | None:
     """Thumbprints of ``publics`` whose possession proof on this response holds at ``now``; None when
     the response carries no directory proof at all (a spec directory: nothing to check).
@@ -108,10 +110,17 @@ def proven_keys(
     the directory tag, a ``keyid`` of a published key, ``created`` no later than ``now + skew_s`` and
     ``expires`` after ``now``, and verifies over the base rebuilt for ``authority`` (the authority
     the client asked). A Content-Digest that does not match the body proves nothing.
+
+    Bounded for a stranger's response (the drafts: "Verifiers SHOULD enforce a maximum key count",
+    "Each key SHOULD be used to provide one signature"): a field that may hold more than
+    ``max_proofs`` members proves nothing, and only a listed key's first current proof is verified,
+    so there are at most as many verifications as listed keys.
     """
     raw_input, raw_sig = fields.combined("signature-input"), fields.combined("signature")
     if raw_input is None:
         return None
+    if _may_exceed(raw_input, max_proofs):
+        return frozenset()  # before the parse: a 64 KiB field costs milliseconds to parse
     try:
         inputs = parse_field_dictionary(raw_input, "Signature-Input")
     except FieldError:
@@ -119,7 +128,12 @@ def proven_keys(
     if not any(_tag(member) == DIRECTORY_SIGNATURE_TAG for member in inputs.values()):
         return None
     digest = fields.combined("content-digest")
-    if raw_sig is None or digest is None:
+    if (
+        raw_sig is None
+        or digest is None
+        or _may_exceed(raw_sig, max_proofs)
+        or _may_exceed(digest, max_proofs)
+    ):
         return frozenset()
     try:
         verify_content_digest(digest, body)
@@ -127,16 +141,32 @@ def proven_keys(
     except (FieldError, VerificationError):
         return frozenset()
     by_id = {key.thumbprint: key for key in publics}
-    proven = set()
+    proven: set[str] = set()
+    tried: set[str] = set()  # each listed key is tried once: at most len(by_id) verifications
     for label, member in inputs.items():
+        if len(tried) == len(by_id):
+            break
         keyid = _proof_keyid(member, now, skew_s)
         sig = signatures.get(label)
-        if keyid is None or keyid not in by_id or sig is None or not isinstance(sig[0], bytes):
+        if (
+            keyid is None
+            or keyid not in by_id
+            or keyid in tried
+            or sig is None
+            or not isinstance(sig[0], bytes)
+        ):
             continue
+        tried.add(keyid)
         params = serialize_member(member)  # RFC 9421 3.2: the @signature-params value as received
         if by_id[keyid].verify(sig[0], directory_proof_base(authority, digest, params)):
             proven.add(keyid)
     return frozenset(proven)
+
+
+def _may_exceed(raw: str, max_members: int) -> bool:
+    """Whether a Dictionary field may hold more than ``max_members`` members, before any parse: its
+    members are separated by commas (a comma inside a String counts too: no proof's String has one)."""
+    return raw.count(",") >= max_members
 
 
 def _tag(member: Any) -> object:

@@ -133,3 +133,90 @@ def test_a_correctly_signed_proof_of_the_wrong_shape_proves_nothing(
 ) -> None:
     fields = _proof(PROOF_KEY, params)
     assert proven_keys(b'{"keys":[]}', "dir.example", fields, [PROOF_KEY.public], now=1500) == expected
+
+
+# A stranger's directory response is bounded work (drafts: "Verifiers SHOULD enforce a maximum key
+# count", "Each key SHOULD be used to provide one signature"): counted, not timed.
+
+
+@pytest.fixture
+def verifications(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The thumbprint of the key behind every signature verification, in order."""
+    calls: list[str] = []
+    real = PublicKey.verify
+
+    def counting(self: PublicKey, signature: bytes, data: bytes) -> bool:
+        calls.append(self.thumbprint)
+        return real(self, signature, data)
+
+    monkeypatch.setattr(PublicKey, "verify", counting)
+    return calls
+
+
+def _proofs(proofs: list[tuple[SigningKey, bool]], body: bytes = b'{"keys":[]}') -> Fields:
+    """One member per ``(key, valid)``: a proof of ``key``, correctly signed or with a bad signature."""
+    digest = content_digest(body)
+    inputs, signatures = [], []
+    for i, (key, valid) in enumerate(proofs):
+        params = directory_proof_params(key.thumbprint, 1000, 2000)
+        signature = key.sign(directory_proof_base("dir.example", digest, params)) if valid else bytes(64)
+        inputs.append(f"b{i}={params}")
+        signatures.append(f"b{i}=:{base64.b64encode(signature).decode()}:")
+    return Fields(
+        [
+            ("Content-Digest", digest),
+            ("Signature-Input", ", ".join(inputs)),
+            ("Signature", ", ".join(signatures)),
+        ]
+    )
+
+
+@pytest.mark.parametrize("count", [2, 60, 64, 245])  # 245: the reviewer's 63 KB head
+def test_many_proofs_of_one_listed_key_cost_at_most_one_verification(
+    verifications: list[str], count: int
+) -> None:
+    fields = _proofs([(PROOF_KEY, False)] * count)
+    proven = proven_keys(b'{"keys":[]}', "dir.example", fields, [PROOF_KEY.public], now=1500)
+    assert proven == frozenset()
+    assert len(verifications) <= 1
+
+
+def test_each_listed_key_is_tried_once_and_its_first_proof_decides(verifications: list[str]) -> None:
+    """A legitimate directory (one proof per key) is proven as before; repeats are never verified."""
+    a, b, stranger = SigningKey.generate(), SigningKey.generate(), SigningKey.generate()
+    fields = _proofs([(a, True), *[(a, False)] * 20, (stranger, True), (b, True), *[(b, False)] * 20])
+    publics = [a.public, b.public]
+    assert proven_keys(b'{"keys":[]}', "dir.example", fields, publics, now=1500) == frozenset(
+        {a.thumbprint, b.thumbprint}
+    )
+    assert verifications == [a.thumbprint, b.thumbprint]
+    verifications.clear()
+    fields = _proofs([(a, False), (a, True)])  # "each key SHOULD be used to provide one signature"
+    assert proven_keys(b'{"keys":[]}', "dir.example", fields, [a.public], now=1500) == frozenset()
+    assert verifications == [a.thumbprint]
+
+
+def test_more_members_than_the_key_bound_prove_nothing(verifications: list[str]) -> None:
+    keys = [SigningKey.generate() for _ in range(3)]
+    fields = _signed(keys)
+    publics = [k.public for k in keys]
+    every = frozenset(k.thumbprint for k in keys)
+    assert proven_keys(b'{"keys":[]}', "dir.example", fields, publics, now=1500, max_proofs=3) == every
+    assert proven_keys(b'{"keys":[]}', "dir.example", fields, publics, now=1500, max_proofs=2) == frozenset()
+    assert len(verifications) == 3
+    verifications.clear()
+    digest = content_digest(b'{"keys":[]}') + ", x0=:AA==:, x1=:AA==:, x2=:AA==:"  # unknown: ignored
+    params = directory_proof_params(PROOF_KEY.thumbprint, 1000, 2000)
+    signature = base64.b64encode(PROOF_KEY.sign(directory_proof_base("dir.example", digest, params))).decode()
+    fields = Fields(
+        [("Content-Digest", digest), ("Signature-Input", f"b={params}"), ("Signature", f"b=:{signature}:")]
+    )
+    assert (
+        proven_keys(b'{"keys":[]}', "dir.example", fields, [PROOF_KEY.public], now=1500, max_proofs=4)
+        == PROVEN
+    )
+    assert (
+        proven_keys(b'{"keys":[]}', "dir.example", fields, [PROOF_KEY.public], now=1500, max_proofs=3)
+        == frozenset()
+    )
+    assert len(verifications) == 1
