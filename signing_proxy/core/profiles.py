@@ -196,12 +196,17 @@ def profile_params(profile: SigningProfile, nonce: bytes | None) -> tuple[tuple[
 
 
 def entry_profile(tag: object, label: str) -> SigningProfile:
-    """The profile a label claims by its ``tag`` (none: the spec's); an unknown tag is refused."""
+    """The profile a label claims by its ``tag`` (none: the spec's); an unknown tag is refused, and so
+    is one that is not a String (the Token ``web-bot-auth`` too: ``unsupported-tag``)."""
     if tag is None:
         return SVC
-    if tag == WEB_BOT_AUTH_TAG:
+    # RFC 9421 2.3: a String; the Token web-bot-auth (http-sf's Token equals its text) names nothing
+    if tag.__class__ is str and tag == WEB_BOT_AUTH_TAG:
         return WEB_BOT_AUTH
-    raise VerificationError("unsupported-tag", "tag names no profile this verifier accepts", label)
+    detail = "tag names no profile this verifier accepts"
+    if tag.__class__ is not str:
+        detail += ' (it must be a String, as tag="web-bot-auth")'
+    raise VerificationError("unsupported-tag", detail, label)
 
 
 def check_web_components(

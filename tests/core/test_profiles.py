@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 
 import pytest
+from http_sf import Token
 
 from signing_proxy.core.errors import VerificationError
 from signing_proxy.core.fields import Fields
@@ -15,6 +16,7 @@ from signing_proxy.core.jwk import PublicKey, SigningKey
 from signing_proxy.core.profiles import (
     SVC,
     WEB_BOT_AUTH,
+    entry_profile,
     profile_components,
     profile_params,
     signature_agent_field,
@@ -266,6 +268,36 @@ def test_unknown_tag_is_refused() -> None:
     message = _signed()
     _resign(message, (Component("@authority"), AGENT_MEMBER), (("tag", "something-else"),))
     assert _refusal(message) == "unsupported-tag"
+
+
+def _sign_as_written(message: Message, components: tuple[Component, ...], params: str) -> None:
+    """Replace the one signature with one whose parameters are ``params`` as written (a Token where
+    our signer writes a String), signed over the base a verifier rebuilds from them."""
+    message.fields.remove("signature", "signature-input")
+    params_value = "(" + " ".join(c.serialized for c in components) + ")" + params
+    signature = KEY.sign(signature_base(message, components, params_value))
+    message.fields.add("Signature-Input", f"agent={params_value}")
+    message.fields.add("Signature", f"agent=:{base64.b64encode(signature).decode()}:")
+
+
+def test_a_token_tag_names_no_profile() -> None:
+    """RFC 9421 2.3: "tag: ... as a String value"; the drafts: tag MUST be web-bot-auth. http-sf's
+    Token compares equal to its text, so the Token web-bot-auth named the web profile and its
+    signature verified (Cloudflare's verifier refuses it: "tag must be 'web-bot-auth'")."""
+    message = _signed()
+    params = f';keyid="{KEY.thumbprint}";alg="ed25519";created={NOW};expires={NOW + 300};tag='
+    _sign_as_written(message, (Component("@authority"), AGENT_MEMBER), params + "web-bot-auth")
+    with pytest.raises(VerificationError) as err:
+        _verify(message)
+    assert (err.value.reason, err.value.label) == ("unsupported-tag", "agent")
+    assert "must be a String" in err.value.detail
+    _sign_as_written(message, (Component("@authority"), AGENT_MEMBER), params + '"web-bot-auth"')
+    assert _verify(message).profile == "web-bot-auth"  # the same signature with the String
+    with pytest.raises(VerificationError) as token:
+        entry_profile(Token("web-bot-auth"), "relayed")  # what a relay asks of the stack it receives
+    assert token.value.reason == "unsupported-tag"
+    assert entry_profile("web-bot-auth", "relayed") is WEB_BOT_AUTH
+    assert entry_profile(None, "relayed") is SVC
 
 
 def test_outer_web_hop_must_cover_the_inner_signature_input() -> None:

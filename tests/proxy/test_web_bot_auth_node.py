@@ -11,10 +11,12 @@ and without one. ``web-bot-auth`` 0.1.3 (the current release) builds the signatu
 Dictionary form is checked with the 0.3 library, which does it right, the other two with both.
 The publication listener's signed directory is checked by the 0.3 library too
 (``tests/node/wba_directory.mjs``): every key's proof holds, a changed body or another authority fails.
+Requests built here are checked by both (``tests/node/wba_verify.mjs``) next to our verifier.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import shutil
 import subprocess
@@ -28,7 +30,11 @@ from typing import Any
 import pytest
 import requests
 
+from signing_proxy.core.errors import VerificationError
+from signing_proxy.core.fields import Fields
 from signing_proxy.core.jwk import SigningKey
+from signing_proxy.core.signatures import Component, Message, VerificationKey, signature_base, verify_stack
+from signing_proxy.core.uri import parse_absolute_uri
 from signing_proxy.storage.ca import CertificateAuthority
 from signing_proxy.storage.keystore import KeyStore
 from tests.harness import WAIT_S, ProxyProcess, proxy_env, stop_process, wait_for
@@ -230,3 +236,66 @@ def test_cloudflare_verifiers_accept_an_ipv6_literal_as_the_proxy_spells_it(
         verdict = requests.get(url, timeout=WAIT_S).json()
     assert verdict["headers"]["host"] == f"[::ffff:7f00:1]:{origins.plain.port}"
     assert (verdict["web_bot_auth"], verdict["http_message_sig"]) == ("ok", "ok"), verdict
+
+
+# --- requests built here, checked by Cloudflare's verifiers and ours ---------------------------------
+
+
+def _node_verdicts(keys: tuple[SigningKey, ...], cases: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """``wba_verify.mjs``'s verdicts: per case, ``web_bot_auth`` and ``http_message_sig`` per label."""
+    stdin = json.dumps({"keys": {k.thumbprint: k.public.jwk() for k in keys}, "cases": cases})
+    done = subprocess.run(
+        ["node", "wba_verify.mjs"],
+        cwd=NODE_DIR,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=WAIT_S,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    verdicts: dict[str, Any] = json.loads(done.stdout)
+    return verdicts
+
+
+def _case(url: str, fields: Fields, now: float, labels: dict[str, list[list[str | None]]]) -> dict[str, Any]:
+    headers = {name.lower(): fields.combined(name) for name, _value in fields}
+    return {"url": url, "method": "GET", "headers": headers, "now": int(now), "labels": labels}
+
+
+def _ours(url: str, fields: Fields, now: float, *keys: SigningKey) -> str:
+    by_id = {k.thumbprint: k.public for k in keys}
+    try:
+        verify_stack(
+            Message("GET", parse_absolute_uri(url), fields),
+            b"",
+            lambda entry, _index: VerificationKey(by_id[entry.keyid or ""]),
+            now=now,
+        )
+    except VerificationError as exc:
+        return f"refused: {exc.reason}"
+    return "ok"
+
+
+def test_a_token_tag_is_refused_by_cloudflare_and_by_us() -> None:
+    """RFC 9421 2.3: tag is a String. The Token ``web-bot-auth`` is "not web-bot-auth" to both
+    Cloudflare verifiers; ours took it for the web profile (http-sf's Token equals its text)."""
+    now = int(time.time())
+    url = "https://shop.example/cart"
+    cases, ours = {}, {}
+    authority = (Component("@authority"),)
+    for name, tag in (("string", '"web-bot-auth"'), ("token", "web-bot-auth")):
+        fields = Fields(())
+        params = f'("@authority");keyid="{KEY.thumbprint}";alg="ed25519";created={now};expires={now + 300}'
+        params += f";tag={tag}"
+        message = Message("GET", parse_absolute_uri(url), fields)
+        signature = KEY.sign(signature_base(message, authority, params))
+        fields.add("Signature-Input", f"agent={params}")
+        fields.add("Signature", f"agent=:{base64.b64encode(signature).decode()}:")
+        cases[name] = _case(url, fields, now, {"agent": [["@authority", None]]})
+        ours[name] = _ours(url, fields, now + 1, KEY)
+    verdicts = _node_verdicts((KEY,), cases)
+    assert verdicts["string"] == {"web_bot_auth": "ok", "http_message_sig": {"agent": "ok"}}
+    assert verdicts["token"]["web_bot_auth"] == "refused: tag must be 'web-bot-auth'"
+    assert verdicts["token"]["http_message_sig"]["agent"] == "refused: tag must be a string"
+    assert ours == {"string": "ok", "token": "refused: unsupported-tag"}
