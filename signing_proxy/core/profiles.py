@@ -25,7 +25,7 @@ from typing import Literal
 from .b64 import b64_encode
 from .errors import FieldError, VerificationError
 from .fields import Fields
-from .sfv import is_token, parse_item
+from .sfv import is_token, parse_item, serialize_member
 from .signature_components import (
     SPEC_COMPONENTS,
     Component,
@@ -248,12 +248,17 @@ def check_web_components(
         )
 
 
-def web_signature_agent(fields: Fields, label: str, components: Sequence[Component]) -> str | None:
-    """The directory origin the first web-bot-auth label names: the Signature-Agent member it covers
-    (``"signature-agent";key=<m>``), or the legacy sf-String it covers plain; None when no
-    Signature-Agent is sent, or the member is one the drafts have a verifier ignore (a ``type`` other
-    than ``directory``; a URL with a path, which is no origin; the legacy String, from drafts that
-    took any URI, may have one): its keys are then only pinned ones.
+def web_signature_agent(
+    fields: Fields, label: str, components: Sequence[Component]
+) -> tuple[str, str | None]:
+    """What the first web-bot-auth label covers of Signature-Agent, as a verdict shows it, and the
+    directory origin that names. The first: the legacy sf-String covered plain, as sent, or the one
+    Dictionary member covered (``"signature-agent";key=<m>``) alone, as ``m=<value>`` with the value
+    serialized as in the signature base, never the whole field (anyone on the path can add a member:
+    "A verifier MUST NOT attribute a signature to a member that signature does not cover"); "" when
+    none is sent. The directory: None when none is sent, or the member is one the drafts have a
+    verifier ignore (a ``type`` other than ``directory``; a URL with a path, which is no origin; the
+    legacy String, from drafts that took any URI, may have one): its keys are then only pinned ones.
     One sent but not covered is refused (anyone on the path could add it).
     """
     covered = [c for c in components if c.name == "signature-agent"]
@@ -263,7 +268,7 @@ def web_signature_agent(fields: Fields, label: str, components: Sequence[Compone
             raise VerificationError(
                 "missing-covered-header", "covered field 'signature-agent' is absent", label
             )
-        return None
+        return "", None
     if not covered:
         raise VerificationError(
             "signature-agent-not-covered", f"label {label!r} does not cover the Signature-Agent sent", label
@@ -278,7 +283,7 @@ def web_signature_agent(fields: Fields, label: str, components: Sequence[Compone
             ) from None
         if not isinstance(value, str) or params:
             raise VerificationError("malformed-signature-agent", "Signature-Agent must be a String", label)
-        return _web_directory(value, label)  # the drafts of that form took any URI (a path too)
+        return raw, _web_directory(value, label)  # the drafts of that form took any URI (a path too)
     try:
         members = parse_field_dictionary(raw, "Signature-Agent")
     except FieldError as exc:
@@ -293,15 +298,16 @@ def web_signature_agent(fields: Fields, label: str, components: Sequence[Compone
         raise VerificationError(
             "malformed-signature-agent", "a Signature-Agent member must be a String", label
         )
+    shown = f"{component.key}={serialize_member(member)}"  # the member alone, as its base line has it
     kind = params.get("type")
     if kind is not None and not is_token(kind, "directory"):
         # protocol-02 5.2.1: "A verifier that does not support a type value MUST ignore that member,
         # and MUST NOT infer the mechanism from the URI path" (jwks_uri, cimd: not ours)
-        return None
+        return shown, None
     base = _web_directory(value, label)
     # 5.5: a directory member "MUST be the ASCII serialization of an origin", and a verifier "MUST
     # ignore a member carrying anything else": a path names no directory here
-    return None if "/" in base.partition("://")[2] else base
+    return shown, (None if "/" in base.partition("://")[2] else base)
 
 
 def _web_directory(url: str, label: str) -> str:

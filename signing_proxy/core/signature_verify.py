@@ -212,7 +212,7 @@ class VerifiedStack:
     """The verified result; trust only this, never the raw request."""
 
     signatures: tuple[VerifiedSignature, ...]
-    signature_agent: str  # the raw covered value, byte-for-byte
+    signature_agent: str  # what the agent's label covers: the field, or (web) its member alone: key=value
     directory: str | None  # the directory base it names (None when empty)
     profile: str = SVC.name  # the profile every label was signed under ("svc" or "web-bot-auth")
 
@@ -321,7 +321,7 @@ class CheckedStack:
     entries: tuple[tuple[SignatureEntry, str, int, int], ...]  # keyid, created, expires
     base: bytes  # the first label's signature base; a later label's is built when it is verified
     dictionaries: Dictionaries  # the message's Dictionary fields, each parsed once for every label
-    signature_agent: str  # the raw covered value
+    signature_agent: str  # what the first label covers (``VerifiedStack.signature_agent``)
     directory: str | None  # the directory base it names (None when empty)
     profile: str = SVC.name
 
@@ -386,8 +386,7 @@ def check_stack(
         previous = entry
     if web:
         first = entries[0]
-        directory = web_signature_agent(message.fields, first.label, first.components)
-        raw_agent = message.fields.combined("signature-agent") or ""
+        raw_agent, directory = web_signature_agent(message.fields, first.label, first.components)
         digest_covered = any(_CONTENT_DIGEST in e.components for e in entries)
     else:
         raw_agent_field = message.fields.combined("signature-agent")

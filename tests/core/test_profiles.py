@@ -82,6 +82,11 @@ def test_draft_vectors_verify_under_the_web_bot_auth_profile(vid: str) -> None:
     assert stack.agent.signature_base == vector["signature_base"]
     expected_directory = "https://signature-agent.test" if "Signature-Agent" in vector["headers"] else None  # type: ignore[operator]
     assert stack.directory == expected_directory
+    shown = {  # what the label covers: the member alone (keyed other than the label, as the WG's vector)
+        "protocol-02-sigagent-dict": 'agent2="https://signature-agent.test"',
+        "legacy-sigagent-string": '"https://signature-agent.test"',
+    }
+    assert stack.signature_agent == shown.get(vid, "")
 
 
 def test_arch05_dictionary_vector_as_printed_is_refused() -> None:
@@ -244,6 +249,48 @@ def test_web_refuses_a_member_that_is_not_an_http_url() -> None:
     message.fields.set("Signature-Agent", 'agent="ftp://agent.example"')
     _resign(message, (Component("@authority"), AGENT_MEMBER), WEB_PARAMS)
     assert _refusal(message) == "malformed-signature-agent"
+
+
+@pytest.mark.parametrize(
+    "field",
+    [
+        'agent="https://agent.example", evil="https://evil.example"',
+        'evil="https://evil.example", agent="https://agent.example"',
+    ],
+)
+def test_the_verdict_holds_only_the_member_the_agent_covers(field: str) -> None:
+    """Anyone on the path can add a member; the verdict held the whole field, so the member nobody
+    signed read as verified (protocol-02: "A verifier MUST NOT attribute a signature to a member that
+    signature does not cover"). It holds the covered member, as the signature base has it."""
+    message = _signed()
+    message.fields.set("Signature-Agent", field)
+    stack = _verify(message)
+    assert stack.signature_agent == 'agent="https://agent.example"'
+    assert stack.directory == "https://agent.example"
+    assert '"signature-agent";key="agent": "https://agent.example"\n' in stack.agent.signature_base
+
+
+def test_the_verdict_shows_a_covered_member_with_its_parameters_as_signed() -> None:
+    message = _signed()
+    message.fields.set(
+        "Signature-Agent", 'evil="https://evil.example", agent="https://agent.example";type=directory'
+    )
+    _resign(message, (Component("@authority"), AGENT_MEMBER), WEB_PARAMS)
+    stack = _verify(message)
+    assert stack.signature_agent == 'agent="https://agent.example";type=directory'
+    assert stack.directory == "https://agent.example"
+
+
+def test_a_member_keyed_other_than_the_label_is_the_one_attributed() -> None:
+    """protocol-02 asks the signer to cover the member keyed by its label; the drafts' own vector
+    (Appendix E: label sig2, member agent2) and arch-04/05 (the key only RECOMMENDED) do not, so it
+    is accepted: the verifier's duty is to attribute the member the signature covers, no other."""
+    message = _signed()
+    message.fields.set("Signature-Agent", 'agent="https://evil.example", other="https://agent.example"')
+    _resign(message, (Component("@authority"), Component("signature-agent", key="other")), WEB_PARAMS)
+    stack = _verify(message)
+    assert stack.signature_agent == 'other="https://agent.example"'
+    assert stack.directory == "https://agent.example"
 
 
 def test_web_refuses_a_validity_beyond_24_hours() -> None:

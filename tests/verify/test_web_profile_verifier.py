@@ -29,6 +29,7 @@ from signing_proxy.verify import (
     RequestVerifier,
     VerifierPolicy,
     directory_url,
+    stack_summary,
 )
 from signing_proxy.verify.directory import only_proven
 from tests.conftest import VECTORS
@@ -75,6 +76,20 @@ async def test_a_web_bot_auth_request_verifies_through_its_directory() -> None:
     assert stack.profile == "web-bot-auth"
     assert stack.directory == AGENT_DIR
     assert stack.agent.key_source == AGENT_DIR
+    assert fetch.calls == [directory_url(AGENT_DIR)]
+    await verifier.close()
+
+
+async def test_a_member_the_agent_does_not_cover_is_in_no_verdict() -> None:
+    """``stack_summary`` (the test origin's answer) and the middleware's ``request[SIGNATURE]`` both
+    show ``signature_agent``: a member appended on the path showed there as if verified."""
+    verifier, fetch = _verifier()
+    appended = '"https://agent.example", evil="https://evil.example"'
+    stack = await verifier.verify("GET", URL, _request(agent_member=appended), b"")
+    summary = stack_summary(stack)
+    assert summary["signature_agent"] == 'agent="https://agent.example"'
+    assert summary["directory"] == AGENT_DIR
+    assert "evil" not in json.dumps(summary)
     assert fetch.calls == [directory_url(AGENT_DIR)]
     await verifier.close()
 
