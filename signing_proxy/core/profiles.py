@@ -18,6 +18,7 @@ caller.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import suppress
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Literal
@@ -249,18 +250,22 @@ def check_web_components(
 
 
 def web_signature_agent(
-    fields: Fields, label: str, components: Sequence[Component]
+    fields: Fields, labels: Sequence[tuple[str, Sequence[Component]]]
 ) -> tuple[str, str | None]:
-    """What the first web-bot-auth label covers of Signature-Agent, as a verdict shows it, and the
-    directory origin that names. The first: the legacy sf-String covered plain, as sent, or the one
-    Dictionary member covered (``"signature-agent";key=<m>``) alone, as ``m=<value>`` with the value
-    serialized as in the signature base, never the whole field (anyone on the path can add a member:
-    "A verifier MUST NOT attribute a signature to a member that signature does not cover"); "" when
-    none is sent. The directory: None when none is sent, or the member is one the drafts have a
-    verifier ignore (a ``type`` other than ``directory``; a URL with a path, which is no origin; the
-    legacy String, from drafts that took any URI, may have one): its keys are then only pinned ones.
-    One sent but not covered is refused (anyone on the path could add it).
+    """What the first web-bot-auth label of ``labels`` (each label with its covered components, in
+    stack order) covers of Signature-Agent, as a verdict shows it, and the directory origin that
+    names. The first: the legacy sf-String covered plain, as sent, or the one Dictionary member
+    covered (``"signature-agent";key=<m>``) alone, as ``m=<value>`` with the value serialized as in
+    the signature base, never the whole field (anyone on the path can add a member: "A verifier MUST
+    NOT attribute a signature to a member that signature does not cover"); "" when it covers none.
+    The directory: None when it covers none, or the member is one the drafts have a verifier ignore
+    (a ``type`` other than ``directory``; a URL with a path, which is no origin; the legacy String,
+    from drafts that took any URI, may have one): its keys are then only pinned ones.
+    One sent that the first label does not cover is refused (anyone on the path could add it) unless
+    it is a Dictionary each of whose members a later label covers: a relay's own (each signer
+    provides one for its label), stacked on an agent that sent none (``_later_members_only``).
     """
+    label, components = labels[0]
     covered = [c for c in components if c.name == "signature-agent"]
     raw = fields.combined("signature-agent")
     if raw is None:
@@ -270,9 +275,8 @@ def web_signature_agent(
             )
         return "", None
     if not covered:
-        raise VerificationError(
-            "signature-agent-not-covered", f"label {label!r} does not cover the Signature-Agent sent", label
-        )
+        _later_members_only(raw, label, labels[1:])
+        return "", None  # attributed to no member: the agent's key is a pinned one
     component = covered[0]
     if component.key is None:  # the drafts' legacy form: one sf-String
         try:
@@ -308,6 +312,24 @@ def web_signature_agent(
     # 5.5: a directory member "MUST be the ASCII serialization of an origin", and a verifier "MUST
     # ignore a member carrying anything else": a path names no directory here
     return shown, (None if "/" in base.partition("://")[2] else base)
+
+
+def _later_members_only(raw: str, label: str, later: Sequence[tuple[str, Sequence[Component]]]) -> None:
+    """Refuse a Signature-Agent the first label ``label`` does not cover, unless it is a Dictionary
+    whose every member a later label covers by its key (``signature-agent-not-covered``)."""
+    keys = {c.key for _label, components in later for c in components if c.name == "signature-agent"}
+    members: dict[str, object] = {}
+    if keys - {None}:
+        with suppress(FieldError):  # a String or malformed: no member a later label covers
+            members = parse_field_dictionary(raw, "Signature-Agent")
+    stray = [key for key in members if key not in keys]
+    if not members or stray:
+        named = f" (nor does a later label cover member {stray[0]!r})" if stray else ""
+        raise VerificationError(
+            "signature-agent-not-covered",
+            f"label {label!r} does not cover the Signature-Agent sent{named}",
+            label,
+        )
 
 
 def _web_directory(url: str, label: str) -> str:

@@ -385,8 +385,8 @@ def check_stack(
         checked.append((entry, *_check_params(entry, now, skew_s, max_validity_s, web=web)))
         previous = entry
     if web:
-        first = entries[0]
-        raw_agent, directory = web_signature_agent(message.fields, first.label, first.components)
+        labels = [(entry.label, entry.components) for entry in entries]
+        raw_agent, directory = web_signature_agent(message.fields, labels)
         digest_covered = any(_CONTENT_DIGEST in e.components for e in entries)
     else:
         raw_agent_field = message.fields.combined("signature-agent")

@@ -27,6 +27,7 @@ from signing_proxy.core.signatures import (
     VerificationKey,
     VerifiedStack,
     attach_signature,
+    parse_signature_stack,
     sign_message,
     signature_base,
     verify_stack,
@@ -188,6 +189,104 @@ def test_outer_web_hop_covers_the_inner_signature_input_and_components() -> None
     )
     attach_signature(message.fields, member)
     assert _verify(message, KEY.public, OTHER.public).hops == 2
+
+
+def _outer_hop(message: Message, member: str | None, label: str = "broker", key: str | None = None) -> None:
+    """Stack a web-bot-auth label by OTHER on the stack, adding ``<key>=<member>`` to Signature-Agent
+    (``key``: the label) and covering it as our relay does (no member when ``member`` is None)."""
+    entry = parse_signature_stack(message.fields)[-1]
+    agent = None
+    if member is not None:
+        key = key or label
+        raw = message.fields.combined("signature-agent")
+        added = f'{key}="{member}"'
+        message.fields.set("Signature-Agent", added if raw is None else f"{raw}, {added}")
+        agent = Component("signature-agent", key=key)
+    components = profile_components(WEB_BOT_AUTH, previous=entry.label, agent=agent, inner=entry.components)
+    signed = sign_message(
+        message,
+        OTHER,
+        created=NOW,
+        expires=NOW + 60,
+        label=label,
+        components=components,
+        extra_params=WEB_PARAMS,
+    )
+    attach_signature(message.fields, signed)
+
+
+def test_a_relays_member_on_an_agent_without_signature_agent_is_no_refusal() -> None:
+    """arch-05 lets an agent sign without a Signature-Agent (its key pinned where it is verified);
+    each signer then provides its own member. Refused before: the agent's label "does not cover the
+    Signature-Agent sent", which holds only the relay's member, covered by the relay's label. The
+    drafts: a verifier MUST NOT attribute a signature to a member it does not cover, not refuse it."""
+    message = _signed(agent_url="")
+    _outer_hop(message, "https://broker.example")
+    _outer_hop(message, "https://edge.example", "edge")
+    assert message.fields.combined("signature-agent") == (
+        'broker="https://broker.example", edge="https://edge.example"'
+    )
+    stack = _verify(message, KEY.public, OTHER.public)
+    assert [s.label for s in stack.signatures] == ["agent", "broker", "edge"]
+    assert (stack.signature_agent, stack.directory) == ("", None)  # the agent's key: a pinned one
+
+
+@pytest.mark.parametrize("member", ["https://agent.example", "https://evil.example"])
+def test_a_later_labels_member_is_never_the_agents_directory(member: str) -> None:
+    """A later signer's member, even keyed by the agent's label, names no directory for the agent."""
+    message = _signed(agent_url="")
+    _outer_hop(message, member, key="agent")
+    assert message.fields.combined("signature-agent") == f'agent="{member}"'
+    stack = _verify(message, KEY.public, OTHER.public)
+    assert (stack.signature_agent, stack.directory) == ("", None)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ', evil="https://evil.example"',  # appended on the path: covered by no label
+        ', agent="https://evil.example"',  # named like the agent's label, covered by none
+    ],
+)
+def test_a_member_no_label_covers_is_still_refused_when_the_agent_covers_none(extra: str) -> None:
+    message = _signed(agent_url="")
+    _outer_hop(message, "https://broker.example")
+    message.fields.set("Signature-Agent", (message.fields.combined("signature-agent") or "") + extra)
+    with pytest.raises(VerificationError) as err:
+        _verify(message, KEY.public, OTHER.public)
+    assert (err.value.reason, err.value.label) == ("signature-agent-not-covered", "agent")
+
+
+def test_a_signature_agent_no_label_covers_by_its_key_is_refused() -> None:
+    """The agent covers none and no later label covers a member by its key: refused as before,
+    whether the later label covers none, or the whole field plain (no member of it is its own)."""
+    message = _signed(agent_url="")
+    _outer_hop(message, None)
+    message.fields.set("Signature-Agent", 'broker="https://broker.example"')
+    assert _refusal_of_stack(message) == "signature-agent-not-covered"
+    message = _signed(agent_url="")
+    message.fields.set("Signature-Agent", '"https://broker.example"')
+    entry = parse_signature_stack(message.fields)[-1]
+    components = (*entry.components, Component("signature-agent"), Component("signature", key="agent"))
+    attach_signature(
+        message.fields,
+        sign_message(
+            message,
+            OTHER,
+            created=NOW,
+            expires=NOW + 60,
+            label="broker",
+            components=(*components, Component("signature-input", key="agent")),
+            extra_params=WEB_PARAMS,
+        ),
+    )
+    assert _refusal_of_stack(message) == "signature-agent-not-covered"
+
+
+def _refusal_of_stack(message: Message) -> str:
+    with pytest.raises(VerificationError) as err:
+        _verify(message, KEY.public, OTHER.public)
+    return err.value.reason
 
 
 # --- one refusal per rule ------------------------------------------------------------------------------

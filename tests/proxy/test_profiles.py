@@ -5,6 +5,8 @@ a relay stacks a web-bot-auth label correctly and refuses to mix profiles."""
 from __future__ import annotations
 
 import asyncio
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,7 +16,7 @@ from signing_proxy.core.fields import Fields
 from signing_proxy.core.jwk import SigningKey
 from signing_proxy.core.keys import StaticKeyProvider
 from signing_proxy.core.profiles import SVC, WEB_BOT_AUTH
-from signing_proxy.core.signatures import Component, Message, VerificationKey, verify_stack
+from signing_proxy.core.signatures import Component, Message, VerificationKey, VerifiedStack, verify_stack
 from signing_proxy.core.uri import parse_absolute_uri
 from signing_proxy.errors import ProxyError
 from signing_proxy.metrics import Metrics
@@ -22,10 +24,13 @@ from signing_proxy.net.framing import Outgoing
 from signing_proxy.proxy.pipeline import BearerStore, Signer, SigningPipeline
 from signing_proxy.proxy.profiles import ProfileSelector
 from signing_proxy.proxy.relay import RelayPipeline
+from signing_proxy.verify import DirectoryResolver, RequestVerifier, VerifierPolicy
 from tests.oracle import WEB_BOT_AUTH_REQUIRED, oracle_verify
+from tests.verify.fakes import FakeFetch
 
 AGENT = SigningKey.generate()
 BROKER = SigningKey.generate()
+EDGE = SigningKey.generate()
 NOW = 1_900_000_000.0
 RULES = {
     "rules": [
@@ -152,6 +157,71 @@ def test_relay_stacks_a_web_bot_auth_label_that_both_verifiers_accept() -> None:
         require_components=WEB_BOT_AUTH_REQUIRED,
     )
     assert accepted == ["agent", "broker"]
+
+
+def _pin(tmp_path: Path, key: SigningKey, name: str) -> str:
+    path = tmp_path / f"{name}.pub.jwk"
+    path.write_text(json.dumps(key.public.jwk()))
+    return str(path)
+
+
+async def _through(relay: RelayPipeline, url: str, out: Outgoing) -> Outgoing:
+    try:
+        return await relay.prepare("GET", parse_absolute_uri(url), list(_fields(out)), b"", framed=False)
+    finally:
+        await relay.close()
+
+
+def test_a_relay_chain_on_an_agent_without_signature_agent_verifies(tmp_path: Path) -> None:
+    """arch-05 lets an agent sign web-bot-auth without a Signature-Agent (its key pinned where it is
+    verified); each relay adds its own member and covers it. A verifying relay refused the stack
+    (403 signature-agent-not-covered: the agent's label did not cover the Signature-Agent sent), and
+    so did a verifier at the end: every member in it was a relay's own, covered by its label."""
+    url = "https://www.shop.example/cart"
+    agent_config = parse_config({"signing": {"signature_agent": ""}, "profiles": RULES})
+    first = _prepare(url, ProfileSelector(agent_config.profiles), agent_config)
+    assert _fields(first).combined("signature-agent") is None
+    second = asyncio.run(_through(_relay(profiles=RULES), url, first))
+    edge = RelayPipeline(
+        parse_config(
+            {
+                "mode": "relay",
+                "signing": {"label": "edge", "signature_agent": "https://edge.example"},
+                "relay": {
+                    "verify": True,
+                    "pinned_agent_keys": [_pin(tmp_path, AGENT, "agent")],
+                    "pinned_broker_keys": [_pin(tmp_path, BROKER, "broker")],
+                },
+                "profiles": RULES,
+            }
+        ),
+        _signer(EDGE, "edge"),
+    )
+    fetch = FakeFetch()  # no directory is fetched: none is named for any label's key
+    edge.verifier = RequestVerifier(DirectoryResolver(fetch), edge.policy, clock=lambda: NOW + 1)
+    fields = _fields(asyncio.run(_through(edge, url, second)))
+    assert (
+        fields.combined("signature-agent") == 'broker="https://broker.example", edge="https://edge.example"'
+    )
+    pinned = VerifierPolicy(
+        pinned_agent_keys=(AGENT.public,), pinned_broker_keys=(BROKER.public, EDGE.public)
+    )
+    verifier = RequestVerifier(DirectoryResolver(fetch), pinned, clock=lambda: NOW + 1)
+
+    async def verify() -> VerifiedStack:
+        try:
+            return await verifier.verify("GET", url, fields, b"")
+        finally:
+            await verifier.close()
+
+    stack = asyncio.run(verify())
+    assert [(s.label, s.key_source) for s in stack.signatures] == [
+        ("agent", "pinned"),
+        ("broker", "pinned"),
+        ("edge", "pinned"),
+    ]
+    assert (stack.signature_agent, stack.directory) == ("", None)
+    assert fetch.calls == []
 
 
 def test_a_relay_label_steps_aside_for_an_agents_signature_agent_member_of_its_name() -> None:

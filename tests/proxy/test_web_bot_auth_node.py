@@ -16,6 +16,7 @@ Requests built here are checked by both (``tests/node/wba_verify.mjs``) next to 
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import shutil
@@ -30,14 +31,17 @@ from typing import Any
 import pytest
 import requests
 
+from signing_proxy.config import parse_config
 from signing_proxy.core.errors import VerificationError
 from signing_proxy.core.fields import Fields
 from signing_proxy.core.jwk import SigningKey
 from signing_proxy.core.signatures import Component, Message, VerificationKey, signature_base, verify_stack
 from signing_proxy.core.uri import parse_absolute_uri
+from signing_proxy.proxy.profiles import ProfileSelector
 from signing_proxy.storage.ca import CertificateAuthority
 from signing_proxy.storage.keystore import KeyStore
 from tests.harness import WAIT_S, ProxyProcess, proxy_env, stop_process, wait_for
+from tests.proxy import test_profiles as chain  # its agent -> relay helpers (no test collected)
 
 pytestmark = [
     pytest.mark.integration,
@@ -299,3 +303,27 @@ def test_a_token_tag_is_refused_by_cloudflare_and_by_us() -> None:
     assert verdicts["token"]["web_bot_auth"] == "refused: tag must be 'web-bot-auth'"
     assert verdicts["token"]["http_message_sig"]["agent"] == "refused: tag must be a string"
     assert ours == {"string": "ok", "token": "refused: unsupported-tag"}
+
+
+def test_a_relay_chain_on_an_agent_without_signature_agent_verifies_at_cloudflare_and_here() -> None:
+    """The agent sends no Signature-Agent (arch-05; its key pinned), the relay adds and covers its
+    own member: each label verifies under Cloudflare's 0.3 library with the web-bot-auth policy
+    (the agent's requiring ``@authority``, the relay's also its member), and the stack at ours,
+    which refused it (the agent's label "does not cover the Signature-Agent sent")."""
+    url = "https://www.shop.example/cart"
+    agent_config = parse_config({"signing": {"signature_agent": ""}, "profiles": chain.RULES})
+    first = chain._prepare(url, ProfileSelector(agent_config.profiles), agent_config)
+    relay = chain._relay(profiles=chain.RULES)
+    target = parse_absolute_uri(url)
+    out = asyncio.run(relay.prepare("GET", target, list(chain._fields(first)), b"", framed=False))
+    fields = chain._fields(out)
+    assert fields.combined("signature-agent") == 'broker="https://broker.example"'
+    labels: dict[str, list[list[str | None]]] = {
+        "agent": [["@authority", None]],
+        "broker": [["@authority", None], ["signature-agent", "broker"]],
+    }
+    verdicts = _node_verdicts(
+        (chain.AGENT, chain.BROKER), {"chain": _case(url, fields, chain.NOW + 1, labels)}
+    )
+    assert verdicts["chain"]["http_message_sig"] == {"agent": "ok", "broker": "ok"}
+    assert _ours(url, fields, chain.NOW + 1, chain.AGENT, chain.BROKER) == "ok"
