@@ -4,7 +4,8 @@ A directory (spec "Key directory") is a JWK Set of Ed25519 keys, each valid in t
 window ``[not_before, not_after)`` and named only by its RFC 7638 thumbprint; a revocation list is a
 thumbprint-only snapshot polled every 300 s +/- 10 % (spec "Key publication, rotation and
 revocation", "Limits"). Parsers are strict and refuse the whole document on any fault, with a
-stable ``KeyFormatError.reason``; renderers emit deterministic bytes. Nothing here reads a clock:
+stable ``KeyFormatError.reason`` (one exception, RFC 7517 section 5: a key in the drafts' form of a
+type we do not implement is ignored); renderers emit deterministic bytes. Nothing here reads a clock:
 ``now`` is always a parameter in unix seconds. Our own keys over time (activation, states, the
 choice of the signing key) live in ``rotation`` and are re-exported here.
 """
@@ -16,12 +17,12 @@ import math
 import re
 from collections.abc import Collection, Iterable, Mapping, Set
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta, timezone
 from typing import Any, cast
 from urllib.parse import urlsplit
 
 from .errors import KeyFormatError
 from .jwk import PRIVATE_JWK_MEMBERS, PublicKey, SigningKey, public_key_from_jwk
+from .rfc3339 import format_rfc3339, parse_rfc3339
 from .rotation import KeyRecord, choose_signing_key, key_state, publishable
 
 __all__ = [
@@ -67,13 +68,6 @@ MAX_DIRECTORY_BYTES = 64 * 1024  # our choice: the spec gives no body-size limit
 MAX_REVOKED_THUMBPRINTS = 10_000  # our choice
 MAX_REVOCATION_LIST_BYTES = 1024 * 1024  # our choice: 10 000 entries fit with room to spare
 
-# RFC 3339 section 5.6 date-time; ASCII digits only, `T`/`Z` in either case, any fraction length.
-_RFC3339 = re.compile(
-    r"([0-9]{4})-([0-9]{2})-([0-9]{2})[Tt]([0-9]{2}):([0-9]{2}):([0-9]{2})(\.[0-9]+)?"
-    r"(?:([Zz])|([+-])([0-9]{2}):([0-9]{2}))"
-)
-_MAX_TIMESTAMP_CHARS = 64
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # 32 bytes in unpadded base64url: 42 characters, then one whose two low bits are zero (canonical
 # form, as b64url_decode demands). A regex, not a decode: a 4 MiB revocation list names ~90,000.
 _THUMBPRINT = re.compile(r"[A-Za-z0-9_-]{42}[AEIMQUYcgkosw048]")
@@ -82,53 +76,6 @@ _THUMBPRINT_LINES = re.compile(f"{_THUMBPRINT.pattern}(?:\n{_THUMBPRINT.pattern}
 # RFC 8037 `EdDSA` (the spec's value), RFC 9864 `Ed25519` (its fully-specified successor) and the
 # HTTP Signature Algorithms registry's `ed25519` (web-bot-auth drafts) all name Ed25519 here.
 _ACCEPTED_ALGS = frozenset({"EdDSA", "Ed25519", "ed25519"})
-
-
-# --------------------------------------------------------------------------------------------
-# RFC 3339
-
-
-def format_rfc3339(ts: float) -> str:
-    """UTC RFC 3339 with ``Z`` and whole seconds (a fraction is floored), e.g. ``2026-11-21T09:00:00Z``."""
-    try:
-        moment = datetime.fromtimestamp(math.floor(ts), tz=UTC)
-    except (OverflowError, OSError, ValueError) as exc:
-        raise KeyFormatError("malformed-timestamp", f"{ts!r} is outside the RFC 3339 range") from exc
-    return (
-        f"{moment.year:04d}-{moment.month:02d}-{moment.day:02d}"
-        f"T{moment.hour:02d}:{moment.minute:02d}:{moment.second:02d}Z"
-    )
-
-
-def parse_rfc3339(value: object, *, round_up: bool = False) -> int:
-    """RFC 3339 date-time to unix seconds; a fraction is floored, or ceiled with ``round_up``.
-
-    ``Z`` and numeric offsets are accepted (``-00:00`` as UTC); a leap second ``:60`` counts as the
-    following second (unix time has none). Naive, space-separated or otherwise malformed values raise.
-    """
-    if not isinstance(value, str) or len(value) > _MAX_TIMESTAMP_CHARS:
-        raise KeyFormatError("malformed-timestamp", "an RFC 3339 timestamp is a short string")
-    match = _RFC3339.fullmatch(value)
-    if match is None:
-        raise KeyFormatError("malformed-timestamp", f"{value!r} is not an RFC 3339 date-time with offset")
-    year, month, day, hour, minute, second = (int(match.group(i)) for i in range(1, 7))
-    fraction, zulu, sign, off_h, off_m = match.group(7, 8, 9, 10, 11)
-    leap = second == 60
-    try:
-        if zulu is not None:
-            tz = UTC
-        else:
-            if int(off_h) > 23 or int(off_m) > 59:
-                raise ValueError("offset out of range")
-            offset = timedelta(hours=int(off_h), minutes=int(off_m))
-            tz = timezone(-offset if sign == "-" else offset)
-        moment = datetime(year, month, day, hour, minute, 59 if leap else second, tzinfo=tz)
-        seconds = (moment - _EPOCH) // timedelta(seconds=1) + (1 if leap else 0)
-    except (ValueError, OverflowError) as exc:
-        raise KeyFormatError("malformed-timestamp", f"{value!r} is not a valid date-time") from exc
-    if round_up and fraction is not None and fraction.strip(".0"):
-        seconds += 1
-    return seconds
 
 
 # --------------------------------------------------------------------------------------------
@@ -336,6 +283,15 @@ def parse_directory_key(entry: object) -> DirectoryKey:
     return DirectoryKey(public, not_before, not_after)
 
 
+def _foreign_drafts_key(entry: object) -> bool:
+    """A key in the drafts' form (no spec window) whose ``kty``/``crv`` we do not implement: ignored
+    (RFC 7517 section 5; protocol-02 names RSA and EC keyids). The spec's form is Ed25519 only."""
+    if not isinstance(entry, Mapping) or "not_before" in entry or "not_after" in entry:
+        return False
+    kty, crv = entry.get("kty"), entry.get("crv")
+    return isinstance(kty, str) and (kty != "OKP" or (isinstance(crv, str) and crv != "Ed25519"))
+
+
 def _numeric_date(entry: Mapping[str, object], member: str, absent: int) -> int:
     """A JWK's ``nbf``/``exp`` (RFC 7519 NumericDate: seconds; a fraction rounded inward)."""
     value = entry.get(member)
@@ -353,7 +309,8 @@ def parse_directory(
 
     Unknown members are tolerated; an empty ``keys`` array is accepted (it means "no key"). A key
     with neither ``not_before`` nor ``not_after`` is the web-bot-auth drafts' (``web_keys``: its
-    window from ``nbf``/``exp`` when given); one with only one of them is refused.
+    window from ``nbf``/``exp`` when given); one with only one of them is refused. A drafts' key of
+    another type (RSA, EC, OKP X25519...) is skipped, but counts against ``max_keys``.
     """
     doc = _load_json(body, max_bytes, "malformed-directory", "directory-too-large", "directory")
     if not isinstance(doc, dict):
@@ -369,6 +326,8 @@ def parse_directory(
             raise KeyFormatError("private-member-in-directory", f"keys[{i}] carries private key material")
     keys: list[DirectoryKey] = []
     for i, entry in enumerate(entries):
+        if _foreign_drafts_key(entry):
+            continue
         try:
             keys.append(parse_directory_key(entry))
         except KeyFormatError as exc:

@@ -404,6 +404,71 @@ def test_parse_refuses_wrong_key_members(over: dict[str, object], reason: str) -
     assert reason_of(exc) == reason
 
 
+# RFC 9421 appendix B.1.3 test-key-ecc-p256 and B.1.1 test-key-rsa (n shortened: never decoded).
+P256: dict[str, object] = {
+    "kty": "EC",
+    "crv": "P-256",
+    "x": "qIVYZVLCrPZHGHjP17CTW0_-D9Lfw0EkjqF7xB4FivA",
+    "y": "Mc4nN9LTDOBhfoUeg8Ye9WedFRhnZXZJA12Qp0zZ6F0",
+    "use": "sig",
+}
+RSA: dict[str, object] = {
+    "kty": "RSA",
+    "n": "hAKYdtoeoy8zcAcR874L8cnZxKzAGwd7v36APp7Pv6Q2jdsPBRrw",
+    "e": "AQAB",
+    "alg": "PS512",
+}
+
+
+def test_a_drafts_directory_ignores_key_types_it_does_not_implement() -> None:
+    """RFC 7517 section 5: "Implementations SHOULD ignore JWKs within a JWK Set that use "kty" (key
+    type) values that are not understood by them". An agent publishing Ed25519 beside P-256 (RSA, an
+    OKP curve other than Ed25519) was refused whole: none of its keys could verify."""
+    ed25519: dict[str, object] = {"kty": "OKP", "crv": "Ed25519", "kid": KID_B14, "x": X_B14, "use": "sig"}
+    others: list[dict[str, object]] = [
+        P256,
+        RSA,
+        {"kty": "OKP", "crv": "X25519", "x": X_A1},
+        {"kty": "oct", "alg": "HS256"},
+    ]
+    for listed in ([ed25519, P256], [*others, ed25519]):
+        directory = parse_directory(doc(*listed))
+        assert [key.thumbprint for key in directory.web_keys] == [KID_B14]
+        assert directory.keys == ()
+    assert parse_directory(doc(P256)).web_keys == ()  # nothing usable: as an empty key set
+    with pytest.raises(KeyFormatError) as exc:  # a skipped key still counts against the bound
+        parse_directory(doc(ed25519, P256), max_keys=1)
+    assert reason_of(exc) == "too-many-keys"
+
+
+@pytest.mark.parametrize(
+    ("listed", "reason"),
+    [
+        ({**P256, "d": "ff83VdLpRw6-AuNw12j-xOhYsvuoDRUnNmHqX3m-Mkk"}, "private-member-in-directory"),
+        ({**RSA, "p": "AQAB"}, "private-member-in-directory"),
+        ({"kty": "oct", "k": "c2VjcmV0"}, "private-member-in-directory"),
+        ({"kty": "OKP", "crv": "Ed25519", "x": X_A1[:-1]}, "malformed-jwk"),  # a malformed Ed25519 key
+        ({"kty": "OKP", "x": X_A1}, "unsupported-key-type"),  # an OKP key names its curve
+        ({"crv": "P-256", "x": X_A1}, "unsupported-key-type"),  # kty is required (RFC 7517 4.1)
+        ({"kty": 5, "x": X_A1}, "unsupported-key-type"),
+        (
+            {**P256, "not_before": "2026-11-21T09:00:00Z", "not_after": "2026-11-22T09:00:00Z"},
+            "unsupported-key-type",
+        ),
+        ({**P256, "not_after": "2026-11-22T09:00:00Z"}, "unsupported-key-type"),  # the spec's form: strict
+    ],
+)
+def test_a_directory_still_refuses_leaked_malformed_or_spec_form_foreign_keys(
+    listed: dict[str, object], reason: str
+) -> None:
+    """Only the drafts' form skips: a private member anywhere, a malformed Ed25519 key, and a key of
+    another type in the spec's form (the spec's keys are OKP/Ed25519) refuse the whole document."""
+    for body in (doc(entry(), listed), doc(listed, entry())):
+        with pytest.raises(KeyFormatError) as exc:
+            parse_directory(body)
+        assert reason_of(exc) == reason
+
+
 @pytest.mark.parametrize(
     "body",
     [
