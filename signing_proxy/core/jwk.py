@@ -19,6 +19,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from . import ed25519
 from .b64 import b64url_decode, b64url_encode
 from .errors import KeyFormatError
+from .json_bounds import loads_strict
 
 __all__ = [
     "PRIVATE_JWK_MEMBERS",
@@ -187,13 +188,14 @@ class SigningKey:
 
 
 def load_private_key(data: bytes) -> SigningKey:
-    """Load a private key from file contents: PKCS#8 PEM or a private JWK (JSON)."""
+    """Load a private key from file contents: PKCS#8 PEM or a private JWK (strict JSON:
+    ``json_bounds.loads_strict``, a member given twice or nesting too deep is malformed too)."""
     stripped = data.strip()
     if stripped.startswith(b"{"):
         try:
-            jwk = json.loads(stripped)
+            jwk = loads_strict(stripped)
         except ValueError as exc:
-            raise KeyFormatError("malformed-jwk", "not valid JSON") from exc
+            raise KeyFormatError("malformed-jwk", f"not valid JSON: {exc}") from None
         return SigningKey.from_jwk(jwk)
     if stripped.startswith(b"-----BEGIN"):
         return SigningKey.from_pem(stripped)

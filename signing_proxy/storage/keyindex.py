@@ -27,6 +27,7 @@ from typing import Any, Final
 
 from ..core.b64 import b64url_decode
 from ..core.errors import KeyFormatError
+from ..core.json_bounds import loads_strict
 from ..core.jwk import PublicKey, SigningKey
 from ..core.keys import (
     Directory,
@@ -164,26 +165,6 @@ def _render_entry(entry: IndexEntry) -> dict[str, str]:
     return doc
 
 
-def _strict_json(data: bytes) -> Any:
-    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for name, value in items:
-            if name in out:
-                raise ValueError(f"member {name!r} appears twice")
-            out[name] = value
-        return out
-
-    def no_constant(name: str) -> Any:
-        raise ValueError(f"{name} is not JSON")
-
-    try:
-        return json.loads(data.decode("utf-8"), object_pairs_hook=pairs, parse_constant=no_constant)
-    except UnicodeDecodeError:
-        raise ValueError("not UTF-8") from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"not JSON ({exc.msg} at line {exc.lineno})") from None
-
-
 def _members(
     obj: object, required: frozenset[str], where: str, optional: frozenset[str] = frozenset()
 ) -> Mapping[str, Any]:
@@ -208,7 +189,7 @@ def _token_uri(value: object, i: int) -> str:
 
 def parse_index(data: bytes, agent: str) -> tuple[list[IndexEntry], RevocationList]:
     """``agent``'s index entries and revocation list; ValueError or KeyFormatError says what is wrong."""
-    doc = _members(_strict_json(data), _INDEX_MEMBERS, "the index")
+    doc = _members(loads_strict(data), _INDEX_MEMBERS, "the index")
     if doc["format"] != INDEX_FORMAT:
         raise ValueError(f"format {doc['format']!r}; expected {INDEX_FORMAT!r}")
     if doc["agent"] != agent:

@@ -139,7 +139,9 @@ def test_a_malformed_index_is_refused_naming_the_file(store: KeyStore, change: A
     assert message in str(err.value)
 
 
-@pytest.mark.parametrize("content", [b"", b"{", b"[]", b'{"a":1,"a":2}', b"\xff\xfe", b"NaN"])
+@pytest.mark.parametrize(
+    "content", [b"", b"{", b"[]", b'{"a":1,"a":2}', b"\xff\xfe", b"NaN", b"[" * 5000 + b"]" * 5000]
+)
 def test_an_index_that_is_not_json_is_refused(store: KeyStore, content: bytes) -> None:
     store.index_path.write_bytes(content)
     with pytest.raises(KeyStoreError, match="malformed index"):

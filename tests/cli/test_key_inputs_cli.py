@@ -1,0 +1,121 @@
+"""Key files as ``delegate``, ``verify-origin`` and ``keys`` read them, through real subprocesses: a
+hostile file (a device, a FIFO, a duplicate member, nesting too deep) is one clean line and exit
+status 2, never a traceback or a hang.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from signing_proxy.core.jwk import SigningKey
+from tests.harness import run_cli
+
+SECRET_PIN = "SECRETPIN1234"
+DEEP = "[" * 5000 + "]" * 5000
+
+
+def private_file(path: Path, data: bytes) -> Path:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+    return path
+
+
+def refused(*args: str, env: dict[str, str] | None = None, secret: str = SECRET_PIN) -> str:
+    """The one line of a refusal (exit status 2): no traceback, nothing on stdout, no secret."""
+    done = run_cli(*args, env=env, timeout_s=60)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert done.stdout == ""
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith("signing-proxy: ")
+    assert "Traceback" not in done.stderr
+    assert secret not in done.stderr
+    return done.stderr
+
+
+class Owner:
+    """An owner key (its JWK Set in several forms), a principal key, and an authority to it."""
+
+    def __init__(self, tmp: Path, holder_jkt: str | None = None) -> None:
+        self.tmp = tmp
+        self.owner, self.principal = SigningKey.generate(), SigningKey.generate()
+        self.owner_pem = private_file(tmp / "owner.pem", self.owner.to_pem())
+        self.principal_pem = private_file(tmp / "principal.pem", self.principal.to_pem())
+        self.jwks = self.write_jwks("owner.jwks", self.owner.public.jwk())
+        holder = ["--holder-jkt", holder_jkt] if holder_jkt else ["--holder-key", str(self.principal_pem)]
+        issued = run_cli(
+            "delegate",
+            "issue",
+            "--owner-key",
+            str(self.owner_pem),
+            "--iss",
+            "https://owner.example",
+            *holder,
+            "--scope",
+            "dist:US:*",
+            "--expires",
+            "2h",
+        )
+        assert issued.returncode == 0, issued.stderr
+        self.chain = issued.stdout.strip()
+
+    def write_jwks(self, name: str, *keys: object) -> Path:
+        path = self.tmp / name
+        path.write_text(json.dumps({"keys": list(keys)}))
+        return path
+
+    def verify(self, *args: str) -> tuple[str, ...]:
+        return ("delegate", "verify", self.chain, *args)
+
+
+# --- hostile key files ---------------------------------------------------------------------------------
+
+
+def test_hostile_public_key_files_are_refused_by_path(tmp_path: Path) -> None:
+    owner = Owner(tmp_path)
+    deep_jwk = tmp_path / "deep.jwk"
+    deep_jwk.write_text('{"a":' + DEEP + "}")
+    big = tmp_path / "big.jwk"
+    big.write_bytes(b" " * (64 * 1024 + 1))
+    for path, reason in (
+        ("/dev/zero", "not a regular file"),  # read whole, it filled the memory
+        (str(tmp_path), "not a regular file"),
+        (str(big), "larger than 65536 bytes"),
+        (str(deep_jwk), "not valid JSON: nested too deep"),
+    ):
+        error = refused(*owner.verify("--owner-jwks", str(owner.jwks), "--holder-key", path))
+        assert error.startswith(f"signing-proxy: --holder-key: {path}: {reason}"), error
+        error = refused("verify-origin", "--listen", "127.0.0.1:0", "--pinned-key", path)
+        assert error.startswith(f"signing-proxy: --pinned-key: {path}: {reason}"), error
+
+
+def test_a_fifo_is_refused_at_once_never_waited_on(tmp_path: Path) -> None:
+    """A FIFO with no writer blocked the reader for ever (``run_cli`` gives it a deadline)."""
+    owner = Owner(tmp_path)
+    fifo = tmp_path / "key.fifo"
+    os.mkfifo(fifo)
+    error = refused(*owner.verify("--owner-jwks", str(owner.jwks), "--holder-key", str(fifo)))
+    assert error.startswith(f"signing-proxy: --holder-key: {fifo}: not a regular file")
+
+
+def test_a_private_jwk_nested_too_deep_is_malformed(tmp_path: Path) -> None:
+    deep = private_file(tmp_path / "deep.jwk", ('{"a":' + DEEP + "}").encode())
+    error = refused("keys", "show", str(deep))
+    assert error.startswith(f"signing-proxy: {deep}: not a usable Ed25519 private key"), error
+    assert "nested too deep" in error
+    owner = Owner(tmp_path)
+    error = refused(
+        "delegate", "issue", "--owner-key", str(deep), "--iss", "https://o.example", "--holder-jkt",
+        owner.principal.thumbprint, "--expires", "1h",
+    )  # fmt: skip
+    assert error.startswith(f"signing-proxy: --owner-key: {deep}: not a usable Ed25519 private key"), error
+
+
+def test_a_key_store_index_nested_too_deep_is_malformed(tmp_path: Path) -> None:
+    assert run_cli("keys", "rotate", "--data-dir", str(tmp_path)).returncode == 0
+    (index,) = tmp_path.glob("keys/*/keys.json")
+    index.write_text(DEEP)
+    error = refused("keys", "list", "--data-dir", str(tmp_path))
+    assert error == f"signing-proxy: {index}: malformed index: nested too deep (store-malformed)\n"
