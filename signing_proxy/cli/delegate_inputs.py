@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import math
 import sys
 import time
@@ -18,12 +17,22 @@ from typing import Final
 
 from ..core.durations import parse_duration
 from ..core.errors import KeyFormatError
-from ..core.jwk import PublicKey
-from ..core.keys import MAX_DIRECTORY_BYTES, format_rfc3339, is_thumbprint, parse_directory_key, parse_rfc3339
+from ..core.json_bounds import loads_strict
+from ..core.jwk import PRIVATE_JWK_MEMBERS, PublicKey
+from ..core.keys import (
+    MAX_DIRECTORY_BYTES,
+    MAX_DIRECTORY_KEYS,
+    DirectoryKey,
+    format_rfc3339,
+    is_thumbprint,
+    parse_directory_key,
+    parse_rfc3339,
+)
 from ..core.pkcs11_uri import mask_pin_value
 from ..core.requester import parse_duration_s
 from ..core.scopes import scope_segments
-from ..errors import CliError, KeyStoreError
+from ..errors import CliError, KeyFileError, KeyStoreError
+from ..storage.keyfile import read_public_file
 from ..storage.keystore import LEGACY_KEY_NAME, KeyStore
 from .common import config_from, public_key_file, signing_key_file
 
@@ -41,7 +50,6 @@ __all__ = [
 ]
 
 MAX_CHAIN_FILE_BYTES: Final = 256 * 1024
-_OPEN_WINDOW: Final = {"not_before": "1970-01-01T00:00:00Z", "not_after": "9999-12-31T23:59:59Z"}
 
 
 def read_chain(arg: str) -> str:
@@ -166,31 +174,38 @@ def print_notes(notes: list[str]) -> None:
 
 
 def read_owner_keys(path: Path, now: float, grace_s: int, notes: list[str]) -> list[PublicKey]:
-    """The owner's JWK Set: keys whose window (plus grace after not_after) covers now, or no window."""
+    """The owner's JWK Set: keys whose window (plus grace after its end) covers now.
+
+    Read as a served directory is (``core.keys.parse_directory_key``): a key's window is its
+    ``not_before``/``not_after``, else the drafts' JWK ``nbf``/``exp``, else unbounded; the file is
+    a regular file of at most ``MAX_DIRECTORY_BYTES`` and strict JSON (a member given twice is
+    refused, never "last wins")."""
     try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise CliError(f"--owner-jwks: cannot read {path}: {exc.strerror or exc}") from None
-    if len(data) > MAX_DIRECTORY_BYTES:
-        raise CliError(f"--owner-jwks: {path} is larger than {MAX_DIRECTORY_BYTES} bytes")
+        data = read_public_file(path, max_bytes=MAX_DIRECTORY_BYTES, what="JWK Set")
+    except KeyFileError as exc:
+        raise CliError(f"--owner-jwks: {exc}") from None
     try:
-        doc = json.loads(data)
-    except ValueError:
-        raise CliError(f"--owner-jwks: {path} is not valid JSON") from None
+        doc = loads_strict(data)
+    except ValueError as exc:
+        raise CliError(f"--owner-jwks: {path}: not valid JSON: {exc}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("keys"), list):
         raise CliError(f'--owner-jwks: {path} must be a JWK Set, {{"keys": [...]}}')
+    entries: list[object] = doc["keys"]
+    if len(entries) > MAX_DIRECTORY_KEYS:
+        raise CliError(
+            f"--owner-jwks: {path}: {len(entries)} keys; at most {MAX_DIRECTORY_KEYS} are accepted"
+        )
+    for i, entry in enumerate(entries):  # a leaked private key refuses the file before any other fault
+        if isinstance(entry, dict) and PRIVATE_JWK_MEMBERS.intersection(entry):
+            raise CliError(f"--owner-jwks: keys[{i}] carries private key material")
     keys: list[PublicKey] = []
+    seen: set[str] = set()
     outside = 0
-    for i, entry in enumerate(doc["keys"]):
-        if not isinstance(entry, dict):
-            raise CliError(f"--owner-jwks: keys[{i}] is not a JSON object")
-        windowed = [m in entry for m in ("not_before", "not_after")]
-        if any(windowed) and not all(windowed):
-            raise CliError(f"--owner-jwks: keys[{i}]: set both not_before and not_after, or neither")
-        try:
-            key = parse_directory_key(entry if all(windowed) else {**entry, **_OPEN_WINDOW})
-        except KeyFormatError as exc:
-            raise CliError(f"--owner-jwks: keys[{i}]: {exc.detail or exc.reason}") from None
+    for i, entry in enumerate(entries):
+        key = _owner_key(entry, i)
+        if key.thumbprint in seen:
+            raise CliError(f"--owner-jwks: keys[{i}]: key {key.thumbprint} appears twice")
+        seen.add(key.thumbprint)
         if key.not_before <= now < key.not_after + grace_s:
             keys.append(key.public)
         else:
@@ -198,6 +213,17 @@ def read_owner_keys(path: Path, now: float, grace_s: int, notes: list[str]) -> l
     if outside:
         notes.append(f"note: {outside} owner key(s) outside their window at {format_rfc3339(now)}")
     return keys
+
+
+def _owner_key(entry: object, i: int) -> DirectoryKey:
+    if not isinstance(entry, dict):
+        raise CliError(f"--owner-jwks: keys[{i}] is not a JSON object")
+    if ("not_before" in entry) != ("not_after" in entry):
+        raise CliError(f"--owner-jwks: keys[{i}]: set both not_before and not_after, or neither")
+    try:
+        return parse_directory_key(entry)
+    except KeyFormatError as exc:
+        raise CliError(f"--owner-jwks: keys[{i}]: {exc.detail or exc.reason}") from None
 
 
 def caps_args(args: argparse.Namespace) -> tuple[int | None, int | None, int | None]:

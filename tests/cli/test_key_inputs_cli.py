@@ -1,12 +1,14 @@
-"""Key files as ``delegate``, ``verify-origin`` and ``keys`` read them, through real subprocesses: a
-hostile file (a device, a FIFO, a duplicate member, nesting too deep) is one clean line and exit
-status 2, never a traceback or a hang.
+"""Key files and JWK Sets as ``delegate``, ``verify-origin`` and ``keys`` read them, through real
+subprocesses: an owner key is trusted only inside its window (``nbf``/``exp`` too), and a hostile
+file (a device, a FIFO, a duplicate member, nesting too deep) is one clean line and exit status 2,
+never a traceback or a hang.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 from signing_proxy.core.jwk import SigningKey
@@ -119,3 +121,56 @@ def test_a_key_store_index_nested_too_deep_is_malformed(tmp_path: Path) -> None:
     index.write_text(DEEP)
     error = refused("keys", "list", "--data-dir", str(tmp_path))
     assert error == f"signing-proxy: {index}: malformed index: nested too deep (store-malformed)\n"
+
+
+# --- the owner's JWK Set -------------------------------------------------------------------------------
+
+
+def test_an_owner_key_past_its_jwk_exp_is_not_trusted(tmp_path: Path) -> None:
+    owner = Owner(tmp_path)
+    expired = owner.write_jwks("expired.jwks", {**owner.owner.public.jwk(), "nbf": 1000, "exp": 2000})
+    done = run_cli(*owner.verify("--owner-jwks", str(expired), "--holder-key", str(owner.principal_pem)))
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "untrusted-issuer-key" in done.stdout
+    assert "1 owner key(s) outside their window" in done.stderr
+    later = owner.write_jwks("later.jwks", {**owner.owner.public.jwk(), "nbf": int(time.time()) + 3600})
+    inspect = run_cli("delegate", "inspect", owner.chain, "--owner-jwks", str(later), "--json")
+    assert "outside their window" in inspect.stderr
+    assert json.loads(inspect.stdout)["result"]["reason"] == "untrusted-issuer-key"
+    current = owner.write_jwks("current.jwks", {**owner.owner.public.jwk(), "exp": int(time.time()) + 3600})
+    done = run_cli(*owner.verify("--owner-jwks", str(current), "--holder-key", str(owner.principal_pem)))
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_an_owner_jwks_with_a_member_given_twice_is_refused(tmp_path: Path) -> None:
+    owner = Owner(tmp_path)
+    x = owner.owner.public.jwk()["x"]
+    other = SigningKey.generate().public.jwk()["x"]
+    dup = tmp_path / "dup.jwks"
+    dup.write_text(f'{{"keys":[{{"kty":"OKP","crv":"Ed25519","x":"{other}","x":"{x}"}}]}}')
+    error = refused(*owner.verify("--owner-jwks", str(dup), "--holder-key", str(owner.principal_pem)))
+    assert error == f"signing-proxy: --owner-jwks: {dup}: not valid JSON: member 'x' appears twice\n"
+    twice = owner.write_jwks("twice.jwks", owner.owner.public.jwk(), owner.owner.public.jwk())
+    error = refused(*owner.verify("--owner-jwks", str(twice), "--holder-key", str(owner.principal_pem)))
+    assert "keys[1]" in error
+    assert "appears twice" in error
+
+
+def test_a_hostile_owner_jwks_is_refused_by_path(tmp_path: Path) -> None:
+    owner = Owner(tmp_path)
+    holder = ("--holder-key", str(owner.principal_pem))
+    big = tmp_path / "big.jwks"
+    big.write_bytes(b" " * (64 * 1024 + 1))
+    deep_jwks = tmp_path / "deep.jwks"
+    deep_jwks.write_text('{"keys":' + DEEP + "}")
+    fifo = tmp_path / "keys.fifo"
+    os.mkfifo(fifo)  # with no writer it blocked the reader for ever (run_cli gives it a deadline)
+    for path, reason in (
+        ("/dev/zero", "not a regular file"),
+        (str(fifo), "not a regular file"),
+        (str(tmp_path), "not a regular file"),
+        (str(big), "larger than 65536 bytes"),
+        (str(deep_jwks), "not valid JSON: nested too deep"),
+    ):
+        error = refused(*owner.verify("--owner-jwks", path, *holder))
+        assert error.startswith(f"signing-proxy: --owner-jwks: {path}: {reason}"), error
