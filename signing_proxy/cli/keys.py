@@ -51,6 +51,8 @@ def cmd_keys_generate(args: argparse.Namespace) -> int:
     if args.out is None:
         raise CliError("--out PATH (a key file) or --pkcs11 URI (a key on a token) is required")
     path = Path(args.out).expanduser()
+    if path.name in ("", "..") or path.is_dir():  # --force must not try to replace a folder
+        raise CliError(f"--out {args.out!r} is a directory; name the key file, e.g. {path / 'key.pem'}")
     key = SigningKey.generate()
     data = json.dumps(key.to_jwk()).encode() + b"\n" if args.format == "jwk" else key.to_pem()
     try:

@@ -10,6 +10,7 @@ store, CA) turns it into its own error with its own reason and words.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import secrets
 import stat
@@ -143,7 +144,12 @@ def write_all(fd: int, data: bytes) -> None:
 
 
 def write_atomic(path: Path, data: bytes, mode: int = PRIVATE_FILE_MODE) -> None:
-    """Write ``data`` to a fresh ``mode`` file next to ``path``, fsync it, then rename it over ``path``."""
+    """Write ``data`` to a fresh ``mode`` file next to ``path``, fsync it, then rename it over ``path``.
+
+    A ``path`` that names a directory (``.``, ``/``, ``..``, an existing folder) raises
+    IsADirectoryError before anything is written."""
+    if path.name in ("", "..") or path.is_dir():
+        raise IsADirectoryError(errno.EISDIR, "names a directory, not a file", str(path))
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC, mode)
     try:

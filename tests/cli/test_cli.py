@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -42,6 +44,27 @@ def test_keys_generate_writes_an_owner_only_key_and_prints_its_thumbprint(tmp_pa
     again = run_cli("keys", "generate", "--out", str(out))
     assert again.returncode == 2
     assert "exists" in again.stderr
+
+
+@pytest.mark.parametrize("out", [".", "", "/", "..", "sub/..", "{tmp}"])
+@pytest.mark.parametrize("force", [True, False])
+def test_keys_generate_refuses_a_directory_even_with_force(tmp_path: Path, out: str, force: bool) -> None:
+    """``--out . --force`` (and "", /) died with "ValueError: PosixPath('.') has an empty name"."""
+    out = out.format(tmp=tmp_path)
+    args = ["keys", "generate", "--out", out, *(["--force"] if force else [])]
+    done = subprocess.run(
+        [sys.executable, "-m", "signing_proxy", *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+        cwd=tmp_path,  # relative --out values name this folder
+    )
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"signing-proxy: --out {out!r} is a directory; name the key file, e.g. ")
+    assert done.stderr.count("\n") == 1
+    assert "Traceback" not in done.stderr
+    assert list(tmp_path.iterdir()) == []  # nothing written, no temporary left
 
 
 def test_keys_show_prints_thumbprint_and_public_jwk(tmp_path: Path) -> None:

@@ -67,6 +67,16 @@ def test_a_failed_rename_leaves_the_old_file_and_no_temporary(
     assert [p.name for p in tmp_path.iterdir()] == ["secret"]
 
 
+@pytest.mark.parametrize("name", ["/", ".", "", "{tmp}/gone/..", "{tmp}/here/..", "{tmp}/here"])
+def test_write_atomic_refuses_a_path_that_names_a_directory(tmp_path: Path, name: str) -> None:
+    """``/`` and ``.`` raised "ValueError: ... has an empty name" (a traceback for ``keys generate``)."""
+    (tmp_path / "here").mkdir()
+    with pytest.raises(IsADirectoryError, match="names a directory, not a file"):
+        write_atomic(Path(name.format(tmp=tmp_path)), b"secret")
+    assert [p.name for p in tmp_path.iterdir()] == ["here"]
+    assert list((tmp_path / "here").iterdir()) == []
+
+
 @pytest.mark.usefixtures("loose_umask")
 def test_make_private_dir_creates_0700_once(tmp_path: Path) -> None:
     folder = tmp_path / "a" / "b"
