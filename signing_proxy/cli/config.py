@@ -1,11 +1,15 @@
 """``signing-proxy config check``: validate a configuration and print the effective one, secrets redacted.
 
 The credentials' token files and variables are read too (never shown), as ``run`` reads them at
-start: a check that passed a file ``run`` then refused was no check."""
+start: a check that passed a file ``run`` then refused was no check. So is the delegation token file
+(``requester.delegation.token_file``), and its chain checked as far as no key is needed (expiry,
+linkage, claims); whether it is bound to the proxy's signing key is left to ``run`` and
+``delegate verify``."""
 
 from __future__ import annotations
 
 import argparse
+import time
 from typing import Any
 
 import yaml
@@ -13,6 +17,7 @@ import yaml
 from ..config import redacted
 from ..errors import ConfigError
 from ..proxy.credentials import BearerStore
+from ..proxy.delegation_file import read_token_file
 from .common import HelpFormatter, config_from, config_path, config_refused, environment_epilog
 
 __all__ = ["add_parsers", "cmd_config_check"]
@@ -22,6 +27,8 @@ def cmd_config_check(args: argparse.Namespace) -> int:
     config = config_from(args)
     try:
         BearerStore(config.credentials)  # the tokens' files and variables, read as ``run`` reads them
+        if config.requester is not None and config.requester.delegation is not None:
+            read_token_file(config.requester.delegation, time.time())  # as ``run`` reads it at start
     except ConfigError as exc:
         raise config_refused(exc) from None
     source = config_path(args) or "embedded default configuration"
@@ -38,8 +45,8 @@ def add_parsers(sub: Any) -> None:
     check = cfg.add_parser(
         "check",
         help="validate a config file and print the effective configuration",
-        description="Validate FILE (and read the bearer-token files and variables it names, as run "
-        "does) and print the effective configuration, secrets redacted.",
+        description="Validate FILE (and read the bearer-token files and variables and the delegation "
+        "token file it names, as run does) and print the effective configuration, secrets redacted.",
         epilog=environment_epilog(),
         formatter_class=HelpFormatter,
     )

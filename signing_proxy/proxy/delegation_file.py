@@ -31,6 +31,7 @@ __all__ = [
     "file_fingerprint",
     "holder_mismatch_detail",
     "load_delegation",
+    "read_token_file",
     "reissue_hint",
 ]
 
@@ -85,13 +86,11 @@ def _refuse(reason: str, detail: str) -> ConfigError:
     return ConfigError(detail, reason=reason)
 
 
-def load_delegation(
-    config: DelegationConfig, scopes: tuple[str, ...], keys: KeyProvider, now: float
-) -> LoadedDelegation:
-    """Read and check the token file; ConfigError (with the refusal's reason) and a precise detail.
-
-    The chain's holder must be a key of ours that may sign now (``keys.key_for``): the current
-    signing key, or one a rotation is retiring whose window has not ended."""
+def read_token_file(
+    config: DelegationConfig, now: float
+) -> tuple[Path, str, list[VerifiedLink], tuple[int, int, int]]:
+    """The token file's path, chain, links (``check_chain``: as far as no key is needed) and
+    fingerprint; ConfigError as ``load_delegation``. ``config check`` reads it so, keys aside."""
     path = Path(os.path.expanduser(config.token_file))
     try:
         fingerprint = file_fingerprint(path)
@@ -116,6 +115,17 @@ def load_delegation(
         raise _refuse(
             reason, f"{WHERE}.token_file {path}: {exc.denial_reason}: {exc.reason}: {exc.detail}"
         ) from None
+    return path, chain, links, fingerprint
+
+
+def load_delegation(
+    config: DelegationConfig, scopes: tuple[str, ...], keys: KeyProvider, now: float
+) -> LoadedDelegation:
+    """Read and check the token file; ConfigError (with the refusal's reason) and a precise detail.
+
+    The chain's holder must be a key of ours that may sign now (``keys.key_for``): the current
+    signing key, or one a rotation is retiring whose window has not ended."""
+    path, chain, links, fingerprint = read_token_file(config, now)
     if config.issuer is not None and config.issuer != links[0].iss:  # a mirror, never another issuer
         raise _refuse(
             "delegation-invalid",

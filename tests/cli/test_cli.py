@@ -128,6 +128,30 @@ def test_config_check_reads_the_token_files_run_reads(tmp_path: Path) -> None:
     assert "OK" not in done.stdout
 
 
+def test_config_check_reads_the_delegation_token_file_run_reads(tmp_path: Path) -> None:
+    """``config check`` said OK for a requester.delegation.token_file that is missing; run exited 2."""
+    missing = tmp_path / "missing.jwt"
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        f"data_dir: {tmp_path / 'data'}\nlisten: 127.0.0.1:0\nrequester:\n  id: agent-7\n"
+        "  domain: agent.example\n  type: REQUESTER_TYPE_AGENT\n  exchanges: [https://exchange.example/v1]\n"
+        f"  delegation:\n    token_file: {missing}\n    principal_domain: corp.example\n"
+        "    principal_id: alice@corp.example\n"
+    )
+    message = f"requester.delegation.token_file: cannot read {missing}: No such file or directory\n"
+    run = run_cli("run", "--config", str(config))
+    assert run.returncode == 2
+    assert run.stderr.endswith(f"\nsigning-proxy: {message}")  # after the first run's key is made
+    done = run_cli("config", "check", str(config))
+    assert done.returncode == 2
+    assert done.stderr == f"signing-proxy: configuration error: {message}"
+    assert "OK" not in done.stdout
+    missing.write_text("not-a-chain\n")  # read now, and checked as run checks it before its keys
+    done = run_cli("config", "check", str(config))
+    assert done.returncode == 2
+    assert f"requester.delegation.token_file {missing}: DENIAL_REASON_DELEGATION_INVALID:" in done.stderr
+
+
 def test_config_check_names_the_file_signing_proxy_config_named(tmp_path: Path) -> None:
     """It checked the file the variable names and said it had checked the embedded defaults."""
     config = tmp_path / "from-env.yaml"
