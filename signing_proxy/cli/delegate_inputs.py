@@ -28,13 +28,14 @@ from ..core.keys import (
     parse_directory_key,
     parse_rfc3339,
 )
-from ..core.pkcs11_uri import mask_pin_value
+from ..core.pkcs11_uri import is_pkcs11_uri, mask_pin_value
 from ..core.requester import parse_duration_s
 from ..core.scopes import scope_segments
 from ..errors import CliError, KeyFileError, KeyStoreError
 from ..storage.keyfile import read_public_file
 from ..storage.keystore import LEGACY_KEY_NAME, KeyStore
 from .common import config_from, public_key_file, signing_key_file
+from .tokenkeys import token_key_at
 
 __all__ = [
     "MAX_CHAIN_FILE_BYTES",
@@ -110,14 +111,23 @@ def proxy_holder_jkt(args: argparse.Namespace, now: float) -> tuple[str, list[st
     """The thumbprint of the key the proxy signs with now, and notes for the operator (where it was
     found, a key about to take over).
 
-    ``signing.key`` when set; otherwise the key store's current key (or the legacy
-    ``<data_dir>/agent-key.pem`` a first run would import). Only public data is read from the store.
+    ``signing.key`` when set (a ``pkcs11:`` URI: the token's key, its public half read from the
+    token with ``signing.pkcs11``'s module and PIN, as ``keys show --pkcs11`` does); otherwise the
+    key store's current key (or the legacy ``<data_dir>/agent-key.pem`` a first run would import).
+    Only public data is read from the store. No message shows a PIN.
     """
     config = config_from(argparse.Namespace(config=args.holder_config, data_dir=args.data_dir))
+    if config.signing.key and is_pkcs11_uri(config.signing.key):
+        token_key = token_key_at(config, config.signing.key, "signing.key")
+        jkt = token_key.thumbprint
+        return jkt, [f"holder: the proxy's signing key {jkt} (signing.key: {token_key.uri.describe()})"]
     if config.signing.key:
-        path = Path(config.signing.key).expanduser()
-        jkt = signing_key_file(str(path), "signing.key").thumbprint
-        return jkt, [f"holder: the proxy's signing key {jkt} (signing.key {mask_pin_value(str(path))})"]
+        shown = mask_pin_value(config.signing.key)  # a mistyped pkcs11: URI ("pkcs11;...") is a path here
+        try:
+            jkt = signing_key_file(config.signing.key, "signing.key").thumbprint
+        except CliError as exc:
+            raise CliError(mask_pin_value(str(exc))) from None
+        return jkt, [f"holder: the proxy's signing key {jkt} (signing.key {shown})"]
     try:
         store = KeyStore(config.data_path, args.agent or config.signing.agent)
     except ValueError as exc:

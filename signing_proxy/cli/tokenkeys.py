@@ -18,7 +18,7 @@ from ..service.tokenkeys import token_slot_for
 from ..storage.pkcs11 import TokenKey, TokenSlot, generate_token_key, open_token_key
 from .common import config_from
 
-__all__ = ["cmd_token_generate", "cmd_token_show", "token_key_for_store"]
+__all__ = ["cmd_token_generate", "cmd_token_show", "token_key_at", "token_key_for_store"]
 
 
 def cmd_token_generate(args: argparse.Namespace) -> int:
@@ -39,6 +39,19 @@ def _print_token_key(args: argparse.Namespace, get: Callable[[TokenSlot, Pkcs11U
         raise CliError(f"{exc} ({exc.reason})" if isinstance(exc, TokenError) else str(exc)) from None
     print_token_key(key)
     return 0
+
+
+def token_key_at(config: Config, uri_text: str, where: str) -> TokenKey:
+    """The key pair ``uri_text`` (the value of ``where``) names on the token, its public half read
+    now as ``keys show --pkcs11`` reads it; CliError names ``where`` and the reason, never the PIN."""
+    try:
+        slot = token_slot_for(config, uri_text, where=where)
+    except (TokenError, ConfigError) as exc:
+        raise CliError(f"{exc} ({exc.reason})" if isinstance(exc, TokenError) else str(exc)) from None
+    try:
+        return open_token_key(slot, slot.uri)
+    except TokenError as exc:
+        raise CliError(f"{where}: {exc.detail} ({exc.reason})") from None
 
 
 def token_key_for_store(config: Config, uri_text: str) -> TokenKey:

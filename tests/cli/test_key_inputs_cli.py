@@ -1,7 +1,7 @@
-"""Key files and JWK Sets as ``delegate``, ``verify-origin`` and ``keys`` read them, through real
-subprocesses: an owner key is trusted only inside its window (``nbf``/``exp`` too), and a hostile
-file (a device, a FIFO, a duplicate member, nesting too deep) is one clean line and exit status 2,
-never a traceback or a hang.
+"""Key files, JWK Sets and the proxy's own key as ``delegate`` and ``keys`` read them, through real
+subprocesses: a PKCS#11 ``signing.key`` names the holder (its PIN never shown), an owner key is
+trusted only inside its window (``nbf``/``exp`` too), and a hostile file (a device, a FIFO, a
+duplicate member, nesting too deep) is one clean line and exit status 2, never a traceback or a hang.
 """
 
 from __future__ import annotations
@@ -11,8 +11,12 @@ import os
 import time
 from pathlib import Path
 
+import pytest
+import yaml
+
 from signing_proxy.core.jwk import SigningKey
 from tests.harness import run_cli
+from tests.softhsm import PIN, SoftHsm
 
 SECRET_PIN = "SECRETPIN1234"
 DEEP = "[" * 5000 + "]" * 5000
@@ -174,3 +178,61 @@ def test_a_hostile_owner_jwks_is_refused_by_path(tmp_path: Path) -> None:
     ):
         error = refused(*owner.verify("--owner-jwks", path, *holder))
         assert error.startswith(f"signing-proxy: --owner-jwks: {path}: {reason}"), error
+
+
+# --- a PKCS#11 signing.key ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("where", ["config", "env"])
+def test_a_pkcs11_signing_key_the_token_cannot_open_is_refused_without_its_pin(
+    tmp_path: Path, where: str
+) -> None:
+    uri = f"pkcs11:token=t;object=o?pin-value={SECRET_PIN}&module-path={tmp_path}/missing.so"
+    owner = Owner(tmp_path)
+    config = tmp_path / "proxy.yaml"
+    settings: dict[str, object] = {"data_dir": str(tmp_path / "data")}
+    if where == "config":
+        settings["signing"] = {"key": uri}
+    config.write_text(yaml.safe_dump(settings))
+    env = {"SIGNING_PROXY_KEY": uri} if where == "env" else None
+    extend = ("delegate", "extend", owner.chain, "--principal-key", str(owner.principal_pem))
+    for action in (owner.verify("--owner-jwks", str(owner.jwks)), extend):
+        error = refused(*action, "--holder-config", str(config), env=env)
+        assert "signing.key" in error
+        assert "token-module-unloadable" in error  # the token was asked, the URI not taken for a path
+        assert "key file does not exist" not in error
+
+
+def test_a_mistyped_pkcs11_uri_is_a_key_path_shown_without_its_pin(tmp_path: Path) -> None:
+    owner = Owner(tmp_path)
+    env = {"SIGNING_PROXY_KEY": f"pkcs11;token=t;object=o?pin-value={SECRET_PIN}"}
+    error = refused(*owner.verify("--owner-jwks", str(owner.jwks)), "--data-dir", str(tmp_path), env=env)
+    assert error.startswith("signing-proxy: signing.key: pkcs11;token=t;object=o?pin-value=(not shown)")
+
+
+@pytest.mark.parametrize("pin_in_uri", [False, True])
+def test_holder_config_names_the_token_key_of_a_pkcs11_signing_key(tmp_path: Path, pin_in_uri: bool) -> None:
+    hsm = SoftHsm(tmp_path / "hsm")
+    config = tmp_path / "token.yaml"
+    config.write_text(yaml.safe_dump({"signing": {"pkcs11": hsm.pkcs11_config()}}))
+    made = run_cli("keys", "generate", "--config", str(config), "--pkcs11", hsm.uri("agent"), env=hsm.env())
+    assert made.returncode == 0, made.stderr
+    jkt = made.stdout.split("thumbprint: ")[1].split()[0]
+    uri = hsm.uri("agent") + (f"?pin-value={PIN}" if pin_in_uri else "")
+    pkcs11 = {"module": hsm.module} if pin_in_uri else hsm.pkcs11_config()
+    config.write_text(yaml.safe_dump({"signing": {"key": uri, "pkcs11": pkcs11}}))
+    owner = Owner(tmp_path, holder_jkt=jkt)
+    env = {"SOFTHSM2_CONF": hsm.env()["SOFTHSM2_CONF"]} if pin_in_uri else hsm.env()
+    done = run_cli(
+        *owner.verify("--owner-jwks", str(owner.jwks), "--holder-config", str(config), "--json"), env=env
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads(done.stdout)["holder_jkt"] == jkt
+    assert f"holder: the proxy's signing key {jkt} (signing.key: object 'agent'" in done.stderr
+    assert PIN not in done.stdout + done.stderr
+    wrong = uri.replace(PIN, "0000-wrong") if pin_in_uri else uri
+    env = env if pin_in_uri else hsm.env(pin="0000-wrong")
+    config.write_text(yaml.safe_dump({"signing": {"key": wrong, "pkcs11": pkcs11}}))
+    error = refused(*owner.verify("--owner-jwks", str(owner.jwks), "--holder-config", str(config)), env=env)
+    assert "token-pin-incorrect" in error
+    assert "0000-wrong" not in error
