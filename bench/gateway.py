@@ -145,7 +145,7 @@ async def gateway_rates(n: int) -> dict[str, float]:
     gateway = gateway_for(agent, owner)
     now = int(time.time())
     authority = issue_authority(
-        owner, iss=OWNER, holder_jkt=principal.thumbprint, scope=["dist:*"], exp=now + 3600
+        owner, iss=OWNER, holder_jkt=principal.thumbprint, now=now, scope=["dist:*"], exp=now + 3600
     )
     chain = extend_chain(
         authority, principal, holder_jkt=agent.thumbprint, now=now, scope=["dist:US"], exp=now + 1800

@@ -13,6 +13,7 @@ exits 1 with ``DENIAL_REASON_DELEGATION_INVALID: <sub-reason>: <detail>``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import time
@@ -20,6 +21,8 @@ from pathlib import Path
 from typing import Any, Final
 
 from ..core.delegation import (
+    NUMERIC_DATE_MAX,
+    NUMERIC_DATE_MIN,
     THUMBPRINT_URI_PREFIX,
     check_chain,
     extend_chain,
@@ -28,6 +31,7 @@ from ..core.delegation import (
     split_chain,
     verify_chain,
 )
+from ..core.durations import parse_duration
 from ..core.errors import DelegationError
 from ..core.jwk import PublicKey, public_key_from_jwk
 from ..core.jws import parse_jwt
@@ -57,12 +61,36 @@ RULES: Final = {
     "signer-not-named-by-parent": "--principal-key must be the key the chain's last link names (cnf.jkt)",
     "expired": "the chain (or the requested exp) is already expired",
 }
+# What a NumericDate may be (core: delegation_claims), as the operator writes it.
+DATE_RANGE: Final = "0001-01-01T00:00:00Z to 9999-12-31T23:59:59Z"
+FAILED: Final = frozenset({"bad", "broken", "no-key", "expired", "bad-type", "out-of-range"})  # exit 1
 
 
 def _refusal(exc: DelegationError) -> str:
     rule = RULES.get(exc.reason)
     prefix = f"refused ({rule}): " if rule else "refused: "
     return f"{prefix}{exc.denial_reason}: {exc.reason}: {exc.detail}"
+
+
+def _now(args: argparse.Namespace) -> float:
+    """``--now`` (default: the clock), in the range a NumericDate has once its offset is applied."""
+    now = now_arg(args)
+    if not NUMERIC_DATE_MIN <= now <= NUMERIC_DATE_MAX:
+        raise CliError(f"--now: {args.now!r} is outside {DATE_RANGE} once its offset is applied")
+    return now
+
+
+def _expires(text: str, now: float) -> int:
+    """``--expires``: after ``now``, and no later than the last NumericDate once its offset is applied."""
+    with contextlib.suppress(ValueError):  # not a duration: expires_at reads it as a date-time
+        if parse_duration(text) == 0:
+            raise CliError(f"--expires: {text!r} is no time from now; a duration must be positive (12h, 30d)")
+    exp = expires_at(text, now)
+    if exp > NUMERIC_DATE_MAX:
+        raise CliError(f"--expires: {text!r} is after 9999-12-31T23:59:59Z once its offset is applied")
+    if exp <= now:
+        raise CliError(f"--expires: {text!r} is not after now ({format_rfc3339(now)}); it would be expired")
+    return exp
 
 
 # --- commands ---------------------------------------------------------------------------------------
@@ -79,8 +107,9 @@ def cmd_issue(args: argparse.Namespace) -> int:
             owner,
             iss=args.iss,
             holder_jkt=holder,
+            now=now,
             scope=scopes_arg(args.scope),
-            exp=expires_at(args.expires, now),
+            exp=_expires(args.expires, now),
             max_spend_cents=spend,
             max_accesses=accesses,
             quota_period_s=period,
@@ -116,7 +145,7 @@ def cmd_extend(args: argparse.Namespace) -> int:
     if scope is None and parent.scope is not None:
         scope = list(parent.scope)
     if args.expires is not None:
-        exp: int | None = expires_at(args.expires, now)
+        exp: int | None = _expires(args.expires, now)
     else:
         exp = None if parent.exp is None else math.floor(parent.exp)
     try:
@@ -168,7 +197,8 @@ def _link_status(
             status["linkage"] = "ok" if signer == _cnf_jkt(parent["claims"]) else "broken"
     exp = claims.get("exp")
     if isinstance(exp, int | float) and not isinstance(exp, bool):
-        status["expiry"] = "expired" if now >= exp else "ok"
+        in_range = NUMERIC_DATE_MIN <= exp < NUMERIC_DATE_MAX + 1  # shown as RFC 3339 below
+        status["expiry"] = ("expired" if now >= exp else "ok") if in_range else "out-of-range"
     else:
         status["expiry"] = "no-exp" if exp is None else "bad-type"
     entry["signer_jkt"] = signer
@@ -183,7 +213,7 @@ def _cnf_jkt(claims: dict[str, Any]) -> str | None:
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     chain = read_chain(args.chain)
-    now = now_arg(args)
+    now = _now(args)
     notes: list[str] = []
     owner_keys = None
     if args.owner_jwks is not None:
@@ -207,9 +237,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             check_chain(chain, now=now)
     except DelegationError as exc:
         result = {**result, "ok": False, "reason": exc.reason, "detail": exc.detail}
-    failed = not result["ok"] or any(
-        v in ("bad", "broken", "no-key", "expired", "bad-type") for e in entries for v in e["status"].values()
-    )
+    failed = not result["ok"] or any(v in FAILED for e in entries for v in e["status"].values())
     for entry in entries:
         del entry["token"]
     if args.json:
@@ -231,6 +259,7 @@ _SHOWN: Final = {
     "expired": "EXPIRED",
     "no-exp": "no exp (no expiry)",
     "bad-type": "BAD (exp is not a NumericDate)",
+    "out-of-range": f"BAD (exp is outside {DATE_RANGE})",
 }
 
 
@@ -260,7 +289,7 @@ def _print_inspection(entries: list[dict[str, Any]], result: dict[str, Any], now
 
 def cmd_verify(args: argparse.Namespace) -> int:
     chain = read_chain(args.chain)
-    now = now_arg(args)
+    now = _now(args)
     notes: list[str] = []
     owner_keys = read_owner_keys(Path(args.owner_jwks).expanduser(), now, args.issuer_grace, notes)
     holder = holder_jkt(args, now, notes)

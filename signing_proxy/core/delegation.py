@@ -33,6 +33,8 @@ from .delegation_claims import (
     INT64_MAX,
     MAX_CHAIN_LINKS,
     MAX_LEEWAY_S,
+    NUMERIC_DATE_MAX,
+    NUMERIC_DATE_MIN,
     REASONS,
     REGISTERED_CLAIMS,
     SVC_CLAIMS,
@@ -61,6 +63,8 @@ __all__ = [
     "INT64_MAX",
     "MAX_CHAIN_LINKS",
     "MAX_LEEWAY_S",
+    "NUMERIC_DATE_MAX",
+    "NUMERIC_DATE_MIN",
     "REASONS",
     "REGISTERED_CLAIMS",
     "SVC_CLAIMS",
@@ -123,6 +127,7 @@ def issue_authority(
     *,
     iss: str,
     holder_jkt: str,
+    now: float,
     scope: list[str] | None = None,
     exp: int | None = None,
     max_spend_cents: int | None = None,
@@ -132,7 +137,10 @@ def issue_authority(
     advisory: list[str] | None = None,
     iat: int | None = None,
 ) -> str:
-    """Sign the authority JWT: the owner grants ``scope`` and caps to the key ``holder_jkt``."""
+    """Sign the authority JWT: the owner grants ``scope`` and caps to the key ``holder_jkt``.
+
+    ``now`` is the issuer's clock: the time check ``extend_chain`` runs on a child runs here too, so
+    an ``exp`` not after ``now`` is refused (``expired``), as is an ``nbf`` still ahead of it."""
     claims = _build_claims(
         iss=iss,
         holder_jkt=holder_jkt,
@@ -146,7 +154,8 @@ def issue_authority(
         iat=iat,
     )
     # Never sign what a verifier would refuse; the issuer understands its own extra claims.
-    read_claims(claims, 0, owner_key.thumbprint, frozenset(extra_claims or ()))
+    link = read_claims(claims, 0, owner_key.thumbprint, frozenset(extra_claims or ()))
+    check_time(link, 0, now, 0)
     return sign_jwt(claims, owner_key)
 
 

@@ -33,6 +33,8 @@ __all__ = [
     "INT64_MAX",
     "MAX_CHAIN_LINKS",
     "MAX_LEEWAY_S",
+    "NUMERIC_DATE_MAX",
+    "NUMERIC_DATE_MIN",
     "REASONS",
     "REGISTERED_CLAIMS",
     "SVC_CLAIMS",
@@ -95,9 +97,10 @@ _DURATION_STRING = re.compile(r"(?:0|[1-9][0-9]*)s")  # spec: "<seconds>s", whol
 # digits past which a decimal string is out of range anyway (int() refuses past 4,300 of them)
 _INT64_DIGITS = len(str(INT64_MAX))
 _DURATION_DIGITS = len(str(DURATION_MAX_S))
-# NumericDates are compared with float clocks: an integer past 2**53 (JSON has no bound) would not
-# convert; no date of use is that far
-NUMERIC_DATE_MAX = 2**53
+# NumericDates are shown as RFC 3339 (inspect, verify, the Delegation message's expires_at), which has
+# four-digit years: 0001-01-01T00:00:00Z to 9999-12-31T23:59:59Z. No date of use is outside it.
+NUMERIC_DATE_MIN = -62_135_596_800
+NUMERIC_DATE_MAX = 253_402_300_799
 _JWK_MEMBERS = frozenset({"kty", "crv", "x"})  # spec rule 5: the child jwk carries exactly these
 
 
@@ -189,8 +192,13 @@ def _numeric_date(claims: Mapping[str, Any], name: str, index: int) -> float | N
     # RFC 7519 section 2: NumericDate is a JSON number; bool is an int in Python, not in JSON.
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise link_error("bad-claim-type", index, f"{name} is a JSON number (NumericDate)")
-    if not -NUMERIC_DATE_MAX <= value <= NUMERIC_DATE_MAX:
-        raise link_error("bad-claim-value", index, f"{name} is out of range")
+    # The whole second is what is shown: 9999-12-31T23:59:59.5Z is still in range.
+    if not NUMERIC_DATE_MIN <= value < NUMERIC_DATE_MAX + 1:
+        raise link_error(
+            "bad-claim-value",
+            index,
+            f"{name} is out of range (a NumericDate from 0001-01-01T00:00:00Z to 9999-12-31T23:59:59Z)",
+        )
     return value
 
 

@@ -17,7 +17,7 @@ from typing import Final
 
 from ..config import DelegationConfig
 from ..core.b64 import b64_encode
-from ..core.delegation import VerifiedLink, check_chain
+from ..core.delegation import NUMERIC_DATE_MAX, VerifiedLink, check_chain
 from ..core.errors import DelegationError, KeyFormatError
 from ..core.keys import KeyProvider, format_rfc3339, parse_rfc3339
 from ..core.requester import DelegationDoc, parse_duration_s
@@ -188,6 +188,11 @@ def _expiry(config: DelegationConfig, links: list[VerifiedLink], now: float) -> 
         configured = parse_rfc3339(config.expires_at)
     except KeyFormatError as exc:  # config validation makes this unreachable
         raise _refuse("delegation-invalid", f"{WHERE}.expires_at: {exc.detail}") from None
+    if configured > NUMERIC_DATE_MAX:  # Delegation.expires_at is RFC 3339: four-digit years
+        raise _refuse(
+            "delegation-invalid",
+            f"{WHERE}.expires_at: {config.expires_at} is after 9999-12-31T23:59:59Z (offset applied)",
+        )
     if chain_exp is not None and configured > chain_exp:
         raise _refuse(
             "delegation-invalid",

@@ -120,6 +120,8 @@ def test_public_api_is_pinned() -> None:
         "INT64_MAX",
         "MAX_CHAIN_LINKS",
         "MAX_LEEWAY_S",
+        "NUMERIC_DATE_MAX",
+        "NUMERIC_DATE_MIN",
         "REASONS",
         "REGISTERED_CLAIMS",
         "SVC_CLAIMS",
@@ -365,6 +367,40 @@ def test_rfc7519_4_1_4_exp_equal_to_now_is_expired() -> None:
     verify(authority(AGENT, exp=NOW + 1))
 
 
+@pytest.mark.parametrize("claim", ["exp", "nbf", "iat"])
+def test_numeric_dates_are_capped_to_the_rfc3339_range(claim: str) -> None:
+    # Every NumericDate is shown as RFC 3339 (four-digit years): one past 9999 is refused, not shown.
+    past_9999 = delegation.NUMERIC_DATE_MAX + 1
+    before_0001 = delegation.NUMERIC_DATE_MIN - 1
+    for value in (past_9999, before_0001, 2**53, delegation.NUMERIC_DATE_MIN - 0.5):
+        over: dict[str, Any] = {claim: value}
+        error = refused(authority(AGENT, **over), "bad-claim-value")
+        assert error.detail == (
+            f"link 0: {claim} is out of range (a NumericDate from 0001-01-01T00:00:00Z to "
+            "9999-12-31T23:59:59Z)"
+        )
+    assert delegation.NUMERIC_DATE_MAX == 253_402_300_799  # 9999-12-31T23:59:59Z
+    assert delegation.NUMERIC_DATE_MIN == -62_135_596_800  # 0001-01-01T00:00:00Z
+    if claim == "exp":
+        last = verify(authority(AGENT, exp=delegation.NUMERIC_DATE_MAX + 0.5))
+        assert last.expires_at == delegation.NUMERIC_DATE_MAX + 0.5
+    else:
+        earliest: dict[str, Any] = {claim: delegation.NUMERIC_DATE_MIN}
+        verify(authority(AGENT, **earliest))
+
+
+def test_numeric_date_cap_holds_for_builders_and_children() -> None:
+    with pytest.raises(DelegationError) as info:
+        issue_authority(
+            OWNER, iss="o", holder_jkt=AGENT.thumbprint, now=NOW, exp=delegation.NUMERIC_DATE_MAX + 1
+        )
+    assert info.value.reason == "bad-claim-value"
+    refused(two_links(exp=delegation.NUMERIC_DATE_MAX + 1), "bad-claim-value")
+    with pytest.raises(DelegationError) as info:
+        check_chain(chain(authority(PRINCIPAL, exp=300_000_000_000)), now=NOW)
+    assert info.value.reason == "bad-claim-value"
+
+
 def test_rfc7519_4_1_4_leeway_is_bounded() -> None:
     verify(authority(AGENT, exp=NOW), leeway_s=1)
     with pytest.raises(ValueError, match="leeway_s"):
@@ -540,6 +576,7 @@ def _issued() -> str:
         OWNER,
         iss="https://owner.example",
         holder_jkt=PRINCIPAL.thumbprint,
+        now=NOW,
         scope=["dist:*"],
         exp=NOW + DAY,
         max_spend_cents=10_000,
@@ -640,26 +677,41 @@ def test_builders_extend_refuses_an_expired_chain() -> None:
 
 def test_builders_issue_refuses_what_a_verifier_would_refuse() -> None:
     with pytest.raises(DelegationError) as info:
-        issue_authority(OWNER, iss="o", holder_jkt="not-a-thumbprint")
+        issue_authority(OWNER, iss="o", holder_jkt="not-a-thumbprint", now=NOW)
     assert info.value.reason == "bad-claim-value"
     with pytest.raises(DelegationError) as info:
-        issue_authority(OWNER, iss="o", holder_jkt=AGENT.thumbprint, extra_claims={"svc_x": 1})
+        issue_authority(OWNER, iss="o", holder_jkt=AGENT.thumbprint, now=NOW, extra_claims={"svc_x": 1})
     assert info.value.reason == "reserved-claim"
     with pytest.raises(ValueError, match="keyword"):
-        issue_authority(OWNER, iss="o", holder_jkt=AGENT.thumbprint, extra_claims={"exp": 1})
+        issue_authority(OWNER, iss="o", holder_jkt=AGENT.thumbprint, now=NOW, extra_claims={"exp": 1})
     with pytest.raises(ValueError, match="at least one"):
-        issue_authority(OWNER, iss="o", holder_jkt=AGENT.thumbprint, scope=[])
+        issue_authority(OWNER, iss="o", holder_jkt=AGENT.thumbprint, now=NOW, scope=[])
+
+
+@pytest.mark.parametrize(("exp", "reason"), [(NOW, "expired"), (NOW - DAY, "expired"), (NOW + 1, None)])
+def test_builders_issue_refuses_an_exp_not_after_now(exp: int, reason: str | None) -> None:
+    # The time check extend_chain runs on a child: never sign an authority JWT already expired.
+    if reason is None:
+        assert verify(issue_authority(OWNER, iss="o", holder_jkt=AGENT.thumbprint, now=NOW, exp=exp))
+        return
+    with pytest.raises(DelegationError) as info:
+        issue_authority(OWNER, iss="o", holder_jkt=AGENT.thumbprint, now=NOW, exp=exp)
+    assert (info.value.reason, info.value.detail) == (reason, "link 0: exp is not after the current time")
+    with pytest.raises(DelegationError) as info:
+        issue_authority(OWNER, iss="o", holder_jkt=AGENT.thumbprint, now=NOW, extra_claims={"nbf": NOW + DAY})
+    assert info.value.reason == "not-yet-valid"
 
 
 def test_builders_issue_extra_claims_are_binding_unless_advisory() -> None:
     token = issue_authority(
-        OWNER, iss="o", holder_jkt=AGENT.thumbprint, extra_claims={"vendor.example:tier": "gold"}
+        OWNER, iss="o", holder_jkt=AGENT.thumbprint, now=NOW, extra_claims={"vendor.example:tier": "gold"}
     )
     refused(token, "unrecognized-claim")
     advisory = issue_authority(
         OWNER,
         iss="o",
         holder_jkt=AGENT.thumbprint,
+        now=NOW,
         extra_claims={"vendor.example:tier": "gold"},
         advisory=["vendor.example:tier"],
     )

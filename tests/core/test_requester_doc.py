@@ -201,7 +201,12 @@ def test_nested_requester_does_not_count() -> None:
 
 def _chain(**child: Any) -> str:
     authority = issue_authority(
-        OWNER, iss="https://owner.example", holder_jkt=PRINCIPAL.thumbprint, scope=["dist:*"], exp=NOW + 3600
+        OWNER,
+        iss="https://owner.example",
+        holder_jkt=PRINCIPAL.thumbprint,
+        now=NOW,
+        scope=["dist:*"],
+        exp=NOW + 3600,
     )
     return extend_chain(
         authority,

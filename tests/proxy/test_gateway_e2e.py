@@ -97,7 +97,7 @@ class World:
         now = int(time.time())
         return issue_authority(
             owner or self.owner, iss=OWNER_ISS, holder_jkt=self.principal.thumbprint,
-            scope=["dist:US:*", "subscription:news"], exp=now + 3600,
+            now=now, scope=["dist:US:*", "subscription:news"], exp=now + 3600,
         )  # fmt: skip
 
     def chain(self, holder: str | None = None, owner: SigningKey | None = None) -> str:

@@ -53,6 +53,7 @@ def capped_chain(owner: SigningKey, holder: str) -> str:
         owner,
         iss=OWNER_ISS,
         holder_jkt=principal.thumbprint,
+        now=now,
         exp=now + 600,
         max_accesses=LIMIT,
         quota_period_s=PERIOD_S,

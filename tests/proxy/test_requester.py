@@ -59,6 +59,7 @@ def make_chain(holder: SigningKey = PROXY, *, exp: int = int(NOW) + HOUR, **chil
         OWNER,
         iss="https://owner.example",
         holder_jkt=PRINCIPAL.thumbprint,
+        now=NOW,
         scope=["dist:US:*", "subscription:news"],
         exp=int(NOW) + 2 * HOUR,
         max_spend_cents=10_000,

@@ -58,7 +58,9 @@ class World:
     def authority(self, owner: SigningKey | None = None, **claims: Any) -> str:
         claims.setdefault("exp", NOW + 3600)
         claims.setdefault("scope", ["dist:US:*"])
-        return issue_authority(owner or self.owner, iss=OWNER, holder_jkt=self.principal.thumbprint, **claims)
+        return issue_authority(
+            owner or self.owner, iss=OWNER, holder_jkt=self.principal.thumbprint, now=NOW, **claims
+        )
 
     def chain(self, holder: str | None = None, **claims: Any) -> str:
         caps = {

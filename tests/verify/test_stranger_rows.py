@@ -1,6 +1,6 @@
 """The bound on strangers' counters: any https issuer may sign capped chains (``trusted_issuers_only``
 is false by default), and each new chain is a counter row kept for its window (a ``quota_period``
-up to 10,000 years, an ``exp`` up to 2**53 s). The rows of chains whose authority issuer is not in
+up to 10,000 years, an ``exp`` up to the year 9999). The rows of chains whose authority issuer is not in
 ``trusted_issuers`` are at most ``max_stranger_quota_rows`` live ones: a take that would create one
 more counts nothing and is refused 503 ``quota-store-full``; rows that exist keep counting, trusted
 issuers' chains are never refused for it, and an expired row leaves the bound. The embedded SQLite
@@ -179,6 +179,7 @@ def capped(w: World, n: int, owner: SigningKey | None = None, iss: str = OWNER) 
         owner or w.owner,
         iss=iss,
         holder_jkt=w.agent.thumbprint,
+        now=NOW_W,
         exp=NOW_W + 3600 + n,  # a new chain each n
         max_accesses=5,
         quota_period_s=60,
