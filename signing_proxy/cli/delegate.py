@@ -33,7 +33,7 @@ from ..core.delegation import (
 )
 from ..core.durations import parse_duration
 from ..core.errors import DelegationError
-from ..core.jwk import PublicKey, public_key_from_jwk
+from ..core.jwk import PRIVATE_JWK_MEMBERS, PublicKey, public_key_from_jwk
 from ..core.jws import parse_jwt
 from ..core.keys import format_rfc3339
 from ..errors import CliError
@@ -63,6 +63,7 @@ RULES: Final = {
 }
 # What a NumericDate may be (core: delegation_claims), as the operator writes it.
 DATE_RANGE: Final = "0001-01-01T00:00:00Z to 9999-12-31T23:59:59Z"
+NOT_SHOWN: Final = "(not shown)"
 FAILED: Final = frozenset({"bad", "broken", "no-key", "expired", "bad-type", "out-of-range"})  # exit 1
 
 
@@ -211,6 +212,23 @@ def _cnf_jkt(claims: dict[str, Any]) -> str | None:
     return jkt if isinstance(jkt, str) else None
 
 
+def _hide_private_keys(value: Any) -> list[str]:
+    """Replace, in place, the value of every private member of every JWK (an object with ``kty``) in
+    ``value`` with NOT_SHOWN; the names replaced. A private key is never printed, even a leaked one."""
+    hidden: list[str] = []
+    if isinstance(value, dict):
+        if "kty" in value:
+            for name in sorted(PRIVATE_JWK_MEMBERS.intersection(value)):
+                value[name] = NOT_SHOWN
+                hidden.append(name)
+        for member in value.values():
+            hidden += _hide_private_keys(member)
+    elif isinstance(value, list):
+        for item in value:
+            hidden += _hide_private_keys(item)
+    return hidden
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
     chain = read_chain(args.chain)
     now = _now(args)
@@ -240,6 +258,13 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     failed = not result["ok"] or any(v in FAILED for e in entries for v in e["status"].values())
     for entry in entries:
         del entry["token"]
+        hidden = _hide_private_keys(entry["header"]) + _hide_private_keys(entry["claims"])
+        if hidden:
+            failed = True
+            notes.append(
+                f"warning: link {entry['index']} carries a private key ({', '.join(sorted(set(hidden)))}; "
+                "not shown): whoever saw this chain has it; replace that key and issue a new chain"
+            )
     if args.json:
         doc = {"checked_at": format_rfc3339(now), "links": entries, "result": result}
         print(json.dumps(doc, indent=2))
@@ -253,7 +278,7 @@ _SHOWN: Final = {
     "ok": "ok",
     "bad": "BAD",
     "broken": "BROKEN",
-    "no-key": "BROKEN (no jwk header)",
+    "no-key": "BROKEN (no usable public jwk header)",
     "anchor": "authority: trusted only through the owner's key",
     "not-checked": "not checked (needs the owner's key: --owner-jwks)",
     "expired": "EXPIRED",

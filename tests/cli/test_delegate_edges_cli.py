@@ -1,10 +1,11 @@
 """``signing-proxy delegate`` at its edges, through real subprocesses: NumericDates past year 9999
-(``--expires``, ``--now``, a crafted ``exp``), an expiry not after now, and the token file ``run``
-reads. Every refusal is one clean line, never a traceback."""
+(``--expires``, ``--now``, a crafted ``exp``), an expiry not after now, a private key in a link, and
+the token file ``run`` reads. Every refusal is one clean line, never a traceback."""
 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -182,3 +183,49 @@ def test_issue_and_extend_refuse_an_expiry_not_after_now(keys: Keys, expires: st
         expires,
     )
     assert message in extend
+
+
+# --- bug 8: a private key in a link -------------------------------------------------------------------
+
+
+def test_inspect_never_prints_a_private_key_a_link_carries(keys: Keys) -> None:
+    authority = keys.authority()
+    secret = keys.principal.to_jwk()["d"]
+    child_claims = {"iss": "p", "exp": int(time.time()) + 600, "cnf": {"jkt": keys.agent.thumbprint}}
+    child = sign_jwt(
+        {**child_claims, "scope": "dist:US:CA", "svc_max_spend_cents": "10", "svc_max_accesses": 1},
+        keys.principal,
+        {"jwk": keys.principal.to_jwk()},  # the principal's private JWK, d and all
+    )
+    chain = f"{authority}~{child}"
+    warning = "warning: link 1 carries a private key (d; not shown)"
+    text = run_cli("delegate", "inspect", chain)
+    clean(text)
+    assert text.returncode == 1
+    assert secret not in text.stdout + text.stderr
+    assert '"d":"(not shown)"' in text.stdout
+    assert warning in text.stderr
+    assert "result: DENIAL_REASON_DELEGATION_INVALID: malformed-token: link 1" in text.stdout
+    as_json = run_cli("delegate", "inspect", chain, "--json", "--owner-jwks", str(keys.jwks))
+    assert as_json.returncode == 1
+    assert secret not in as_json.stdout + as_json.stderr
+    assert json.loads(as_json.stdout)["links"][1]["header"]["jwk"]["d"] == "(not shown)"
+    assert warning in as_json.stderr
+    # verify refuses the link and never echoes it either
+    out = refused(*verify_args(keys, chain, "agent.pem"), status=1)
+    assert secret not in out
+    assert out.startswith(f"{DENIAL}: malformed-token: link 1:")
+
+
+def test_inspect_flags_a_private_key_even_where_no_verifier_looks(keys: Keys) -> None:
+    # The authority's header jwk is never consulted (the owner keys are the anchors): the chain is
+    # valid, but whoever holds it holds the owner's private key. inspect hides it and exits 1.
+    claims = {"iss": "o", "exp": int(time.time()) + 600, "cnf": {"jkt": keys.principal.thumbprint}}
+    token = sign_jwt(claims, keys.owner, {"jwk": keys.owner.to_jwk()})
+    secret = keys.owner.to_jwk()["d"]
+    assert "ok: 1 link(s)" in ok(*verify_args(keys, token))
+    done = run_cli("delegate", "inspect", token, "--owner-jwks", str(keys.jwks))
+    assert done.returncode == 1
+    assert secret not in done.stdout + done.stderr
+    assert "result: ok" in done.stdout
+    assert "warning: link 0 carries a private key (d; not shown)" in done.stderr
