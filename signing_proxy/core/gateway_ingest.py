@@ -312,7 +312,7 @@ def check_mirror(mirror: DelegationIn, verified: VerifiedDelegation, now: float)
 # Our choice (the spec: a lifetime quota is "bounded only by expiry"): a chain none of whose links
 # has exp keeps its count for a year from the first access, so that its row leaves the store some
 # day. That alone bounds nothing: a stranger's chain may also carry a quota_period of up to 10,000
-# years or an exp of up to 2**53 s, and each new chain is a new row (request rate x window). The
+# years or an exp as late as the year 9999, and each new chain is a new row (request rate x window). The
 # bound on strangers' rows is the store's: gateway.max_stranger_quota_rows (verify.counters).
 ENDLESS_QUOTA_WINDOW_S = 366 * 86_400
 

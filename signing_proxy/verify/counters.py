@@ -10,7 +10,7 @@ one-counter case.
 
 Strangers' rows are bounded. Any https issuer may sign chains with caps (``gateway.trusted_issuers_only``
 is false by default), and each new capped chain is a counter row kept for its window (a
-``quota_period`` of up to 10,000 years, a grant's life until an ``exp`` of up to 2**53 s). So
+``quota_period`` of up to 10,000 years, a grant's life until an ``exp`` as late as the year 9999). So
 ``take_all`` is told ``max_stranger_rows`` when the chain's authority issuer is not in
 ``gateway.trusted_issuers``: the rows it creates are marked a stranger's, and a take that would
 create one while the live stranger rows would then number more than ``max_stranger_rows`` counts
