@@ -25,7 +25,11 @@ from signing_proxy.core.keys import (
 )
 from signing_proxy.core.signatures import Message, attach_signature, sign_message
 from signing_proxy.core.uri import parse_absolute_uri
-from signing_proxy.verify import EgressPolicy, FetchResult
+from signing_proxy.verify import EgressPolicy, FetchResult, VerifierPolicy, build_verify_origin
+from signing_proxy.verify.build import build_verifier
+from signing_proxy.verify.gateway_aiohttp import GATEWAY, gateway_middleware
+from signing_proxy.verify.gateway_build import build_gateway_verifier
+from signing_proxy.verify.middleware import SIGNATURE, signature_middleware
 
 TARGET = "https://exchange.example/svc.v1.ExchangeService/DiscoverResources"
 BODY = b'{"ver":"1.0"}'
@@ -129,3 +133,39 @@ async def host(address: str = "127.0.0.1") -> AsyncIterator[Host]:
     async with TestServer(app, host=address) as server:
         found.base = f"http://{address}:{server.port}"
         yield found
+
+
+@contextlib.asynccontextmanager
+async def verifying_face(kind: str, policy: VerifierPolicy) -> AsyncIterator[int]:
+    """The port of a verifying face on 127.0.0.1 (``signature_middleware``, ``verify-origin`` or
+    ``gateway_middleware``) whose handler answers 200 ``{"verified": true}`` for a verified request;
+    a refusal is the face's 401 problem+json."""
+    if kind == "verify-origin":
+        async with TestServer(build_verify_origin(policy, egress=LOOPBACK), host="127.0.0.1") as s:
+            assert s.port is not None
+            yield s.port
+        return
+    if kind == "gateway_middleware":
+        gateway = build_gateway_verifier(policy, egress=LOOPBACK)
+        middleware = gateway_middleware(gateway)
+        close = gateway.close
+
+        async def handler(req: web.Request) -> web.Response:
+            return web.json_response({"verified": req[GATEWAY] is not None})
+
+    else:
+        verifier = build_verifier(policy, egress=LOOPBACK)
+        middleware = signature_middleware(verifier)
+        close = verifier.close
+
+        async def handler(req: web.Request) -> web.Response:
+            return web.json_response({"verified": req[SIGNATURE] is not None})
+
+    app = web.Application(middlewares=[middleware])
+    app.router.add_route("*", "/{tail:.*}", handler)
+    try:
+        async with TestServer(app, host="127.0.0.1") as s:
+            assert s.port is not None
+            yield s.port
+    finally:
+        await close()

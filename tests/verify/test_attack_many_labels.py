@@ -20,18 +20,12 @@ import time
 from collections.abc import AsyncIterator
 
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestServer
 
 from signing_proxy.core.digest import content_digest
 from signing_proxy.core.jwk import SigningKey
 from signing_proxy.core.signature_verify import MAX_HOPS
-from signing_proxy.verify import VerifierPolicy, build_verify_origin
-from signing_proxy.verify.build import build_verifier
-from signing_proxy.verify.gateway_aiohttp import GATEWAY, gateway_middleware
-from signing_proxy.verify.gateway_build import build_gateway_verifier
-from signing_proxy.verify.middleware import SIGNATURE, signature_middleware
-from tests.verify.strangers import LOOPBACK, Host, directory_doc, host
+from signing_proxy.verify import VerifierPolicy
+from tests.verify.strangers import Host, directory_doc, host, verifying_face
 
 AGENT = SigningKey.from_seed(bytes(range(7, 39)))
 BODY = b"{}"
@@ -52,35 +46,8 @@ async def face(request: pytest.FixtureRequest) -> AsyncIterator[int]:
     """The port of a verifying face with no hop cap of its own: 401 problem+json for a refusal."""
     policy = VerifierPolicy()
     assert policy.max_hops is None
-    if request.param == "verify-origin":
-        async with TestServer(build_verify_origin(policy, egress=LOOPBACK), host="127.0.0.1") as s:
-            assert s.port is not None
-            yield s.port
-        return
-    if request.param == "gateway_middleware":
-        gateway = build_gateway_verifier(policy, egress=LOOPBACK)
-        middleware = gateway_middleware(gateway)
-        close = gateway.close
-
-        async def handler(req: web.Request) -> web.Response:
-            return web.json_response({"verified": req[GATEWAY] is not None})
-
-    else:
-        verifier = build_verifier(policy, egress=LOOPBACK)
-        middleware = signature_middleware(verifier)
-        close = verifier.close
-
-        async def handler(req: web.Request) -> web.Response:
-            return web.json_response({"verified": req[SIGNATURE] is not None})
-
-    app = web.Application(middlewares=[middleware])
-    app.router.add_route("*", "/{tail:.*}", handler)
-    try:
-        async with TestServer(app, host="127.0.0.1") as s:
-            assert s.port is not None
-            yield s.port
-    finally:
-        await close()
+    async with verifying_face(request.param, policy) as port:
+        yield port
 
 
 def many_labels(labels: int, agent: str) -> list[tuple[str, str]]:

@@ -17,23 +17,17 @@ import time
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestServer
 
 from signing_proxy.core.digest import content_digest
 from signing_proxy.core.fields import Fields
 from signing_proxy.core.jwk import SigningKey
 from signing_proxy.core.signatures import Message, attach_signature, sign_message
 from signing_proxy.core.uri import parse_absolute_uri
-from signing_proxy.verify import EgressPolicy, VerifierPolicy, build_verify_origin
-from signing_proxy.verify.build import build_verifier
-from signing_proxy.verify.gateway_aiohttp import GATEWAY, gateway_middleware
-from signing_proxy.verify.gateway_build import build_gateway_verifier
-from signing_proxy.verify.middleware import SIGNATURE, signature_middleware
+from signing_proxy.verify import VerifierPolicy
 from tests.verify.directory_host import served_directory
+from tests.verify.strangers import verifying_face
 
 AGENT = SigningKey.from_seed(bytes(range(5, 37)))
-LOOPBACK = EgressPolicy(allow_private=("127.0.0.1/32",))  # the directory host: allow-listed
 BODY = b"{}"
 WAIT_S = 10
 
@@ -47,35 +41,8 @@ def directory_base() -> Iterator[str]:
 @pytest.fixture(params=["signature_middleware", "verify-origin", "gateway_middleware"])
 async def face(request: pytest.FixtureRequest) -> AsyncIterator[int]:
     """The port of a verifying face: 200 for a verified request, 401 problem+json otherwise."""
-    if request.param == "verify-origin":
-        async with TestServer(build_verify_origin(VerifierPolicy(), egress=LOOPBACK), host="127.0.0.1") as s:
-            assert s.port is not None
-            yield s.port
-        return
-    if request.param == "gateway_middleware":
-        gateway = build_gateway_verifier(VerifierPolicy(), egress=LOOPBACK)
-        middleware = gateway_middleware(gateway)
-        close = gateway.close
-
-        async def handler(req: web.Request) -> web.Response:
-            return web.json_response({"verified": req[GATEWAY] is not None})
-
-    else:
-        verifier = build_verifier(VerifierPolicy(), egress=LOOPBACK)
-        middleware = signature_middleware(verifier)
-        close = verifier.close
-
-        async def handler(req: web.Request) -> web.Response:
-            return web.json_response({"verified": req[SIGNATURE] is not None})
-
-    app = web.Application(middlewares=[middleware])
-    app.router.add_route("*", "/{tail:.*}", handler)
-    try:
-        async with TestServer(app, host="127.0.0.1") as s:
-            assert s.port is not None
-            yield s.port
-    finally:
-        await close()
+    async with verifying_face(request.param, VerifierPolicy()) as port:
+        yield port
 
 
 def signed(port: int, directory_base: str) -> list[tuple[str, str]]:
