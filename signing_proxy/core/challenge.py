@@ -67,10 +67,11 @@ def _plan(member: Any, sent: SigningProfile | None) -> RetryPlan | None:
     if not (isinstance(member, tuple) and isinstance(member[0], list)):
         return None
     items, params = member
-    if params.get("tag") != WEB_BOT_AUTH_TAG:
+    tag = params.get("tag")  # Strings (RFC 9421 section 2.3): a Token of the same text equals one
+    if tag.__class__ is not str or tag != WEB_BOT_AUTH_TAG:
         return None  # the spec's profile signs exactly its five components: nothing to change
     alg = params.get("alg")
-    if alg is not None and alg != "ed25519":
+    if alg is not None and (alg.__class__ is not str or alg != "ed25519"):
         return None
     wanted = _components(items)
     if wanted is None:

@@ -187,7 +187,8 @@ def _proof_keyid(member: Any, now: float, skew_s: int) -> str | None:
     # `tag=http-message-signatures-directory` is caught as a proof (``_tag``) and proves nothing.
     if params["tag"].__class__ is not str or params["tag"] != DIRECTORY_SIGNATURE_TAG:
         return None
-    if params.get("alg", "ed25519") != "ed25519":
+    alg = params.get("alg", "ed25519")
+    if alg.__class__ is not str or alg != "ed25519":  # a String (RFC 9421 section 2.3), not a Token
         return None
     created, expires, keyid = params["created"], params["expires"], params["keyid"]
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in (created, expires)):

@@ -37,6 +37,8 @@ def test_content_digest_and_a_bare_nonce() -> None:
         'sig1=("@authority" "@query-param";name="q");tag="web-bot-auth"',
         'sig1=("@authority");tag="web-bot-auth";alg="rsa-pss-sha512"',
         'sig1=("@authority");tag="web-bot-auth";nonce=5',
+        'sig1=("@authority");tag=web-bot-auth',  # a Token, not the String (RFC 9421 section 2.3)
+        'sig1=("@authority");tag="web-bot-auth";alg=ed25519',
         "sig1=not-a-list",
         "((malformed",
     ],

@@ -126,6 +126,7 @@ COVERED = '("@authority";req "content-digest")'
         (f'{COVERED}{WINDOW};tag="web-bot-auth"', None),
         # the tag as a Token, not a String (RFC 9421 section 2.3): judged as a proof, and not one
         (f"{COVERED}{WINDOW};tag=http-message-signatures-directory", frozenset()),
+        (f"{COVERED}{WINDOW};alg=ed25519{TAG}", frozenset()),  # alg as a Token: a String it must be
     ],
 )
 def test_a_correctly_signed_proof_of_the_wrong_shape_proves_nothing(
