@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -30,6 +31,7 @@ from signing_proxy.verify.build import build_verifier
 from signing_proxy.verify.gateway_aiohttp import GATEWAY, gateway_middleware
 from signing_proxy.verify.gateway_build import build_gateway_verifier
 from signing_proxy.verify.middleware import SIGNATURE, signature_middleware
+from tests.harness import WAIT_S
 
 TARGET = "https://exchange.example/svc.v1.ExchangeService/DiscoverResources"
 BODY = b'{"ver":"1.0"}'
@@ -169,3 +171,23 @@ async def verifying_face(kind: str, policy: VerifierPolicy) -> AsyncIterator[int
             yield s.port
     finally:
         await close()
+
+
+async def raw_post(
+    port: int, lines: list[tuple[str, str]], body: bytes, connection: str = "close"
+) -> tuple[int, bytes, dict[str, object]]:
+    """A POST of ``body`` with field ``lines`` on a raw socket to 127.0.0.1:``port`` (no client
+    library adds or merges a line); the status, the response head and its JSON body."""
+    reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), WAIT_S)
+    try:
+        head = (
+            f"POST /x HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: {connection}\r\n"
+            f"Content-Length: {len(body)}\r\n" + "".join(f"{n}: {v}\r\n" for n, v in lines) + "\r\n"
+        )
+        writer.write(head.encode("latin-1") + body)
+        data = await asyncio.wait_for(reader.read(), WAIT_S)
+    finally:
+        writer.close()
+    status_head, _, answer = data.partition(b"\r\n\r\n")
+    doc: dict[str, object] = json.loads(answer)
+    return int(status_head.split(b" ", 2)[1]), status_head, doc

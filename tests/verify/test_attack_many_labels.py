@@ -13,9 +13,7 @@ stranger sends them, to a face on 127.0.0.1 port 0.
 
 from __future__ import annotations
 
-import asyncio
 import base64
-import json
 import time
 from collections.abc import AsyncIterator
 
@@ -25,11 +23,10 @@ from signing_proxy.core.digest import content_digest
 from signing_proxy.core.jwk import SigningKey
 from signing_proxy.core.signature_verify import MAX_HOPS
 from signing_proxy.verify import VerifierPolicy
-from tests.verify.strangers import Host, directory_doc, host, verifying_face
+from tests.verify.strangers import Host, directory_doc, host, raw_post, verifying_face
 
 AGENT = SigningKey.from_seed(bytes(range(7, 39)))
 BODY = b"{}"
-WAIT_S = 10
 FIVE = '"@method" "@target-uri" "content-digest" "authorization" "signature-agent"'
 
 
@@ -79,26 +76,10 @@ def lines(name: str, members: list[str]) -> list[tuple[str, str]]:
     return [*found, (name, line)]
 
 
-async def post(port: int, lines: list[tuple[str, str]]) -> tuple[int, bytes, dict[str, object]]:
-    reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), WAIT_S)
-    try:
-        head = (
-            f"POST /x HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n"
-            f"Content-Length: {len(BODY)}\r\n" + "".join(f"{n}: {v}\r\n" for n, v in lines) + "\r\n"
-        )
-        writer.write(head.encode("latin-1") + BODY)
-        data = await asyncio.wait_for(reader.read(), WAIT_S)
-    finally:
-        writer.close()
-    status_head, _, body = data.partition(b"\r\n\r\n")
-    doc: dict[str, object] = json.loads(body)
-    return int(status_head.split(b" ", 2)[1]), status_head, doc
-
-
 async def test_a_stack_past_the_bound_is_refused_too_many_hops_with_no_fetch(
     face: int, directory: Host
 ) -> None:
-    status, head, doc = await post(face, many_labels(4 * MAX_HOPS, directory.base))
+    status, head, doc = await raw_post(face, many_labels(4 * MAX_HOPS, directory.base), BODY)
     assert (status, doc["reason"]) == (401, "too-many-hops"), doc
     assert b'WWW-Authenticate: Signature realm="signing-proxy"' in head
     assert directory.seen == []
@@ -107,5 +88,5 @@ async def test_a_stack_past_the_bound_is_refused_too_many_hops_with_no_fetch(
 async def test_a_forged_stack_within_the_bound_is_refused_at_its_first_label(
     face: int, directory: Host
 ) -> None:
-    status, _, doc = await post(face, many_labels(MAX_HOPS, directory.base))
+    status, _, doc = await raw_post(face, many_labels(MAX_HOPS, directory.base), BODY)
     assert (status, doc["reason"]) == (401, "bad-signature"), doc

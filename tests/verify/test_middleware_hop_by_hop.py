@@ -11,8 +11,6 @@ Requests go over a raw socket so the ``Connection`` line is exactly the one writ
 
 from __future__ import annotations
 
-import asyncio
-import json
 import time
 from collections.abc import AsyncIterator, Iterator
 
@@ -25,11 +23,10 @@ from signing_proxy.core.signatures import Message, attach_signature, sign_messag
 from signing_proxy.core.uri import parse_absolute_uri
 from signing_proxy.verify import VerifierPolicy
 from tests.verify.directory_host import served_directory
-from tests.verify.strangers import verifying_face
+from tests.verify.strangers import raw_post, verifying_face
 
 AGENT = SigningKey.from_seed(bytes(range(5, 37)))
 BODY = b"{}"
-WAIT_S = 10
 
 
 @pytest.fixture
@@ -60,24 +57,8 @@ def signed(port: int, directory_base: str) -> list[tuple[str, str]]:
     return list(fields)
 
 
-async def post(port: int, lines: list[tuple[str, str]], connection: str) -> tuple[int, dict[str, object]]:
-    reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), WAIT_S)
-    try:
-        head = (
-            f"POST /x HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: {connection}\r\n"
-            f"Content-Length: {len(BODY)}\r\n" + "".join(f"{n}: {v}\r\n" for n, v in lines) + "\r\n"
-        )
-        writer.write(head.encode("latin-1") + BODY)
-        data = await asyncio.wait_for(reader.read(), WAIT_S)
-    finally:
-        writer.close()
-    status_head, _, body = data.partition(b"\r\n\r\n")
-    doc: dict[str, object] = json.loads(body)
-    return int(status_head.split(b" ", 2)[1]), doc
-
-
 async def test_a_signed_request_is_accepted(face: int, directory_base: str) -> None:
-    status, doc = await post(face, signed(face, directory_base), "close")
+    status, _, doc = await raw_post(face, signed(face, directory_base), BODY)
     assert (status, doc["verified"]) == (200, True), doc
 
 
@@ -92,5 +73,5 @@ async def test_a_signed_request_is_accepted(face: int, directory_base: str) -> N
 async def test_a_covered_field_named_by_connection_counts_as_absent(
     face: int, directory_base: str, named: str, reason: str
 ) -> None:
-    status, doc = await post(face, signed(face, directory_base), f"close, {named}")
+    status, _, doc = await raw_post(face, signed(face, directory_base), BODY, f"close, {named}")
     assert (status, doc["reason"]) == (401, reason), doc
