@@ -14,6 +14,7 @@ __all__ = [
     "check_agent_name",
     "check_host_pattern",
     "check_url",
+    "host_form",
     "host_matches",
     "is_loopback",
     "parse_host_port",
@@ -108,12 +109,16 @@ def host_matches(pattern: str, host: str) -> bool:
     return host == pattern
 
 
-@lru_cache(maxsize=1024)  # a configuration's patterns, asked on every request
-def _pattern_form(pattern: str) -> str:
-    pattern = pattern.lower().removesuffix(".")
-    if ":" in pattern or "[" in pattern:
-        return _ipv6_pattern(pattern) or pattern
-    return pattern
+def host_form(host: str) -> str:
+    """A host (or a ``*.domain`` pattern) as a target spells its host: lower case, no root dot, an
+    IPv6 address, bare or bracketed, in brackets in its one text form (``[0:0::1]`` is ``[::1]``)."""
+    host = host.lower().removesuffix(".")
+    if ":" in host or "[" in host:
+        return _ipv6_pattern(host) or host
+    return host
+
+
+_pattern_form = lru_cache(maxsize=1024)(host_form)  # a configuration's patterns, asked on every request
 
 
 def _ipv6_pattern(body: str) -> str | None:

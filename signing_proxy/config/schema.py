@@ -19,10 +19,10 @@ from typing import Any, Literal
 from ..core.profiles import member_refusal
 from ..core.rotation import ROTATION_MARGIN_S
 from ..core.signature_verify import MAX_HOPS, MAX_SKEW_S
-from ..core.uri import ipv6_text, parse_authority
+from ..core.uri import parse_authority
 from ..errors import ConfigError, FieldError
 from .build import build, to_plain
-from .checks import check_host_pattern, check_url, is_loopback, parse_host_port, positive, shown
+from .checks import check_host_pattern, check_url, host_form, is_loopback, parse_host_port, positive, shown
 from .gateway import GatewayConfig, TrustedIssuer
 from .identity import DelegationConfig, PublishConfig, RequesterConfig, SigningConfig
 from .profiles import ProfilesConfig
@@ -113,15 +113,8 @@ class UpstreamConfig:
                     f"{path}.next_hop: must be http(s)://HOST[:PORT] of a relay, got {shown(self.next_hop)}"
                 )
 
-    @staticmethod
-    def pin_host(host: str) -> str:
-        """A (valid) host as ``pinned`` keys it and a target's is looked up: lower case, no trailing dot,
-        an IPv6 literal in brackets in its one text form (``[0:0::1]`` is ``[::1]``)."""
-        host = host.lower()
-        return f"[{ipv6_text(host[1:-1])}]" if host.startswith("[") else host.removesuffix(".")
-
     def pinned(self, path: str = "upstream.pin_ca_files") -> dict[str, str]:
-        """``pin_ca_files`` keyed by ``pin_host``. ConfigError naming a key that is not one host (a port,
+        """``pin_ca_files`` keyed by ``host_form``. ConfigError naming a key that is not one host (a port,
         a pattern, a URL, userinfo, no valid name or address), or two keys for one host (ambiguous)."""
         named: dict[str, str] = {}  # host -> the key naming it
         for key in self.pin_ca_files:
@@ -136,7 +129,7 @@ class UpstreamConfig:
                     f"{where}: must be one host name or IP address (IPv6 as [::1]), pinned on every port: "
                     "no ':PORT', no '*.domain' pattern, no URL, path or userinfo"
                 )
-            if (host := self.pin_host(host)) in named:
+            if (host := host_form(host)) in named:
                 raise ConfigError(f"{where}: {path}[{named[host]!r}] pins {host} too: keep one")
             named[host] = key
         return {host: self.pin_ca_files[key] for host, key in named.items()}

@@ -20,6 +20,7 @@ from typing import Protocol, TypeVar, cast
 import httptools
 
 from ..config import UpstreamConfig
+from ..config.checks import host_form
 from ..core.uri import Target
 from ..errors import ProxyError
 from .dial import client_tls_context, open_upstream
@@ -344,7 +345,7 @@ class UpstreamPool:
         self._idle: dict[tuple[str, str, int], deque[UpstreamConnection]] = {}
         self._idle_count = 0  # connections in _idle (config.pool_max_idle)
         self._tls_default = client_tls_context(config.ca_file)
-        # keyed, and looked up, by UpstreamConfig.pin_host: any spelling of a host finds its pin
+        # keyed, and looked up, by config.checks.host_form: any spelling of a host finds its pin
         self._tls_pinned = {host: client_tls_context(only=path) for host, path in config.pinned().items()}
         self.connections_opened = 0
 
@@ -356,7 +357,7 @@ class UpstreamPool:
     def _tls_for(self, host: str) -> ssl.SSLContext:
         if not self._tls_pinned:
             return self._tls_default
-        return self._tls_pinned.get(UpstreamConfig.pin_host(host), self._tls_default)
+        return self._tls_pinned.get(host_form(host), self._tls_default)
 
     def take_idle(self, target: Target) -> UpstreamConnection | None:
         key = (target.scheme, target.host, target.port)
