@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import ConfigError, parse_host_port
+from ..config.checks import check_url
 from ..core.signature_verify import MAX_HOPS, MAX_SKEW_S
 from ..errors import CliError
 from ..net.egress import EgressPolicy
@@ -40,8 +41,10 @@ def cmd_verify_origin(args: argparse.Namespace) -> int:
             raise CliError(f"--allow-private: {cidr!r} is not an address or CIDR") from None
     egress = EgressPolicy(args.allow_private)
     for url in args.broker_directory:
-        if not url.startswith(("http://", "https://")):
-            raise CliError(f"--broker-directory: must be an http(s) URL, got {url!r}")
+        try:  # as relay.broker_directories: never fetched with user:password@, never quoted with it
+            check_url(url, "--broker-directory")
+        except ConfigError as exc:
+            raise CliError(str(exc)) from None
     if not 0 <= args.skew <= MAX_SKEW_S:  # the bounds of verify.skew_s
         raise CliError(f"--skew: seconds from 0 to {MAX_SKEW_S}, got {args.skew}")
     if args.max_hops is not None and not 1 <= args.max_hops <= MAX_HOPS:

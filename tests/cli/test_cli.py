@@ -193,6 +193,8 @@ def test_run_refuses_a_worker_count_below_one(tmp_path: Path) -> None:
         (["--skew", "301"], "--skew: seconds from 0 to 300, got 301"),
         (["--max-hops", "0"], "--max-hops: signatures from 1 to 16 (no longer stack), got 0"),
         (["--max-hops", "17"], "--max-hops: signatures from 1 to 16 (no longer stack), got 17"),
+        (["--broker-directory", "https://u:s3cret@broker.example"], "--broker-directory: an http(s) URL"),
+        (["--broker-directory", "ftp://u:s3cret@broker.example"], "--broker-directory: must be an absolute"),
     ],
 )
 def test_verify_origin_refuses_the_bounds_its_configuration_refuses(flags: list[str], message: str) -> None:
@@ -200,3 +202,4 @@ def test_verify_origin_refuses_the_bounds_its_configuration_refuses(flags: list[
     done = run_cli("verify-origin", "--listen", "127.0.0.1:0", *flags)
     assert done.returncode == 2
     assert message in done.stderr
+    assert "s3cret" not in done.stderr
