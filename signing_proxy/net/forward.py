@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 
 from ..core.uri import Target
 from ..errors import ProxyError
-from .framing import HOP_BY_HOP, Outgoing
+from .framing import HOP_BY_HOP, Outgoing, keep_piece
 from .request import AbortConnection
 from .server import ClientConnection
 from .upstream import ResponseHead, UpstreamConnection, UpstreamPool
@@ -44,7 +44,7 @@ class BodyTap:
         self.head: ResponseHead | None = None
         self.size = 0
         self.overflowed = False
-        self._chunks: list[bytes] = []
+        self._chunks: list[bytes | bytearray] = []  # keep_piece: a tiny-chunked answer holds its size
 
     def reset(self) -> None:
         """Forget what was seen (a retried request starts a new response)."""
@@ -59,7 +59,7 @@ class BodyTap:
             self.overflowed = True
             self._chunks.clear()
         else:
-            self._chunks.append(data)
+            keep_piece(self._chunks, data)
 
     def body(self) -> bytes | None:
         """The body seen so far, or None when it outgrew ``max_bytes``."""

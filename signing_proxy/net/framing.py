@@ -6,6 +6,7 @@ nowhere else, so the bytes that go on the wire have one author.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -27,6 +28,7 @@ __all__ = [
     "outgoing",
     "phrase",
     "problem_response",
+    "response_framing",
     "response_head",
     "serialize_head",
 ]
@@ -98,6 +100,28 @@ def keep_piece(pieces: list[bytes | bytearray], piece: bytes) -> None:
             pieces[-1] = joined
             return
     pieces.append(piece)
+
+
+def response_framing(headers: Iterable[tuple[bytes, bytes]]) -> tuple[int | None, bool, set[bytes]]:
+    """A final response head's framing: its Content-Length (None: none, or not a number), whether
+    it is chunked, and the fields its ``Connection`` names (lower case). ProxyError 502 for a
+    transfer coding other than chunked (RFC 9112 section 6.1: we ask for none, and can decode only
+    chunked; another one, passed on, would reach the client as if it were the content)."""
+    content_length = None
+    codings: list[bytes] = []
+    named: set[bytes] = set()
+    for name, value in headers:
+        lname = name.lower()
+        if lname == b"content-length":
+            with contextlib.suppress(ValueError):
+                content_length = int(value)
+        elif lname == b"transfer-encoding":
+            codings += list_tokens_bytes(value)
+        elif lname == b"connection":
+            named.update(list_tokens_bytes(value))
+    if codings and codings != [b"chunked"]:
+        raise ProxyError(502, "upstream-bad-response", "upstream used a transfer coding other than chunked")
+    return content_length, bool(codings), named
 
 
 def list_tokens(value: str) -> list[str]:

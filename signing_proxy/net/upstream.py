@@ -24,7 +24,7 @@ from ..config.checks import host_form
 from ..core.uri import Target
 from ..errors import ProxyError
 from .dial import client_tls_context, open_upstream
-from .framing import framed_interim, list_tokens_bytes
+from .framing import framed_interim, response_framing
 from .outbox import Outbox
 from .timers import Deadline
 
@@ -203,26 +203,11 @@ class UpstreamConnection(asyncio.Protocol):
             self._headers = []
             self._status_reason = b""
             return
-        content_length = None
-        codings: list[bytes] = []
-        named: set[bytes] = set()
-        for name, value in self._headers:
-            lname = name.lower()
-            if lname == b"content-length":
-                with contextlib.suppress(ValueError):
-                    content_length = int(value)
-            elif lname == b"transfer-encoding":
-                codings += list_tokens_bytes(value)
-            elif lname == b"connection":
-                named.update(list_tokens_bytes(value))
-        if codings and codings != [b"chunked"]:
-            # RFC 9112 section 6.1: we ask for no transfer coding (no TE) and can decode only
-            # chunked; another one, passed on, would reach the client as if it were the content
-            self._fail(
-                ProxyError(502, "upstream-bad-response", "upstream used a transfer coding other than chunked")
-            )
+        try:
+            content_length, chunked, named = response_framing(self._headers)
+        except ProxyError as error:  # a transfer coding we cannot decode
+            self._fail(error)
             return
-        chunked = bool(codings)
         no_body = self._head_only or status in (204, 304)
         self._close_delimited = not no_body and not chunked and content_length is None
         head = ResponseHead(

@@ -21,7 +21,15 @@ from dataclasses import dataclass
 import httptools
 
 from ..errors import ProxyError
-from .framing import HOP_BY_HOP, Outgoing, framed_interim, keep_piece, list_tokens_bytes, response_head
+from .framing import (
+    HOP_BY_HOP,
+    Outgoing,
+    framed_interim,
+    keep_piece,
+    list_tokens_bytes,
+    response_framing,
+    response_head,
+)
 from .server import ClientConnection
 from .tunnel import BlindTunnel
 from .upstream import MAX_RESPONSE_HEAD_BYTES, UpstreamPool
@@ -113,19 +121,12 @@ class _Handshake(asyncio.Protocol):
             return
         if self.status == 101:
             return
-        codings = [
-            coding
-            for name, value in self.headers
-            if name.lower() == b"transfer-encoding"
-            for coding in list_tokens_bytes(value)
-        ]
-        if codings and codings != [b"chunked"]:  # as any response (net.upstream): it would reach the
-            self._fail(  # client as if it were the content, its Transfer-Encoding dropped as hop-by-hop
-                ProxyError(502, "upstream-bad-response", "upstream used a transfer coding other than chunked")
-            )
+        try:  # as any response (net.upstream): a coding we cannot decode would reach the client as content
+            length, chunked, _ = response_framing(self.headers)
+        except ProxyError as error:
+            self._fail(error)
             return
-        lengths = [value for name, value in self.headers if name.lower() == b"content-length"]
-        self._ends_at_close = not codings and not lengths
+        self._ends_at_close = not chunked and length is None
 
     def on_body(self, body: bytes) -> None:
         self._fed = 0
