@@ -21,6 +21,7 @@ __all__ = [
     "loads_strict",
     "no_constant",
     "refuse_lone_surrogates",
+    "unique_members",
 ]
 
 # Our choice: a JWK is one level deep, a JWK Set or the key store's index three; room to spare.
@@ -52,7 +53,7 @@ def loads_strict(data: bytes | str, *, max_depth: int = MAX_KEY_FILE_DEPTH) -> A
         raise ValueError("not UTF-8") from None
     try:
         value = json.loads(
-            text, object_pairs_hook=_unique_members, parse_constant=no_constant, parse_float=finite_float
+            text, object_pairs_hook=unique_members, parse_constant=no_constant, parse_float=finite_float
         )
     except RecursionError:
         raise ValueError("nested too deep") from None
@@ -64,8 +65,9 @@ def loads_strict(data: bytes | str, *, max_depth: int = MAX_KEY_FILE_DEPTH) -> A
     return value
 
 
-def _unique_members(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """An ``object_pairs_hook``: a member name given twice is refused (ValueError naming it)."""
+def unique_members(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An ``object_pairs_hook``: a member name given twice is refused (ValueError naming it), never
+    "last wins" (RFC 7515 section 5.2, RFC 7519 section 4)."""
     obj: dict[str, Any] = {}
     for name, value in pairs:
         if name in obj:

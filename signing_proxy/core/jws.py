@@ -19,7 +19,7 @@ from typing import Any
 
 from .b64 import b64url_decode, b64url_encode
 from .errors import DelegationError
-from .json_bounds import finite_float, no_constant, refuse_lone_surrogates
+from .json_bounds import finite_float, no_constant, refuse_lone_surrogates, unique_members
 from .jwk import PublicKey, SigningKey
 
 __all__ = [
@@ -74,15 +74,6 @@ class ParsedJwt:
 
 def _malformed(detail: str) -> DelegationError:
     return DelegationError("malformed-token", detail)
-
-
-def unique_members(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """A JSON object hook: duplicate member names are refused (ValueError), never "last wins"
-    (RFC 7515 section 5.2, RFC 7519 section 4)."""
-    obj = dict(pairs)
-    if len(obj) != len(pairs):
-        raise ValueError("duplicate member name")
-    return obj
 
 
 def _loads_strict(data: bytes, what: str) -> Any:

@@ -340,7 +340,7 @@ def check_stack(
 ) -> CheckedStack:
     """Every rule that needs no key (parse, hop cap, components, parameters, window, lifetime,
     Signature-Agent syntax, Content-Digest, covered values); raise VerificationError with the first
-    refusal. The hop cap is ``max_hops``, and never more than ``MAX_HOPS``.
+    refusal. The hop cap is ``max_hops`` (``parse_signature_stack`` holds every stack to ``MAX_HOPS``).
 
     ``body`` is the received content; pass None only when the caller checks Content-Digest itself.
     ``allow_web``: accept web-bot-auth stacks (their own rules). ``required`` is what the spec's
@@ -350,9 +350,8 @@ def check_stack(
     """
     if entries is None:
         entries = parse_signature_stack(message.fields)
-    cap = MAX_HOPS if max_hops is None else min(max_hops, MAX_HOPS)
-    if len(entries) > cap:
-        raise VerificationError("too-many-hops", f"{len(entries)} signatures exceed the cap of {cap}")
+    if max_hops is not None and len(entries) > max_hops:  # parse_signature_stack holds to MAX_HOPS
+        raise VerificationError("too-many-hops", f"{len(entries)} signatures exceed the cap of {max_hops}")
     profile = entry_profile(entries[0].param("tag"), entries[0].label)
     if profile is not SVC and not (allow_web and tuple(required) == SPEC_COMPONENTS):
         raise VerificationError(
