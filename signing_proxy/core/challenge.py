@@ -21,7 +21,8 @@ from typing import Any
 
 from .errors import FieldError
 from .profiles import WEB_BOT_AUTH, WEB_BOT_AUTH_TAG, WEB_COVERABLE, SigningProfile, member_refusal
-from .signature_components import Component, parse_field_dictionary
+from .sfv import is_string
+from .signature_components import ALG_ED25519, Component, parse_field_dictionary
 
 __all__ = ["CHALLENGE_STATUSES", "RetryPlan", "plan_retry", "retry_refusal"]
 
@@ -67,11 +68,10 @@ def _plan(member: Any, sent: SigningProfile | None) -> RetryPlan | None:
     if not (isinstance(member, tuple) and isinstance(member[0], list)):
         return None
     items, params = member
-    tag = params.get("tag")  # Strings (RFC 9421 section 2.3): a Token of the same text equals one
-    if tag.__class__ is not str or tag != WEB_BOT_AUTH_TAG:
+    if not is_string(params.get("tag"), WEB_BOT_AUTH_TAG):
         return None  # the spec's profile signs exactly its five components: nothing to change
     alg = params.get("alg")
-    if alg is not None and (alg.__class__ is not str or alg != "ed25519"):
+    if alg is not None and not is_string(alg, ALG_ED25519):
         return None
     wanted = _components(items)
     if wanted is None:

@@ -19,8 +19,8 @@ from .errors import FieldError, VerificationError
 from .fields import Fields
 from .jwk import PublicKey, SigningKey
 from .keys import MAX_DIRECTORY_KEYS
-from .sfv import serialize_member
-from .signature_components import parse_field_dictionary
+from .sfv import is_string, serialize_member
+from .signature_components import ALG_ED25519, parse_field_dictionary
 from .signature_verify import DEFAULT_SKEW_S
 
 __all__ = [
@@ -185,10 +185,9 @@ def _proof_keyid(member: Any, now: float, skew_s: int) -> str | None:
         return None
     # RFC 9421 section 2.3: tag is a String. A Token equals its text (http_sf's Token is a UserString):
     # `tag=http-message-signatures-directory` is caught as a proof (``_tag``) and proves nothing.
-    if params["tag"].__class__ is not str or params["tag"] != DIRECTORY_SIGNATURE_TAG:
+    if not is_string(params["tag"], DIRECTORY_SIGNATURE_TAG):
         return None
-    alg = params.get("alg", "ed25519")
-    if alg.__class__ is not str or alg != "ed25519":  # a String (RFC 9421 section 2.3), not a Token
+    if not is_string(params.get("alg", ALG_ED25519), ALG_ED25519):
         return None
     created, expires, keyid = params["created"], params["expires"], params["keyid"]
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in (created, expires)):

@@ -26,7 +26,7 @@ from typing import Literal
 from .b64 import b64_encode
 from .errors import FieldError, VerificationError
 from .fields import Fields
-from .sfv import is_token, parse_item, serialize_member
+from .sfv import is_string, is_token, parse_item, serialize_member
 from .signature_components import (
     SPEC_COMPONENTS,
     Component,
@@ -202,7 +202,7 @@ def entry_profile(tag: object, label: str) -> SigningProfile:
     if tag is None:
         return SVC
     # RFC 9421 2.3: a String; the Token web-bot-auth (http-sf's Token equals its text) names nothing
-    if tag.__class__ is str and tag == WEB_BOT_AUTH_TAG:
+    if is_string(tag, WEB_BOT_AUTH_TAG):
         return WEB_BOT_AUTH
     detail = "tag names no profile this verifier accepts"
     if tag.__class__ is not str:

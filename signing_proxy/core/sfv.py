@@ -21,7 +21,7 @@ import http_sf
 from http_sf.innerlist import ser_item_or_inner_list
 from http_sf.types import Token
 
-__all__ = ["is_token", "parse_dictionary", "parse_item", "serialize_member"]
+__all__ = ["is_string", "is_token", "parse_dictionary", "parse_item", "serialize_member"]
 
 _KEY = r"[a-z*][a-z0-9_\-.*]*"
 _PLAIN = r"[\x20\x21\x23-\x5b\x5d-\x7e]*"  # String characters that need no escape
@@ -38,6 +38,12 @@ _ITEM_RE = re.compile(rf"({_STRING})({_PARAMS})")
 _PLAIN_RE = re.compile(_PLAIN)
 _KEY_RE = re.compile(_KEY)
 _MAX_INTEGER = 999_999_999_999_999
+
+
+def is_string(value: object, text: str) -> bool:
+    """True when a parsed bare item is the String ``text`` (a Token with the same text is not: http-sf's
+    Token equals its text, and RFC 9421 section 2.3 has ``tag`` and ``alg`` be Strings)."""
+    return value.__class__ is str and value == text
 
 
 def is_token(value: object, name: str) -> bool:

@@ -30,7 +30,7 @@ from .gateway_ingest import IngestError, exchange_method
 from .jwk import PublicKey
 from .keys import is_thumbprint
 from .profiles import SVC, WEB_MAX_VALIDITY_S, check_web_components, entry_profile, web_signature_agent
-from .sfv import parse_item, serialize_member
+from .sfv import is_string, parse_item, serialize_member
 from .signature_components import (
     ALG_ED25519,
     SPEC_COMPONENTS,
@@ -270,7 +270,7 @@ def _check_params(
     alg = entry.param("alg")
     if alg is None and not web:
         raise VerificationError("missing-alg", 'alg="ed25519" is required', label)
-    if alg is not None and (alg.__class__ is not str or alg != ALG_ED25519):
+    if alg is not None and not is_string(alg, ALG_ED25519):
         raise VerificationError("unsupported-algorithm", f"alg {alg!r} is not the String ed25519", label)
     keyid = entry.keyid
     if not keyid:
