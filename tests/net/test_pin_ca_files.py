@@ -179,9 +179,12 @@ async def test_a_named_origin_is_verified_with_its_pin_in_any_spelling(
 async def test_a_pin_for_another_host_does_not_vouch_for_this_one(
     ca: tuple[CertificateAuthority, str], tmp_path: Path
 ) -> None:
-    """The pin is the CA for its host only: another host's CA file does not verify this origin."""
+    """A pin is the only CA for its host, in any spelling: the ``upstream.ca_file`` that vouches for
+    this origin does not once the host is pinned to another CA. (The origin's CA in no store at all
+    would be refused whether the pin applied or not: this test could not fail.)"""
     other = CertificateAuthority.generate()
     (tmp_path / "other.pem").write_bytes(other.cert_pem())
-    upstream = parse_config({"upstream": {"pin_ca_files": {"[::1]": str(tmp_path / "other.pem")}}}).upstream
+    pins = {"::1": str(tmp_path / "other.pem")}  # a missed pin fell back to ca_file: 200
+    upstream = parse_config({"upstream": {"ca_file": ca[1], "pin_ca_files": pins}}).upstream
     async with origin(ca[0], "[::1]", "::1") as port:
         assert await status(upstream, f"https://[0:0::1]:{port}/") == "upstream-certificate-invalid"
