@@ -187,13 +187,14 @@ async def _serve(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    cut_asked = asyncio.Event()  # a worker's: the parent got a second stop signal
+    cut_asked: asyncio.Event | None = None
+    if worker is not None:  # the parent got a second stop signal: this worker's drain is cut short
+        cut = cut_asked = asyncio.Event()
 
-    def on_cut() -> None:
-        cut_asked.set()
-        stop.set()
+        def on_cut() -> None:
+            cut.set()
+            stop.set()
 
-    if worker is not None:
         loop.add_signal_handler(CUT_SIGNAL, on_cut)
 
     def on_sighup() -> None:
@@ -223,7 +224,7 @@ async def _serve(
             + (f" worker={worker}" if worker is not None else "")
         )
     await stop.wait()
-    return await _drain(app, services, cut_asked if worker is not None else None)
+    return await _drain(app, services, cut_asked)
 
 
 async def _drain(app: ProxyApp, services: KeyServices, cut_asked: asyncio.Event | None = None) -> int:
