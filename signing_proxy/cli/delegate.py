@@ -13,7 +13,6 @@ exits 1 with ``DENIAL_REASON_DELEGATION_INVALID: <sub-reason>: <detail>``.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import time
@@ -31,7 +30,6 @@ from ..core.delegation import (
     split_chain,
     verify_chain,
 )
-from ..core.durations import parse_duration
 from ..core.errors import DelegationError
 from ..core.jwk import PRIVATE_JWK_MEMBERS, PublicKey, public_key_from_jwk
 from ..core.jws import parse_jwt
@@ -81,19 +79,6 @@ def _now(args: argparse.Namespace) -> float:
     return now
 
 
-def _expires(text: str, now: float) -> int:
-    """``--expires``: after ``now``, and no later than the last NumericDate once its offset is applied."""
-    with contextlib.suppress(ValueError):  # not a duration: expires_at reads it as a date-time
-        if parse_duration(text) == 0:
-            raise CliError(f"--expires: {text!r} is no time from now; a duration must be positive (12h, 30d)")
-    exp = expires_at(text, now)
-    if exp > NUMERIC_DATE_MAX:
-        raise CliError(f"--expires: {text!r} is after 9999-12-31T23:59:59Z once its offset is applied")
-    if exp <= now:
-        raise CliError(f"--expires: {text!r} is not after now ({format_rfc3339(now)}); it would be expired")
-    return exp
-
-
 # --- commands ---------------------------------------------------------------------------------------
 
 
@@ -110,7 +95,7 @@ def cmd_issue(args: argparse.Namespace) -> int:
             holder_jkt=holder,
             now=now,
             scope=scopes_arg(args.scope),
-            exp=_expires(args.expires, now),
+            exp=expires_at(args.expires, now),
             max_spend_cents=spend,
             max_accesses=accesses,
             quota_period_s=period,
@@ -146,7 +131,7 @@ def cmd_extend(args: argparse.Namespace) -> int:
     if scope is None and parent.scope is not None:
         scope = list(parent.scope)
     if args.expires is not None:
-        exp: int | None = _expires(args.expires, now)
+        exp: int | None = expires_at(args.expires, now)
     else:
         exp = None if parent.exp is None else math.floor(parent.exp)
     try:

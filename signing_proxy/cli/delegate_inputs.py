@@ -7,7 +7,6 @@ Every refusal is a ``CliError`` naming the flag.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import math
 import sys
 import time
@@ -15,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Final
 
+from ..core.delegation import NUMERIC_DATE_MAX
 from ..core.durations import parse_duration
 from ..core.errors import KeyFormatError
 from ..core.json_bounds import loads_strict
@@ -84,15 +84,26 @@ def now_arg(args: argparse.Namespace) -> float:
 
 
 def expires_at(text: str, now: float) -> int:
-    """``--expires``: a duration from now (``30d``, ``12h``; not ``0s``) or an RFC 3339 date-time."""
-    with contextlib.suppress(ValueError):
-        seconds = parse_duration(text)
-        if seconds > 0:  # an exp of now is already expired
-            return math.floor(now) + seconds
+    """``--expires``: a duration from now (``30d``, ``12h``; not ``0s``) or an RFC 3339 date-time,
+    after ``now`` and no later than the last NumericDate once its offset is applied."""
     try:
-        return parse_rfc3339(text)
-    except KeyFormatError:
-        raise CliError(f"--expires: {text!r} is neither a duration (30m, 12h, 30d) nor RFC 3339") from None
+        seconds = parse_duration(text)
+    except ValueError:
+        try:
+            exp = parse_rfc3339(text)
+        except KeyFormatError:
+            raise CliError(
+                f"--expires: {text!r} is neither a duration (30m, 12h, 30d) nor RFC 3339"
+            ) from None
+    else:
+        if seconds <= 0:  # an exp of now is already expired
+            raise CliError(f"--expires: {text!r} is no time from now; a duration must be positive (12h, 30d)")
+        exp = math.floor(now) + seconds
+    if exp > NUMERIC_DATE_MAX:
+        raise CliError(f"--expires: {text!r} is after 9999-12-31T23:59:59Z once its offset is applied")
+    if exp <= now:
+        raise CliError(f"--expires: {text!r} is not after now ({format_rfc3339(now)}); it would be expired")
+    return exp
 
 
 def scopes_arg(values: Sequence[str] | None) -> list[str] | None:
