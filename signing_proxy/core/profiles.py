@@ -17,6 +17,7 @@ caller.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from contextlib import suppress
 from dataclasses import dataclass
@@ -240,13 +241,28 @@ def check_web_components(
     agents = [c for c in components if c.name == "signature-agent"]
     if len(agents) > 1 and previous is None:
         raise VerificationError("duplicate-component", "Signature-Agent is covered twice", label)
-    extra = [c for c in components if c not in allowed and c.name != "signature-agent"]
+    extra = [c for c in components if c not in allowed and c.name != "signature-agent" and not _web_extra(c)]
     if extra:
         raise VerificationError(
             "unexpected-covered-component",
             f"label {label!r} covers {', '.join(c.serialized for c in extra)} beyond the web profile",
             label,
         )
+
+
+def _web_extra(component: Component) -> bool:
+    """A component a web-bot-auth signer may cover beyond the profile's (protocol-02 names
+    ``@query-param``; Cloudflare's signers take any list): one named query parameter, or a whole
+    HTTP field by its lower-case name. Not Signature or Signature-Input (a later hop covers the
+    previous label's members), nor any other field's member."""
+    if component.query_name is not None:
+        return True
+    name = component.name
+    return component.key is None and _FIELD_NAME.fullmatch(name) is not None and name not in _SIGNATURE_FIELDS
+
+
+_FIELD_NAME = re.compile(r"[a-z0-9!#$%&'*+.^_`|~-]+")  # RFC 9110 token, lower case (RFC 9421 2.1)
+_SIGNATURE_FIELDS = frozenset({"signature", "signature-input"})
 
 
 def web_signature_agent(

@@ -12,10 +12,11 @@ to ``SPEC_COMPONENTS``, plus ``"signature";key=<previous label>`` for each later
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
+from urllib.parse import quote, unquote_to_bytes
 
 from .errors import FieldError, SigningError
 from .fields import Fields
@@ -33,6 +34,7 @@ __all__ = [
     "component_value",
     "hop_components",
     "parse_field_dictionary",
+    "query_param",
     "received_component",
     "serialize_params_value",
     "serialize_sf_string",
@@ -53,16 +55,21 @@ def serialize_sf_string(value: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Component:
-    """A component identifier: a lower-case name, with a ``key`` parameter for dictionary members."""
+    """A component identifier: a lower-case name, with a ``key`` parameter for dictionary members,
+    or the ``name`` parameter of ``@query-param`` (``query_name``, percent-encoded as received)."""
 
     name: str
     key: str | None = None
+    query_name: str | None = None
     serialized: str = field(init=False, repr=False, compare=False)  # computed once: the hot path reuses it
     is_derived: bool = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        base = serialize_sf_string(self.name)
-        value = base if self.key is None else f"{base};key={serialize_sf_string(self.key)}"
+        value = serialize_sf_string(self.name)
+        if self.key is not None:
+            value += f";key={serialize_sf_string(self.key)}"
+        if self.query_name is not None:
+            value += f";name={serialize_sf_string(self.query_name)}"
         object.__setattr__(self, "serialized", value)
         object.__setattr__(self, "is_derived", self.name.startswith("@"))
 
@@ -86,21 +93,34 @@ def hop_components(previous_label: str | None) -> tuple[Component, ...]:
     return (*SPEC_COMPONENTS, Component("signature", key=previous_label))
 
 
-def received_component(name: str, key: str | None) -> Component:
-    """The identifier a stranger's Signature-Input names. The same few come on every request: built
-    (and serialized) once and shared, being immutable; but only short ones (every identifier a
-    profile covers is), or 256 names of 60 KiB would stay held, about 30 MiB, until others evict them."""
-    if len(name) <= _SHARED_IDENTIFIER_CHARS and (key is None or len(key) <= _SHARED_IDENTIFIER_CHARS):
-        return _shared_component(name, key)
-    return Component(str(name), key)
+def received_component(name: str, params: Mapping[str, object]) -> Component | None:
+    """The identifier a stranger's Signature-Input names; None for parameters we do not support (we
+    take ``key``, a String, on a field, and ``name``, a String, on ``@query-param``, which needs it).
+    The same few come on every request: built (and serialized) once and shared, being immutable; but
+    only short ones (every identifier a profile covers is), or 256 names of 60 KiB would stay held,
+    about 30 MiB, until others evict them."""
+    key, query_name = params.get("key"), params.get("name")
+    if (
+        not params.keys() <= {"key", "name"}
+        or not (key is None or key.__class__ is str)  # a Token or Byte Sequence is no String
+        or not (query_name is None or query_name.__class__ is str)
+        or (query_name is not None) is not (name == "@query-param")
+        or (key is not None and name.startswith("@"))
+    ):
+        return None
+    assert key is None or isinstance(key, str)  # for mypy: checked above
+    assert query_name is None or isinstance(query_name, str)
+    if len(name) + len(key or query_name or "") <= _SHARED_IDENTIFIER_CHARS:
+        return _shared_component(name, key, query_name)
+    return Component(str(name), key and str(key), query_name and str(query_name))
 
 
 _SHARED_IDENTIFIER_CHARS = 64  # our choice: "signature-agent" is 15; a hop's label, a few more
 
 
 @lru_cache(maxsize=256)
-def _shared_component(name: str, key: str | None) -> Component:
-    return Component(str(name), key)
+def _shared_component(name: str, key: str | None, query_name: str | None) -> Component:
+    return Component(str(name), key and str(key), query_name and str(query_name))
 
 
 def _sf_int(value: int) -> str:
@@ -238,6 +258,8 @@ def component_value(message: Message, component: Component, dictionaries: Dictio
             return target.query
         if name == "@request-target":  # the origin-form target as it travels (Target.wire_parts):
             return target.wire_parts()[1]  # what an origin receives, whatever form reached a relay
+        if name == "@query-param" and component.query_name is not None:
+            return query_param(target.query, component.query_name)
         raise SigningError("unsupported-component", f"derived component {name} is not supported")
     if component.key is None:
         value = message.fields.combined(name)
@@ -253,6 +275,36 @@ def component_value(message: Message, component: Component, dictionaries: Dictio
         raise SigningError("missing-dictionary-member", f"{name} has no member {component.key!r}")
     member = members[component.key]
     return serialize_member(member)  # strict re-serialization (RFC 9421 section 2.1.2)
+
+
+def query_param(query: str, name: str) -> str:
+    """RFC 9421 section 2.2.8: the value of the one query parameter named ``name`` in ``query`` (the
+    ``@query`` value): the query parsed as application/x-www-form-urlencoded (``&``-separated, ``+``
+    a space, then percent-decoded as UTF-8), each name and value percent-encoded again with the HTML
+    form set, a space as ``%20``. ``name`` is compared so encoded (the identifier carries it encoded).
+    None, or more than one ("the named query parameter MUST NOT be included"), is refused."""
+    values = [value for key, value in _query_pairs(query[1:]) if key == name]
+    if len(values) == 1:
+        return values[0]
+    if values:
+        raise SigningError("ambiguous-query-param", f"the query has parameter {name!r} more than once")
+    raise SigningError("missing-query-param", f"the query has no parameter {name!r}")
+
+
+def _query_pairs(query: str) -> list[tuple[str, str]]:
+    pairs = []
+    for part in query.split("&"):
+        if part:
+            key, _, value = part.partition("=")
+            pairs.append((_form_encoded(key), _form_encoded(value)))
+    return pairs
+
+
+def _form_encoded(raw: str) -> str:
+    """A form name or value decoded (``+`` a space, ``%XX`` bytes, UTF-8 with U+FFFD for what is not)
+    and encoded again: only ASCII letters, digits and ``*-._`` stay as they are."""
+    text = unquote_to_bytes(raw.replace("+", " ")).decode("utf-8", "replace")
+    return quote(text, safe="*").replace("~", "%7E")  # quote keeps ~, which the form set encodes
 
 
 def signature_base(

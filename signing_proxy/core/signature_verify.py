@@ -131,13 +131,14 @@ def _entry(label: str, member: Any, sig_member: Any) -> SignatureEntry:
     for item_value, item_params in items:
         if not isinstance(item_value, str):  # a Token is not a str (http-sf uses UserString)
             raise VerificationError("malformed-signature-input", "component identifiers are Strings", label)
-        unknown = set(item_params) - {"key"}
-        key = item_params.get("key")
-        if unknown or (key is not None and not isinstance(key, str)):
+        component = received_component(item_value, item_params)
+        if component is None:
             raise VerificationError(
-                "unsupported-component-parameter", f"component {item_value!r} has parameters {unknown}", label
+                "unsupported-component-parameter",
+                f"component {item_value!r} has parameters {sorted(item_params)}",
+                label,
             )
-        components.append(received_component(item_value, key))
+        components.append(component)
     if not (isinstance(sig_member, tuple) and isinstance(sig_member[0], bytes)):
         raise VerificationError("malformed-signature", f"member {label!r} is not a Byte Sequence", label)
     return SignatureEntry(

@@ -325,10 +325,22 @@ def test_web_refuses_a_label_covering_neither_authority_nor_target_uri() -> None
     assert _refusal(message) == "missing-covered-component"
 
 
-def test_web_refuses_a_component_beyond_the_profile() -> None:
-    message = _signed(fields=(("Authorization", "Bearer x"),))
-    _resign(message, (Component("@authority"), AGENT_MEMBER, Component("authorization")), WEB_PARAMS)
-    assert _refusal(message) == "unexpected-covered-component"
+@pytest.mark.parametrize(
+    ("extra", "reason"),
+    [
+        (Component("x-dict", key="a"), "unexpected-covered-component"),
+        (Component("X-Dict"), "unexpected-covered-component"),
+        (Component("signature-agent", key="other"), "duplicate-component"),
+    ],
+    ids=["another-fields-member", "upper-case-field-name", "a-second-signature-agent-member"],
+)
+def test_web_refuses_a_component_beyond_the_profile(extra: Component, reason: str) -> None:
+    """Any whole field and any query parameter may be covered (tests/core/test_web_components.py);
+    not another field's member, a name that is no lower-case field name, a second agent member."""
+    message = _signed(fields=(("X-Dict", "a=1"),))
+    message.fields.set("Signature-Agent", 'agent="https://agent.example", other="https://b.example"')
+    _resign(message, (Component("@authority"), AGENT_MEMBER, extra), WEB_PARAMS)
+    assert _refusal(message) == reason
 
 
 def test_web_refuses_a_signature_agent_it_does_not_cover() -> None:
@@ -487,7 +499,8 @@ def test_svc_rules_still_refuse_a_web_shaped_label_without_tag() -> None:
     assert _refusal(message) == "missing-covered-component"
 
 
-def test_a_web_tag_on_the_spec_five_is_refused() -> None:
+def test_a_web_tag_on_the_spec_five_is_a_web_bot_auth_label() -> None:
+    """The five cover @target-uri, and fields the web profile lets a signer add: the tag decides."""
     message = _signed(
         profile=SVC,
         agent_url="https://agent.example",
@@ -497,7 +510,9 @@ def test_a_web_tag_on_the_spec_five_is_refused() -> None:
         ),
     )
     _resign(message, SVC.components, (("tag", "web-bot-auth"),))
-    assert _refusal(message) == "unexpected-covered-component"
+    stack = _verify(message)
+    assert stack.profile == "web-bot-auth"
+    assert stack.signature_agent == '"https://agent.example"'  # the drafts' legacy String form
 
 
 def test_signature_base_of_a_web_label_matches_the_drafts_serialization() -> None:

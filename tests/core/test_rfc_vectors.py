@@ -10,7 +10,7 @@ import pytest
 
 from signing_proxy.core.b64 import b64_encode
 from signing_proxy.core.digest import content_digest, parse_content_digest, verify_content_digest
-from signing_proxy.core.errors import VerificationError
+from signing_proxy.core.errors import SigningError, VerificationError
 from signing_proxy.core.fields import Fields
 from signing_proxy.core.jwk import PublicKey, SigningKey, jwk_thumbprint, thumbprint_of_raw
 from signing_proxy.core.signatures import (
@@ -139,6 +139,35 @@ def test_rfc9421_2_2_derived_components() -> None:
         )
         == "?"
     )
+
+
+@pytest.mark.parametrize("case", [("request", "base_lines"), ("encoding_request", "encoding_base_lines")])
+def test_rfc9421_2_2_8_query_params(case: tuple[str, str]) -> None:
+    """Every base line of RFC 9421 section 2.2.8's two examples, from its request line."""
+    vector = load_vector("rfc9421_component_examples.json")["derived_2_2"]["query_param"]
+    request, lines = case
+    method, target, _version = vector[request].split(" ")
+    message = Message(method, parse_absolute_uri(f"https://x.example{target}"), Fields())
+    for line in vector[lines]:
+        identifier, _, value = line.partition(": ")
+        name = identifier.split('name="')[1].removesuffix('"')
+        component = Component("@query-param", query_name=name)
+        assert component.serialized == identifier
+        assert component_value(message, component) == value
+
+
+def test_rfc9421_2_2_8_a_query_param_absent_or_repeated_has_no_value() -> None:
+    message = Message("GET", parse_absolute_uri("https://x.example/p?a=1&b=2&a=3&c"), Fields())
+    assert component_value(message, Component("@query-param", query_name="c")) == ""
+    assert component_value(message, Component("@query-param", query_name="b")) == "2"
+    refused = (("a", "ambiguous-query-param"), ("d", "missing-query-param"), ("", "missing-query-param"))
+    for name, reason in refused:
+        with pytest.raises(SigningError) as err:
+            component_value(message, Component("@query-param", query_name=name))
+        assert err.value.reason == reason
+    bare = Message("GET", parse_absolute_uri("https://x.example/p"), Fields())
+    with pytest.raises(SigningError, match="no parameter 'a'"):
+        component_value(bare, Component("@query-param", query_name="a"))
 
 
 def _derived_message(vector: Mapping[str, Any]) -> Message:

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from signing_proxy.config import parse_config
+from signing_proxy.core.errors import VerificationError
 from signing_proxy.core.fields import Fields
 from signing_proxy.core.jwk import SigningKey
 from signing_proxy.core.keys import StaticKeyProvider
@@ -25,7 +26,7 @@ from signing_proxy.proxy.pipeline import BearerStore, Signer, SigningPipeline
 from signing_proxy.proxy.profiles import ProfileSelector
 from signing_proxy.proxy.relay import RelayPipeline
 from signing_proxy.verify import DirectoryResolver, RequestVerifier, VerifierPolicy
-from tests.oracle import WEB_BOT_AUTH_REQUIRED, oracle_verify
+from tests.oracle import WEB_BOT_AUTH_REQUIRED, oracle_sign, oracle_verify
 from tests.verify.fakes import FakeFetch
 
 AGENT = SigningKey.generate()
@@ -157,6 +158,48 @@ def test_relay_stacks_a_web_bot_auth_label_that_both_verifiers_accept() -> None:
         require_components=WEB_BOT_AUTH_REQUIRED,
     )
     assert accepted == ["agent", "broker"]
+
+
+def test_relay_covers_again_the_fields_and_query_params_a_third_partys_label_covers() -> None:
+    """An agent signing with another library may cover any field and named query parameters; the
+    relay's label covers the agent's label and all it covered (the drafts' rule), and both verify."""
+    url = "https://www.shop.example/cart?item=42&ref=mail%20x"
+    covered = ("@authority", '"signature-agent";key="agent"', "user-agent", '"@query-param";name="ref"')
+    lines = oracle_sign(
+        "GET",
+        url,
+        [("User-Agent", "ExampleBot/1.0"), ("Signature-Agent", 'agent="https://agent.example"')],
+        b"",
+        keyid=AGENT.thumbprint,
+        private_key=AGENT._private,
+        now=int(NOW),
+        components=covered,
+        tag="web-bot-auth",
+    )
+    relay = _relay(profiles=RULES)
+    out = asyncio.run(relay.prepare("GET", parse_absolute_uri(url), lines, b"", framed=False))
+    fields = _fields(out)
+    broker = fields.combined("signature-input") or ""
+    assert '"user-agent" "@query-param";name="ref"' in broker.split("broker=", 1)[1]
+    keys = {AGENT.thumbprint: AGENT.public, BROKER.thumbprint: BROKER.public}
+    message = Message("GET", parse_absolute_uri(url), fields)
+    lookup = lambda e, _i: VerificationKey(keys[e.keyid])  # noqa: E731
+    assert verify_stack(message, b"", lookup, now=NOW + 1).hops == 2
+    pyauth = {k: v.key for k, v in keys.items()}
+    assert oracle_verify(
+        "GET",
+        url,
+        list(fields),
+        b"",
+        pyauth,
+        labels=("agent", "broker"),
+        check_time=False,
+        require_components=(),
+    ) == ["agent", "broker"]
+    changed = Message("GET", parse_absolute_uri(url.replace("mail%20x", "mail%20y")), fields)
+    with pytest.raises(VerificationError) as err:
+        verify_stack(changed, b"", lookup, now=NOW + 1)
+    assert err.value.reason == "bad-signature"
 
 
 def _pin(tmp_path: Path, key: SigningKey, name: str) -> str:

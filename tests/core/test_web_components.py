@@ -1,0 +1,180 @@
+"""What a web-bot-auth label may cover beyond ``@authority`` and its Signature-Agent member: any whole
+HTTP field (Cloudflare's signers take any list; their own default covers ``content-type``) and named
+query parameters (``@query-param``, one of protocol-02's narrowing components). Signed here by a third
+party (pyauth, ``tests/oracle.py``), verified by ours: what each covers must then be what arrived."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from signing_proxy.core.errors import VerificationError
+from signing_proxy.core.fields import Fields
+from signing_proxy.core.jwk import SigningKey
+from signing_proxy.core.signatures import Message, VerificationKey, VerifiedStack, verify_stack
+from signing_proxy.core.uri import parse_absolute_uri
+from tests.oracle import oracle_sign, oracle_verify
+
+KEY = SigningKey.generate()
+NOW = 1_800_000_000
+URL = "https://example.com/search?q=red+shoes&page=2&lang=fr%20FR"
+AGENT = ("Signature-Agent", 'agent="https://agent.example"')
+HEAD = (("User-Agent", "ExampleBot/1.0"), ("Accept", "text/html"), ("Accept", "*/*"), AGENT)
+COVERED = (
+    "@authority",
+    '"signature-agent";key="agent"',
+    "user-agent",
+    "accept",
+    '"@query-param";name="q"',
+    '"@query-param";name="lang"',
+    "@method",
+)
+
+
+def _lookup(entry: object, _index: int) -> VerificationKey | None:
+    return (
+        VerificationKey(KEY.public, source="test")
+        if getattr(entry, "keyid", None) == KEY.thumbprint
+        else None
+    )
+
+
+def _signed(
+    url: str = URL, head: tuple[tuple[str, str], ...] = HEAD, covered: tuple[str, ...] = COVERED
+) -> list[tuple[str, str]]:
+    return oracle_sign(
+        "GET",
+        url,
+        head,
+        b"",
+        keyid=KEY.thumbprint,
+        private_key=KEY._private,
+        now=NOW,
+        components=covered,
+        tag="web-bot-auth",
+    )
+
+
+def _verify(lines: list[tuple[str, str]], url: str = URL) -> VerifiedStack:
+    message = Message("GET", parse_absolute_uri(url), Fields(lines))
+    return verify_stack(message, None, _lookup, now=NOW + 1, max_validity_s=3600)
+
+
+def _refusal(lines: list[tuple[str, str]], url: str = URL) -> str:
+    with pytest.raises(VerificationError) as err:
+        _verify(lines, url)
+    return err.value.reason
+
+
+def test_a_third_partys_label_over_fields_and_query_params_verifies() -> None:
+    lines = _signed()
+    stack = _verify(lines)
+    assert stack.profile == "web-bot-auth"
+    assert stack.signature_agent == 'agent="https://agent.example"'
+    assert '"@query-param";name="lang"' in dict(lines)["Signature-Input"]
+    # and pyauth checks its own signature the same way: the two agree on every base line
+    public = {KEY.thumbprint: KEY.public.key}
+    assert oracle_verify("GET", URL, lines, b"", public, check_time=False, require_components=()) == ["agent"]
+
+
+def _replaced(lines: list[tuple[str, str]], name: str, value: str) -> list[tuple[str, str]]:
+    return [(n, value if n.lower() == name else v) for n, v in lines]
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        (lambda lines: (_replaced(lines, "user-agent", "OtherBot/2.0"), URL), "bad-signature"),
+        (lambda lines: ([*lines, ("Accept", "application/json")], URL), "bad-signature"),
+        (lambda lines: ([(n, v) for n, v in lines if n != "User-Agent"], URL), "missing-covered-header"),
+        (lambda lines: (lines, URL.replace("red+shoes", "blue+shoes")), "bad-signature"),
+        (lambda lines: (lines, URL.replace("lang=fr%20FR", "lang=fr+FR")), None),  # the same decoded value
+        (lambda lines: (lines, URL.replace("page=2", "page=3")), None),  # not covered
+        (lambda lines: (lines, URL.replace("&lang=fr%20FR", "")), "missing-query-param"),
+        (lambda lines: (lines, f"{URL}&q=green"), "ambiguous-query-param"),
+    ],
+    ids=[
+        "covered-field-changed",
+        "covered-field-gained-a-line",
+        "covered-field-removed",
+        "covered-query-param-changed",
+        "query-param-spelled-otherwise",
+        "uncovered-query-param-changed",
+        "covered-query-param-removed",
+        "covered-query-param-repeated",
+    ],
+)
+def test_what_a_label_covers_beyond_the_profile_is_checked(
+    change: Callable[[list[tuple[str, str]]], tuple[list[tuple[str, str]], str]], reason: str | None
+) -> None:
+    lines, url = change(_signed())
+    if reason is None:
+        assert _verify(lines, url).profile == "web-bot-auth"
+    else:
+        assert _refusal(lines, url) == reason
+
+
+@pytest.mark.parametrize(
+    "covered",
+    [
+        ("@authority", '"signature-agent";key="agent"', '"user-agent";sf'),
+        ("@authority", '"signature-agent";key="agent"', '"@query-param";name="q";key="q"'),
+    ],
+    ids=["field-with-sf", "query-param-with-key"],
+)
+def test_component_parameters_we_do_not_support_are_refused(covered: tuple[str, ...]) -> None:
+    """``sf`` (and ``bs``, ``tr``, ``req``) change how a value is built; ``key`` belongs to fields."""
+    lines = [
+        (n, v) for n, v in _signed(covered=COVERED[:2]) if n.lower() not in {"signature", "signature-input"}
+    ]
+    inner = " ".join(c if c.startswith('"') else f'"{c}"' for c in covered)
+    lines += [
+        ("Signature-Input", f'agent=({inner});created={NOW};keyid="{KEY.thumbprint}";tag="web-bot-auth"'),
+        ("Signature", "agent=:AAAA:"),
+    ]
+    assert _refusal(lines) == "unsupported-component-parameter"
+
+
+@pytest.mark.parametrize(
+    "identifier", ['"@query-param"', '"user-agent";name="q"', '"@query-param";name=q'], ids=str
+)
+def test_a_query_param_needs_a_string_name_and_only_it_takes_one(identifier: str) -> None:
+    lines = [
+        (n, v) for n, v in _signed(covered=COVERED[:2]) if n.lower() not in {"signature", "signature-input"}
+    ]
+    lines += [
+        (
+            "Signature-Input",
+            f'agent=("@authority" "signature-agent";key="agent" {identifier});created={NOW};'
+            f'keyid="{KEY.thumbprint}";tag="web-bot-auth"',
+        ),
+        ("Signature", "agent=:AAAA:"),
+    ]
+    assert _refusal(lines) == "unsupported-component-parameter"
+
+
+def test_the_spec_profile_still_covers_exactly_its_five() -> None:
+    """No tag: the spec's profile, whose covered set is exact; a query parameter more is refused."""
+    lines = [
+        (n, v) for n, v in _signed(covered=COVERED[:2]) if n.lower() not in {"signature", "signature-input"}
+    ]
+    lines.append(("Authorization", ""))  # pyauth adds the Content-Digest
+    signed = oracle_sign(
+        "GET",
+        URL,
+        lines,
+        b"",
+        keyid=KEY.thumbprint,
+        private_key=KEY._private,
+        now=NOW,
+        components=(
+            "@method",
+            "@target-uri",
+            "content-digest",
+            "authorization",
+            "signature-agent",
+            '"@query-param";name="q"',
+        ),
+    )
+    assert _refusal(signed) == "unexpected-covered-component"
