@@ -117,18 +117,25 @@ def _log_unraisable(unraisable: sys.UnraisableHookArgs) -> None:
 
 
 class _JsonFormatter(logging.Formatter):
+    """One JSON object a line: time, level, logger, message, and the traceback (``exc``) when the
+    record carries one (``log.exception``)."""
+
     def format(self, record: logging.LogRecord) -> str:
         message = record.getMessage()
-        if message.startswith("{"):  # access lines are already JSON objects
-            return message
-        return json.dumps(
-            {
-                "time": self.formatTime(record),
-                "level": record.levelname.lower(),
-                "logger": record.name,
-                "message": message,
-            }
-        )
+        if record.name == _ACCESS and message.startswith("{"):  # an access line, already a JSON object
+            return message  # (only that logger's: any other message is quoted, whoever wrote it)
+        line = {
+            "time": self.formatTime(record),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": message,
+        }
+        if record.exc_info:
+            line["exc"] = self.formatException(record.exc_info)
+        return json.dumps(line)
+
+
+_ACCESS = "signing_proxy.access"  # where access lines were logged before they had their own writer
 
 
 # What ends a command with one line and exit status 2: bad input (arguments, configuration, files).
