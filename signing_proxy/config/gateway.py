@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from ..core.errors import FieldError
 from ..core.signature_verify import MAX_HOPS
-from ..core.uri import LOOPBACK_HOSTS, is_host_name
+from ..core.uri import LOOPBACK_HOSTS, is_host_name, parse_authority
 from ..errors import ConfigError
 from .checks import check_url, positive, shown
 
@@ -14,6 +15,25 @@ __all__ = ["GatewayConfig", "TrustedIssuer"]
 
 MAX_ISSUER_KEY_GRACE_S = 30 * 86_400  # our bound: a rotated issuer key trusted at most 30 days more
 MAX_STRANGER_QUOTA_ROWS = 10_000_000  # our bound on the bound: a few GB of counters
+
+
+def _check_provider(provider: str, path: str) -> None:
+    """A provider as the manifest watcher fetches it: a base URL (``http://127.0.0.1:8443``, its
+    ``/.well-known/svc.json`` fetched there), or its domain (``pub.example``, a port allowed), fetched
+    over https and its manifest's ``domain`` compared with it. Anything else (``pub.example/``, a
+    path, a space) never matched any manifest: each fetch failed, and the provider was never checked."""
+    if "://" in provider:
+        check_url(provider, path, query=False)
+        return
+    try:
+        parse_authority(provider, "https")
+    except FieldError:
+        valid = False
+    else:
+        valid = "@" not in provider  # userinfo: dropped by the parse, never meant
+    if not valid:
+        shape = "a provider's domain (pub.example) or base URL (https://pub.example)"
+        raise ConfigError(f"{path}: {shape}, got {shown(provider)}")
 
 
 @dataclass(frozen=True)
@@ -74,6 +94,8 @@ class GatewayConfig:
         for i, host in enumerate(self.hosts):
             if not is_host_name(host):
                 raise ConfigError(f"{path}.hosts[{i}]: a host name or address without a port, got {host!r}")
+        for i, provider in enumerate(self.providers):
+            _check_provider(provider, f"{path}.providers[{i}]")
         if self.providers and not self.exchange_domain:
             raise ConfigError(f"{path}.exchange_domain: needed to watch providers' manifests")
         positive(self.manifest_min_refresh_s, f"{path}.manifest_min_refresh_s")

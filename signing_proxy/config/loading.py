@@ -12,6 +12,7 @@ import typing
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote_plus
 
 import yaml
 
@@ -148,6 +149,30 @@ def apply_env_overrides(config: Config, environ: Mapping[str, str]) -> Config:
         raise ConfigError(f"{names} ({message})") from None
 
 
+_REDIS_SCHEMES = ("redis://", "rediss://", "unix://")  # gateway.store's URLs that may carry a password
+
+
+def _store_shown(store: str) -> str:
+    """``gateway.store`` for display: a Redis URL's userinfo (``redis://:PASSWORD@host``, up to the
+    last ``@``, since a password may hold ``/`` or ``@`` unencoded) and a ``password`` query value
+    (redis-py reads one there too, its name percent-decoded) masked; host, port and database stay."""
+    if not store.lower().startswith(_REDIS_SCHEMES):
+        return store
+    scheme, _, rest = store.partition("://")
+    if "@" in rest:
+        rest = "(not shown)@" + rest.rsplit("@", 1)[1]
+    where, mark, query = rest.partition("?")
+    if mark:
+        items = [item.partition("=") for item in query.split("&")]
+        query = "&".join(
+            f"{name}=(not shown)"
+            if unquote_plus(name).strip().lower() == "password"
+            else f"{name}{eq}{value}"
+            for name, eq, value in items
+        )
+    return f"{scheme}://{where}{mark}{query}"
+
+
 def redacted(config: Config) -> dict[str, Any]:
     """The effective configuration with secret-bearing values masked (for ``config check``)."""
     plain: dict[str, Any] = to_plain(config)
@@ -162,4 +187,7 @@ def redacted(config: Config) -> dict[str, Any]:
     key = plain["signing"].get("key")
     if isinstance(key, str) and "pin-value=" in key.lower():  # RFC 7512 lets a URI carry the PIN
         plain["signing"]["key"] = mask_pin_value(key)
+    gateway = plain.get("gateway")
+    if isinstance(gateway, dict) and isinstance(gateway.get("store"), str):  # a Redis URL's password
+        gateway["store"] = _store_shown(gateway["store"])
     return plain

@@ -32,13 +32,14 @@ for SQLite, the epoch sentinel's ``GET`` for Redis.
 from __future__ import annotations
 
 import asyncio
+import math
 import sqlite3
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from ..core.errors import Error
 from ..core.gateway_ingest import QuotaCounter
@@ -53,8 +54,11 @@ __all__ = [
 ]
 
 SQLITE_FILE = "gateway-counters.sqlite3"  # in data_dir
-SQLITE_BUSY_TIMEOUT_MS = 5000  # our choice: a worker waits this long for another's transaction
+SQLITE_BUSY_TIMEOUT_MS = 5000  # our choice: an operation waits this long for another's transaction
 PRUNE_EVERY = 256  # our choice: expired rows are deleted once per this many writes
+# our choice: at most this many expired rows of each table per prune (16 per write, more than a
+# write creates: a chain's capped links, at most MAX_CHAIN_LINKS), so a prune's transaction is short
+PRUNE_BATCH = 4096
 QUOTA_STORE_FULL = "quota-store-full"
 
 
@@ -104,6 +108,18 @@ _SCHEMA = (
     "stranger INTEGER NOT NULL DEFAULT 0)",
     "CREATE TABLE IF NOT EXISTS seen (key TEXT PRIMARY KEY, expires_at REAL NOT NULL)",
 )
+# The prune finds expired rows by these (added to files an earlier version wrote, on open): without
+# them each prune scanned both tables whole under the write lock, a stall linear in the live rows.
+_EXPIRY_SCHEMA = (
+    "CREATE INDEX IF NOT EXISTS counters_expiry ON counters (expires_at)",
+    "CREATE INDEX IF NOT EXISTS seen_expiry ON seen (expires_at)",
+)
+_PRUNE = (
+    "DELETE FROM counters WHERE rowid IN "
+    "(SELECT rowid FROM counters WHERE expires_at <= ? ORDER BY expires_at LIMIT ?)",
+    "DELETE FROM seen WHERE rowid IN "
+    "(SELECT rowid FROM seen WHERE expires_at <= ? ORDER BY expires_at LIMIT ?)",
+)
 # Strangers' rows (stranger = 1): their number is kept in ``tally`` by triggers, whatever statement
 # inserts, updates or deletes them (a count, the prune, another worker), so the bound is read in O(1);
 # the partial index finds the expired ones without a scan.
@@ -132,7 +148,7 @@ def _create_schema(db: sqlite3.Connection) -> None:
         columns = {row[1] for row in db.execute("PRAGMA table_info(counters)")}
         if "stranger" not in columns:
             db.execute("ALTER TABLE counters ADD COLUMN stranger INTEGER NOT NULL DEFAULT 0")
-        for statement in _STRANGER_SCHEMA:
+        for statement in (*_STRANGER_SCHEMA, *_EXPIRY_SCHEMA):
             db.execute(statement)
         db.execute("COMMIT")
     except BaseException:
@@ -157,20 +173,47 @@ def _set_wal(db: sqlite3.Connection) -> None:
             time.sleep(0.02)
 
 
-class SqliteCounterStore:
-    """Counters in one SQLite file, safe across processes; blocking calls run on one thread of our own."""
+_T = TypeVar("_T")
 
-    def __init__(self, path: Path) -> None:
+
+class SqliteCounterStore:
+    """Counters in one SQLite file, safe across processes; blocking calls run on one thread of our own.
+
+    Each operation has ``timeout_s`` from when it is asked, its wait in the thread's queue included:
+    while another process holds the write lock, queued operations would otherwise each wait the
+    whole busy timeout in turn (the Nth answered after N timeouts). One whose time ran out in the
+    queue is refused as SQLite refuses a wait that runs out ("database is locked"), and the rest is
+    the busy timeout of the one that runs."""
+
+    def __init__(self, path: Path, timeout_s: float | None = None) -> None:
         self.path = path
+        self.timeout_s = SQLITE_BUSY_TIMEOUT_MS / 1000 if timeout_s is None else timeout_s
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="counters")
         self._db: sqlite3.Connection | None = None
         self._writes = 0
+        self._busy_ms = math.ceil(self.timeout_s * 1000)  # the running operation's (store's thread)
+
+    async def _run(self, job: Callable[..., _T], *args: object) -> _T:
+        """``job(*args)`` on the store's thread, by a deadline counted from now."""
+        deadline = time.monotonic() + self.timeout_s
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self._by, deadline, job, *args)
+
+    def _by(self, deadline: float, job: Callable[..., _T], *args: object) -> _T:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise sqlite3.OperationalError("database is locked (the wait ran out in the store's queue)")
+        busy_ms = max(1, math.ceil(left * 1000))
+        if self._db is not None and busy_ms != self._busy_ms:
+            self._db.execute(f"PRAGMA busy_timeout = {busy_ms}")
+        self._busy_ms = busy_ms
+        return job(*args)
 
     def _connect(self) -> sqlite3.Connection:
         if self._db is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            db = sqlite3.connect(  # timeout: SQLite's busy timeout
-                self.path, timeout=SQLITE_BUSY_TIMEOUT_MS / 1000, isolation_level=None
+            db = sqlite3.connect(  # timeout: SQLite's busy timeout, what is left of the operation's
+                self.path, timeout=self._busy_ms / 1000, isolation_level=None
             )
             _set_wal(db)  # readers never block the writer
             # no fsync per count: a crash of the process loses nothing, a power cut the last moments
@@ -182,19 +225,14 @@ class SqliteCounterStore:
     async def take_all(
         self, counters: Sequence[QuotaCounter], now: float, max_stranger_rows: int | None = None
     ) -> tuple[int, Taken]:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(
-            self._executor, self._take_all, tuple(counters), now, max_stranger_rows
-        )
+        return await self._run(self._take_all, tuple(counters), now, max_stranger_rows)
 
     async def first_seen(self, key: str, ttl_s: float, now: float) -> bool:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self._first_seen, key, ttl_s, now)
+        return await self._run(self._first_seen, key, ttl_s, now)
 
     async def ping(self) -> None:
         """A trivial query on the store's thread: raises when the file cannot be opened or read."""
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._executor, self._ping)
+        await self._run(self._ping)
 
     async def close(self) -> None:
         loop = asyncio.get_running_loop()
@@ -269,9 +307,9 @@ class SqliteCounterStore:
 
     def _maybe_prune(self, db: sqlite3.Connection, now: float) -> None:
         self._writes += 1
-        if self._writes % PRUNE_EVERY == 0:
-            db.execute("DELETE FROM counters WHERE expires_at IS NOT NULL AND expires_at <= ?", (now,))
-            db.execute("DELETE FROM seen WHERE expires_at <= ?", (now,))
+        if self._writes % PRUNE_EVERY == 0:  # a batch of each table (a NULL expiry never matches)
+            for statement in _PRUNE:
+                db.execute(statement, (now, PRUNE_BATCH))
 
     def _ping(self) -> None:
         self._connect().execute("SELECT 1").fetchone()

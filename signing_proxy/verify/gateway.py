@@ -77,6 +77,7 @@ HEADER_PREFIX = "x-verified-"  # every header the gateway sets; client-sent copi
 # quota-store-full: no stranger's counter frees on demand (each lasts its window), so a fixed pause
 STORE_FULL_RETRY_AFTER_S = 60
 STORE_FULL_LOG_EVERY_S = 60.0  # one warning a minute while strangers' counters are at their bound
+STORE_FAILED_LOG_EVERY_S = 60.0  # one warning a minute while the counter store fails (each request: 503)
 _SAFE = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) not in '%",')  # percent-encode the rest
 
 
@@ -151,6 +152,12 @@ def _safe(value: str) -> str:
     return quote(value, safe=_SAFE + " ")
 
 
+def _log_due(last: float | None, now: float, every_s: float) -> bool:
+    """Whether a rate-limited line is due: none yet, ``every_s`` since the last one, or the wall
+    clock stepped back (never silent until it catches up again)."""
+    return last is None or not 0 <= now - last < every_s
+
+
 @dataclass
 class GatewayVerifier:
     """Steps 1 to 5 over a ``RequestVerifier``, the issuers' keys and a counter store."""
@@ -161,6 +168,7 @@ class GatewayVerifier:
     policy: GatewayPolicy = field(default_factory=GatewayPolicy)
     clock: Callable[[], float] = time.time
     _full_logged_at: float | None = field(default=None, init=False, repr=False)
+    _failed_logged_at: float | None = field(default=None, init=False, repr=False)
 
     async def check(self, method: str, target_uri: str, fields: Fields, body: bytes) -> GatewayVerdict:
         """The verdict, or ``GatewayRefusal`` with the status and stable reason of the step that refused."""
@@ -279,8 +287,8 @@ class GatewayVerifier:
             retry = (("Retry-After", str(STORE_FULL_RETRY_AFTER_S)),)
             detail = "too many counters of untrusted issuers' chains are live; this chain's cannot be kept"
             raise GatewayRefusal(503, exc.reason, detail, retry) from None
-        except Exception as exc:  # the store's client errors: answered 503, one line in the log
-            log.warning("counter store failed: %s", type(exc).__name__)
+        except Exception as exc:  # the store's client errors: answered 503, a line a minute in the log
+            self._log_failed(exc)
             raise GatewayRefusal(
                 503, "quota-store-unavailable", "the access counter is unavailable"
             ) from None
@@ -294,12 +302,24 @@ class GatewayVerifier:
 
     def _log_full(self, exc: StrangerRowsFull) -> None:
         now = self.clock()
-        if self._full_logged_at is None or now - self._full_logged_at >= STORE_FULL_LOG_EVERY_S:
+        if _log_due(self._full_logged_at, now, STORE_FULL_LOG_EVERY_S):
             self._full_logged_at = now
             log.warning(
                 "new capped chains of untrusted issuers refused (503 quota-store-full): %s "
                 "(gateway.max_stranger_quota_rows; list an issuer in gateway.trusted_issuers to exempt it)",
                 exc.detail,
+            )
+
+    def _log_failed(self, exc: Exception) -> None:
+        """While the store fails every request is refused, a stranger's too: a line each would let
+        anyone fill the log, so one a minute (the readiness probe logs when it fails and recovers)."""
+        now = self.clock()
+        if _log_due(self._failed_logged_at, now, STORE_FAILED_LOG_EVERY_S):
+            self._failed_logged_at = now
+            log.warning(
+                "counter store failed: %s (requests that need it are answered 503; "
+                "logged at most once a minute)",
+                type(exc).__name__,
             )
 
     async def _check_replay(self, stack: VerifiedStack) -> None:
@@ -311,8 +331,8 @@ class GatewayVerifier:
         ttl = max(1.0, agent.expires - now + self.verifier.policy.skew_s)
         try:
             fresh = await self.store.first_seen(key, ttl, now)
-        except Exception as exc:  # the store's client errors: answered 503, one line in the log
-            log.warning("counter store failed: %s", type(exc).__name__)
+        except Exception as exc:  # the store's client errors: answered 503, a line a minute in the log
+            self._log_failed(exc)
             raise GatewayRefusal(503, "replay-store-unavailable", "the replay store is unavailable") from None
         if not fresh:
             raise GatewayRefusal(

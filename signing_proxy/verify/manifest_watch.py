@@ -13,6 +13,10 @@ cannot be fetched leaves the last verdict standing (``authorized`` stays known a
 A provider given as a bare domain is fetched over https and its manifest's ``domain`` must be that
 domain; one given as a URL (``http://127.0.0.1:8443``) is fetched there, the operator having
 pinned the address.
+
+One provider never stops the others: a check that fails in any way (a provider entry the manifest
+code cannot use as a host, an unexpected error) marks that provider ``unavailable`` and schedules
+its next check like a failed fetch, and the providers after it are checked as usual.
 """
 
 from __future__ import annotations
@@ -108,13 +112,9 @@ class ManifestWatcher:
                 raise DirectoryError("manifest-unavailable", f"{url} answered {answer.status}")
             manifest = parse_manifest(answer.body, served_host=served_host)
         except (DirectoryError, ManifestError) as exc:
-            new = replace(
-                old,
-                state="removed" if old.last_authorized is False else "unavailable",
-                reason=exc.reason,
-                checked_at=now,
-                next_check_at=now + self.min_refresh_s,
-            )
+            new = self._failed(old, exc.reason, now)
+        except ValueError:  # an entry parse_manifest cannot take as a host (GatewayConfig refuses it)
+            new = self._failed(old, "provider-malformed", now)
         else:
             entry = manifest.authorizes(self.exchange_domain)
             ttl = ttl_from_cache_control(answer.cache_control, self.min_refresh_s, self.max_refresh_s)
@@ -130,6 +130,16 @@ class ManifestWatcher:
         self._states[provider] = new
         self._report(old, new)
         return new
+
+    def _failed(self, old: ProviderState, reason: str, now: float) -> ProviderState:
+        """No verdict this time: the last one stands (``removed`` stays so), retried after the minimum."""
+        return replace(
+            old,
+            state="removed" if old.last_authorized is False else "unavailable",
+            reason=reason,
+            checked_at=now,
+            next_check_at=now + self.min_refresh_s,
+        )
 
     def _report(self, old: ProviderState, new: ProviderState) -> None:
         if old.state == new.state:
@@ -154,7 +164,14 @@ class ManifestWatcher:
         """Check every provider whose time has come; the seconds until the next one is due."""
         for state in list(self._states.values()):
             if state.next_check_at <= self.clock():
-                await self.check(state.provider)
+                try:
+                    await self.check(state.provider)
+                except Exception:  # a bug: this provider later, the next ones now
+                    log.exception("manifest check of provider %s failed", state.provider)
+                    old = self._states[state.provider]
+                    new = self._failed(old, "manifest-check-failed", self.clock())
+                    self._states[state.provider] = new
+                    self._report(old, new)
         if not self._states:
             return self.max_refresh_s
         return max(0.0, min(s.next_check_at for s in self._states.values()) - self.clock())

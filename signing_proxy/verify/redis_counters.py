@@ -49,13 +49,24 @@ from ..core.errors import Error
 from ..core.gateway_ingest import QuotaCounter
 from .counters import StrangerRowsFull, Taken
 
-__all__ = ["EPOCH_KEY", "KEY_PREFIX", "STRANGERS_KEY", "CounterStateLost", "RedisCounterStore"]
+__all__ = [
+    "EPOCH_KEY",
+    "KEY_PREFIX",
+    "REDIS_MAX_CONNECTIONS",
+    "REDIS_TIMEOUT_S",
+    "STRANGERS_KEY",
+    "CounterStateLost",
+    "RedisCounterStore",
+]
 
 log = logging.getLogger("signing_proxy.counters")
 
 KEY_PREFIX = "sp:gw:"  # our namespace in a Redis database another service may share
 EPOCH_KEY = KEY_PREFIX + "epoch"
 STRANGERS_KEY = KEY_PREFIX + "strangers"  # the counters of untrusted issuers' chains, by expiry (ms)
+# our choice: connections per gateway process; more concurrent operations wait for one (below)
+REDIS_MAX_CONNECTIONS = 64
+REDIS_TIMEOUT_S = 5.0  # connect, each reply, and the wait for a free connection of the pool
 _REPLICA, _LOST = b"gw:", b"lost:"  # an epoch a store created; the tombstone of a lost one
 _ADOPT = """
 local epoch = redis.call('GET', KEYS[1])
@@ -167,8 +178,21 @@ class RedisCounterStore:
         self._ping: Any = client.register_script(_PING)
 
     @classmethod
-    def from_url(cls, url: str) -> RedisCounterStore:
-        return cls(aioredis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=5))
+    def from_url(
+        cls, url: str, *, max_connections: int = REDIS_MAX_CONNECTIONS, timeout_s: float = REDIS_TIMEOUT_S
+    ) -> RedisCounterStore:
+        """A store on a pool that waits: redis-py's default pool refuses at once when its connections
+        are all in use (the 101st concurrent request was a 503 while Redis was healthy), so a request
+        past ``max_connections`` waits for one, at most ``timeout_s`` (then ``ConnectionError``, a
+        ``RedisError``: 503 as any store failure). The readiness probe shares the pool."""
+        pool = aioredis.BlockingConnectionPool.from_url(
+            url,
+            max_connections=max_connections,
+            timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            socket_timeout=timeout_s,
+        )
+        return cls(aioredis.Redis.from_pool(pool))  # the client owns the pool: close() closes both
 
     async def _run(self, script: Any, keys: list[str], args: list[Any]) -> list[Any]:
         """``script`` behind the epoch check; an operator's new epoch is adopted once, then retried."""
