@@ -16,9 +16,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from ..errors import ProxyError
+from ..config import UpstreamConfig
+from ..errors import ConfigError, ProxyError
 
-__all__ = ["client_tls_context", "open_upstream"]
+__all__ = ["client_tls_context", "open_upstream", "upstream_tls_contexts"]
 
 
 @functools.lru_cache(maxsize=32)
@@ -36,6 +37,29 @@ def client_tls_context(ca_file: str | None = None, *, only: str | None = None) -
             ctx.load_verify_locations(cafile=str(Path(ca_file).expanduser()))
     ctx.set_alpn_protocols(["http/1.1"])
     return ctx
+
+
+def upstream_tls_contexts(config: UpstreamConfig) -> tuple[ssl.SSLContext, dict[str, ssl.SSLContext]]:
+    """The default context (``ca_file``) and the pinned ones keyed by ``host_form``; ``ConfigError``.
+
+    A CA file that cannot be read, or holds no PEM certificate, is refused here, at start-up, naming
+    its key and path: it is configuration (exit status 2), not a traceback.
+    """
+    pinned = config.pinned()  # first: a key it refuses is not one to show
+    default = _loaded("upstream.ca_file", config.ca_file, lambda: client_tls_context(config.ca_file))
+    for key, path in config.pin_ca_files.items():
+        where = f"upstream.pin_ca_files[{key!r}]"
+        _loaded(where, path, functools.partial(client_tls_context, only=path))  # cached: used below
+    return default, {host: client_tls_context(only=path) for host, path in pinned.items()}
+
+
+def _loaded(key: str, path: str | None, build: Callable[[], ssl.SSLContext]) -> ssl.SSLContext:
+    try:
+        return build()
+    except ssl.SSLError as exc:
+        raise ConfigError(f"{key}: {path}: no PEM certificate could be read ({exc.reason or exc})") from None
+    except OSError as exc:
+        raise ConfigError(f"{key}: {path}: {(exc.strerror or str(exc)).lower()}") from None
 
 
 _P = TypeVar("_P", bound=asyncio.Protocol)

@@ -193,6 +193,12 @@ class TlsSession(asyncio.Protocol):
                 if self._eof:
                     self._fail(None)
                 return
+            except (ssl.SSLZeroReturnError, ssl.SSLEOFError):  # the peer ended its stream (a FIN, or
+                # close_notify) inside the handshake: it left, as when the socket closes, and the
+                # caller tells "inside its ClientHello" from "after our certificate" by ``answered``
+                self._flush()
+                self._fail(None)
+                return
             except ssl.SSLError as exc:
                 self._flush()  # the alert we send, if any
                 self._fail(exc)

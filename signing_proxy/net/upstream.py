@@ -23,7 +23,7 @@ from ..config import UpstreamConfig
 from ..config.checks import host_form
 from ..core.uri import Target
 from ..errors import ProxyError
-from .dial import client_tls_context, open_upstream
+from .dial import open_upstream, upstream_tls_contexts
 from .framing import framed_interim, response_framing
 from .outbox import Outbox
 from .timers import Deadline
@@ -84,6 +84,8 @@ class _HeadTooLarge(Exception):
 
 class UpstreamConnection(asyncio.Protocol):
     """One keep-alive connection to one upstream origin, serving one exchange at a time."""
+
+    _close_notified = False  # a TLS upstream's stream ended with close_notify (set by eof_received)
 
     def __init__(
         self, key: tuple[str, str, int], read_timeout_s: float, max_head_bytes: int = MAX_RESPONSE_HEAD_BYTES
@@ -164,14 +166,27 @@ class UpstreamConnection(asyncio.Protocol):
         self._parser = None  # it holds us (its callbacks): no cycle left for the full collector
         if self.sink is None:
             return
-        if self._head_sent and self._close_delimited:
-            self._complete()  # a close-delimited body ends at EOF (RFC 9112 section 6.3 rule 8)
+        if self._head_sent and self._close_delimited:  # its body ends at the close (RFC 9112
+            # section 6.3 rule 8), but only at a clean one: a reset, or over TLS an end without
+            # close_notify (a forged FIN, section 9.8), is a cut-off body that must not look whole
+            if exc is None and (self.key[0] != "https" or self._close_notified):
+                self._complete()
+                return
+            cause = "reset the connection" if exc is not None else "ended TLS without close_notify"
+            self._fail(
+                ProxyError(502, "upstream-reset", f"the upstream {cause} inside a close-delimited body")
+            )
         elif not self._got_bytes:
             self._fail(
                 ProxyError(502, "upstream-reset", "the upstream closed the connection before answering")
             )
         else:
             self._fail(ProxyError(502, "upstream-reset", "the upstream closed the connection mid-response"))
+
+    def eof_received(self) -> bool | None:
+        if self.key[0] == "https":  # asyncio reports a bare FIN here too; uvloop only close_notify
+            self._close_notified = _ended_by_close_notify(self.transport)
+        return None  # the transport closes itself; connection_lost says what the end meant
 
     def pause_writing(self) -> None:  # request bodies are small enough to buffer; nothing to do
         pass
@@ -309,6 +324,22 @@ class UpstreamConnection(asyncio.Protocol):
         return self.reusable and self.transport is not None and not self.transport.is_closing()
 
 
+def _ended_by_close_notify(transport: asyncio.Transport | None) -> bool:
+    """Whether a TLS stream that reached its end carried close_notify.
+
+    Neither event loop tells a close_notify from a bare TCP FIN to the protocol in words, but the
+    session knows: after close_notify OpenSSL reads nothing more (an empty read), while after a bare
+    FIN it still waits for bytes (``SSLWantReadError``), the stream it was reading having been cut.
+    """
+    sslobj = transport.get_extra_info("ssl_object") if transport is not None else None
+    if sslobj is None:
+        return False
+    try:
+        return cast(ssl.SSLObject, sslobj).read(1) == b""
+    except ssl.SSLError:
+        return False
+
+
 _P = TypeVar("_P", bound=asyncio.Protocol)
 
 
@@ -329,9 +360,8 @@ class UpstreamPool:
         self.read_timeout_s = read_timeout_s
         self._idle: dict[tuple[str, str, int], deque[UpstreamConnection]] = {}
         self._idle_count = 0  # connections in _idle (config.pool_max_idle)
-        self._tls_default = client_tls_context(config.ca_file)
-        # keyed, and looked up, by config.checks.host_form: any spelling of a host finds its pin
-        self._tls_pinned = {host: client_tls_context(only=path) for host, path in config.pinned().items()}
+        # pinned ones keyed, and looked up, by config.checks.host_form: any spelling finds its pin
+        self._tls_default, self._tls_pinned = upstream_tls_contexts(config)  # ConfigError
         self.connections_opened = 0
 
     @property

@@ -28,7 +28,7 @@ from ..core.uri import Target
 from ..errors import ProxyError
 from ..net.dial import open_upstream
 from ..net.leaves import LeafContextCache
-from ..net.request import Request, parse_connect_target
+from ..net.request import RETRY_AFTER_S, Request, parse_connect_target
 from ..net.server import ClientConnection
 from ..net.tls import CERTIFICATE_ALERTS
 from ..net.tunnel import CONNECT_ESTABLISHED, BlindTunnel, TunnelStart
@@ -67,6 +67,19 @@ def load_interception_ca(config: Config) -> CertificateAuthority:
     except OSError as exc:
         where = exc.filename or config.data_path
         raise CAError("ca-unavailable", f"{where}: {exc.strerror or exc}") from None
+
+
+def _short_of_resources(host: str, exc: OSError) -> ProxyError:
+    """A leaf's PEM reaches OpenSSL through a memfd (or a temp file): a process out of descriptors
+    (EMFILE, ENFILE) or memory cannot mint one now, though the next CONNECT may. Like a full proxy,
+    it is a ``503 server-busy`` with ``Retry-After``, not an internal error."""
+    log.warning("cannot mint a leaf for CONNECT %s now: %s", host, exc.strerror or exc)
+    return ProxyError(
+        503,
+        "server-busy",
+        "the proxy is short of file descriptors or memory to intercept this host; try again shortly",
+        headers=(("Retry-After", str(RETRY_AFTER_S)),),
+    )
 
 
 class ConnectHandler:
@@ -149,6 +162,10 @@ class ConnectHandler:
                 raise ProxyError(400, "connect-host-invalid", exc.detail) from None
             log.error("interception CA cannot mint a leaf for %s: %s", host, exc)
             raise ProxyError(503, "interception-ca-unusable", exc.detail) from None
+        except OSError as exc:
+            if isinstance(exc, ssl.SSLError):  # OpenSSL refused the leaf we made: a fault of ours
+                raise
+            raise _short_of_resources(host, exc) from None
         raw = conn.take_over()
         if raw is None:
             return 499, "client-gone"
