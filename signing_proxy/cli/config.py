@@ -16,6 +16,7 @@ import yaml
 
 from ..config import redacted
 from ..errors import ConfigError
+from ..net.dial import upstream_tls_contexts
 from ..proxy.credentials import BearerStore
 from ..proxy.delegation_file import read_token_file
 from .common import HelpFormatter, config_from, config_path, config_refused, environment_epilog
@@ -29,6 +30,7 @@ def cmd_config_check(args: argparse.Namespace) -> int:
         BearerStore(config.credentials)  # the tokens' files and variables, read as ``run`` reads them
         if config.requester is not None and config.requester.delegation is not None:
             read_token_file(config.requester.delegation, time.time())  # as ``run`` reads it at start
+        upstream_tls_contexts(config.upstream)  # upstream.ca_file and pin_ca_files, as ``run`` loads them
     except ConfigError as exc:
         raise config_refused(exc) from None
     source = config_path(args) or "embedded default configuration"
@@ -45,8 +47,9 @@ def add_parsers(sub: Any) -> None:
     check = cfg.add_parser(
         "check",
         help="validate a config file and print the effective configuration",
-        description="Validate FILE (and read the bearer-token files and variables and the delegation "
-        "token file it names, as run does) and print the effective configuration, secrets redacted.",
+        description="Validate FILE (and read the bearer-token files and variables, the delegation "
+        "token file and the upstream CA files it names, as run does) and print the effective "
+        "configuration, secrets redacted.",
         epilog=environment_epilog(),
         formatter_class=HelpFormatter,
     )

@@ -79,9 +79,11 @@ def test_usable_files_still_make_a_pool(files: dict[str, str]) -> None:
         ("ca_file", "junk", "upstream.ca_file"),
     ],
 )
+@pytest.mark.parametrize("command", [["run", "--config"], ["config", "check"]], ids=["run", "config-check"])
 def test_run_refuses_the_file_in_one_line_with_exit_status_2(
-    tmp_path: Path, files: dict[str, str], field: str, which: str, key: str
+    tmp_path: Path, files: dict[str, str], *, field: str, which: str, key: str, command: list[str]
 ) -> None:
+    """``run`` stops at start, and ``config check`` (which reads the files as ``run`` does) refuses."""
     path = files[which]
     upstream = {"pin_ca_files": {"api.example": path}} if field == "pin_ca_files" else {"ca_file": path}
     config = tmp_path / "config.yaml"
@@ -97,7 +99,7 @@ def test_run_refuses_the_file_in_one_line_with_exit_status_2(
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("SIGNING_PROXY_")}
     done = subprocess.run(
-        [sys.executable, "-m", "signing_proxy", "run", "--config", str(config)],
+        [sys.executable, "-m", "signing_proxy", *command, str(config)],
         capture_output=True,
         text=True,
         timeout=WAIT_S * 2,
@@ -107,4 +109,6 @@ def test_run_refuses_the_file_in_one_line_with_exit_status_2(
     )
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr
-    assert f"signing-proxy: {key}: {path}: " in done.stderr
+    last = done.stderr.splitlines()[-1]  # run logs its start before it (a key generated)
+    assert last.startswith("signing-proxy: ")  # "configuration error: " follows for config check
+    assert f"{key}: {path}: " in last
