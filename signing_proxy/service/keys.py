@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
@@ -34,6 +33,7 @@ from ..storage.keystore import (
 )
 from ..storage.pkcs11 import Pkcs11KeyProvider
 from ..storage.tokenstore import TokenStoreKeyProvider
+from ..storage.worker import DaemonWorker
 from .tokenkeys import token_keys_for, token_provider_for
 
 if TYPE_CHECKING:
@@ -130,11 +130,8 @@ class KeyServices:
     watchers: dict[str, StoreWatcher] = field(default_factory=dict)
     publish_addresses: list[tuple[str, int]] = field(default_factory=list)
     token_providers: list[Pkcs11KeyProvider | TokenStoreKeyProvider] = field(default_factory=list)
-    _prober: ThreadPoolExecutor = field(
-        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="token-probe"),
-        init=False,
-        repr=False,
-    )
+    # a daemon thread: a probe stuck in a hung token does not keep the process from exiting
+    _prober: DaemonWorker = field(default_factory=lambda: DaemonWorker("token-probe"), init=False, repr=False)
     _probing: asyncio.Future[None] | None = field(default=None, init=False, repr=False)
 
     def _probe_tokens(self) -> None:

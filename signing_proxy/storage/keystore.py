@@ -43,7 +43,7 @@ from ..core.keys import (
     format_rfc3339,
 )
 from ..core.rotation import CLOCK_MARGIN_S
-from ..errors import KeyStoreError
+from ..errors import ConfigError, KeyStoreError, TokenError
 from .files import (
     PRIVATE_DIR_MODE,
     PRIVATE_FILE_MODE,
@@ -452,7 +452,8 @@ class StoreWatcher:
                 return True
             try:
                 state = self.store.load(private=self._private)
-            except KeyStoreError as exc:
+            except (KeyStoreError, TokenError, ConfigError) as exc:  # the last two: a token entry
+                # this process cannot open (no signing.pkcs11.module, no PIN): the old keys still sign
                 if seen != self._reported:  # once per version of the index, not once per check
                     self._reported = seen
                     log.error("key store not reloaded, keeping the keys loaded before: %s", exc)

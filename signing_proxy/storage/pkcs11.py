@@ -2,16 +2,19 @@
 
 A ``TokenKey`` is a ``SigningKey`` whose ``sign`` asks the token (``CKM_EDDSA``); its public key is
 read from the token's public key object (``CKA_EC_POINT``) and named by its thumbprint like any
-other key. One ``Pkcs11Module`` per module path owns the loaded module, one logged-in session per
-token (pooled: opened once, re-used by every signature, reopened after a failure) and one worker
-thread. python-pkcs11 initialises a module without locking callbacks (``C_Initialize(NULL)``), which
-by PKCS#11 means the application must not call it from several threads at once; so every call into
-a module holds the module's lock, and signatures run on the module's thread, never on the event
-loop (``TokenKey.sign_async``). A call that fails resets the module (sessions closed, module
-re-initialised) and is tried once more, so a token that comes back is used again without a
-restart; until then ``failure`` says why, for ``/readyz``. A PIN the token refused is never tried
-again by this process (the token would lock it after a few tries): that needs a restart. The PIN
-is read once and never appears in a message, a log line or a ``repr``.
+other key, once the token has signed a random challenge that verifies under it (a private key
+object of another pair is refused). One ``Pkcs11Module`` per module path owns the loaded module,
+one logged-in session per token (pooled: opened once, re-used by every signature, reopened after a
+failure) and one worker thread, a daemon: a token call that never returns does not keep the
+process from exiting. python-pkcs11 initialises a module without locking callbacks
+(``C_Initialize(NULL)``), which by PKCS#11 means the application must not call it from several
+threads at once; so every call into a module holds the module's lock, and signatures run on the
+module's thread, never on the event loop (``TokenKey.sign_async``). A call that fails resets the
+module (sessions closed, module re-initialised) and is tried once more, so a token that comes back
+is used again without a restart; until then ``failure`` says why, for ``/readyz`` (another key
+under the URI stays ``token-key-mismatch``). A PIN the token refused is never tried again by this
+process (the token would lock it after a few tries): that needs a restart. The PIN is read once,
+never blank, and never appears in a message, a log line or a ``repr``.
 
 python-pkcs11 is optional (extra ``hsm``): it is imported when a token is first used.
 """
@@ -19,7 +22,6 @@ python-pkcs11 is optional (extra ``hsm``): it is imported when a token is first 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import os
 import secrets
@@ -35,6 +37,7 @@ from ..core.keys import KeyProvider
 from ..core.pkcs11_uri import Pkcs11Uri
 from ..errors import TokenError
 from .files import PrivateFileError, read_private
+from .worker import DaemonWorker
 
 __all__ = [
     "ED25519_CURVE_OID",
@@ -80,10 +83,12 @@ def read_pin(
 ) -> str | None:
     """The user PIN from the configuration (``pin``, ``pin_env``, ``pin_file``), else the URI's
     ``pin-value`` or ``pin-source`` (a file path or ``file:`` URI); None when none is given.
-    A file must be owner-only. Raises TokenError ``token-pin-missing``; the PIN is never in it."""
+    A file must be owner-only. Each is stripped, and a blank one is no PIN: refused, never tried as
+    an empty one (a wrong PIN counts toward the token's lockout). Raises TokenError
+    ``token-pin-missing``; the PIN is never in it."""
     env = os.environ if environ is None else environ
     if pin is not None:
-        return pin
+        return _not_blank(pin, "signing.pkcs11.pin")
     if pin_env is not None:
         value = env.get(pin_env, "").strip()  # blank is no PIN: refused, never tried as an empty one
         if not value:
@@ -91,7 +96,7 @@ def read_pin(
         return value
     source = pin_file
     if source is None and uri.pin_value is not None:
-        return uri.pin_value
+        return _not_blank(uri.pin_value, "the URI's pin-value")
     if source is None and uri.pin_source is not None:
         if uri.pin_source.startswith("|"):  # RFC 7512's example of a command: never run from a URI
             raise TokenError(
@@ -106,11 +111,17 @@ def read_pin(
     except PrivateFileError as exc:
         raise TokenError("token-pin-missing", f"the PIN file {path}: {exc.detail}") from None
     try:
-        value = data[:MAX_PIN_FILE_BYTES].decode("utf-8").strip()
+        text = data[:MAX_PIN_FILE_BYTES].decode("utf-8")
     except UnicodeDecodeError:
         raise TokenError("token-pin-missing", f"the PIN file {path} is not UTF-8 text") from None
-    if not value:  # as a blank pin_env: refused, never tried as an empty PIN (a wrong one counts)
-        raise TokenError("token-pin-missing", f"the PIN file {path} is empty or blank")
+    return _not_blank(text, f"the PIN file {path}")
+
+
+def _not_blank(value: str, what: str) -> str:
+    """``value`` stripped; refused (``token-pin-missing``) when nothing is left, before any login."""
+    value = value.strip()
+    if not value:
+        raise TokenError("token-pin-missing", f"{what} is empty or blank")
     return value
 
 
@@ -168,7 +179,7 @@ class Pkcs11Module:
     def __init__(self, path: str) -> None:
         self.path = path
         self.lock = threading.RLock()  # one call into the module at a time (see the module docstring)
-        self.executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="pkcs11")
+        self.executor = DaemonWorker("pkcs11")  # not joined at exit: a hung token holds up no SIGTERM
         self.generation = 0  # bumped by every reset: object handles of older generations are stale
         self._lib: Any = None
         self._sessions: dict[tuple[tuple[str, str], ...], Any] = {}
@@ -324,11 +335,7 @@ class TokenKey(SigningKey):
             module = self.slot.module
             if self._handle is None or self._handle[0] != module.generation:
                 session = self.slot.session()
-                if _read_public(session, self.uri) != self.public:  # never sign with another key
-                    raise TokenError(
-                        "token-key-mismatch",
-                        f"{self.uri.describe()} is no longer the key {self.thumbprint}",
-                    )
+                self._same_key(session)  # never sign with another key
                 key = session.get_key(**_lookup(self.uri, p11.ObjectClass.PRIVATE_KEY))
                 self._handle = (module.generation, key)
             return bytes(self._handle[1].sign(data, mechanism=p11.Mechanism.EDDSA))
@@ -346,10 +353,19 @@ class TokenKey(SigningKey):
                 "token-unavailable", f"the token did not sign within {self.slot.timeout_s:g} s"
             ) from None
 
+    def _same_key(self, session: Any) -> None:
+        """Refuse (``token-key-mismatch``) when the public key ``uri`` names is no longer ``public``."""
+        if _read_public(session, self.uri) != self.public:
+            raise TokenError(
+                "token-key-mismatch", f"{self.uri.describe()} is no longer the key {self.thumbprint}"
+            )
+
     def probe(self) -> bool:
-        """Look for the key on the token again (blocking); True when it answers."""
+        """Look for the key on the token again (blocking); True when it answers with this key. Another
+        key under the URI (the token re-initialised, a new key under the label) keeps
+        ``token-key-mismatch``: it answers, but every signature would be refused."""
         try:
-            self.slot.public_key(self.uri)
+            self.slot.tracked(lambda: self._same_key(self.slot.session()))
         except TokenError:
             return False
         return True
@@ -371,8 +387,20 @@ def _lookup(uri: Pkcs11Uri, object_class: Any) -> dict[str, Any]:
 
 
 def open_token_key(slot: TokenSlot, uri: Pkcs11Uri) -> TokenKey:
-    """The key ``uri`` names on ``slot``'s token, its public key read now (blocking)."""
-    return TokenKey(slot, uri, slot.public_key(uri))
+    """The key ``uri`` names on ``slot``'s token, its public key read now (blocking) and proved: the
+    keyid comes from the public key object alone, so the token signs a random challenge that must
+    verify under it. A private key object that is not that object's pair (every signature would be
+    invalid) is refused (``token-key-mismatch``)."""
+    key = TokenKey(slot, uri, slot.public_key(uri))
+    challenge = secrets.token_bytes(32)
+    if not key.public.verify(key.sign(challenge), challenge):
+        slot.failure = "token-key-mismatch"
+        raise TokenError(
+            "token-key-mismatch",
+            f"the private key of {uri.describe()} is not the pair of its public key object "
+            "(its signatures do not verify)",
+        )
+    return key
 
 
 def generate_token_key(slot: TokenSlot, uri: Pkcs11Uri) -> TokenKey:

@@ -37,9 +37,11 @@ class TokenStoreKeyProvider(StoreKeyProvider):
         return key.slot.failure if isinstance(key, TokenKey) else None
 
     def probe(self) -> None:
-        """Try each failed token again (blocking: call it off the event loop)."""
+        """Try each failed token again (blocking: call it off the event loop), through the signing
+        key first: a token is probed once, and the key ``unavailable`` reports on is the one that
+        says whether it is ready (another key of the token may no longer be on it: key mismatch)."""
         tried: set[int] = set()
-        for key in tuple(self.state().private.values()):
+        for key in (self.current(time.time()), *self.state().private.values()):
             if isinstance(key, TokenKey) and key.slot.failure is not None and id(key.slot) not in tried:
                 tried.add(id(key.slot))
                 key.probe()
