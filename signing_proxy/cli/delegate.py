@@ -197,20 +197,25 @@ def _cnf_jkt(claims: dict[str, Any]) -> str | None:
     return jkt if isinstance(jkt, str) else None
 
 
-def _hide_private_keys(value: Any) -> list[str]:
-    """Replace, in place, the value of every private member of every JWK (an object with ``kty``) in
-    ``value`` with NOT_SHOWN; the names replaced. A private key is never printed, even a leaked one."""
+# An object with any of these is shown as a key would be (a leaked one may lack kty: its d is secret).
+_KEY_MEMBERS: Final = frozenset({"kty", "crv", "x", "n"})
+
+
+def _hide_private_keys(value: Any, in_jwk: bool = False) -> list[str]:
+    """Replace, in place, the value of every private JWK member (``PRIVATE_JWK_MEMBERS``) of every
+    object under a ``jwk`` member or that looks like a key (``_KEY_MEMBERS``: a leaked key may lack
+    ``kty``) in ``value`` with NOT_SHOWN; the names replaced. A private key is never printed."""
     hidden: list[str] = []
     if isinstance(value, dict):
-        if "kty" in value:
+        if in_jwk or not _KEY_MEMBERS.isdisjoint(value):
             for name in sorted(PRIVATE_JWK_MEMBERS.intersection(value)):
                 value[name] = NOT_SHOWN
                 hidden.append(name)
-        for member in value.values():
-            hidden += _hide_private_keys(member)
+        for key, member in value.items():
+            hidden += _hide_private_keys(member, in_jwk or key == "jwk")
     elif isinstance(value, list):
         for item in value:
-            hidden += _hide_private_keys(item)
+            hidden += _hide_private_keys(item, in_jwk)
     return hidden
 
 

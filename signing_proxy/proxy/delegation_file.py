@@ -205,26 +205,33 @@ def _expiry(config: DelegationConfig, links: list[VerifiedLink], now: float) -> 
 
 
 def _caps(config: DelegationConfig, links: list[VerifiedLink]) -> tuple[int | None, int | None, int | None]:
-    """The mirrored caps: the configured ones (never above the chain's) or the chain's own."""
+    """The mirrored caps: the configured ones or the chain's own. Refused as the gateway's
+    ``check_mirror`` refuses them, so that no proxy starts whose every delegated call is denied: a
+    cap above the chain's, a cap the chain does not carry (absent is no cap: wider than any), a
+    ``quota_period`` other than the final link's (absent there: lifetime, which none equals)."""
     out: list[int | None] = []
     for name in ("max_spend_cents", "max_accesses"):
         chain_cap = _min_or_none([getattr(link.caps, name) for link in links])
         configured = getattr(config, name)
+        if configured is not None and chain_cap is None:
+            raise _refuse(
+                "delegation-invalid",
+                f"{WHERE}.{name}: the chain carries no svc_{name}, so a mirrored cap is wider than it; "
+                "leave it out (the chain decides)",
+            )
         if configured is not None and chain_cap is not None and configured > chain_cap:
             raise _refuse(
                 "delegation-invalid",
                 f"{WHERE}.{name}: {configured} is above the chain's svc_{name} {chain_cap}",
             )
         out.append(configured if configured is not None else chain_cap)
-    final = links[-1].caps
-    chain_period = final.quota_period_s
+    chain_period = links[-1].caps.quota_period_s  # the verified claim: the final link's
     period = parse_duration_s(config.quota_period) if config.quota_period is not None else None
-    capped = any(link.caps.capped for link in links)
-    if period is not None and capped and period != chain_period:
-        shown = f"{chain_period}s" if chain_period is not None else "absent (lifetime)"
-        raise _refuse(
-            "delegation-invalid",
-            f"{WHERE}.quota_period: {period}s differs from the chain's svc_quota_period, {shown}",
-        )
+    if period is not None and period != chain_period:
+        if chain_period is None:
+            detail = "the chain carries no svc_quota_period (its quota is lifetime); leave it out"
+        else:
+            detail = f"{period}s differs from the chain's svc_quota_period, {chain_period}s"
+        raise _refuse("delegation-invalid", f"{WHERE}.quota_period: {detail}")
     out.append(period if period is not None else chain_period)
     return out[0], out[1], out[2]

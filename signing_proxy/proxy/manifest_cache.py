@@ -6,8 +6,11 @@ discovery reads of a manifest (``ver``, ``role``, ``domain``, ``contact``, ``exc
 ``ext``, unknown members or contributors, which a 64 KiB document can make ~1.4 MB of once parsed),
 charges each entry (a manifest at 4x its document, a refusal at 1 KiB, and each its URL), and
 keeps of a refusal only its reason and the start of its detail. It drops the oldest
-entries past ``MAX_ENTRIES`` or ``MAX_BYTES``. Keys are ``(egress, url)``: what the agent's origin
-served is not an answer for a stranger's naming of the same URL.
+entries past ``MAX_ENTRIES`` or ``MAX_BYTES``. A manifest that would cost more than
+``MAX_ENTRY_BYTES`` (a quarter of the cache: ``discovery.max_manifest_bytes`` may be 16 MiB) is
+served but not kept, so that one publisher's manifest never flushes every other entry. Keys are
+``(egress, url)``: what the agent's origin served is not an answer for a stranger's naming of the
+same URL.
 """
 
 from __future__ import annotations
@@ -20,10 +23,11 @@ from ..core.errors import ManifestError
 from ..core.manifest import WellKnownManifest
 from ..verify.cache import LruCache
 
-__all__ = ["MAX_BYTES", "MAX_ENTRIES", "CachedManifest", "ManifestCache"]
+__all__ = ["MAX_BYTES", "MAX_ENTRIES", "MAX_ENTRY_BYTES", "CachedManifest", "ManifestCache"]
 
 MAX_ENTRIES = 1024  # our choice
 MAX_BYTES = 8 * 1024 * 1024  # our choice, as charged
+MAX_ENTRY_BYTES = MAX_BYTES // 4  # our choice: a document of about 512 KiB (the default limit is 64 KiB)
 _ERROR_COST = 1024  # and the URL's length, charged with every entry
 _DETAIL_CHARS = 512  # a refusal's detail names the URL: kept that long at most
 _PARSED_FACTOR = 4  # a kept manifest's cost per byte of its document
@@ -63,9 +67,15 @@ class ManifestCache:
     def keep(
         self, key: Key, manifest: WellKnownManifest, expires_at: float, document_bytes: int
     ) -> WellKnownManifest:
-        """Cache what discovery reads of ``manifest``, and return that."""
+        """Cache what discovery reads of ``manifest``, and return that. One that would cost more than
+        ``MAX_ENTRY_BYTES`` is returned but not cached (an older entry of ``key`` goes): evicting
+        the others for it, or itself too as a bigger one did, would leave the cache empty."""
         kept = replace(manifest, catalog_contributors=(), ext=_NOTHING, extra=_NOTHING)
-        self._entries.put(key, CachedManifest(kept, None, expires_at), _PARSED_FACTOR * document_bytes)
+        cost = _PARSED_FACTOR * document_bytes
+        if cost + _url_length(key) > MAX_ENTRY_BYTES:
+            self._entries.pop(key)
+            return kept
+        self._entries.put(key, CachedManifest(kept, None, expires_at), cost)
         return kept
 
     def refuse(self, key: Key, error: ManifestError, expires_at: float) -> None:

@@ -27,8 +27,9 @@ import math
 import os
 import time
 from collections.abc import Callable
+from enum import Enum
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from ..config import Config, RequesterConfig
 from ..core.fields import Fields
@@ -69,6 +70,17 @@ RELOAD_CHECK_INTERVAL_S: Final = 1.0  # our choice, like the key store: how ofte
 DELEGATION_KEY_WARN_S: Final = 48 * 3600
 
 
+class _Failed(Enum):
+    """What ``_failed`` holds while no reload has failed: not None, the fingerprint of a token file
+    that is gone (so that its removal is logged like any other refusal)."""
+
+    NOTHING = 0
+
+
+# the token file's fingerprint a reload refused (None: the file could not be stat'ed), or NOTHING
+_FailedFile = tuple[int, int, int] | None | Literal[_Failed.NOTHING]
+
+
 class RequesterInjector:
     """Adds the configured Requester to exchange calls; ``document()`` is that Requester in proto-JSON."""
 
@@ -93,7 +105,7 @@ class RequesterInjector:
             self._prefixes.append((target.scheme, target.host, target.port, prefix))
         self._loaded: LoadedDelegation | None = None
         self._previous: LoadedDelegation | None = None  # replaced by a reload: a body built before it
-        self._failed: tuple[int, int, int] | None = None  # a token file refused on reload (logged once)
+        self._failed: _FailedFile = _Failed.NOTHING  # a token file refused on reload (logged once)
         self._warned: tuple[str, str] | None = None
         self._warned_ahead: str | None = None  # the bound key already warned about (logged once)
         if config.delegation is not None:
@@ -285,6 +297,7 @@ class RequesterInjector:
         except OSError:
             fingerprint = None
         if fingerprint is not None and fingerprint == self._loaded.fingerprint:
+            self._failed = _Failed.NOTHING  # back as loaded: a later refusal is logged again
             return False
         try:
             loaded = load_delegation(delegation, self.config.scopes, self.keys, now)
@@ -294,7 +307,7 @@ class RequesterInjector:
                 log.error("delegation not reloaded, keeping the one loaded before: %s", exc.detail)
             return False
         member_json = self._render_with(loaded)
-        self._failed, self._warned, self._warned_ahead = None, None, None
+        self._failed, self._warned, self._warned_ahead = _Failed.NOTHING, None, None
         self._previous = self._loaded  # first: a request may hold a body built with the old chain
         self._loaded, self._member_json = loaded, member_json  # a request reads both together
         log.info(
