@@ -18,7 +18,7 @@ from ..config import redacted
 from ..errors import ConfigError
 from ..net.dial import upstream_tls_contexts
 from ..proxy.credentials import BearerStore
-from ..proxy.delegation_file import read_token_file
+from ..proxy.delegation_file import check_mirrors, read_token_file
 from .common import HelpFormatter, config_from, config_path, config_refused, environment_epilog
 
 __all__ = ["add_parsers", "cmd_config_check"]
@@ -29,7 +29,9 @@ def cmd_config_check(args: argparse.Namespace) -> int:
     try:
         BearerStore(config.credentials)  # the tokens' files and variables, read as ``run`` reads them
         if config.requester is not None and config.requester.delegation is not None:
-            read_token_file(config.requester.delegation, time.time())  # as ``run`` reads it at start
+            delegation, now = config.requester.delegation, time.time()
+            path, _chain, links, _ = read_token_file(delegation, now)  # as ``run`` reads it at start
+            check_mirrors(delegation, config.requester.scopes, path, links, now)  # all but the holder
         upstream_tls_contexts(config.upstream)  # upstream.ca_file and pin_ca_files, as ``run`` loads them
     except ConfigError as exc:
         raise config_refused(exc) from None

@@ -126,12 +126,6 @@ def load_delegation(
     The chain's holder must be a key of ours that may sign now (``keys.key_for``): the current
     signing key, or one a rotation is retiring whose window has not ended."""
     path, chain, links, fingerprint = read_token_file(config, now)
-    if config.issuer is not None and config.issuer != links[0].iss:  # a mirror, never another issuer
-        raise _refuse(
-            "delegation-invalid",
-            f"{WHERE}.issuer: {config.issuer!r} is not the iss of the chain in {path} "
-            f"({links[0].iss!r}); set it to that, or leave it out",
-        )
     final = links[-1]
     signing = keys.current(now)
     if signing is None:
@@ -145,16 +139,7 @@ def load_delegation(
             "delegation-holder-mismatch",
             holder_mismatch_detail(final.cnf_jkt, signing.thumbprint, str(path)),
         )
-    expires_at = _expiry(config, links, now)
-    spend, accesses, period = _caps(config, links)
-    if final.scope is not None:
-        wider = narrows(scopes, final.scope)
-        if wider:
-            raise _refuse(
-                "delegation-scope-mismatch",
-                f"requester.scopes: {wider[:8]} not covered by the delegation's scope "
-                f"{list(final.scope)[:8]}",
-            )
+    expires_at, spend, accesses, period = check_mirrors(config, scopes, path, links, now)
     doc = DelegationDoc(
         principal_domain=config.principal_domain,
         principal_id=config.principal_id,
@@ -171,6 +156,32 @@ def load_delegation(
         ext_critical=config.ext_critical,
     )
     return LoadedDelegation(final.cnf_jkt, expires_at, doc, fingerprint)
+
+
+def check_mirrors(
+    config: DelegationConfig, scopes: tuple[str, ...], path: Path, links: list[VerifiedLink], now: float
+) -> tuple[float, int | None, int | None, int | None]:
+    """What the Delegation mirrors, checked against the chain as the gateway checks it (no key
+    needed: ``config check`` runs it too): ``issuer``, ``expires_at``, the caps and period, and
+    ``requester.scopes``. Returns the expiry, spend cap, access cap and period to send."""
+    if config.issuer is not None and config.issuer != links[0].iss:  # a mirror, never another issuer
+        raise _refuse(
+            "delegation-invalid",
+            f"{WHERE}.issuer: {config.issuer!r} is not the iss of the chain in {path} "
+            f"({links[0].iss!r}); set it to that, or leave it out",
+        )
+    expires_at = _expiry(config, links, now)
+    spend, accesses, period = _caps(config, links)
+    final = links[-1]
+    if final.scope is not None:
+        wider = narrows(scopes, final.scope)
+        if wider:
+            raise _refuse(
+                "delegation-scope-mismatch",
+                f"requester.scopes: {wider[:8]} not covered by the delegation's scope "
+                f"{list(final.scope)[:8]}",
+            )
+    return expires_at, spend, accesses, period
 
 
 def _expiry(config: DelegationConfig, links: list[VerifiedLink], now: float) -> float:

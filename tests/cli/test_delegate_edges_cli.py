@@ -146,6 +146,26 @@ def test_run_names_the_token_file_whose_exp_is_past_9999(keys: Keys, tmp_path: P
         assert f"bad-claim-value: link 0: {OUT_OF_RANGE}" in error
 
 
+@pytest.mark.parametrize(
+    ("mirror", "named"),
+    [
+        ({"max_accesses": 5}, "requester.delegation.max_accesses: the chain carries no svc_max_accesses"),
+        ({"issuer": "https://other.example"}, "requester.delegation.issuer: 'https://other.example' is not"),
+    ],
+    ids=["cap-the-chain-lacks", "another-issuer"],
+)
+def test_config_check_refuses_the_mirrors_run_refuses(
+    keys: Keys, tmp_path: Path, mirror: dict[str, object], named: str
+) -> None:
+    """``config check`` read the chain but checked none of what the Delegation mirrors of it: it said
+    OK for a configuration ``run`` then refused (and the gateway would deny)."""
+    config = _proxy(tmp_path, **mirror)
+    exp = int(time.time()) + 3600
+    (tmp_path / "chain.jwt").write_text(crafted(keys, exp, holder=store_key(tmp_path)) + "\n")
+    for command in (("run", "--config", str(config)), ("config", "check", str(config))):
+        assert named in refused(*command)
+
+
 def test_run_refuses_a_configured_expires_at_past_9999(keys: Keys, tmp_path: Path) -> None:
     config = _proxy(tmp_path, expires_at="9999-12-31T23:59:59-23:59")
     (tmp_path / "chain.jwt").write_text(crafted(keys, None, holder=store_key(tmp_path)) + "\n")
