@@ -4,7 +4,9 @@ aiohttp runs a session's middlewares on every request it sends, redirects and re
 after the request is built (URL, headers, cookies, ``auth=``), so each one is signed as sent. A body
 that is not in memory (a file, an async iterator, form data) is read up to ``limits.max_body_bytes``
 and sent from memory; a larger one raises ``NotSigned`` (413) and nothing is sent. The key store (and
-the delegation file) is looked at in a worker thread, never on the event loop.
+the delegation file) is looked at in a worker thread, never on the event loop, and so is a key on a
+PKCS#11 token asked to sign (``Signer.sign_async``: bounded by ``signing.pkcs11.timeout_s``, after
+which ``NotSigned`` 503 is raised and nothing is sent).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ class SigningMiddleware:
         original = request.body
         body = await _body_bytes(original, signer.max_body_bytes)
         headers = request.headers
-        signed = signer.sign(request.method, str(request.url), list(headers.items()), body)
+        signed = await signer.sign_async(request.method, str(request.url), list(headers.items()), body)
         sent = body
         if signed is not None:
             for name in OWNED:

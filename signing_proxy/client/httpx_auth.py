@@ -9,7 +9,9 @@ request's fields, signature included, to the new URL, where it could be replayed
 Requester added for the first). The body is read first (``requires_request_body``): a streamed
 body is read up to ``limits.max_body_bytes`` and then sent from memory with a ``Content-Length``; a
 larger one raises ``NotSigned`` (413) and nothing is sent. The async flow looks at the key store
-(and the delegation file) in a worker thread, never on the event loop.
+(and the delegation file) in a worker thread, never on the event loop, and has a key on a PKCS#11
+token sign in one too (``Signer.sign_async``: bounded by ``signing.pkcs11.timeout_s``, after which
+``NotSigned`` 503 is raised and nothing is sent).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from .signer import OWNED, Signer, read_limited, read_limited_async
+from .signer import OWNED, REDACTED, SignedRequest, Signer, read_limited, read_limited_async
 
 __all__ = ["SignatureAuth"]
 
@@ -58,7 +60,8 @@ class SignatureAuth(httpx.Auth):
         async def sign_redirect(request: httpx.Request) -> None:
             if _SIGNED in request.extensions:
                 await self._refresh_off_loop()
-            self._sign_redirect(request)
+            if self._redirected(request):
+                await self._sign_async(request)
 
         return {"request": [sign_redirect]}
 
@@ -72,9 +75,15 @@ class SignatureAuth(httpx.Auth):
         passes unchanged) is signed for its own method and URL, over the caller's body and with the
         caller's ``Authorization``, or sent with none of the first signature's fields when its host
         is not signed. httpx copies every field: the first signature, and a bearer we added."""
+        if self._redirected(request):
+            self._sign(request)
+
+    def _redirected(self, request: httpx.Request) -> bool:
+        """True for a request httpx built for a redirect from one we signed, put back as its caller
+        gave it (body, ``Authorization``, none of our fields) to be signed for its own URL."""
         signed: _Signed | None = request.extensions.get(_SIGNED)
         if signed is None or signed.request() is request:
-            return
+            return False
         if request.method == signed.method:  # the body is resent (307, 308; 301, 302 but for POST)
             _replace_body(request, signed.body)
         else:  # turned into a GET: httpx sends no body
@@ -85,7 +94,7 @@ class SignatureAuth(httpx.Auth):
             headers.pop(name, None)
         if kept and signed.authorization is not None:
             headers["Authorization"] = signed.authorization  # the caller's, never a bearer we added
-        self._sign(request)
+        return True
 
     def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
         """The I/O-free flow, for a request whose body is read (``requires_request_body``)."""
@@ -107,16 +116,29 @@ class SignatureAuth(httpx.Auth):
             self.signer.declared_too_large(request.headers.get("content-length"))
             assert isinstance(request.stream, httpx.AsyncByteStream)
             _replace_body(request, await read_limited_async(request.stream, self.signer.max_body_bytes))
-        self._sign(request)
+        await self._sign_async(request)
         yield request
 
     def _sign(self, request: httpx.Request) -> None:
-        if request.url.raw_path.endswith(b"?") and not request.url.query:  # sent as "/p?" otherwise
-            request.url = request.url.copy_with(query=None)  # the target signed: no empty query
-        headers = request.headers
-        lines = headers.multi_items()
-        content = request.content
+        lines, content = _to_sign(request)
         signed = self.signer.sign(request.method, str(request.url), lines, content)
+        self._apply(request, lines, content, signed)
+
+    async def _sign_async(self, request: httpx.Request) -> None:
+        """``_sign`` on an event loop: a key on a token signs in a worker thread (``Signer.sign_async``)."""
+        lines, content = _to_sign(request)
+        signed = await self.signer.sign_async(request.method, str(request.url), lines, content)
+        self._apply(request, lines, content, signed)
+
+    def _apply(
+        self,
+        request: httpx.Request,
+        lines: list[tuple[str, str]],
+        content: bytes,
+        signed: SignedRequest | None,
+    ) -> None:
+        """Put ``signed``'s fields (and body) on ``request``, whose ``lines`` and ``content`` it signed."""
+        headers = request.headers
         if self._follows:  # only a redirect hook asks what a request was
             _remember(request, content)
         if signed is None:  # a hosts.unsigned host (its redirects are still signed where they go)
@@ -131,6 +153,13 @@ class SignatureAuth(httpx.Auth):
             _replace_body(request, signed.body)
 
 
+def _to_sign(request: httpx.Request) -> tuple[list[tuple[str, str]], bytes]:
+    """The field lines and body to sign ``request`` with, its URL in the form signed."""
+    if request.url.raw_path.endswith(b"?") and not request.url.query:  # sent as "/p?" otherwise
+        request.url = request.url.copy_with(query=None)  # the target signed: no empty query
+    return request.headers.multi_items(), request.content
+
+
 def _remember(request: httpx.Request, content: bytes) -> None:
     """Note in ``request``'s extensions that it is the one handled last of its chain, and on the
     first of a chain what its caller gave (the body, the ``Authorization``)."""
@@ -142,14 +171,22 @@ def _remember(request: httpx.Request, content: bytes) -> None:
         known.request = weakref.ref(request)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, repr=False)
 class _Signed:
-    """The request this auth handled last in a chain of redirects, and what its caller gave."""
+    """The request this auth handled last in a chain of redirects, and what its caller gave (its
+    ``repr``, in ``request.extensions``, shows no ``Authorization`` value)."""
 
     request: weakref.ref[httpx.Request]
     method: str
     body: bytes
     authorization: str | None
+
+    def __repr__(self) -> str:
+        caller = REDACTED if self.authorization else self.authorization  # None, "" or hidden
+        return (
+            f"_Signed(request={self.request!r}, method={self.method!r}, body=<{len(self.body)} bytes>, "
+            f"authorization={caller!r})"
+        )
 
 
 def _streamed(request: httpx.Request) -> bool:

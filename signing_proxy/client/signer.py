@@ -5,7 +5,9 @@ with, so a request signed here carries the same ``Content-Digest``, ``Authorizat
 ``Signature-Agent``, ``Signature-Input`` and ``Signature`` bytes the proxy would have added to it:
 the same profile, bearer credentials, Requester injection and key choice. What an adapter gets back
 is the set of fields we own (``OWNED``: it removes the request's own lines of those names and adds
-ours) and the body to send (changed only by Requester injection).
+ours) and the body to send (changed only by Requester injection). The async adapters sign through
+``sign_async``: a key on a PKCS#11 token signs in a worker thread, bounded by
+``signing.pkcs11.timeout_s``, never on the event loop.
 
 Keys come from any ``KeyProvider``: a key file (``key_file``), the agent's key store with rotation
 (``key_store``; re-read from disk at most every ``refresh_every_s`` through ``refresh``, which the
@@ -14,11 +16,13 @@ proxy's YAML (or the same mapping) and picks the key source it names, like ``sig
 
 A request that cannot be signed raises ``NotSigned`` (a ``ProxyError``: the status and ``reason``
 the proxy would answer with) and is never sent: no valid key (503), a body above
-``limits.max_body_bytes`` (413), a value the spec cannot sign (400).
+``limits.max_body_bytes`` (413), a value the spec cannot sign (400), a key's token that fails or
+does not sign within ``signing.pkcs11.timeout_s`` (503).
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -43,6 +47,7 @@ from ..storage.keystore import RELOAD_CHECK_INTERVAL_S, KeyStore, StoreKeyProvid
 __all__ = [
     "OWNED",
     "PROFILES",
+    "REDACTED",
     "NotSigned",
     "Reloadable",
     "SignedRequest",
@@ -51,6 +56,7 @@ __all__ = [
     "key_store",
     "read_limited",
     "read_limited_async",
+    "redacted",
     "too_large",
 ]
 
@@ -58,6 +64,9 @@ __all__ = [
 OWNED: Final = frozenset(
     {"authorization", "content-digest", "signature-agent", "signature-input", "signature", "signature-key"}
 )
+# Fields whose value is a credential: never in a repr (``redacted``).
+CREDENTIAL_FIELDS: Final = frozenset({"authorization", "proxy-authorization"})
+REDACTED: Final = "<redacted>"
 # The signing profiles this signer knows (``profile=`` forces one for every host).
 PROFILES: Final = tuple(SIGNING_PROFILES)
 
@@ -73,16 +82,31 @@ class Reloadable(Protocol):
     def reload(self, *, force: bool = False) -> bool: ...
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False)
 class SignedRequest:
     """What to send: ``fields`` (named in ``OWNED``) replace the request's own, ``body`` is its body,
     and ``host``, when set, replaces the caller's ``Host``: its spelling signed (``LocalHost:443``
-    goes out ``localhost``), since a verifier rebuilds the target URI from the Host it receives."""
+    goes out ``localhost``), since a verifier rebuilds the target URI from the Host it receives.
+    Its ``repr`` shows no credential (``Authorization`` may carry a configured bearer)."""
 
     fields: tuple[tuple[str, str], ...]
     body: bytes
     keyid: str
     host: str | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"SignedRequest(fields={redacted(self.fields)!r}, body=<{len(self.body)} bytes>, "
+            f"keyid={self.keyid!r}, host={self.host!r})"
+        )
+
+
+def redacted(fields: Iterable[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
+    """``fields`` with each credential's value (``Authorization``, ``Proxy-Authorization``) hidden:
+    for a ``repr`` or a log line, never for sending."""
+    return tuple(
+        (name, REDACTED if value and name.lower() in CREDENTIAL_FIELDS else value) for name, value in fields
+    )
 
 
 def key_file(path: str | Path) -> KeyProvider:
@@ -248,6 +272,18 @@ class Signer:
             return None
         owned = tuple((name, value) for name, value in signed.fields if name.lower() in OWNED)
         return SignedRequest(owned, signed.body, signed.keyid, respelled)
+
+    async def sign_async(
+        self, method: str, url: str, lines: Sequence[tuple[str, str]], body: bytes
+    ) -> SignedRequest | None:
+        """``sign`` on an event loop. With keys that wait on a device (``keys.blocking``: a PKCS#11
+        token) the request is signed in a worker thread, its token call bounded by
+        ``signing.pkcs11.timeout_s``: the loop runs meanwhile, and a token that hangs or fails raises
+        ``NotSigned`` (503 ``signing-token-unavailable``) after at most that long. Other keys sign
+        in-line, as ``sign`` does (no thread hop for a key in memory)."""
+        if self.keys.blocking:
+            return await asyncio.to_thread(self.sign, method, url, lines, body)
+        return self.sign(method, url, lines, body)
 
     def declared_too_large(self, content_length: str | None) -> None:
         """Refuse (``NotSigned`` 413) a body whose declared length is above the limit, before reading it."""

@@ -1,10 +1,13 @@
 """The signer: one signature on a message with our current key, or a named one, never skipped.
 
 ``Signer.sign`` builds the ``@signature-params`` and the signature base and attaches the member;
-``sign_off_loop`` does the same for keys on a device (a PKCS#11 token) off the event loop. A
-signature never outlives its key: ``expires`` is ``signing.validity_s`` after ``created``, or the
-key's ``not_after`` when that comes first (the spec refuses a signature from then on). Every failure
-is a ``ProxyError`` (503 no key, 400 a request no base can be built from): nothing goes out unsigned.
+``sign_off_loop`` does the same for keys on a device (a PKCS#11 token) off the event loop. A token
+key signs on the token's thread either way, waited for at most ``signing.pkcs11.timeout_s``: a token
+that hangs refuses the request, it never holds its caller (a thread, or a loop signing in-line) for
+longer. A signature never outlives its key: ``expires`` is ``signing.validity_s`` after
+``created``, or the key's ``not_after`` when that comes first (the spec refuses a signature from
+then on). Every failure is a ``ProxyError`` (503 no key, 400 a request no base can be built from):
+nothing goes out unsigned.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from ..storage.pkcs11 import TokenKey
 if TYPE_CHECKING:
     from ..metrics import Metrics
 
-__all__ = ["SignOptions", "Signer"]
+__all__ = ["SignOptions", "Signer", "sign_bounded"]
 
 
 class SignOptions(TypedDict, total=False):
@@ -79,12 +82,14 @@ class Signer:
         return self._attach(message, key, SignedMember(label, params, signature, base))
 
     def member(self, key: SigningKey, label: str, params: str, base: bytes) -> SignedMember:
-        """``key``'s signature over ``base``, in line. A token key (one a reload brought in as the
-        request began) that fails is refused as off the loop: 503, never a 500."""
+        """``key``'s signature over ``base``, waited for here. A token key (one a reload brought in as
+        the request began, or any in a thread of a synchronous caller) signs on the token's thread,
+        bounded as off the loop; one that fails or hangs is refused as there: 503, never a 500."""
         try:
-            return SignedMember(label, params, key.sign(base), base)
+            signature = sign_bounded(key, base) if isinstance(key, TokenKey) else key.sign(base)
         except TokenError as exc:
             raise self.token_failure(exc) from None
+        return SignedMember(label, params, signature, base)
 
     def token_failure(self, exc: TokenError) -> ProxyError:
         """The refusal of a request whose key's token did not sign (counted): 503, never unsigned.
@@ -149,3 +154,17 @@ class Signer:
         if self.metrics is not None:
             self.metrics.signing_failure(error.reason)
         raise error
+
+
+def sign_bounded(key: TokenKey, data: bytes) -> bytes:
+    """``key.sign`` on the token's thread, waited for at most the slot's ``timeout_s`` (what
+    ``sign_async`` waits on a loop): TokenError ``token-unavailable`` after it, and the caller goes on.
+    Never call it on the token's own thread (it would wait for itself)."""
+    slot = key.slot
+    future = slot.module.executor.submit(key.sign, data)
+    try:
+        return future.result(timeout=slot.timeout_s)
+    except TimeoutError:
+        future.cancel()  # still queued behind a call that hangs: it never runs
+        slot.failure = "token-timeout"
+        raise TokenError("token-unavailable", f"the token did not sign within {slot.timeout_s:g} s") from None

@@ -20,7 +20,7 @@ from typing import Final
 from aiohttp import web
 
 from ..config import Config, parse_host_port
-from ..core.directory_proof import WEB_DIRECTORY_MEDIA_TYPE, directory_proof_bases, directory_proof_fields
+from ..core.directory_proof import WEB_DIRECTORY_MEDIA_TYPE
 from ..core.errors import KeyFormatError
 from ..core.keys import (
     DIRECTORY_MEDIA_TYPE,
@@ -31,11 +31,10 @@ from ..core.keys import (
     render_revocation_list,
 )
 from ..core.manifest import MANIFEST_PATH, render_agent_manifest
-from ..core.rotation import CLOCK_MARGIN_S
 from ..core.uri import parse_absolute_uri
 from ..errors import TokenError, problem_body
 from ..storage.keystore import StoreState, StoreWatcher
-from ..storage.pkcs11 import TokenKey
+from .directory_proofs import FAILURE_HOLD_S, ProofCache
 
 __all__ = [
     "AGENTS_PREFIX",
@@ -127,6 +126,8 @@ class PublishServer:
         self.max_age_s = config.publish.directory_max_age_s
         public_url = config.publish.public_url or f"https://{config.publish.domain}"
         self.authority = parse_absolute_uri(public_url.rstrip("/") + "/").authority  # what proofs bind
+        self._proofs = ProofCache(self.authority, self.max_age_s, clock)
+        self._warned: set[str] = set()  # agents whose directory was refused since last served: logged
         self._routes: dict[str, tuple[str, Publication, StoreWatcher]] = {}
         for publication in publications(config):
             watcher = watchers[publication.agent]
@@ -165,44 +166,32 @@ class PublishServer:
         try:  # the drafts' body is the one the proofs' Content-Digest covers
             body = render_directory(directory, now=now, jose_alg=spec)
         except KeyFormatError as exc:
-            log.warning("not serving the directory of agent %s: %s", publication.agent, exc.detail)
+            if publication.agent not in self._warned:  # once until it is served again, not per request
+                self._warned.add(publication.agent)
+                log.warning("not serving the directory of agent %s: %s", publication.agent, exc.detail)
             return _problem(
                 503, "no-valid-key", "no key of this agent is valid now; see `signing-proxy keys list`"
             )
+        self._warned.discard(publication.agent)
         cache = f"max-age={self.max_age_s}"
         if spec:
             return _document(body, DIRECTORY_MEDIA_TYPE, cache, Vary="Accept")
         # the drafts' signed directory: one possession proof per published key whose private key we
         # hold, bound to our public authority (never the Host asked: a proof for any name would bind
-        # our keys to a stranger's domain)
+        # our keys to a stranger's domain); made once and shared, never a signature round per request
         keys = [state.private[k.thumbprint] for k in directory.keys if k.thumbprint in state.private]
-        created = int(now)
-        digest, planned = directory_proof_bases(
-            body,
-            self.authority,
-            [k.thumbprint for k in keys],
-            # behind our clock: a verifier refuses a created in the future, and its clock may be
-            # a few seconds behind ours (core.rotation.CLOCK_MARGIN_S)
-            created=created - CLOCK_MARGIN_S,
-            expires=created + self.max_age_s,
-        )
-        try:  # a key on a token signs on the token's thread, bounded: a stranger never stalls the loop
-            signatures = [
-                await key.sign_async(base) if isinstance(key, TokenKey) else key.sign(base)
-                for key, (_, base) in zip(keys, planned, strict=True)
-            ]
-        except TokenError as exc:
-            log.warning(
-                "no signed directory for agent %s: a token did not sign (%s)", publication.agent, exc.reason
-            )
+        try:
+            proofs = await self._proofs.proofs(publication.agent, state, body, keys, now)
+        except TokenError:  # logged once per round by the cache, not once per request
             return _problem(
                 503,
                 "token-unavailable",
                 "a key's token cannot sign the directory's proofs now",
-                **{"Retry-After": "5"},
+                **{"Retry-After": str(FAILURE_HOLD_S)},
             )
-        proofs = directory_proof_fields(digest, planned, signatures)
-        return _document(body, WEB_DIRECTORY_MEDIA_TYPE, cache, Vary="Accept", **dict(proofs))
+        # the proofs expire max-age after they were made: a response shared later is cached less long
+        remaining = f"max-age={max(0, proofs.expires - int(now))}"
+        return _document(body, WEB_DIRECTORY_MEDIA_TYPE, remaining, Vary="Accept", **dict(proofs.fields))
 
     async def start(self, *, reuse_port: bool = False) -> list[tuple[str, int]]:
         """Bind ``publish.listen``; return the bound addresses (port 0 picks one)."""
@@ -219,6 +208,7 @@ class PublishServer:
         return [(str(addr[0]), int(addr[1])) for addr in runner.addresses]
 
     async def stop(self) -> None:
+        await self._proofs.close()
         if self._runner is not None:
             runner, self._runner = self._runner, None
             await runner.cleanup()

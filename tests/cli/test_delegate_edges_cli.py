@@ -109,7 +109,7 @@ def test_a_signed_exp_outside_rfc3339_is_refused_not_a_traceback(keys: Keys, exp
     assert OUT_OF_RANGE in extend
 
 
-def _proxy(tmp_path: Path, **delegation: str) -> Path:
+def _proxy(tmp_path: Path, **delegation: object) -> Path:
     """A proxy config whose key store exists and whose requester carries the chain in chain.jwt."""
     config = tmp_path / "proxy.yaml"
     config.write_text(

@@ -13,6 +13,7 @@ import pytest
 
 from signing_proxy.config import parse_config
 from signing_proxy.core.pkcs11_uri import parse_pkcs11_uri
+from signing_proxy.service.directory_proofs import PROOF_CACHE_S
 from signing_proxy.service.keys import key_provider_for, start_key_services
 from signing_proxy.service.tokenkeys import token_slot_for
 from signing_proxy.storage.keystore import KeyStore
@@ -64,6 +65,8 @@ async def test_proofs_are_made_on_the_tokens_thread_and_a_token_gone_is_a_503(
                 assert "binding0=" in answer.headers["Signature"]
             assert threads
             assert threading.main_thread().name not in threads  # never the event loop's thread
+            assert services.publisher is not None  # the proofs made above are shared until they age out
+            services.publisher.clock = lambda: time.time() + PROOF_CACHE_S
             with hsm.removed():
                 async with session.get(url, headers=SIGNED) as answer:
                     assert answer.status == 503

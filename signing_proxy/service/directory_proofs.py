@@ -1,0 +1,163 @@
+"""The signed directory's possession proofs, made once and shared by every request that asks.
+
+The publication listener faces strangers, and each proof is a signature by a published key: a key on
+a token signs on the PKCS#11 module's one thread, where the proxy's own request signatures wait. So a
+request for the drafts' directory must not cost a signature round of its own. ``ProofCache`` keeps,
+per agent, the proofs last made: served again while the key store serves the same state and the body
+is the same, for ``PROOF_CACHE_S`` at most (a small part of the proofs' validity,
+``publish.directory_max_age_s``). Requests that come while a round is signing await that round; a
+round a token failed is answered from memory for ``FAILURE_HOLD_S`` (the ``Retry-After`` sent) and
+tried again only after it; its warning is written per round, not per request, at most once every
+``WARN_EVERY_S`` (with the number of rounds failed since).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Final
+
+from ..core.directory_proof import directory_proof_bases, directory_proof_fields
+from ..core.jwk import SigningKey
+from ..core.rotation import CLOCK_MARGIN_S
+from ..errors import TokenError
+from ..storage.keystore import StoreState
+from ..storage.pkcs11 import TokenKey
+
+__all__ = ["FAILURE_HOLD_S", "PROOF_CACHE_S", "WARN_EVERY_S", "ProofCache", "SignedProofs"]
+
+log = logging.getLogger("signing_proxy.publish")
+
+PROOF_CACHE_S: Final = 60  # our choice: proofs reused this long at most, and a quarter of max-age
+FAILURE_HOLD_S: Final = 5  # a failed round is answered (503, Retry-After) this long before the next try
+WARN_EVERY_S: Final = 60  # our choice: a token that keeps failing is logged once a minute, with a count
+
+
+@dataclass(frozen=True, slots=True)
+class SignedProofs:
+    """The proofs of one directory body, made at ``signed_at`` from ``state``, valid until ``expires``."""
+
+    state: StoreState
+    body: bytes
+    signed_at: float
+    expires: int
+    fields: tuple[tuple[str, str], ...]  # Content-Digest, Signature-Input, Signature
+
+
+@dataclass(frozen=True, slots=True)
+class _Failed:
+    state: StoreState
+    body: bytes
+    until: float
+    error: TokenError
+
+
+@dataclass(frozen=True, slots=True)
+class _Round:
+    state: StoreState
+    body: bytes
+    task: asyncio.Task[SignedProofs]
+
+
+class ProofCache:
+    """Per agent, the directory proofs last made (or the failure of the last round), and the round
+    signing now. Bounded by the agents configured (``publications``): one entry of each kind per agent.
+    """
+
+    def __init__(self, authority: str, max_age_s: int, clock: Callable[[], float]) -> None:
+        self.authority = authority  # what proofs bind: our public authority, never the Host asked
+        self.max_age_s = max_age_s
+        self.ttl_s = min(PROOF_CACHE_S, max_age_s // 4)
+        self.clock = clock  # the listener's: when a round ended (a token may take timeout_s to fail)
+        self._made: dict[str, SignedProofs | _Failed] = {}
+        self._rounds: dict[str, _Round] = {}
+        self._warned_at: dict[str, float] = {}  # agent -> when a failed round was last logged
+        self._failed_rounds: dict[str, int] = {}  # agent -> rounds failed since its last warning
+
+    async def proofs(
+        self, agent: str, state: StoreState, body: bytes, keys: Sequence[SigningKey], now: float
+    ) -> SignedProofs:
+        """Proofs of ``body`` by ``keys`` (the published keys of ``state`` we hold), made now or
+        shared. TokenError when a token did not sign (this round, or one that failed just before)."""
+        made = self._made.get(agent)
+        if made is not None and made.state is state and made.body == body:
+            if isinstance(made, _Failed):
+                if made.until - FAILURE_HOLD_S <= now < made.until:
+                    raise made.error
+            elif made.signed_at <= now < made.signed_at + self.ttl_s:
+                return made
+        current = self._rounds.get(agent)
+        if current is None or current.state is not state or current.body != body:
+            # a task of its own: a waiter that goes away (a client disconnect) cancels no one else's
+            task = asyncio.get_running_loop().create_task(self._sign(agent, state, body, keys, now))
+            current = self._rounds[agent] = _Round(state, body, task)
+            task.add_done_callback(partial(self._done, agent, current))
+        try:
+            return await asyncio.shield(current.task)
+        except asyncio.CancelledError:
+            running = asyncio.current_task()
+            if current.task.cancelled() and not (running is not None and running.cancelling()):
+                raise TokenError("token-unavailable", "the listener is closing") from None
+            raise
+
+    async def close(self) -> None:
+        """Cancel the rounds signing now (their waiters get TokenError)."""
+        tasks = [r.task for r in self._rounds.values()]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
+
+    async def _sign(
+        self, agent: str, state: StoreState, body: bytes, keys: Sequence[SigningKey], now: float
+    ) -> SignedProofs:
+        created = int(now)
+        expires = created + self.max_age_s
+        digest, planned = directory_proof_bases(
+            body,
+            self.authority,
+            [k.thumbprint for k in keys],
+            # behind our clock: a verifier refuses a created in the future, and its clock may be
+            # a few seconds behind ours (core.rotation.CLOCK_MARGIN_S)
+            created=created - CLOCK_MARGIN_S,
+            expires=expires,
+        )
+        try:  # a key on a token signs on the token's thread, bounded: a stranger never stalls the loop
+            signatures = [
+                await key.sign_async(base) if isinstance(key, TokenKey) else key.sign(base)
+                for key, (_, base) in zip(keys, planned, strict=True)
+            ]
+        except TokenError as exc:  # per round, not per request, and at most every WARN_EVERY_S
+            self._failed_rounds[agent] = self._failed_rounds.get(agent, 0) + 1
+            last = self._warned_at.get(agent)
+            if last is None or not last <= now < last + WARN_EVERY_S:
+                self._warned_at[agent] = now
+                rounds = self._failed_rounds.pop(agent)
+                log.warning(
+                    "no signed directory for agent %s: a token did not sign (%s; %d round(s) failed)",
+                    agent,
+                    exc.reason,
+                    rounds,
+                )
+            raise
+        proofs = tuple(directory_proof_fields(digest, planned, signatures))
+        return SignedProofs(state, body, now, expires, proofs)
+
+    def _done(self, agent: str, round_: _Round, task: asyncio.Task[SignedProofs]) -> None:
+        if self._rounds.get(agent) is round_:
+            del self._rounds[agent]
+        else:  # a newer round (another state or body) replaced it: its outcome is stale
+            if not task.cancelled():
+                task.exception()  # retrieved: no "never retrieved" warning when every waiter left
+            return
+        if task.cancelled():
+            return
+        error = task.exception()
+        if error is None:
+            self._made[agent] = task.result()
+        elif isinstance(error, TokenError):
+            # held from when it ended: a token that hangs fails only after timeout_s
+            self._made[agent] = _Failed(round_.state, round_.body, self.clock() + FAILURE_HOLD_S, error)
