@@ -41,6 +41,7 @@ def build(tp: Any, value: Any, path: str) -> Any:
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, Mapping):
             raise ConfigError(f"{path or 'config'}: must be a mapping")
+        _check_keys(value, path)
         hints = typing.get_type_hints(tp)
         known = {f.name for f in dataclasses.fields(tp)}
         unknown = sorted(set(value) - known)
@@ -63,7 +64,8 @@ def build(tp: Any, value: Any, path: str) -> Any:
     if origin is Mapping:
         if not isinstance(value, Mapping):
             raise ConfigError(f"{path}: must be a mapping")
-        return types.MappingProxyType({str(k): build(args[1], v, f"{path}.{k}") for k, v in value.items()})
+        _check_keys(value, path)  # str(k) made `1` and "1" one key, and a YAML `null` key "None"
+        return types.MappingProxyType({k: build(args[1], v, f"{path}.{k}") for k, v in value.items()})
     if tp is bool:
         if not isinstance(value, bool):
             raise ConfigError(f"{path}: must be true or false")
@@ -75,7 +77,13 @@ def build(tp: Any, value: Any, path: str) -> Any:
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(f"{path}: must be a number")
-        return float(value)
+        try:
+            number = float(value)
+        except OverflowError:  # an integer past float's range
+            number = math.inf
+        if not math.isfinite(number):  # YAML's .nan and .inf: NaN passed every `<= 0` check
+            raise ConfigError(f"{path}: must be a finite number")
+        return number
     if tp is Any:  # a Struct (ext): JSON data only
         check_json(value, path)
         return value
@@ -84,6 +92,21 @@ def build(tp: Any, value: Any, path: str) -> Any:
             raise ConfigError(f"{path}: must be a string")
         return value
     raise TypeError(f"unsupported config type {tp!r} at {path}")  # a bug in a section, not in the file
+
+
+def _check_keys(value: Mapping[Any, Any], path: str) -> None:
+    """Refuse a key that is not a string (YAML reads ``1``, ``null``, ``on`` or a date as another
+    type): sorting mixed keys raised TypeError, a traceback instead of the key path."""
+    for key in value:
+        if not isinstance(key, str):
+            # a number, bool or null shown as YAML read it; anything else (a date, the bytes of a
+            # !!binary key) by its type only
+            shown = "null " if key is None else f"{key!r} " if isinstance(key, int | float) else ""
+            kind = "null" if key is None else type(key).__name__
+            raise ConfigError(
+                f"{path or 'config'}: the key {shown}is not a string (YAML read it as {kind}); "
+                "quote it or remove it"
+            )
 
 
 def check_json(value: Any, path: str) -> None:

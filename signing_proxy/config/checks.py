@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import math
 import re
 from functools import lru_cache
 
@@ -77,9 +78,10 @@ def is_loopback(host: str) -> bool:
 
 
 def positive(value: float, path: str, maximum: float | None = None) -> None:
-    """Refuse a value that is not a positive number (not a bool), or above ``maximum``."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        kind = "integer" if isinstance(value, int) else "number"
+    """Refuse a value that is not a positive finite number (not a bool), or above ``maximum``."""
+    # not `value <= 0`: NaN compares false every way, and passed as positive (so did infinity)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+        kind = "integer" if isinstance(value, int) else "finite number"
         raise ConfigError(f"{path}: must be a positive {kind}")
     if maximum is not None and value > maximum:
         raise ConfigError(f"{path}: must be at most {maximum}")

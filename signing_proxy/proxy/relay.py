@@ -10,10 +10,11 @@ exceed the hop cap (counted as signatures, ours included).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..config import Config
+from ..config import Config, VerifyConfig
 from ..core.errors import VerificationError
 from ..core.fields import Fields
 from ..core.jwk import PublicKey
@@ -40,6 +41,10 @@ from .profiles import ProfileSelector, fresh_params
 from .signer import SignOptions
 
 __all__ = ["RelayPipeline", "unique_label"]
+
+# the verifier's policy keys: a reload applies them at once (the other ``verify`` keys are built into
+# its caches and fetch budget, and ``egress`` into its fetchers, by ``build_verifier``)
+_LIVE_VERIFY = ("max_validity_s", "skew_s", "web_bot_auth")
 
 
 def _pinned(paths: Sequence[str], where: str) -> tuple[PublicKey, ...]:
@@ -73,6 +78,14 @@ def _agent_members(fields: Fields) -> list[str]:
 class RelayPipeline:
     """Verify, cap, stack our label, serialize. One per proxy in relay mode."""
 
+    # what a reload keeps and names as needing a restart, beyond the sections that always do (relay,
+    # upstream): a verifier rebuilt would drop its cached directories and revocation lists, and one
+    # still verifying a request in flight would have to be closed under it
+    RESTART_ONLY = (
+        "egress",
+        *(f"verify.{f.name}" for f in dataclasses.fields(VerifyConfig) if f.name not in _LIVE_VERIFY),
+    )
+
     def __init__(
         self,
         config: Config,
@@ -81,25 +94,32 @@ class RelayPipeline:
         profiles: ProfileSelector | None = None,
     ) -> None:
         self.config = config
-        self.profiles = (
-            profiles if profiles is not None else ProfileSelector(config.profiles)
-        )  # its restart-only sections (relay, upstream, egress, verify)
-        # the live parts, replaced together by a configuration reload (SIGHUP)
+        self.profiles = profiles if profiles is not None else ProfileSelector(config.profiles)
+        # the live parts, replaced together by a configuration reload (SIGHUP): ``reload``
         self.signer = signer
         self.label = config.signing.label
         relay = config.relay
-        self.policy = VerifierPolicy(
-            # two keys name the tolerance (relay.skew_s, verify.skew_s): the stricter one applies
-            skew_s=min(relay.skew_s, config.verify.skew_s),
-            max_validity_s=config.verify.max_validity_s,
-            web_bot_auth=config.verify.web_bot_auth,
-            broker_directories=relay.broker_directories,
-            pinned_agent_keys=_pinned(relay.pinned_agent_keys, "relay.pinned_agent_keys"),
-            pinned_broker_keys=_pinned(relay.pinned_broker_keys, "relay.pinned_broker_keys"),
+        self.policy = _live_policy(
+            VerifierPolicy(
+                broker_directories=relay.broker_directories,
+                pinned_agent_keys=_pinned(relay.pinned_agent_keys, "relay.pinned_agent_keys"),
+                pinned_broker_keys=_pinned(relay.pinned_broker_keys, "relay.pinned_broker_keys"),
+            ),
+            config,
         )
         self._client: HttpClient | None = None
         self.verifier: RequestVerifier | None = None
         self.poller: RevocationPoller | None = None
+
+    def reload(self, config: Config, signer: Signer) -> None:
+        """Apply a reloaded configuration whose restart-only parts (``RESTART_ONLY``, ``relay``,
+        ``upstream``) are the running ones: the verifier's policy, our label, signer and
+        ``signing.signature_agent``. A request in flight keeps the ones it started with."""
+        self.config, self.signer, self.label = config, signer, config.signing.label
+        self.policy = _live_policy(self.policy, config)
+        if self.verifier is not None:  # each verification reads the policy once, as it starts
+            self.verifier.policy = self.policy
+            self.verifier.resolver.skew_s = self.policy.skew_s  # a directory proof's, like a signature's
 
     def _get_verifier(self) -> RequestVerifier:
         if self.verifier is None:  # created lazily: relays that never verify open no pool
@@ -119,6 +139,7 @@ class RelayPipeline:
     async def prepare(
         self, method: str, target: Target, lines: Sequence[tuple[str, str]], body: bytes, *, framed: bool
     ) -> Outgoing:
+        config, signer, label = self.config, self.signer, self.label  # a reload swaps them meanwhile
         fields = drop_hop_by_hop(lines)
         try:
             entries = parse_signature_stack(fields)
@@ -129,7 +150,7 @@ class RelayPipeline:
             raise ProxyError(
                 status, exc.reason, f"a relay only forwards signed requests: {exc.detail}", headers
             ) from None
-        cap = self.config.relay.max_hops
+        cap = config.relay.max_hops
         if len(entries) + 1 > (MAX_HOPS if cap is None else cap):  # ours too: the next verifier counts it
             named = (
                 f"relay.max_hops={cap}" if cap is not None else f"the cap of {MAX_HOPS} (no relay.max_hops)"
@@ -137,12 +158,12 @@ class RelayPipeline:
             raise ProxyError(
                 403, "too-many-hops", f"{len(entries)} signatures plus ours would exceed {named}"
             )
-        if self.config.relay.verify:
+        if config.relay.verify:
             try:
                 await self._get_verifier().verify(method, target.wire_uri, fields, body, entries=entries)
             except VerificationError as exc:
-                if self.signer.metrics is not None:
-                    self.signer.metrics.verification_failure(exc.reason)
+                if signer.metrics is not None:
+                    signer.metrics.verification_failure(exc.reason)
                 where = f" (label {exc.label!r})" if exc.label else ""
                 status, headers = refusal_answer(exc)
                 raise ProxyError(
@@ -152,7 +173,7 @@ class RelayPipeline:
         profile = self.profiles.select(target.host, target.scheme, target.port)
         # a web-bot-auth hop keys its Signature-Agent member by its label too: unique among those as
         # well (an agent may add members it does not cover); a spec hop adds none, so parses none
-        label = unique_label(self.label, labels if profile is SVC else [*labels, *_agent_members(fields)])
+        label = unique_label(label, labels if profile is SVC else [*labels, *_agent_members(fields)])
         try:
             incoming = entry_profile(entries[0].param("tag"), entries[0].label)
         except VerificationError as exc:
@@ -170,11 +191,11 @@ class RelayPipeline:
         if profile is SVC:
             how: SignOptions = {"label": label, "components": hop_components(labels[-1])}
         else:
-            how = self._profiled(message, entries[-1], label, profile)
-        if self.signer.keys.blocking:  # a key on a token: signed off the event loop
-            keyid = await self.signer.sign_off_loop(message, **how)
+            how = _profiled(message, entries[-1], label, profile, config.signing.signature_agent)
+        if signer.keys.blocking:  # a key on a token: signed off the event loop
+            keyid = await signer.sign_off_loop(message, **how)
         else:
-            keyid = self.signer.sign(message, **how)
+            keyid = signer.sign(message, **how)
         return outgoing(
             method,
             target,
@@ -182,43 +203,53 @@ class RelayPipeline:
             body,
             framed=framed,
             keyid=keyid,
-            via=next_hop_target(self.config),
+            via=next_hop_target(config),
             profile=profile.name,
         )
-
-    def _profiled(
-        self,
-        message: Message,
-        previous: SignatureEntry,
-        label: str,
-        profile: SigningProfile,
-    ) -> SignOptions:
-        """An outer web-bot-auth hop: our own Signature-Agent member (dictionary form, when the stack
-        uses it or has none), the previous label's components, ``signature`` and ``signature-input``;
-        returns how to sign it (``Signer.sign``'s keyword arguments)."""
-        fields = message.fields
-        agent = None
-        url = self.config.signing.signature_agent
-        raw = fields.combined("signature-agent")
-        if url and profile.signature_agent == "dictionary":
-            keyed = raw is None or any(c.name == "signature-agent" and c.key for c in previous.components)
-            if keyed:
-                member, agent = signature_agent_field(profile, label, url)
-                assert member is not None
-                fields.set("Signature-Agent", member if raw is None else f"{raw}, {member}")
-        components = profile_components(
-            profile, previous=previous.label, agent=agent, inner=previous.components
-        )
-        params = fresh_params(profile)
-        return {
-            "label": label,
-            "components": components,
-            "extra_params": params,
-            "max_validity_s": profile.max_validity_s,
-        }
 
     async def close(self) -> None:
         if self.verifier is not None:
             await self.verifier.close()  # pollers and fetches in flight
         if self._client is not None:
             await self._client.close()
+
+
+def _profiled(
+    message: Message,
+    previous: SignatureEntry,
+    label: str,
+    profile: SigningProfile,
+    url: str | None,
+) -> SignOptions:
+    """An outer web-bot-auth hop: our own Signature-Agent member (dictionary form, when the stack
+    uses it or has none; ``url``: ``signing.signature_agent``), the previous label's components,
+    ``signature`` and ``signature-input``; returns how to sign it (``Signer.sign``'s keyword arguments)."""
+    fields = message.fields
+    agent = None
+    raw = fields.combined("signature-agent")
+    if url and profile.signature_agent == "dictionary":
+        keyed = raw is None or any(c.name == "signature-agent" and c.key for c in previous.components)
+        if keyed:
+            member, agent = signature_agent_field(profile, label, url)
+            assert member is not None
+            fields.set("Signature-Agent", member if raw is None else f"{raw}, {member}")
+    components = profile_components(profile, previous=previous.label, agent=agent, inner=previous.components)
+    params = fresh_params(profile)
+    return {
+        "label": label,
+        "components": components,
+        "extra_params": params,
+        "max_validity_s": profile.max_validity_s,
+    }
+
+
+def _live_policy(policy: VerifierPolicy, config: Config) -> VerifierPolicy:
+    """``policy`` with ``config``'s values of the keys that follow a reload (``_LIVE_VERIFY``)."""
+    verify = config.verify
+    return dataclasses.replace(
+        policy,
+        # two keys name the tolerance (relay.skew_s, verify.skew_s): the stricter one applies
+        skew_s=min(config.relay.skew_s, verify.skew_s),
+        max_validity_s=verify.max_validity_s,
+        web_bot_auth=verify.web_bot_auth,
+    )

@@ -80,6 +80,7 @@ def _no_interception(config: Config) -> Config:
 class ProxyApp:
     """The running proxy: configuration, signer, upstream pool, listeners and background tasks."""
 
+    # what a reload keeps as it was, and names as "not applied until restart": a section, or one key
     RESTART_ONLY = (
         "mode",
         "listen",
@@ -90,9 +91,16 @@ class ProxyApp:
         "relay",
         "gateway",
         "admin",
+        # the key provider is built at start: which key signs is not live configuration (the label is)
+        "signing.key",
+        "signing.agent",
+        "signing.pkcs11",
+        "signing.key_lifetime_s",
+        # the log handler's format is set once, at start (cli/common.configure_logging): the access
+        # log keeps it too, or one stream would mix text and JSON lines until the restart
+        "log.format",
     )
-    # the key provider is built at start: which key signs is not live configuration (the label is)
-    RESTART_ONLY_SIGNING = ("key", "agent", "pkcs11", "key_lifetime_s")
+    RESTART_ONLY_GATEWAY = ("verify", "egress")  # its verifier and manifest fetches are built at start
 
     def __init__(self, config: Config, keys: KeyProvider, *, clock: Callable[[], float] = time.time) -> None:
         self.config = config
@@ -251,18 +259,12 @@ class ProxyApp:
         with a ConfigError), then swapped in one step: a request sees the old or the new, never a mix.
         """
         self.access_writer.wake()  # lines logged before the reload go out now, whatever it decides
-        old = self.config
-        pending = [name for name in self.RESTART_ONLY if getattr(config, name) != getattr(old, name)]
-        pending += [
-            f"signing.{name}"
-            for name in self.RESTART_ONLY_SIGNING
-            if getattr(config.signing, name) != getattr(old.signing, name)
-        ]
-        kept = {name: getattr(old, name) for name in self.RESTART_ONLY}
-        signing = dataclasses.replace(
-            config.signing, **{name: getattr(old.signing, name) for name in self.RESTART_ONLY_SIGNING}
-        )
-        config = dataclasses.replace(config, signing=signing, **kept)
+        restart_only: tuple[str, ...] = self.RESTART_ONLY
+        if self.relay is not None:
+            restart_only += self.relay.RESTART_ONLY
+        if self.gateway is not None:
+            restart_only += self.RESTART_ONLY_GATEWAY
+        config, pending = _kept(self.config, config, restart_only)
         bearers = BearerStore(config.credentials)
         requester = injector_for(config, self.keys, clock=self.clock)  # refused like at start-up
         signer = self._signer(config)
@@ -274,8 +276,13 @@ class ProxyApp:
         self.handler.policy = policy
         self.engine.limits = _limits(config)
         self.client.timeouts = config.timeouts
-        if self.relay is not None:  # the relay signs with these, not with its start-up config
-            self.relay.signer, self.relay.label = signer, config.signing.label
+        # an upstream connection takes these when it is opened (an exchange in flight, or a kept-alive
+        # connection, keeps its own); a WebSocket handshake and each response head read them as they start
+        pool, timeouts = self.pool, config.timeouts
+        pool.connect_timeout_s, pool.read_timeout_s = timeouts.connect_s, timeouts.read_s
+        pool.max_head_bytes = config.limits.max_response_header_bytes
+        if self.relay is not None:  # its policy, label, signer and Signature-Agent: not its start-up ones
+            self.relay.reload(config, signer)
         logging.getLogger("signing_proxy").setLevel(config.log.level.upper())
         return pending
 
@@ -459,6 +466,23 @@ class ProxyApp:
         # last: every line of the drained requests and closed tunnels is queued by now
         self._unroute_logging()  # what is logged from here on goes to stderr directly, as before start
         await self.access_writer.aclose(CLOSE_WAIT_S)
+
+
+def _kept(old: Config, new: Config, paths: Sequence[str]) -> tuple[Config, list[str]]:
+    """``new`` with the value of each path (``section`` or ``section.key``) as in ``old``, and the
+    paths whose value ``new`` changed: a reload applies none of them, and names them."""
+    changed = []
+    for path in paths:
+        name, _, key = path.partition(".")
+        was, now = getattr(old, name), getattr(new, name)
+        if key and getattr(was, key) != getattr(now, key):
+            new = dataclasses.replace(new, **{name: dataclasses.replace(now, **{key: getattr(was, key)})})
+        elif not key and was != now:
+            new = dataclasses.replace(new, **{name: was})
+        else:
+            continue
+        changed.append(path)
+    return new, changed
 
 
 def _no_local(_path: str) -> LocalEndpoint | None:
