@@ -81,6 +81,9 @@ class LimitsConfig:
             raise ConfigError(f"{path}.max_buffered_bytes: must be at least limits.max_body_bytes")
 
 
+MAX_TIMEOUT_S = 86_400  # our choice: a day; a drain or a silence longer than that is a typo
+
+
 @dataclass(frozen=True)
 class TimeoutsConfig:
     connect_s: float = 10.0
@@ -89,8 +92,8 @@ class TimeoutsConfig:
     drain_s: float = 10.0  # on SIGTERM: stop accepting, let in-flight exchanges finish this long
 
     def _check(self, path: str) -> None:
-        for name in ("connect_s", "read_s", "client_idle_s", "drain_s"):
-            positive(getattr(self, name), f"{path}.{name}")
+        for name in ("connect_s", "read_s", "client_idle_s", "drain_s"):  # read_s: silence, not a
+            positive(getattr(self, name), f"{path}.{name}", maximum=MAX_TIMEOUT_S)  # transfer's length
 
 
 @dataclass(frozen=True)
@@ -176,7 +179,7 @@ class EgressConfig:
                 ipaddress.ip_network(cidr, strict=False)
             except ValueError:
                 raise ConfigError(f"{path}.allow_private[{i}]: {cidr!r} is not an address or CIDR") from None
-        positive(self.fetch_timeout_s, f"{path}.fetch_timeout_s")
+        positive(self.fetch_timeout_s, f"{path}.fetch_timeout_s", maximum=MAX_TIMEOUT_S)
 
 
 @dataclass(frozen=True)
@@ -308,7 +311,7 @@ class InterceptConfig:
             raise ConfigError(f"{path}: set both ca_cert and ca_key (an operator CA), or neither")
         positive(self.ca_validity_days, f"{path}.ca_validity_days", maximum=3650)
         positive(self.leaf_cache_size, f"{path}.leaf_cache_size")
-        positive(self.handshake_timeout_s, f"{path}.handshake_timeout_s")
+        positive(self.handshake_timeout_s, f"{path}.handshake_timeout_s", maximum=MAX_TIMEOUT_S)
         for i, entry in enumerate(self.no_proxy):
             if not entry or any(c.isspace() or c in ",'\"$`" for c in entry):
                 raise ConfigError(f"{path}.no_proxy[{i}]: must be one host, domain or CIDR, got {entry!r}")

@@ -381,7 +381,8 @@ class UpstreamPool:
             conn = queue.pop()
             self._idle_count -= 1
             conn._timer.clear()
-            if conn.is_usable:
+            if conn.is_usable:  # a reload's timeouts and head limit: for what it serves next too
+                conn.read_timeout_s, conn.max_head_bytes = self.read_timeout_s, self.max_head_bytes
                 return conn
         self._forget_if_empty(key)
         return None

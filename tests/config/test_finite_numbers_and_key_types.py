@@ -63,6 +63,24 @@ def test_every_float_setting_must_be_finite(path: str, value: float) -> None:
     assert str(refused.value) == f"{path}: must be a finite number"
 
 
+TIMEOUTS = [
+    "timeouts.connect_s",
+    "timeouts.read_s",
+    "timeouts.client_idle_s",
+    "timeouts.drain_s",
+    "egress.fetch_timeout_s",
+    "intercept.handshake_timeout_s",
+]
+
+
+@pytest.mark.parametrize("path", TIMEOUTS)
+def test_a_timeout_is_at_most_a_day(path: str) -> None:
+    """Finite but absurd (a drain of a year, a read timeout in milliseconds typed as seconds)."""
+    parse_config(nested(path, 86_400))
+    with pytest.raises(ConfigError, match=rf"^{path}: must be at most 86400$"):
+        parse_config(nested(path, 86_401))
+
+
 @pytest.mark.parametrize("text", [".nan", ".NaN", ".inf", "-.inf", "+.inf", "1" + "0" * 400])
 def test_a_file_with_a_non_finite_timeout_is_refused_by_key_path(tmp_path: Path, text: str) -> None:
     path = tmp_path / "config.yaml"

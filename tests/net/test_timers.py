@@ -170,3 +170,17 @@ async def test_a_connection_paused_for_a_slow_client_reads_again_once_pooled() -
         assert pool.take_idle(target) is conn
         assert conn.transport.is_reading()
         conn.close()
+
+
+async def test_a_reused_connection_takes_the_pools_timeouts_after_a_reload() -> None:
+    """A reload sets the pool's read timeout and head limit; a kept-alive connection taken from the
+    idle pool serves with them too (renewed by each use, it could otherwise keep the old ones)."""
+    pool = UpstreamPool(UpstreamConfig(), connect_timeout_s=5, read_timeout_s=30, max_head_bytes=65536)
+    async with Server() as target:
+        conn = await pool.connect(target)
+        conn.reusable = True
+        pool.release(conn)
+        pool.read_timeout_s, pool.max_head_bytes = 0.5, 4096  # what ProxyApp.reload does
+        assert pool.take_idle(target) is conn
+        assert (conn.read_timeout_s, conn.max_head_bytes) == (0.5, 4096)
+        conn.close()
