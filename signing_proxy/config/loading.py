@@ -88,7 +88,19 @@ def load_config(path: Path | None) -> Config:
 
 class _Loader(yaml.SafeLoader):
     """PyYAML's safe loader, refusing a key given twice in one mapping: it kept the last silently,
-    so a second ``signing:`` block dropped the first one's settings (``<<`` merges may be overridden)."""
+    so a second ``signing:`` block dropped the first one's settings (``<<`` merges may be overridden).
+
+    Anchors and aliases are refused where they stand, before anything is built: an alias is a
+    reference, so a few hundred bytes of nested aliases (a "billion laughs") expanded to millions of
+    nodes that the build's walks then went through, 50 s for 7 levels while a SIGHUP reload held
+    the event loop. No configuration needs them, and an unquoted PIN beginning with ``*`` or ``&``
+    was read as one."""
+
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
+        event = self.peek_event()  # type: ignore[no-untyped-call]
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
+            raise yaml.composer.ComposerError(None, None, _NO_ALIASES, event.start_mark)
+        return super().compose_node(parent, index)
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[object] = set()
@@ -110,6 +122,10 @@ class _Loader(yaml.SafeLoader):
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")  # a configuration key: shown; anything else: not
 _QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"")
+_NO_ALIASES = (
+    "YAML aliases and anchors are not supported in the configuration; a value starting with * or &"
+    " needs quotes"
+)
 _TAG_OR_ALIAS = ("could not determine a constructor", "found undefined alias")  # of a value unquoted
 
 

@@ -23,6 +23,7 @@ from ..core.uri import Target
 from ..errors import ProxyError
 from .framing import keep_piece, local_answer, problem_response
 from .outbox import Outbox
+from .refusals import parse_refusal, tell
 from .request import AbortConnection, Limits, Request, busy, full, head_too_large, too_large
 from .timers import TIMER_SLACK_S, Deadline
 
@@ -38,7 +39,7 @@ LINGER_MIN_BYTES = 1024 * 1024  # and how much it discards before closing anyway
 
 
 class Handler(Protocol):
-    """What a connection calls: the policy above the engine."""
+    """What a connection calls: the policy above the engine (``net.refusals`` tells it the rest)."""
 
     def connection_made(self, conn: ClientConnection) -> None:
         """A client connected (``conn.client_ip`` is set); decide per-connection state once."""
@@ -375,9 +376,7 @@ class ClientConnection(asyncio.Protocol):
 
     def _protocol_error(self, exc: Exception, refused: Request | None = None) -> None:
         """Refuse what cannot be parsed (or ``refused``), once the requests read before it are answered."""
-        cause = exc.__context__ if isinstance(exc.__context__, ProxyError) else exc
-        if not isinstance(cause, ProxyError):
-            cause = ProxyError(400, "malformed-request", f"cannot parse the request ({exc})")
+        cause = parse_refusal(exc)
         self._parser = None  # the stream cannot be trusted past this point: nothing more is parsed
         owner = refused or (
             self._current if self._current is not None and not self._current.complete else None
@@ -385,17 +384,20 @@ class ClientConnection(asyncio.Protocol):
         if owner is not None and owner in self._ready:  # refused: never served
             self._ready.remove(owner)
             self.engine.release(owner)
+        method = owner.method if owner is not None else ""  # known once its head was read
         if self._ready or (self._serving is not None and self._serving is not owner):
-            self._ready.append(Request(refusal=cause))  # RFC 9112 section 9.3.2: refused in its turn
+            self._ready.append(queued := Request(refusal=cause))  # RFC 9112 section 9.3.2: in its turn
+            queued.method = method
             self._wake()
             return
-        self._refuse(cause)
+        self._refuse(cause, method)
 
-    def _refuse(self, cause: ProxyError) -> None:
+    def _refuse(self, cause: ProxyError, method: str) -> None:
         self.write_problem(cause, close=True)
         self.linger()
         self._closed = True
         self._wake()
+        tell(self.engine.handler, self.client_ip, cause, method)  # its access line and its count
 
     def _on_upgrade(self, rest: bytes) -> None:
         req = self._current
@@ -466,7 +468,7 @@ class ClientConnection(asyncio.Protocol):
                 if self._unparsed and len(self._ready) < MAX_PARSED_AHEAD:
                     self.data_received(b"")  # the rest of a read, now that the queue has room
                 if req.refusal is not None:  # a broken request's turn: the answers before it are out
-                    self._refuse(req.refusal)
+                    self._refuse(req.refusal, req.method)
                     break
                 transport = self.transport
                 if self._reading_paused and not self._ready and not self._upgraded and transport is not None:

@@ -153,6 +153,15 @@ class ProxyHandler:
         access = self.policy.access  # decided once per connection, and again after a reload changed it
         conn.client_allowed, conn.access_of = access.client_allowed(conn.client_ip), access
 
+    def refused(self, client_ip: str, error: ProxyError, method: str) -> None:
+        """A request the engine refused before it reached ``serve`` (``net.refusals.Refusals``: 414,
+        431, 400 ``malformed-request``...): counted under its reason and logged like one served, the
+        method and host ``-`` when not read. The reasons are the engine's constants: a closed set."""
+        self.count(error.reason)
+        self.policy.access_log.request(
+            client_ip, method or "-", "-", error.status, 0, 0, 0, None, None, error.reason
+        )
+
     async def serve(self, conn: ClientConnection, req: Request) -> bool:
         policy = self.policy
         started = time.perf_counter()

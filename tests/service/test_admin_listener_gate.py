@@ -1,0 +1,131 @@
+"""The admin listener judges a connection when it is accepted, not once a request head arrived.
+
+aiohttp waited for a first request without limit, and ``admin.allow_clients`` was checked only on
+a whole head: any peer that could reach an off-loopback admin port held file descriptors for as
+long as it liked (150 idle connections under RLIMIT_NOFILE 128 left the proxy port resetting).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager, suppress
+from typing import Any
+
+from aiohttp import web
+
+from signing_proxy.service import admin_app
+from signing_proxy.service.admin_app import build_admin_app, start_admin_listener
+
+WAIT_S = 10.0
+CAP = 64  # admin_app.ADMIN_MAX_CONNECTIONS, spelled out: the cap is part of what this file checks
+HEALTHZ = b"GET /healthz HTTP/1.1\r\nHost: admin\r\n\r\n"
+
+Streams = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+
+
+def _ready() -> tuple[int, dict[str, object]]:
+    return 200, {"status": "ready"}
+
+
+@asynccontextmanager
+async def admin_listener(
+    allow_clients: Sequence[str] = (), **options: Any
+) -> AsyncIterator[tuple[web.AppRunner, int]]:
+    app = build_admin_app(_ready, lambda: b"", allow_clients=allow_clients)
+    runner, (_, port) = await start_admin_listener(app, "127.0.0.1", 0, reuse_port=False, **options)
+    try:
+        yield runner, port
+    finally:
+        await runner.cleanup()
+
+
+async def _read_to_end(reader: asyncio.StreamReader) -> bytes:
+    """What arrives until the listener closes (a reset reads as the end too)."""
+    try:
+        return await asyncio.wait_for(reader.read(), WAIT_S)
+    except ConnectionResetError:
+        return b""
+
+
+async def _answer_head(reader: asyncio.StreamReader) -> bytes:
+    """One whole answer read (its body too, so the next starts clean); its head returned."""
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), WAIT_S)
+    length = next(
+        int(line.split(b":", 1)[1])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length:")
+    )
+    await asyncio.wait_for(reader.readexactly(length), WAIT_S)
+    return head
+
+
+def _close(streams: Sequence[Streams]) -> None:
+    for _, writer in streams:
+        with suppress(OSError):
+            writer.close()
+
+
+async def test_a_client_outside_allow_clients_is_refused_before_it_sends_anything() -> None:
+    async with admin_listener(allow_clients=["10.0.0.0/8"]) as (runner, port):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            answer = await _read_to_end(reader)  # nothing sent: the 403 and the close come anyway
+        finally:
+            _close([(reader, writer)])
+        assert runner.server is not None
+        assert runner.server.connections == []  # aiohttp never had it
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 403 ")
+    assert b"application/problem+json" in head
+    assert json.loads(body)["reason"] == "client-not-allowed"
+
+
+async def test_an_allowed_client_is_still_served() -> None:
+    async with admin_listener(allow_clients=["127.0.0.0/8"]) as (_, port):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            writer.write(b"GET /healthz HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n")
+            answer = await _read_to_end(reader)
+        finally:
+            _close([(reader, writer)])
+    assert answer.startswith(b"HTTP/1.1 200 ")
+    assert b'"status": "ok"' in answer
+
+
+async def test_connections_that_send_no_head_in_time_are_closed() -> None:
+    async with admin_listener(idle_s=0.3) as (_, port):
+        silent, partial, served = [await asyncio.open_connection("127.0.0.1", port) for _ in range(3)]
+        try:
+            partial[1].write(b"GET /healthz HTTP/1.1\r\nHost: admin\r\n")  # the head never ends
+            served[1].write(HEALTHZ)  # answered, then kept alive with no second request
+            assert (await _answer_head(served[0])).startswith(b"HTTP/1.1 200 ")
+            for reader, _ in (silent, partial, served):
+                assert b"HTTP/" not in await _read_to_end(reader)  # closed, nothing (more) answered
+        finally:
+            _close([silent, partial, served])
+
+
+async def test_connections_beyond_the_cap_are_closed_at_once() -> None:
+    async with admin_listener() as (_, port):
+        held: list[Streams] = []
+        try:
+            for _ in range(CAP):
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                held.append((reader, writer))
+                writer.write(HEALTHZ)
+                assert (await _answer_head(reader)).startswith(b"HTTP/1.1 200 ")  # admitted, kept alive
+            extra = await asyncio.open_connection("127.0.0.1", port)
+            held.append(extra)
+            extra[1].write(HEALTHZ)
+            assert await _read_to_end(extra[0]) == b""  # closed unanswered
+            reader, writer = held[0]
+            writer.write(HEALTHZ)  # those admitted are still served
+            assert (await _answer_head(reader)).startswith(b"HTTP/1.1 200 ")
+        finally:
+            _close(held)
+
+
+def test_the_cap_is_the_one_checked_here() -> None:
+    assert admin_app.ADMIN_MAX_CONNECTIONS == CAP
