@@ -185,7 +185,7 @@ class UpstreamConnection(asyncio.Protocol):
 
     def eof_received(self) -> bool | None:
         if self.key[0] == "https":  # asyncio reports a bare FIN here too; uvloop only close_notify
-            self._close_notified = _ended_by_close_notify(self.transport)
+            self._close_notified = ended_by_close_notify(self.transport)
         return None  # the transport closes itself; connection_lost says what the end meant
 
     def pause_writing(self) -> None:  # request bodies are small enough to buffer; nothing to do
@@ -324,7 +324,7 @@ class UpstreamConnection(asyncio.Protocol):
         return self.reusable and self.transport is not None and not self.transport.is_closing()
 
 
-def _ended_by_close_notify(transport: asyncio.Transport | None) -> bool:
+def ended_by_close_notify(transport: asyncio.Transport | None) -> bool:
     """Whether a TLS stream that reached its end carried close_notify.
 
     Neither event loop tells a close_notify from a bare TCP FIN to the protocol in words, but the

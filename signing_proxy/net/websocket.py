@@ -32,7 +32,7 @@ from .framing import (
 )
 from .server import ClientConnection
 from .tunnel import BlindTunnel
-from .upstream import MAX_RESPONSE_HEAD_BYTES, UpstreamPool
+from .upstream import MAX_RESPONSE_HEAD_BYTES, UpstreamPool, ended_by_close_notify
 
 __all__ = ["UPGRADE_FIELDS", "Switched", "switch"]
 
@@ -65,9 +65,12 @@ class _Handshake(asyncio.Protocol):
         self._size = 0
         self._max_head = max_head_bytes
         self._ends_at_close = False  # a refusal with neither Content-Length nor chunked: EOF ends its body
+        self._tls = False
+        self._close_notified = False  # over TLS: the end carried close_notify (eof_received)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = typing.cast(asyncio.Transport, transport)  # uvloop's are not subclasses
+        self._tls = transport.get_extra_info("ssl_object") is not None
 
     def data_received(self, data: bytes) -> None:
         if self.done.done():  # frames read before the pipe took over: kept for the client, in order
@@ -98,11 +101,18 @@ class _Handshake(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             self._fail(ProxyError(502, "upstream-bad-response", f"malformed handshake answer ({exc})"))
 
+    def eof_received(self) -> bool | None:
+        if self._tls:
+            self._close_notified = ended_by_close_notify(self.transport)  # else a bare (forged) FIN
+        return None
+
     def connection_lost(self, exc: Exception | None) -> None:
         if not self.done.done():
-            if self._ends_at_close:
+            clean = exc is None and (self._close_notified or not self._tls)  # as UpstreamConnection
+            if self._ends_at_close and clean:
                 self.done.set_result(None)  # a close-delimited refusal: what arrived is its body
-            else:  # during the head, or before a framed refusal's body was whole: never relayed as whole
+            else:  # during the head, before a framed refusal's body was whole, or cut by a reset or a
+                # TLS end without close_notify (RFC 9112 section 9.8): never relayed as whole
                 self._fail(ProxyError(502, "upstream-reset", "the upstream closed during the handshake"))
 
     def on_status(self, status: bytes) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import struct
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -61,10 +62,12 @@ def loop_factories() -> list[Any]:
     return [*factories, pytest.param(uvloop.new_event_loop, id="uvloop")]
 
 
-def websocket_handshake(proxy_port: int, answer: bytes, *, to_eof: bool) -> tuple[bytes, bytes]:
+def websocket_handshake(
+    proxy_port: int, answer: bytes, *, to_eof: bool, reset: bool = False
+) -> tuple[bytes, bytes]:
     """A WebSocket handshake through the proxy on ``proxy_port`` to an upstream that answers
-    ``answer`` and closes: what the client read (its head, or ``to_eof`` all of it), and the
-    handshake head the upstream received."""
+    ``answer`` and closes (``reset``: with a TCP reset): what the client read (its head, or
+    ``to_eof`` all of it), and the handshake head the upstream received."""
     listener = socket.create_server(("127.0.0.1", 0))
     port = listener.getsockname()[1]
     seen: list[bytes] = []
@@ -79,6 +82,8 @@ def websocket_handshake(proxy_port: int, answer: bytes, *, to_eof: bool) -> tupl
             seen.append(head)
             with contextlib.suppress(OSError):  # the proxy stops reading a refusal too large to relay
                 conn.sendall(answer)
+            if reset:  # SO_LINGER 0: the close sends RST, not FIN
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
 
     server = threading.Thread(target=upstream, daemon=True)
     server.start()

@@ -26,10 +26,12 @@ def proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyProcess]:
         yield process
 
 
-def refused_through(proxy: ProxyProcess, answer: bytes) -> tuple[bytes, dict[bytes, bytes], bytes]:
+def refused_through(
+    proxy: ProxyProcess, answer: bytes, *, reset: bool = False
+) -> tuple[bytes, dict[bytes, bytes], bytes]:
     """A WebSocket handshake through the proxy to a raw upstream that answers ``answer`` and closes:
     the status line, the fields (lower-cased names) and the body the client read to EOF."""
-    got, _ = websocket_handshake(proxy.port, answer, to_eof=True)  # a refusal closes the connection
+    got, _ = websocket_handshake(proxy.port, answer, to_eof=True, reset=reset)  # a refusal closes
     head, _, body = got.partition(b"\r\n\r\n")
     status, *lines = head.split(b"\r\n")
     fields = {
@@ -103,3 +105,14 @@ def test_a_close_delimited_refusal_is_relayed_whole_at_eof(proxy: ProxyProcess) 
     assert status.startswith(b"HTTP/1.1 403 ")
     assert fields[b"content-length"] == b"8"
     assert got == b"no entry"
+
+
+@pytest.mark.parametrize("attempt", range(3))
+def test_a_close_delimited_refusal_ended_by_a_reset_is_never_relayed_as_whole(
+    proxy: ProxyProcess, attempt: int
+) -> None:
+    """Its body ends at the close, but only a clean one: after a reset what arrived may be a part
+    (RFC 9112 section 8), and a Content-Length of it would say it was whole."""
+    status, _, got = refused_through(proxy, b"HTTP/1.1 403 Forbidden\r\n\r\nno entry", reset=True)
+    assert status.startswith(b"HTTP/1.1 502 "), (attempt, status, got)
+    assert json.loads(got)["reason"] == "upstream-reset"
