@@ -6,8 +6,10 @@ the ingest rules (a ``requester`` with ``id``, ``domain`` and ``type``; UNSPECIF
 types rejected; every ``ext_critical`` key understood; envelope ``ver`` of major 1) and returns the
 parsed ``Requester`` with its raw ``delegation`` member. ``read_delegation`` reads that member,
 ``check_mirror`` holds its mirrored fields to the verified token's claims (which are
-authoritative: a mirror may be narrower, never wider), and ``quota_counters`` names the counters
-of a chain. Sans-IO: values and ``now`` in, results or errors out.
+authoritative: a mirror may be narrower, never wider), ``check_declared_scopes`` holds the
+requester's declared scopes to the chain's, and ``quota_counters`` names the counters of a chain.
+Proto-JSON as its mapping reads it: ``null`` is an absent member, ``bytes`` either base64 alphabet
+with or without padding. Sans-IO: values and ``now`` in, results or errors out.
 
 Errors: ``IngestError`` (a ``ProtocolError``; the gateway answers 400) and ``DelegationError``
 (403, ``DENIAL_REASON_DELEGATION_INVALID``).
@@ -23,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 from urllib.parse import unquote
 
-from .b64 import b64_decode
+from .b64 import b64_decode, b64_encode, b64url_decode
 from .delegation_verify import VerifiedDelegation
 from .errors import DelegationError, KeyFormatError, ProtocolError
 from .json_bounds import refuse_lone_surrogates
@@ -45,6 +47,7 @@ __all__ = [
     "IngestError",
     "IngestedRequester",
     "QuotaCounter",
+    "check_declared_scopes",
     "check_mirror",
     "exchange_method",
     "ingest_requester",
@@ -149,8 +152,16 @@ def _alias(doc: Mapping[str, Any], aliases: frozenset[str]) -> str | None:
     return next((name for name in doc if name in aliases), None)
 
 
+def _member(doc: Mapping[str, Any], name: str, default: Any) -> Any:
+    """An optional member: the proto3 JSON mapping accepts ``null`` for every field and reads it as
+    the field's default, so ``null`` is read as absent (a required member's ``null`` is refused by
+    its own check, with the reason an absent one gets)."""
+    value = doc.get(name)
+    return default if value is None else value
+
+
 def _critical(doc: Mapping[str, Any], where: str, understood: Container[str]) -> None:
-    critical = doc.get("ext_critical", [])
+    critical = _member(doc, "ext_critical", [])
     if not isinstance(critical, list) or not all(isinstance(c, str) for c in critical):
         raise IngestError("malformed-requester", f"{where}.ext_critical is a list of strings")
     for name in critical:
@@ -198,7 +209,7 @@ def ingest_requester(body: bytes, understood_extensions: Container[str]) -> Inge
     alias = _alias(requester, _REQUESTER_ALIASES)
     if alias is not None:
         raise IngestError("malformed-requester", f"requester.{alias}: field names are exact (snake_case)")
-    scopes = requester.get("scopes", [])
+    scopes = _member(requester, "scopes", [])
     if not _scope_list(scopes):
         raise IngestError("malformed-requester", 'requester.scopes is a list of scopes (spec "Scopes")')
     _critical(requester, "requester", understood_extensions)
@@ -248,15 +259,15 @@ def read_delegation(doc: Mapping[str, Any]) -> DelegationIn:
     alias = _alias(doc, _DELEGATION_ALIASES)
     if alias is not None:
         raise _invalid(f"delegation.{alias}: field names are exact (snake_case)")
-    if doc.get("token_format", TOKEN_FORMAT_JWT) != TOKEN_FORMAT_JWT:
+    if _member(doc, "token_format", TOKEN_FORMAT_JWT) != TOKEN_FORMAT_JWT:
         raise DelegationError("unsupported-token-format", "token_format jwt is the sole format")
     raw = doc.get("token")
     if not isinstance(raw, str) or not raw:
         raise _invalid("delegation.token is required")
     try:
-        token = b64_decode(raw).decode("ascii")
+        token = _proto_bytes(raw).decode("ascii")
     except ValueError:  # invalid base64, or bytes that are not ASCII
-        raise _invalid("delegation.token is standard base64 of the ~-joined compact JWS chain") from None
+        raise _invalid("delegation.token is base64 of the ~-joined compact JWS chain") from None
     for name in ("principal_domain", "principal_id"):
         if not isinstance(doc.get(name), str) or not doc[name]:
             raise _invalid(f"delegation.{name} is required")
@@ -264,7 +275,7 @@ def read_delegation(doc: Mapping[str, Any]) -> DelegationIn:
         expires_at = parse_rfc3339(doc.get("expires_at"))
     except (KeyFormatError, ValueError, TypeError):
         raise _invalid("delegation.expires_at is a required RFC 3339 timestamp") from None
-    scopes = doc.get("scopes", [])
+    scopes = _member(doc, "scopes", [])
     if not _scope_list(scopes):
         raise _invalid('delegation.scopes is a list of scopes (spec "Scopes")')
     period = doc.get("quota_period")
@@ -282,6 +293,31 @@ def read_delegation(doc: Mapping[str, Any]) -> DelegationIn:
         quota_period_s=int(period[:-1]) if period is not None else None,
         issuer=issuer if isinstance(issuer, str) else None,
     )
+
+
+_STANDARD_ONLY = frozenset("+/")
+_URL_SAFE_ONLY = frozenset("-_")
+
+
+def _proto_bytes(text: str) -> bytes:
+    """A proto-JSON ``bytes`` value. The proto3 JSON mapping writes standard base64 with padding
+    (the proxy does) but accepts "either standard or URL-safe base64 encoding with/without
+    paddings": another implementation's valid token must not be refused. Still strict: one alphabet,
+    no character outside it, padding absent or exactly what the length needs, the last character's
+    unused bits zero; ValueError otherwise. The spellings decode to one chain, and only the decoded
+    chain is used (verified, and hashed into the quota keys)."""
+    data = text.rstrip("=")
+    padding = len(text) - len(data)
+    if padding and padding != -len(data) % 4:
+        raise ValueError("incorrect base64 padding")
+    if not _URL_SAFE_ONLY.isdisjoint(data):
+        if not _STANDARD_ONLY.isdisjoint(data):
+            raise ValueError("base64 mixing the standard and URL-safe alphabets")
+        return b64url_decode(data)  # checks the alphabet and the trailing bits
+    decoded = b64_decode(data + "=" * (-len(data) % 4))  # checks the alphabet and the length
+    if b64_encode(decoded).rstrip("=") != data:
+        raise ValueError("non-canonical base64")
+    return decoded
 
 
 def _wider(mirror: int | None, claim: int | None) -> bool:
@@ -307,6 +343,21 @@ def check_mirror(mirror: DelegationIn, verified: VerifiedDelegation, now: float)
         raise DelegationError("mirror-wider", "delegation.quota_period differs from the token's")
     if mirror.issuer is not None and mirror.issuer != verified.issuer:
         raise DelegationError("mirror-mismatch", "delegation.issuer is not the token's iss")
+
+
+def check_declared_scopes(declared: tuple[str, ...], verified: VerifiedDelegation) -> None:
+    """With a delegation, every scope the requester declares is covered by the chain's final scope
+    (``DelegationError`` ``scope-wider``): the declared scopes are then the effective ones, what the
+    exchange filters its catalog by (spec "DiscoverResources"), and a grant is never widened by a
+    claim in the body. A chain without a scope claim restricts none. The proxy refuses the same at
+    start (``delegation-scope-mismatch``)."""
+    if verified.scope is None:
+        return
+    wider = [scope for scope in declared if not scopes_cover(verified.scope, scope)]
+    if wider:
+        raise DelegationError(
+            "scope-wider", f"requester.scopes {wider[:8]} not covered by the delegation's scope"
+        )
 
 
 # Our choice (the spec: a lifetime quota is "bounded only by expiry"): a chain none of whose links

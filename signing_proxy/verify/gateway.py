@@ -9,8 +9,9 @@
 3. **Delegation** when ``requester.delegation`` is present: the chain verified offline against the
    issuer's keys (``IssuerKeys``, grace included), bound to the terminal holder (the agent, or a
    broker the agent delegated to by a child JWT: spec "Multi-hop forwarding" rule 5), mirrors never
-   wider than the claims. 403 ``DENIAL_REASON_DELEGATION_INVALID`` (503 ``verifier-busy`` when the
-   issuer's directory would need the exhausted fetch budget).
+   wider than the claims, every declared scope covered by the chain's. 403
+   ``DENIAL_REASON_DELEGATION_INVALID`` (503 ``verifier-busy`` when the issuer's directory would need
+   the exhausted fetch budget).
 4. **Quota**: each capped link's ``max_accesses`` within its ``quota_period`` (lifetime when
    absent), counted atomically in the ``CounterStore`` per chain up to that link. 429
    ``DENIAL_REASON_QUOTA_EXCEEDED`` with ``Retry-After`` at the window's end. A chain whose
@@ -45,6 +46,7 @@ from ..core.gateway_ingest import (
     DelegationIn,
     IngestedRequester,
     IngestError,
+    check_declared_scopes,
     check_mirror,
     exchange_method,
     ingest_requester,
@@ -112,10 +114,14 @@ class GatewayVerdict:
 
     @property
     def scopes(self) -> tuple[str, ...] | None:
-        """The effective scopes: the chain's narrowest (its last link's) or the declared ones."""
-        if self.delegation is not None:
+        """The effective scopes, what the exchange filters its catalog by: the declared ones (with a
+        delegation each is covered by the chain's final scope, or the request was refused), else the
+        chain's final scope. None or ``()`` only when neither names one: the default policy is then
+        what is meant. A verified chain's scope is None or not empty (``parse_scope_list``)."""
+        declared = self.requester.scopes if self.requester is not None else None
+        if self.delegation is not None and not declared:
             return self.delegation.scope
-        return self.requester.scopes if self.requester is not None else None
+        return declared
 
     def headers(self) -> list[tuple[str, str]]:
         """``X-Verified-*`` header fields; values from the request body are percent-encoded."""
@@ -222,6 +228,7 @@ class GatewayVerifier:
             mirror = read_delegation(requester.delegation)
             chain, holder = await self._verify_chain(mirror, stack, now)
             check_mirror(mirror, chain, now)
+            check_declared_scopes(requester.scopes, chain)
         except DelegationError as exc:
             log.info("delegation refused: %s %s", exc.reason, exc.detail)
             raise GatewayRefusal(403, DELEGATION_INVALID, f"{exc.reason}: {exc.detail}") from None

@@ -233,7 +233,7 @@ def delegated_setup(tmp: Path, exchange_base: str, *, max_accesses: int = 100) -
             "domain": "agent.example",
             "type": "REQUESTER_TYPE_DELEGATED",
             "name": "Research assistant",
-            "scopes": ["dist:US:CA"],
+            "scopes": ["dist:US:CA", "subscription:news"],
             "exchanges": [exchange_base],
             "delegation": {
                 "token_file": str(token_file),
@@ -297,7 +297,7 @@ def test_owner_principal_proxy_exchange_end_to_end(tmp_path: Path, monkeypatch: 
             )
             assert resp.status_code == 200, resp.text
             groups = {g["uri"]: g for g in resp.json()["offer_groups"]}
-            # Filtered by the delegated scope (dist:US:CA subscription:news), not the owner's wider grant.
+            # Filtered by the declared scopes (each covered by the delegation), not the owner's wider grant.
             assert groups["https://pub.example/us/ca/article"]["offers"] == [
                 {"scope": "dist:US:CA", "pricing": "per_request"}
             ]
@@ -318,7 +318,7 @@ def test_owner_principal_proxy_exchange_end_to_end(tmp_path: Path, monkeypatch: 
             requester = received["requester"]
             assert requester["id"] == "agent-7"
             assert requester["type"] == "REQUESTER_TYPE_DELEGATED"
-            assert requester["scopes"] == ["dist:US:CA"]
+            assert requester["scopes"] == ["dist:US:CA", "subscription:news"]
             d = requester["delegation"]
             assert base64.b64decode(d["token"]).decode() == chain
             assert d["token_format"] == "jwt"
