@@ -3,8 +3,11 @@
 Prints one line per listener on start (publication, admin, proxy), drains in-flight requests on
 SIGTERM/SIGINT (a second one during the drain ends it at once, exit status 128 + its number), and on
 SIGHUP re-reads the key stores and the configuration (a bad one is refused and the running one keeps
-serving). With ``--workers N`` the parent counts the stop signals (``service.workers``): a worker
-takes SIGTERM/SIGINT as "drain" however often it comes, and the parent's ``CUT_SIGNAL`` as "cut".
+serving); a SIGHUP during start-up is applied once the proxy is up. With ``--workers N`` the parent
+counts the stop signals (``service.workers``): a worker takes SIGTERM/SIGINT as "drain" however often
+it comes, and the parent's ``CUT_SIGNAL`` as "cut". The parent re-reads the configuration on SIGHUP
+too, and a worker it restarts serves the last copy accepted, as its siblings do. Status lines and the
+parent's log lines go through a ``LineWriter``: a stderr nobody reads drops them, never blocks.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import gc
 import logging
 import signal
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from .. import __version__
@@ -25,9 +29,17 @@ from ..core.keys import KeyProvider
 from ..errors import CliError, Error
 from ..proxy.connect import load_interception_ca
 from ..proxy.gateway import gateway_upstream
-from ..service.app import ProxyApp
+from ..service.app import STDERR_FD, ProxyApp
 from ..service.keys import KeyServices, key_provider_for, start_key_services
-from ..service.workers import CUT_SIGNAL, MAX_WORKERS, reserve_port, run_workers
+from ..service.linewriter import LineWriter, route_logging
+from ..service.workers import (
+    CUT_SIGNAL,
+    MAX_WORKERS,
+    hold_sighup,
+    reserve_port,
+    run_workers,
+    take_held_sighup,
+)
 from ..storage.keystore import StoreWatcher
 from .common import (
     REFUSALS,
@@ -80,6 +92,7 @@ def add_parsers(sub: Any) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    hold_sighup()  # until the loop takes it: a SIGHUP during start-up ended the proxy without a line
     config = config_from(args)
     configure_logging(config.log.level, config.log.format)
     _return_large_buffers_to_the_os()
@@ -92,7 +105,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if workers > 1:
         return _run_workers(config, keys, args, workers)
     _use_uvloop()
-    return asyncio.run(_serve(config, keys, args))
+    return asyncio.run(_serve(config, keys, lambda: config_from(args)))
 
 
 MMAP_THRESHOLD_BYTES = 128 * 1024  # glibc's initial M_MMAP_THRESHOLD, kept fixed
@@ -108,11 +121,12 @@ def _return_large_buffers_to_the_os() -> None:
         ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
 
 
-def _announce(line: str) -> None:
-    """One status line on stderr in one write: ``print`` writes the line and its newline apart
-    (unbuffered stderr), and the lines of ``--workers`` processes sharing stderr ran together."""
-    sys.stderr.write(line + "\n")
-    sys.stderr.flush()
+def _announce(app: ProxyApp, line: str) -> None:
+    """One status line on stderr in one write (``print`` wrote the line and its newline apart, and
+    the lines of ``--workers`` processes sharing stderr ran together), through the app's writer with
+    its log lines: written straight to a stderr nobody reads, it blocked past the signal handlers
+    installed just before, and the process never ended on SIGTERM."""
+    app.access_writer.write_now(line + "\n")
 
 
 def _use_uvloop() -> None:
@@ -129,45 +143,92 @@ def _run_workers(config: Config, keys: KeyProvider, args: argparse.Namespace, wo
     for name, listen in (("publish.listen", config.publish.listen), ("admin.listen", config.admin.listen)):
         if listen is not None and listen.endswith(":0"):
             raise CliError(f"{name}: with --workers, give a fixed port (every worker binds it)")
-    host, port = parse_host_port(config.listen, "listen")
+    given = config.listen
+    host, port = parse_host_port(given, "listen")
     try:
         reserved, port = reserve_port(host, port)
     except OSError as exc:
         raise CliError(f"listen: cannot bind {config.listen}: {exc.strerror or exc}") from None
-    config = config.with_overrides(listen=f"{show_host(host)}:{port}")
+    resolved = f"{show_host(host)}:{port}"
+    config = config.with_overrides(listen=resolved)
     if config.intercept.enabled and config.mode != "gateway":  # a gateway has no CA
         load_interception_ca(config)  # created here, once, before the workers load it; CAError
 
+    def reread() -> Config:
+        """The configuration as SIGHUP reads it, a ``listen`` unchanged in the file being the port
+        resolved here: the file's ``:0`` was reported as a change to ``listen`` on every reload."""
+        fresh = config_from(args)
+        return fresh.with_overrides(listen=resolved) if fresh.listen == given else fresh
+
+    accepted: Config | None = None  # the last configuration a SIGHUP read, None before any
+
+    def on_sighup() -> None:
+        """The parent reads what its workers read (each the file itself): a worker restarted later
+        started from the copy read at start, and served clients, credentials and rules revoked since."""
+        nonlocal accepted
+        try:
+            fresh = reread()
+        except Error:  # each worker says why, and keeps serving what ``accepted`` still holds
+            return
+        except Exception:  # a bug: the copy stays as it was, the parent goes on
+            log.exception("SIGHUP: re-reading the configuration for restarted workers failed")
+            return
+        accepted = fresh
+        logging.getLogger("signing_proxy").setLevel(fresh.log.level.upper())
+
+    # the parent's log lines ("worker 1 exited unexpectedly") through a writer thread, started before
+    # the first fork: a stderr nobody reads held the parent in a write, no worker restarted, and
+    # SIGTERM never brought it back to wait() for its workers
+    writer = LineWriter(STDERR_FD)
+    writer.start()
+    unroute = route_logging(logging.getLogger("signing_proxy"), writer)
+
     def worker(index: int) -> int:
+        # the parent's writer has no thread here: stderr directly, until this worker's app routes it
+        unroute()
         _use_uvloop()
         # the parent's copy of the store is the one it started with: a worker restarted later would
         # sign, and publish, with keys rotated or revoked since, until its first reload a second on
         if isinstance(keys, StoreWatcher):
             keys.reload(force=True)
         try:
-            return asyncio.run(_serve(config, keys, args, reuse_port=True, worker=index))
+            serve = _serve(config, keys, reread, reuse_port=True, worker=index, reloaded=accepted)
+            return asyncio.run(serve)
         except REFUSALS as exc:
             print(f"signing-proxy: {error_line(exc)}", file=sys.stderr)
             return 2
 
     try:
-        return run_workers(workers, worker)
+        return run_workers(workers, worker, on_sighup)
     finally:
         reserved.close()
+        unroute()
+        writer.close()
 
 
 async def _serve(
     config: Config,
     keys: KeyProvider,
-    args: argparse.Namespace | None = None,
+    reread: Callable[[], Config] | None = None,
     *,
     reuse_port: bool = False,
     worker: int | None = None,
+    reloaded: Config | None = None,
 ) -> int:
+    """Serve until SIGTERM/SIGINT. ``reloaded``: a worker (re)started after a SIGHUP takes that
+    configuration as its siblings did, through ``ProxyApp.reload`` (what it applies only at restart
+    stays as ``config`` has it), before it serves anything."""
     try:
         app = ProxyApp(config, keys)
     except Error as exc:  # a delegation, CA, pinned key or credentials file refused at start-up
         raise CliError(error_line(exc)) from None
+    if reloaded is not None:
+        try:
+            app.reload(reloaded)
+        except Error as exc:  # not the start-up copy instead: what it admits may be revoked since
+            said = "the configuration of the last SIGHUP is refused now"
+            log.error("worker %s not started: %s: %s", worker, said, error_line(exc))
+            return 1  # restarted after the back-off: once a SIGHUP reads a good file, it starts
     app.reuse_port = reuse_port
     try:
         addresses = await app.start()
@@ -201,17 +262,19 @@ async def _serve(
         if stop.is_set():  # draining: nothing is reloaded any more
             return
         services.reload()  # key stores, re-read off the loop
-        if args is not None:
-            _reload_config(app, args)
+        if reread is not None:
+            _reload_config(app, reread)
 
     loop.add_signal_handler(signal.SIGHUP, on_sighup)
+    if take_held_sighup():  # one came during start-up (hold_sighup): what was read may predate it
+        on_sighup()
     _settle_heap()
     for host, port in services.publish_addresses:
-        _announce(f"signing-proxy {__version__} publishing on http://{show_host(host)}:{port}")
+        _announce(app, f"signing-proxy {__version__} publishing on http://{show_host(host)}:{port}")
     key = keys.current(app.clock())
     if app.admin_address is not None:
         host, port = app.admin_address
-        _announce(f"signing-proxy {__version__} admin on http://{host}:{port}")
+        _announce(app, f"signing-proxy {__version__} admin on http://{host}:{port}")
     for host, port in addresses:
         # a gateway signs nothing: its line names what it is in front of, not a keyid
         role, after = (
@@ -220,8 +283,9 @@ async def _serve(
             else ("", f"keyid={key.thumbprint if key is not None else 'none'}")
         )
         _announce(
+            app,
             f"signing-proxy {__version__} {role}listening on http://{show_host(host)}:{port} {after}"
-            + (f" worker={worker}" if worker is not None else "")
+            + (f" worker={worker}" if worker is not None else ""),
         )
     await stop.wait()
     return await _drain(app, services, cut_asked)
@@ -302,10 +366,10 @@ def _keep_tls_reads_on_the_heap() -> bool:
     )
 
 
-def _reload_config(app: ProxyApp, args: argparse.Namespace) -> None:
+def _reload_config(app: ProxyApp, reread: Callable[[], Config]) -> None:
     """SIGHUP: re-read the configuration; a bad one is refused and the running one keeps serving."""
     try:
-        pending = app.reload(config_from(args))
+        pending = app.reload(reread())
     except Error as exc:
         log.error("SIGHUP: new configuration refused, the running one keeps serving: %s", error_line(exc))
         return

@@ -6,6 +6,11 @@ each worker watches the key store itself, and the parent only forwards signals â
 and SIGTERM/SIGINT (drain) â€” and restarts a worker that dies. A port of 0 is resolved once by the
 parent, which keeps a bound (not listening) SO_REUSEPORT socket on it so every worker gets the same.
 
+A SIGHUP also has the parent re-read the configuration (``on_sighup``): a worker it restarts later
+starts from the last copy accepted, as its siblings serve, not from the one read at start. Until a
+process's event loop takes SIGHUP, one is recorded rather than left to its default action (which
+ends the process without a line): ``hold_sighup``, ``take_held_sighup``.
+
 The parent counts the stop signals, since it gets each one once: a signal sent to the whole process
 group (a terminal's Ctrl-C, systemd stopping the service) reaches every worker directly as well,
 so a worker takes SIGTERM/SIGINT only as "drain" however often it comes. A second SIGTERM/SIGINT
@@ -25,13 +30,36 @@ import sys
 import time
 from collections.abc import Callable
 
-__all__ = ["CUT_SIGNAL", "MAX_WORKERS", "reserve_port", "run_workers"]
+__all__ = ["CUT_SIGNAL", "MAX_WORKERS", "hold_sighup", "reserve_port", "run_workers", "take_held_sighup"]
 
 log = logging.getLogger("signing_proxy")
 
 MAX_WORKERS = 64
 RESTART_BACKOFF_S = 1.0  # a worker that keeps dying is restarted at most once a second
 CUT_SIGNAL = signal.SIGUSR1  # to a worker: a second stop signal reached the parent, cut the drain
+
+
+class _Held:
+    sighup = False  # a SIGHUP came since hold_sighup()
+
+
+def hold_sighup() -> None:
+    """Until the event loop installs its own handler, a SIGHUP is recorded instead of ending the
+    process (its default action, without a line): a supervisor's reload during start-up, or the
+    parent's SIGHUP forwarded to a worker it has just forked. The loop applies it once it takes
+    SIGHUP (``take_held_sighup``): the configuration read at start may predate the edit it announced."""
+    _Held.sighup = False
+    signal.signal(signal.SIGHUP, _record_sighup)
+
+
+def _record_sighup(_sig: int, _frame: object) -> None:
+    _Held.sighup = True
+
+
+def take_held_sighup() -> bool:
+    """Whether a SIGHUP came since ``hold_sighup`` (forgotten once asked)."""
+    held, _Held.sighup = _Held.sighup, False
+    return held
 
 
 def reserve_port(host: str, port: int) -> tuple[socket.socket, int]:
@@ -44,8 +72,12 @@ def reserve_port(host: str, port: int) -> tuple[socket.socket, int]:
     return sock, int(sock.getsockname()[1])
 
 
-def run_workers(count: int, worker: Callable[[int], int]) -> int:
-    """Fork ``count`` workers running ``worker(index)``; forward signals; return when all have exited."""
+def run_workers(count: int, worker: Callable[[int], int], on_sighup: Callable[[], None] | None = None) -> int:
+    """Fork ``count`` workers running ``worker(index)``; forward signals; return when all have exited.
+
+    ``on_sighup`` runs in the parent on each SIGHUP, once the workers were sent theirs (and once at
+    the start when a SIGHUP came before: ``hold_sighup``), so what it reads is there for the workers
+    forked after it."""
     children: dict[int, int] = {}  # pid -> worker index
     stopping = False
     asked: list[int] = []  # the stop signals the parent got: the first drains, the second cuts
@@ -71,8 +103,10 @@ def run_workers(count: int, worker: Callable[[int], int]) -> int:
             children[pid] = index
             signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
         else:  # the worker: default signal handling; its own loop installs handlers
-            for sig in signals:
+            for sig in (signal.SIGTERM, signal.SIGINT, CUT_SIGNAL):
                 signal.signal(sig, signal.SIG_DFL)
+            # a SIGHUP forwarded before the worker's loop takes it ended the worker (default action)
+            hold_sighup()  # while the signals are still blocked: nothing of the parent's is inherited
             signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
             _end_with(parent)
             code = 1
@@ -100,9 +134,13 @@ def run_workers(count: int, worker: Callable[[int], int]) -> int:
             if len(asked) >= 2:
                 sig = CUT_SIGNAL  # a worker takes any number of SIGTERM/SIGINT as "drain"
         send(sig)
+        if sig == signal.SIGHUP and on_sighup is not None:
+            on_sighup()
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, forward)
+    if take_held_sighup() and on_sighup is not None:  # it came before the handler above: no worker yet
+        on_sighup()
     for index in range(count):
         spawn(index)
     status = 0
