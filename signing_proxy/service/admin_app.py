@@ -7,10 +7,11 @@ when ``admin.listen`` is set.
 
 The listener faces whoever can reach its port, so each connection is judged when it is accepted,
 before aiohttp reads a byte of it (:class:`_Gate`): a client outside ``admin.allow_clients`` gets its
-``403`` at once and is closed; no more than ``ADMIN_MAX_CONNECTIONS`` are open at once (the excess is
-closed unanswered); and a request head must arrive within ``ADMIN_IDLE_S`` of connecting or of the
-last answer. aiohttp alone waited for a first request without limit: idle connections from anyone
-held file descriptors until the proxy port had none left.
+``403`` at once and is closed (``REFUSING_MAX`` such answers leaving at once, the excess closed
+unanswered); no more than ``ADMIN_MAX_CONNECTIONS`` admitted connections are open at once (the excess
+is closed unanswered: strangers never count against it); and a request head must arrive within
+``ADMIN_IDLE_S`` of connecting or of the last answer. aiohttp alone waited for a first request
+without limit: idle connections from anyone held file descriptors until the proxy port had none left.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ __all__ = ["ADMIN_IDLE_S", "ADMIN_MAX_CONNECTIONS", "build_admin_app", "start_ad
 ADMIN_IDLE_S = 10.0  # our choice: a probe or a scrape sends its head at once; a keep-alive scrape reconnects
 ADMIN_MAX_CONNECTIONS = 64  # our choice: probes and scrapers need a few; the excess is closed unanswered
 REFUSAL_LINGER_S = 1.0  # a refused client's request, sent as we answered, is discarded this long at most
+REFUSING_MAX = 16  # our choice: refused connections answered at once; more are closed unanswered
 REFUSAL_DISCARD_BYTES = 64 * 1024  # and this much: then the refused connection is closed anyway
 _NOT_ALLOWED = ("client-not-allowed", "this address may not use the admin port (admin.allow_clients)")
 
@@ -52,9 +54,6 @@ class _Gate:
     def protocol(self) -> asyncio.Protocol:
         """The listener's protocol factory: the peer is known only once the connection is made."""
         return _Accepted(self)
-
-    def open_count(self) -> int:
-        return (len(self.server.connections) if self.server is not None else 0) + len(self.refusing)
 
     def arrived(self, transport: asyncio.BaseTransport | None) -> None:
         """A request reached the application: its connection's first head came in time. Later
@@ -86,13 +85,21 @@ class _Accepted(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         gate = self.gate
         server = gate.server
-        if server is None or gate.open_count() >= gate.max_connections:
-            # too many open: closed at once, unanswered (a refused answer would hold the descriptor)
+        peer = transport.get_extra_info("peername")
+        if server is None:
             cast(asyncio.Transport, transport).abort()
             return
-        peer = transport.get_extra_info("peername")
         if not peer or not gate.allowed(str(peer[0])):  # the socket's peer, never a forwarded-for header
-            _Refused(gate).take(transport)
+            # refused connections have a bound of their own: strangers never fill the admitted ones'
+            # (probes locked out of /healthz would get a pod restarted); past it, closed unanswered
+            if len(gate.refusing) >= REFUSING_MAX:
+                cast(asyncio.Transport, transport).abort()
+            else:
+                _Refused(gate).take(transport)
+            return
+        if len(server.connections) >= gate.max_connections:
+            # too many open: closed at once, unanswered (a refused answer would hold the descriptor)
+            cast(asyncio.Transport, transport).abort()
             return
         handler = server()
         transport.set_protocol(handler)

@@ -129,3 +129,19 @@ async def test_connections_beyond_the_cap_are_closed_at_once() -> None:
 
 def test_the_cap_is_the_one_checked_here() -> None:
     assert admin_app.ADMIN_MAX_CONNECTIONS == CAP
+
+
+async def test_strangers_never_fill_the_admitted_connections_cap() -> None:
+    """The cap counted refused connections (each kept up to a second while its 403 left): a stranger
+    connecting ~64 times a second kept it full, and allowed probes were closed unanswered."""
+    async with admin_listener(allow_clients=["127.0.0.2/32"]) as (_, port):
+        strangers: list[Streams] = []
+        try:
+            for _ in range(CAP + 8):  # from 127.0.0.1: refused, lingering
+                strangers.append(await asyncio.open_connection("127.0.0.1", port))
+            reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.2", 0))
+            strangers.append((reader, writer))
+            writer.write(HEALTHZ)
+            assert (await _answer_head(reader)).startswith(b"HTTP/1.1 200 ")
+        finally:
+            _close(strangers)
