@@ -38,6 +38,7 @@ from .signature_components import (
 from .uri import directory_base
 
 __all__ = [
+    "MAX_WEB_COMPONENTS",
     "PROFILES",
     "SVC",
     "WEB_BOT_AUTH",
@@ -71,6 +72,10 @@ _WEB_OPTIONAL = frozenset(
     for name in ("@method", "@path", "@query", "@scheme", "@request-target", "@target-uri", "content-digest")
 )
 WEB_COVERABLE = _WEB_OPTIONAL | {_AUTHORITY}  # all a web-bot-auth label may cover (and Signature-Agent)
+# our choice: components a web-bot-auth label may cover beyond those of the label before it (each
+# later label covers them all again, and its predecessor's two members): signers cover a handful,
+# and each costs a value read before any key is known
+MAX_WEB_COMPONENTS = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,6 +222,13 @@ def check_web_components(
     """The web-bot-auth rules on one label's covered set: ``@authority`` or ``@target-uri``, only the
     optional narrowing components and Signature-Agent beyond them; a later hop covers the previous
     label's ``signature`` and ``signature-input`` members and everything the previous label covered."""
+    inherited = frozenset(previous[1]) if previous is not None else frozenset()
+    if sum(c not in inherited for c in components) > MAX_WEB_COMPONENTS:  # before any value is read
+        raise VerificationError(
+            "too-many-components",
+            f"label {label!r} covers more than {MAX_WEB_COMPONENTS} components of its own",
+            label,
+        )
     if len(set(components)) != len(components):
         raise VerificationError("duplicate-component", "a component is covered twice", label)
     if _AUTHORITY not in components and _TARGET_URI not in components:

@@ -283,7 +283,7 @@ def query_param(query: str, name: str) -> str:
     a space, then percent-decoded as UTF-8), each name and value percent-encoded again with the HTML
     form set, a space as ``%20``. ``name`` is compared so encoded (the identifier carries it encoded).
     None, or more than one ("the named query parameter MUST NOT be included"), is refused."""
-    values = [value for key, value in _query_pairs(query[1:]) if key == name]
+    values = _query_values(query[1:]).get(name, ())
     if len(values) == 1:
         return values[0]
     if values:
@@ -291,13 +291,18 @@ def query_param(query: str, name: str) -> str:
     raise SigningError("missing-query-param", f"the query has no parameter {name!r}")
 
 
-def _query_pairs(query: str) -> list[tuple[str, str]]:
-    pairs = []
+@lru_cache(maxsize=4)
+def _query_values(query: str) -> dict[str, tuple[str, ...]]:
+    """Each encoded name's encoded values, the query parsed once for all the components of a message
+    (and the labels of a stack): per component, a stranger's thousands of names times thousands of
+    pairs held the loop for seconds. Shared: never changed once made."""
+    values: dict[str, tuple[str, ...]] = {}
     for part in query.split("&"):
         if part:
             key, _, value = part.partition("=")
-            pairs.append((_form_encoded(key), _form_encoded(value)))
-    return pairs
+            name = _form_encoded(key)
+            values[name] = (*values.get(name, ()), _form_encoded(value))
+    return values
 
 
 def _form_encoded(raw: str) -> str:
