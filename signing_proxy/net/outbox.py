@@ -19,6 +19,9 @@ writes after this outbox closed or half-closed its transport.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
+from typing import cast
 
 __all__ = ["CLOSE_DRAIN_S", "HOLD_MAX_BYTES", "Outbox", "close_within"]
 
@@ -48,6 +51,14 @@ class Outbox:
         self._held: list[bytes] = []
         self._size = 0
         self._ended = False  # closed or half-closed by us: nothing more is written
+
+    def attach(self, transport: asyncio.BaseTransport) -> None:
+        """The connection's transport, as it is made; small writes leave at once (no Nagle delay)."""
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     @property
     def held_bytes(self) -> int:

@@ -9,13 +9,11 @@ routes or the app: it frames, bounds and moves bytes.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
-import socket
 from collections import deque
 from collections.abc import Callable, Coroutine
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 import httptools
 
@@ -137,13 +135,9 @@ class ClientConnection(asyncio.Protocol):
 
     # --- transport callbacks ---
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.outbox.transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
+        self.outbox.attach(transport)
         peer = transport.get_extra_info("peername")
         self.client_ip = str(peer[0]) if peer else "-"
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         engine = self.engine
         if engine.open_count() >= engine.limits.max_connections:
             engine.refused += 1
@@ -385,6 +379,10 @@ class ClientConnection(asyncio.Protocol):
             self._ready.remove(owner)
             self.engine.release(owner)
         method = owner.method if owner is not None else ""  # known once its head was read
+        if owner is not None and owner is self._serving:  # its body: its handler logs it as it ends
+            owner.refusal = cause
+            self._refuse(cause, None)
+            return
         if self._ready or (self._serving is not None and self._serving is not owner):
             self._ready.append(queued := Request(refusal=cause))  # RFC 9112 section 9.3.2: in its turn
             queued.method = method
@@ -392,12 +390,13 @@ class ClientConnection(asyncio.Protocol):
             return
         self._refuse(cause, method)
 
-    def _refuse(self, cause: ProxyError, method: str) -> None:
+    def _refuse(self, cause: ProxyError, method: str | None) -> None:
         self.write_problem(cause, close=True)
         self.linger()
         self._closed = True
         self._wake()
-        tell(self.engine.handler, self.client_ip, cause, method)  # its access line and its count
+        if method is not None:  # not one being served: its access line and its count
+            tell(self.engine.handler, self.client_ip, cause, method)
 
     def _on_upgrade(self, rest: bytes) -> None:
         req = self._current

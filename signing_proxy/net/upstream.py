@@ -9,9 +9,7 @@ cannot keep up, the sink pauses this connection's reading, so memory stays flat 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import re
-import socket
 import ssl
 from collections import deque
 from collections.abc import Callable
@@ -118,11 +116,7 @@ class UpstreamConnection(asyncio.Protocol):
 
     # --- transport callbacks ---
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.outbox.transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.outbox.attach(transport)
 
     def data_received(self, data: bytes) -> None:
         if self.sink is not None:  # the read timeout counts from now

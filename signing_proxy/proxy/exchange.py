@@ -246,7 +246,11 @@ class ProxyHandler:
             return keep
         except AbortConnection:
             outcome = "aborted"
-            conn.abort()
+            if req.refusal is None:
+                conn.abort()
+            else:  # its body could not be parsed: the engine answered so, and closes after its answer
+                status, outcome = req.refusal.status, req.refusal.reason
+                self.count(outcome)
             return False
         except Exception:  # a bug: the request still gets an answer, the log gets the traceback
             log.exception("unexpected error serving %s %s", req.method, host)

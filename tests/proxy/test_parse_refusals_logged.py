@@ -23,6 +23,7 @@ from signing_proxy.core.jwk import SigningKey
 from signing_proxy.core.keys import StaticKeyProvider
 from signing_proxy.proxy.accesslog import AccessLog
 from signing_proxy.service.app import ProxyApp
+from tests.harness import until
 
 WAIT_S = 10.0
 HEAD = b"GET http://a.example/ HTTP/1.1\r\nHost: a.example\r\n"
@@ -113,4 +114,27 @@ async def test_a_refusal_in_its_turn_after_a_pipelined_request_is_logged_after_i
         (200, "local"),
         (400, "malformed-request"),
     ]
+    assert counted(app.metrics.render().decode(), "malformed-request") == 1
+
+
+async def test_a_body_broken_while_served_is_logged_once_with_its_refusal(proxy: Proxy) -> None:
+    """The engine's refusal and the handler's own end were each logged (400 malformed-request, then
+    the same request again as aborted): one request, one line, the status the client got."""
+    app, port, written = proxy
+    reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), WAIT_S)
+    try:
+        writer.write(
+            b"POST http://a.example/x HTTP/1.1\r\nHost: a.example\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b"5\r\nhello\r\n"
+        )
+        await until(lambda: any(conn.busy for conn in app.engine.connections), "the body being read")
+        writer.write(b"zz\r\n")  # not a chunk size
+        answer = await asyncio.wait_for(reader.read(), WAIT_S)
+    finally:
+        writer.close()
+    assert answer.startswith(b"HTTP/1.1 400 ")
+    await until(lambda: requests_logged(written), "the handler's line")  # written as it ends
+    await asyncio.sleep(0.05)  # a second line, had one been written, would be there by now
+    lines = [(d["method"], d["host"], d["status"], d["outcome"]) for d in requests_logged(written)]
+    assert lines == [("POST", "a.example", 400, "malformed-request")]
     assert counted(app.metrics.render().decode(), "malformed-request") == 1
