@@ -161,10 +161,10 @@ def sign_bounded(key: TokenKey, data: bytes) -> bytes:
     ``sign_async`` waits on a loop): TokenError ``token-unavailable`` after it, and the caller goes on.
     Never call it on the token's own thread (it would wait for itself)."""
     slot = key.slot
-    future = slot.module.executor.submit(key.sign, data)
+    future = slot.module.submit(key.sign, data)  # refused at once while an earlier call hangs
     try:
         return future.result(timeout=slot.timeout_s)
     except TimeoutError:
-        future.cancel()  # still queued behind a call that hangs: it never runs
+        slot.module.timed_out(future)
         slot.failure = "token-timeout"
         raise TokenError("token-unavailable", f"the token did not sign within {slot.timeout_s:g} s") from None

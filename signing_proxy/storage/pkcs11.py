@@ -27,6 +27,7 @@ import os
 import secrets
 import threading
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar, Final, TypeVar
@@ -180,6 +181,7 @@ class Pkcs11Module:
         self.path = path
         self.lock = threading.RLock()  # one call into the module at a time (see the module docstring)
         self.executor = DaemonWorker("pkcs11")  # not joined at exit: a hung token holds up no SIGTERM
+        self.stalled: Future[Any] | None = None  # a call past its caller's timeout, still running
         self.generation = 0  # bumped by every reset: object handles of older generations are stale
         self._lib: Any = None
         self._sessions: dict[tuple[tuple[str, str], ...], Any] = {}
@@ -247,6 +249,20 @@ class Pkcs11Module:
         self._sessions.clear()
         self._stale = self._lib is not None
         self.generation += 1
+
+    def submit(self, fn: Callable[..., T], *args: object) -> Future[T]:
+        """``fn(*args)`` on the module's thread. Refused at once (``token-unavailable``) while a call
+        that timed out still runs: nothing piles up behind a token that hangs (a signature base and a
+        future per request, for as long as it hangs)."""
+        stalled = self.stalled
+        if stalled is not None and not stalled.done():
+            raise TokenError("token-unavailable", "the token has not finished a call that timed out")
+        return self.executor.submit(fn, *args)
+
+    def timed_out(self, future: Future[Any]) -> None:
+        """``future`` passed its caller's timeout: dropped while still queued, else marked stalled."""
+        if not future.cancel():
+            self.stalled = future
 
     def call(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` (blocking) holding the module's lock; a PKCS#11 failure resets the module and
@@ -344,10 +360,11 @@ class TokenKey(SigningKey):
 
     async def sign_async(self, data: bytes) -> bytes:
         """``sign`` on the module's thread, bounded by the slot's ``timeout_s``; the loop never waits."""
-        future = self.slot.module.executor.submit(self.sign, data)
+        future = self.slot.module.submit(self.sign, data)
         try:
             return await asyncio.wait_for(asyncio.wrap_future(future), self.slot.timeout_s)
         except TimeoutError:
+            self.slot.module.timed_out(future)
             self.slot.failure = "token-timeout"
             raise TokenError(
                 "token-unavailable", f"the token did not sign within {self.slot.timeout_s:g} s"

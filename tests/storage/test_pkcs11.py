@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from concurrent import futures
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from signing_proxy.config import parse_config
 from signing_proxy.core.errors import KeyFormatError
 from signing_proxy.core.pkcs11_uri import Pkcs11Uri, parse_pkcs11_uri
 from signing_proxy.errors import TokenError
+from signing_proxy.proxy.signer import sign_bounded
 from signing_proxy.service.tokenkeys import token_provider_for
 from signing_proxy.storage.pkcs11 import (
     Pkcs11KeyProvider,
@@ -152,6 +154,9 @@ def test_a_busy_token_never_holds_up_the_loop_and_times_out(hsm: SoftHsm) -> Non
     finally:
         release.set()
         holder.join(10)
+    stalled = key.slot.module.stalled  # the call that timed out, now free to finish
+    assert stalled is not None
+    futures.wait([stalled], timeout=10)
     assert outcome == "token-unavailable"
     assert failure == "token-timeout"
     assert ticks > 0
@@ -159,6 +164,39 @@ def test_a_busy_token_never_holds_up_the_loop_and_times_out(hsm: SoftHsm) -> Non
     signature = asyncio.run(key.sign_async(b"base"))
     assert key.public.verify(signature, b"base")
     assert key.slot.failure is None
+
+
+def test_nothing_piles_up_behind_a_token_that_hangs(hsm: SoftHsm) -> None:
+    """Each signature that timed out left its call queued behind the hung one (a future and a
+    signature base per request, for as long as the token hung); now, while a call that timed out
+    still runs, the next are refused at once and nothing is queued."""
+    key = generate_token_key(slot(hsm, timeout_s=0.2), parse_pkcs11_uri(hsm.uri("agent")))
+    release, held = threading.Event(), threading.Event()
+
+    def hold() -> None:  # the token hangs: a call is inside the module and never returns meanwhile
+        with key.slot.module.lock:
+            held.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert held.wait(10)
+    try:
+        with pytest.raises(TokenError):
+            sign_bounded(key, b"base")  # times out, still running: the module is stalled
+        for _ in range(200):
+            with pytest.raises(TokenError, match="has not finished a call that timed out"):
+                sign_bounded(key, b"base")
+            with pytest.raises(TokenError, match="has not finished a call that timed out"):
+                asyncio.run(key.sign_async(b"base"))
+        assert key.slot.module.executor._queue.qsize() == 0
+    finally:
+        release.set()
+        holder.join(10)
+    stalled = key.slot.module.stalled
+    assert stalled is not None
+    futures.wait([stalled], timeout=10)  # the hung call ends: the token is asked again
+    assert key.public.verify(sign_bounded(key, b"base"), b"base")
 
 
 def test_pin_sources(tmp_path: Path) -> None:
