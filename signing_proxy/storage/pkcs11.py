@@ -348,15 +348,30 @@ class TokenKey(SigningKey):
         p11 = _pkcs11()
 
         def on_token() -> bytes:
-            module = self.slot.module
-            if self._handle is None or self._handle[0] != module.generation:
-                session = self.slot.session()
-                self._same_key(session)  # never sign with another key
-                key = session.get_key(**_lookup(self.uri, p11.ObjectClass.PRIVATE_KEY))
-                self._handle = (module.generation, key)
-            return bytes(self._handle[1].sign(data, mechanism=p11.Mechanism.EDDSA))
+            handle = self._handle
+            if handle is None or handle[0] != self.slot.module.generation:
+                handle = self._open(self.slot.session())
+            return bytes(handle[1].sign(data, mechanism=p11.Mechanism.EDDSA))
 
         return self.slot.tracked(on_token)  # the slot records its own health
+
+    def _open(self, session: Any) -> tuple[int, Any]:
+        """The private key object's handle, taken (at first use and after each reset) only once the
+        public key ``uri`` names is still ``public`` and the private key proves to be its pair: the
+        token signs a random challenge that must verify. A key store's entries and a reconnected
+        ``signing.key`` are checked as a key opened at start is (``token-key-mismatch``)."""
+        p11 = _pkcs11()
+        self._same_key(session)  # never sign with another key
+        key = session.get_key(**_lookup(self.uri, p11.ObjectClass.PRIVATE_KEY))
+        challenge = secrets.token_bytes(32)
+        if not self.public.verify(bytes(key.sign(challenge, mechanism=p11.Mechanism.EDDSA)), challenge):
+            raise TokenError(
+                "token-key-mismatch",
+                f"the private key of {self.uri.describe()} is not the pair of its public key object "
+                "(its signatures do not verify)",
+            )
+        self._handle = (self.slot.module.generation, key)
+        return self._handle
 
     async def sign_async(self, data: bytes) -> bytes:
         """``sign`` on the module's thread, bounded by the slot's ``timeout_s``; the loop never waits."""
@@ -382,7 +397,7 @@ class TokenKey(SigningKey):
         key under the URI (the token re-initialised, a new key under the label) keeps
         ``token-key-mismatch``: it answers, but every signature would be refused."""
         try:
-            self.slot.tracked(lambda: self._same_key(self.slot.session()))
+            self.slot.tracked(lambda: self._open(self.slot.session()))
         except TokenError:
             return False
         return True
@@ -409,14 +424,7 @@ def open_token_key(slot: TokenSlot, uri: Pkcs11Uri) -> TokenKey:
     verify under it. A private key object that is not that object's pair (every signature would be
     invalid) is refused (``token-key-mismatch``)."""
     key = TokenKey(slot, uri, slot.public_key(uri))
-    challenge = secrets.token_bytes(32)
-    if not key.public.verify(key.sign(challenge), challenge):
-        slot.failure = "token-key-mismatch"
-        raise TokenError(
-            "token-key-mismatch",
-            f"the private key of {uri.describe()} is not the pair of its public key object "
-            "(its signatures do not verify)",
-        )
+    slot.tracked(lambda: key._open(slot.session()))  # the challenge: token-key-mismatch
     return key
 
 

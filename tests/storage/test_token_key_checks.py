@@ -132,6 +132,30 @@ def test_a_private_key_of_another_pair_is_refused_at_open(hsm: SoftHsm) -> None:
     assert str(at_start.value).startswith("signing.key: ")
 
 
+def test_a_key_store_entry_of_another_pair_never_signs_and_stays_unready(hsm: SoftHsm) -> None:
+    """A key store's token entry is not opened at start (the index gives its public key): the pair
+    was never proved, so it signed invalid signatures while /readyz said ready. The challenge is now
+    made whenever a handle is taken, and by the probe."""
+    generate_token_key(slot(hsm), parse_pkcs11_uri(hsm.uri("agent")))
+    generate_token_key(slot(hsm, "other"), parse_pkcs11_uri(hsm.uri("other")))
+    public = p11.ObjectClass.PUBLIC_KEY
+    with module_for(hsm.module).lock:
+        session = rw_session(hsm)
+        (ours,) = session.get_objects({p11.Attribute.CLASS: public, p11.Attribute.LABEL: "agent"})
+        ours.destroy()
+        (theirs,) = session.get_objects({p11.Attribute.CLASS: public, p11.Attribute.LABEL: "other"})
+        theirs[p11.Attribute.LABEL] = "agent"
+    entry_slot = slot(hsm)
+    uri = parse_pkcs11_uri(hsm.uri("agent"))
+    entry = TokenKey(entry_slot, uri, entry_slot.public_key(uri))  # as the key store makes it
+    with pytest.raises(TokenError) as caught:
+        entry.sign(b"base")
+    assert caught.value.reason == "token-key-mismatch"
+    assert entry_slot.failure == "token-key-mismatch"
+    assert entry.probe() is False  # the probe proves the pair too: never ready again
+    assert entry_slot.failure == "token-key-mismatch"
+
+
 def counted_logins(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """One entry per login the token is asked for (each session opened logs in with the PIN)."""
     logins: list[str] = []
