@@ -203,7 +203,7 @@ def ingest_requester(body: bytes, understood_extensions: Container[str]) -> Inge
         raise IngestError("requester-missing", "an exchange call carries a requester object")
     ident = _string(requester, "id", "requester")
     domain = _string(requester, "domain", "requester")
-    if "type" not in requester:
+    if requester.get("type") is None:  # absent, or null: its default (proto3 JSON), which is no type
         raise IngestError("requester-field-missing", "requester.type is required")
     kind = _requester_type(requester["type"])
     alias = _alias(requester, _REQUESTER_ALIASES)

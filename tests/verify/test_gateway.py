@@ -191,7 +191,7 @@ async def test_an_unsigned_request_is_refused_401(world: World) -> None:
         # an object or an array is never looked up (unhashable: it escaped as a 500)
         (b'{"ver":"1.0","requester":{"id":"a","domain":"d","type":{"x":1}}}', "requester-type-unknown"),
         (b'{"ver":"1.0","requester":{"id":"a","domain":"d","type":[1]}}', "requester-type-unknown"),
-        (b'{"ver":"1.0","requester":{"id":"a","domain":"d","type":null}}', "requester-type-unknown"),
+        (b'{"ver":"1.0","requester":{"id":"a","domain":"d","type":null}}', "requester-field-missing"),
         (
             b'{"ver":"1.0","requester":{"id":"a","domain":"d","type":"REQUESTER_TYPE_ROBOT"}}',
             "requester-type-unknown",
