@@ -147,6 +147,20 @@ def stop_process(proc: subprocess.Popen[Any]) -> None:
         proc.wait(WAIT_S)
 
 
+def children(pid: int) -> set[int]:
+    """The live (not zombie) child processes of ``pid``, from ``/proc``."""
+    out = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid and fields[0] != "Z":
+                out.add(int(entry.name))
+    return out
+
+
 def free_port() -> int:
     """A free loopback port, for addresses that must be known before a process starts."""
     with socket.socket() as sock:

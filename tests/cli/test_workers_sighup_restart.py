@@ -13,27 +13,13 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.harness import WAIT_S, ProxyProcess, free_port, wait_for
+from tests.harness import WAIT_S, ProxyProcess, children, free_port, wait_for
 
 pytestmark = pytest.mark.integration
 
 ADMITTED = {"allow_clients": ["127.0.0.0/8"]}  # the test's own address
 REVOKED = {"allow_clients": ["10.0.0.0/8"]}  # 127.0.0.1 no longer
 PROBES = 20  # connections, each new: the kernel spreads them over the workers
-
-
-def children(pid: int) -> set[int]:
-    """The live child processes of ``pid``."""
-    out = set()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid and fields[0] != "Z":
-                out.add(int(entry.name))
-    return out
 
 
 def said(proxy: ProxyProcess, text: str) -> int:

@@ -16,23 +16,9 @@ import pytest
 import yaml
 
 from signing_proxy.core.jwk import SigningKey
-from tests.harness import WAIT_S, wait_for
+from tests.harness import WAIT_S, children, wait_for
 
 pytestmark = pytest.mark.integration
-
-
-def children(pid: int) -> set[int]:
-    """The live child processes of ``pid``."""
-    out = set()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid and fields[0] != "Z":
-                out.add(int(entry.name))
-    return out
 
 
 def read_until(fd: int, count: int, text: bytes) -> bytes:

@@ -13,24 +13,11 @@ import requests
 
 from signing_proxy.core.jwk import SigningKey
 from signing_proxy.service.workers import run_workers
-from tests.harness import WAIT_S, ProxyProcess, VerifyingOrigin, run_cli, wait_for
+from tests.harness import WAIT_S, ProxyProcess, VerifyingOrigin, children, run_cli, wait_for
 
 pytestmark = pytest.mark.integration
 
 KEY = SigningKey.generate()
-
-
-def children(pid: int) -> set[int]:
-    out = set()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                out.add(int(entry.name))
-    return out
 
 
 def test_workers_share_the_port_and_stop_together(tmp_path: Path) -> None:
