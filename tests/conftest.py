@@ -4,9 +4,12 @@ import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    from tests.softhsm import SoftHsm
 
 VECTORS = Path(__file__).parent / "vectors"
 
@@ -29,3 +32,14 @@ def _package_logger_as_found() -> Iterator[None]:
     saved = logger.handlers[:], logger.level, logger.propagate
     yield
     logger.handlers[:], logger.level, logger.propagate = saved
+
+
+@pytest.fixture
+def hsm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> SoftHsm:
+    """A SoftHSM2 token of its own (in ``tmp_path / "hsm"``), this process's PKCS#11 modules pointed
+    at it: not the token an earlier test left initialised."""
+    from tests.softhsm import SoftHsm, use_in_this_process  # only for tests asking
+
+    token = SoftHsm(tmp_path / "hsm")
+    use_in_this_process(token, monkeypatch)
+    return token

@@ -30,7 +30,7 @@ from signing_proxy.service.tokenkeys import token_slot_for
 from signing_proxy.storage.keystore import KeyStore, StoreKeyProvider, StoreWatcher
 from signing_proxy.storage.pkcs11 import TokenKey, generate_token_key
 from tests.harness import WAIT_S
-from tests.softhsm import SoftHsm, use_in_this_process
+from tests.softhsm import SoftHsm
 
 DIRECTORY = "/.well-known/http-message-signatures-directory"
 SIGNED = {"Accept": WEB_DIRECTORY_MEDIA_TYPE}
@@ -167,13 +167,6 @@ async def test_an_expired_cache_entry_is_signed_again(
 
 
 # --- a key on a token ---
-
-
-@pytest.fixture
-def hsm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> SoftHsm:
-    token = SoftHsm(tmp_path / "hsm")
-    use_in_this_process(token, monkeypatch)  # not the token an earlier test left initialised
-    return token
 
 
 def _token_server(tmp_path: Path, hsm: SoftHsm, clock: Clock) -> PublishServer:

@@ -19,18 +19,11 @@ from signing_proxy.service.tokenkeys import token_slot_for
 from signing_proxy.storage.keystore import KeyStore
 from signing_proxy.storage.pkcs11 import TokenKey, generate_token_key
 from tests.harness import WAIT_S
-from tests.softhsm import SoftHsm, use_in_this_process
+from tests.softhsm import SoftHsm
 
 pytestmark = pytest.mark.integration
 
 SIGNED = {"Accept": "application/http-message-signatures-directory+json"}
-
-
-@pytest.fixture
-def hsm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> SoftHsm:
-    token = SoftHsm(tmp_path / "hsm")
-    use_in_this_process(token, monkeypatch)  # not the token an earlier test left initialised
-    return token
 
 
 async def test_proofs_are_made_on_the_tokens_thread_and_a_token_gone_is_a_503(

@@ -28,16 +28,9 @@ from signing_proxy.storage.pkcs11 import (
     open_token_key,
     read_pin,
 )
-from tests.softhsm import PIN, PIN_ENV, SoftHsm, use_in_this_process
+from tests.softhsm import PIN, PIN_ENV, SoftHsm
 
 p11 = pytest.importorskip("pkcs11", reason="python-pkcs11 (extra 'hsm') is not installed")
-
-
-@pytest.fixture
-def hsm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> SoftHsm:
-    token = SoftHsm(tmp_path)
-    use_in_this_process(token, monkeypatch)
-    return token
 
 
 def slot(hsm: SoftHsm, obj: str = "agent", pin: str = PIN, timeout_s: float = 5.0) -> TokenSlot:

@@ -27,16 +27,9 @@ from signing_proxy.storage.pkcs11 import (
     read_pin,
 )
 from signing_proxy.storage.tokenstore import TokenStoreKeyProvider
-from tests.softhsm import PIN, SoftHsm, use_in_this_process
+from tests.softhsm import PIN, SoftHsm
 
 p11 = pytest.importorskip("pkcs11", reason="python-pkcs11 (extra 'hsm') is not installed")
-
-
-@pytest.fixture
-def hsm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> SoftHsm:
-    token = SoftHsm(tmp_path)
-    use_in_this_process(token, monkeypatch)
-    return token
 
 
 def slot(hsm: SoftHsm, obj: str = "agent", pin: str | None = PIN) -> TokenSlot:

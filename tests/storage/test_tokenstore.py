@@ -16,18 +16,11 @@ from signing_proxy.storage.keyindex import StoreState
 from signing_proxy.storage.keystore import KeyStore, StoreWatcher, TokenKeys
 from signing_proxy.storage.pkcs11 import TokenKey, TokenSlot, generate_token_key, module_for
 from signing_proxy.storage.tokenstore import TokenStoreKeyProvider
-from tests.softhsm import PIN, SoftHsm, use_in_this_process
+from tests.softhsm import PIN, SoftHsm
 
 pytest.importorskip("pkcs11", reason="python-pkcs11 (extra 'hsm') is not installed")
 
 T = 1_800_000_000
-
-
-@pytest.fixture
-def hsm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> SoftHsm:
-    token = SoftHsm(tmp_path)
-    use_in_this_process(token, monkeypatch)
-    return token
 
 
 def opener(hsm: SoftHsm) -> tuple[TokenSlot, TokenKeys]:
