@@ -101,9 +101,8 @@ def test_a_store_probe_clears_the_failure_through_its_signing_key(tmp_path: Path
     assert current.public.verify(current.sign(b"base"), b"base")
 
 
-def test_a_private_key_of_another_pair_is_refused_at_open(hsm: SoftHsm) -> None:
-    """The keyid came from the public key object alone: with the private key of pair A and the
-    public key of pair B under one label, the proxy started ready and every signature was invalid."""
+def mismatched_pair(hsm: SoftHsm) -> None:
+    """Under the label ``agent``: the private key of one pair and the public key of another."""
     generate_token_key(slot(hsm), parse_pkcs11_uri(hsm.uri("agent")))
     generate_token_key(slot(hsm, "other"), parse_pkcs11_uri(hsm.uri("other")))
     public = p11.ObjectClass.PUBLIC_KEY
@@ -113,6 +112,12 @@ def test_a_private_key_of_another_pair_is_refused_at_open(hsm: SoftHsm) -> None:
         ours.destroy()
         (theirs,) = session.get_objects({p11.Attribute.CLASS: public, p11.Attribute.LABEL: "other"})
         theirs[p11.Attribute.LABEL] = "agent"
+
+
+def test_a_private_key_of_another_pair_is_refused_at_open(hsm: SoftHsm) -> None:
+    """The keyid came from the public key object alone: with the private key of pair A and the
+    public key of pair B under one label, the proxy started ready and every signature was invalid."""
+    mismatched_pair(hsm)
     with pytest.raises(TokenError) as caught:
         open_token_key(slot(hsm), parse_pkcs11_uri(hsm.uri("agent")))
     assert caught.value.reason == "token-key-mismatch"
@@ -129,15 +134,7 @@ def test_a_key_store_entry_of_another_pair_never_signs_and_stays_unready(hsm: So
     """A key store's token entry is not opened at start (the index gives its public key): the pair
     was never proved, so it signed invalid signatures while /readyz said ready. The challenge is now
     made whenever a handle is taken, and by the probe."""
-    generate_token_key(slot(hsm), parse_pkcs11_uri(hsm.uri("agent")))
-    generate_token_key(slot(hsm, "other"), parse_pkcs11_uri(hsm.uri("other")))
-    public = p11.ObjectClass.PUBLIC_KEY
-    with module_for(hsm.module).lock:
-        session = rw_session(hsm)
-        (ours,) = session.get_objects({p11.Attribute.CLASS: public, p11.Attribute.LABEL: "agent"})
-        ours.destroy()
-        (theirs,) = session.get_objects({p11.Attribute.CLASS: public, p11.Attribute.LABEL: "other"})
-        theirs[p11.Attribute.LABEL] = "agent"
+    mismatched_pair(hsm)
     entry_slot = slot(hsm)
     uri = parse_pkcs11_uri(hsm.uri("agent"))
     entry = TokenKey(entry_slot, uri, entry_slot.public_key(uri))  # as the key store makes it
