@@ -178,9 +178,8 @@ def profile_components(
         own.append(agent)
     if previous is None:
         return tuple(own)
-    for component in inner:
-        if component not in own:
-            own.append(component)
+    mine = set(own)
+    own.extend(dict.fromkeys(c for c in inner if c not in mine))  # in order, each once (by hash)
     own.append(Component("signature", key=previous))
     if profile.outer_covers_input:
         own.append(Component("signature-input", key=previous))
@@ -229,9 +228,10 @@ def check_web_components(
             f"label {label!r} covers more than {MAX_WEB_COMPONENTS} components of its own",
             label,
         )
-    if len(set(components)) != len(components):
+    present = set(components)  # membership by hash: a stack's last label may cover a thousand
+    if len(present) != len(components):
         raise VerificationError("duplicate-component", "a component is covered twice", label)
-    if _AUTHORITY not in components and _TARGET_URI not in components:
+    if _AUTHORITY not in present and _TARGET_URI not in present:
         raise VerificationError(
             "missing-covered-component",
             f'label {label!r} covers neither "@authority" nor "@target-uri"',
@@ -242,7 +242,7 @@ def check_web_components(
         prev_label, prev_components = previous
         chained = (Component("signature", key=prev_label), Component("signature-input", key=prev_label))
         for needed in (*chained, *prev_components):
-            if needed not in components:
+            if needed not in present:
                 raise VerificationError(
                     "predecessor-not-covered",
                     f"label {label!r} must cover {needed.serialized} of label {prev_label!r}",

@@ -296,13 +296,12 @@ def _query_values(query: str) -> dict[str, tuple[str, ...]]:
     """Each encoded name's encoded values, the query parsed once for all the components of a message
     (and the labels of a stack): per component, a stranger's thousands of names times thousands of
     pairs held the loop for seconds. Shared: never changed once made."""
-    values: dict[str, tuple[str, ...]] = {}
+    values: dict[str, list[str]] = {}
     for part in query.split("&"):
         if part:
             key, _, value = part.partition("=")
-            name = _form_encoded(key)
-            values[name] = (*values.get(name, ()), _form_encoded(value))
-    return values
+            values.setdefault(_form_encoded(key), []).append(_form_encoded(value))
+    return {name: tuple(found) for name, found in values.items()}
 
 
 def _form_encoded(raw: str) -> str:

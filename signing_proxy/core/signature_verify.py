@@ -1,7 +1,8 @@
 """RFC 9421 verification under the spec's profile: parse a signature stack, then verify it purely.
 
-Verification follows "resolve, then verify" (DESIGN, STYLE 2): ``parse_signature_stack`` turns
-Signature-Input and Signature into ``SignatureEntry`` values in stack order, the caller resolves each
+Verification follows "resolve, then verify" (DESIGN, STYLE 2): ``parse_signature_stack``
+(``signature_stack``) turns Signature-Input and Signature into ``SignatureEntry`` values in stack
+order, bounded before any label is read, the caller resolves each
 keyid (a directory fetch is I/O, so it happens outside) and hands ``verify_stack`` a ``KeyLookup``.
 ``check_stack`` applies every rule that needs no key — exactly the covered set of
 ``hop_components`` for its position, ``alg="ed25519"``, a thumbprint ``keyid``, ``created`` no more
@@ -21,16 +22,14 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from .digest import verify_content_digest
 from .errors import FieldError, SigningError, VerificationError
-from .fields import Fields
 from .gateway_ingest import IngestError, exchange_method
 from .jwk import PublicKey
 from .keys import is_thumbprint
 from .profiles import SVC, WEB_MAX_VALIDITY_S, check_web_components, entry_profile, web_signature_agent
-from .sfv import is_string, parse_item, serialize_member
+from .sfv import is_string, parse_item
 from .signature_components import (
     ALG_ED25519,
     SPEC_COMPONENTS,
@@ -38,10 +37,9 @@ from .signature_components import (
     Dictionaries,
     Message,
     check_components,
-    parse_field_dictionary,
-    received_component,
     signature_base,
 )
+from .signature_stack import MAX_HOPS, MAX_STACK_COMPONENTS, SignatureEntry, parse_signature_stack
 from .uri import directory_base
 
 __all__ = [
@@ -49,6 +47,7 @@ __all__ = [
     "DEFAULT_SKEW_S",
     "MAX_HOPS",
     "MAX_SKEW_S",
+    "MAX_STACK_COMPONENTS",
     "CheckedStack",
     "KeyLookup",
     "SignatureEntry",
@@ -67,87 +66,8 @@ DEFAULT_SKEW_S = 5  # our choice: the spec gives no clock-skew tolerance (README
 MAX_SKEW_S = 300  # our choice: the most a configuration may forgive (a signature's whole default life)
 # our choice (spec silent, config verify.max_validity_s): a leaked request is replayable for at most an hour
 DEFAULT_MAX_VALIDITY_S = 3600
-# our choice (spec: hop caps "not shown"): the most labels any verifier takes, with or without a
-# max_hops of its own; a broker chain is 2 or 3, and each label's base repeats every covered value
-MAX_HOPS = 16
 # RFC 9421 signature parameters registry; the spec's template uses the first four.
 _KNOWN_PARAMS = frozenset({"keyid", "alg", "created", "expires", "nonce", "tag"})
-
-
-@dataclass(frozen=True, slots=True)
-class SignatureEntry:
-    """One parsed label of a signature stack."""
-
-    label: str
-    components: tuple[Component, ...]
-    params: tuple[tuple[str, object], ...]
-    params_value: str  # re-serialized inner list: the @signature-params value (RFC 9421 3.2 step 7)
-    signature: bytes
-
-    def param(self, name: str) -> object:
-        for key, value in self.params:
-            if key == name:
-                return value
-        return None
-
-    @property
-    def keyid(self) -> str | None:
-        value = self.param("keyid")
-        return value if isinstance(value, str) else None
-
-
-def parse_signature_stack(fields: Fields) -> tuple[SignatureEntry, ...]:
-    """Parse Signature-Input and Signature into entries in stack order (first label = first signer)."""
-    raw_input = fields.combined("Signature-Input")
-    raw_sig = fields.combined("Signature")
-    if raw_input is None and raw_sig is None:
-        raise VerificationError("missing-signature", "no Signature-Input and Signature headers")
-    if raw_input is None or raw_sig is None:
-        missing = "Signature-Input" if raw_input is None else "Signature"
-        raise VerificationError("missing-signature", f"{missing} header is absent")
-    try:
-        inputs = parse_field_dictionary(raw_input, "Signature-Input")
-        signatures = parse_field_dictionary(raw_sig, "Signature")
-    except FieldError as exc:
-        raise VerificationError(exc.reason, exc.detail) from exc
-    if not inputs:
-        raise VerificationError("missing-signature", "Signature-Input is empty")
-    dangling = set(inputs) ^ set(signatures)
-    if dangling:
-        raise VerificationError("dangling-label", f"labels {sorted(dangling)} appear in only one header")
-    if len(inputs) > MAX_HOPS:  # before any label is read: a stranger may send thousands
-        raise VerificationError("too-many-hops", f"{len(inputs)} signatures exceed the cap of {MAX_HOPS}")
-    entries = []
-    for label, member in inputs.items():
-        entries.append(_entry(label, member, signatures[label]))
-    return tuple(entries)
-
-
-def _entry(label: str, member: Any, sig_member: Any) -> SignatureEntry:
-    if not (isinstance(member, tuple) and isinstance(member[0], list)):
-        raise VerificationError("malformed-signature-input", f"member {label!r} is not an Inner List", label)
-    items, params = member
-    components = []
-    for item_value, item_params in items:
-        if not isinstance(item_value, str):  # a Token is not a str (http-sf uses UserString)
-            raise VerificationError("malformed-signature-input", "component identifiers are Strings", label)
-        component = received_component(item_value, item_params)
-        if component is None:
-            raise VerificationError(
-                "unsupported-component-parameter",
-                f"component {item_value!r} has parameters {sorted(item_params)}",
-                label,
-            )
-        components.append(component)
-    if not (isinstance(sig_member, tuple) and isinstance(sig_member[0], bytes)):
-        raise VerificationError("malformed-signature", f"member {label!r} is not a Byte Sequence", label)
-    return SignatureEntry(
-        label=label,
-        components=tuple(components),
-        params=tuple(params.items()),
-        params_value=serialize_member(member),
-        signature=sig_member[0],
-    )
 
 
 # An sf-string without escapes or parameters, which is what a Signature-Agent URL is: read in C

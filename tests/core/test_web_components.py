@@ -217,3 +217,51 @@ def test_the_query_is_parsed_once_for_all_its_params() -> None:
         for i in range(0, 3000, 10):
             assert component_value(message, Component("@query-param", query_name=f"k{i}")) == f"v{i}"
     assert calls == 2 * 3000  # each name and value encoded once, not once per component
+
+
+def _raw_stack(labels: list[list[str]]) -> list[tuple[str, str]]:
+    """A web-bot-auth stack as a stranger writes it: labels l0, l1, ... over these identifiers."""
+    inputs = ", ".join(
+        f'l{i}=({" ".join(covered)});created={NOW};expires={NOW + 60};keyid="{KEY.thumbprint}";'
+        'tag="web-bot-auth"'
+        for i, covered in enumerate(labels)
+    )
+    signatures = ", ".join(f"l{i}=:AAAA:" for i in range(len(labels)))
+    return [("Signature-Input", inputs), ("Signature", signatures)]
+
+
+def _deep_stack(first: int, own: int) -> list[list[str]]:
+    """MAX_HOPS labels: the first over ``first`` fields, each later one over all of the one before,
+    its two members and ``own`` fields of its own."""
+    labels = [['"@authority"', *(f'"f0-{j}"' for j in range(first))]]
+    for i in range(1, 16):
+        chained = [f'"signature";key="l{i - 1}"', f'"signature-input";key="l{i - 1}"']
+        labels.append([*labels[-1], *chained, *(f'"f{i}-{j}"' for j in range(own))])
+    return labels
+
+
+def test_a_stack_covering_more_than_1024_components_is_refused_before_they_are_read() -> None:
+    stack = _deep_stack(first=40, own=1)  # 16 x 40 + 15 x 16 x 3 / 2 + 16 = 1,016: within the cap
+    assert sum(map(len, stack)) <= 1024
+    assert _refusal(_raw_stack(stack)) != "too-many-components"
+    stack = _deep_stack(first=40, own=2)  # 1,136
+    assert _refusal(_raw_stack(stack)) == "too-many-components"
+
+
+def test_checking_a_deep_stack_costs_about_one_comparison_per_component(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each later label must cover all of the one before: checked by membership in a list, a stack
+    of a thousand components cost millions of comparisons before any key was fetched (0.6 s)."""
+    stack = _deep_stack(first=40, own=1)
+    compared = 0
+    real = Component.__eq__
+
+    def counted(self: Component, other: object) -> bool:
+        nonlocal compared
+        compared += 1
+        return real(self, other)
+
+    monkeypatch.setattr(Component, "__eq__", counted)
+    assert _refusal(_raw_stack(stack)) == "missing-covered-header"  # the web rules all passed
+    assert compared < 3 * sum(map(len, stack))
