@@ -28,6 +28,7 @@ __all__ = [
     "outgoing",
     "phrase",
     "problem_response",
+    "regenerated",
     "response_framing",
     "response_head",
     "serialize_head",
@@ -172,6 +173,15 @@ def serialize_head(
         return head.encode("latin-1")
     except UnicodeEncodeError:
         raise ProxyError(400, "malformed-header", "a header value cannot be sent as HTTP/1.1 bytes") from None
+
+
+def regenerated(method: str, target: Target, body_len: int, framed: bool) -> list[tuple[str, str]]:
+    """The ``Host`` and ``Content-Length`` lines ``serialize_head`` writes for this request."""
+    authority = target.authority if target.received is None else target.wire_parts()[0]
+    lines = [("Host", authority)]
+    if body_len or framed or method in BODY_METHODS:
+        lines.append(("Content-Length", str(body_len)))
+    return lines
 
 
 def outgoing(

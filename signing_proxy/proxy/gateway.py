@@ -152,8 +152,8 @@ class GatewayPipeline:
             raise ProxyError(404, "no-route", "a gateway forwards only to its backend (origin-form targets)")
         uri = self.signed_uri(target, lines)
         fields = drop_hop_by_hop(lines)
-        try:
-            verdict = await self.verifier.check(method, uri, fields, body)
+        try:  # over the fields as they came: a label may cover Host or Content-Length
+            verdict = await self.verifier.check(method, uri, Fields(lines), body)
         except GatewayRefusal as refusal:
             raise ProxyError(refusal.status, refusal.reason, refusal.detail, refusal.headers) from None
         # and their look-alikes: CGI, WSGI and many servers read X_Verified_Keyid as X-Verified-Keyid

@@ -31,7 +31,7 @@ from ..core.uri import Target
 from ..errors import ConfigError, KeyFileError, ProxyError
 from ..net.client import HttpClient
 from ..net.egress import EgressPolicy
-from ..net.framing import Outgoing, drop_hop_by_hop, outgoing
+from ..net.framing import Outgoing, drop_hop_by_hop, outgoing, regenerated
 from ..storage.keyfile import load_public_key_file
 from ..verify.build import build_verifier
 from ..verify.revocation import RevocationPoller
@@ -158,9 +158,12 @@ class RelayPipeline:
             raise ProxyError(
                 403, "too-many-hops", f"{len(entries)} signatures plus ours would exceed {named}"
             )
-        if config.relay.verify:
+        profile = self.profiles.select(target.host, target.scheme, target.port)  # before any await: a
+        # reload reconfigures the selector, and a request keeps what it started with
+        if config.relay.verify:  # over the fields as they came: a label may cover Host or Content-Length
             try:
-                await self._get_verifier().verify(method, target.wire_uri, fields, body, entries=entries)
+                received = Fields(lines)
+                await self._get_verifier().verify(method, target.wire_uri, received, body, entries=entries)
             except VerificationError as exc:
                 if signer.metrics is not None:
                     signer.metrics.verification_failure(exc.reason)
@@ -170,7 +173,6 @@ class RelayPipeline:
                     status, exc.reason, f"incoming signature refused{where}: {exc.detail}", headers
                 ) from None
         labels = [e.label for e in entries]
-        profile = self.profiles.select(target.host, target.scheme, target.port)
         # a web-bot-auth hop keys its Signature-Agent member by its label too: unique among those as
         # well (an agent may add members it does not cover); a spec hop adds none, so parses none
         label = unique_label(label, labels if profile is SVC else [*labels, *_agent_members(fields)])
@@ -188,14 +190,22 @@ class RelayPipeline:
                 f"the stack is signed under {incoming.name}; this destination is signed under {profile.name}",
             )
         message = Message(method, target, fields)
+        carried: list[tuple[str, str]] = []
         if profile is SVC:
             how: SignOptions = {"label": label, "components": hop_components(labels[-1])}
         else:
+            carried = _as_regenerated(
+                entries[-1], lines, fields, regenerated(method, target, len(body), framed)
+            )
+            for name, value in carried:  # what the wire will carry, for our base (written by the head)
+                fields.add(name, value)
             how = _profiled(message, entries[-1], label, profile, config.signing.signature_agent)
         if signer.keys.blocking:  # a key on a token: signed off the event loop
             keyid = await signer.sign_off_loop(message, **how)
         else:
             keyid = signer.sign(message, **how)
+        if carried:
+            fields.remove(*(name for name, _ in carried))
         return outgoing(
             method,
             target,
@@ -212,6 +222,28 @@ class RelayPipeline:
             await self.verifier.close()  # pollers and fetches in flight
         if self._client is not None:
             await self._client.close()
+
+
+def _as_regenerated(
+    previous: SignatureEntry,
+    lines: Sequence[tuple[str, str]],
+    forwarded: Fields,
+    written: list[tuple[str, str]],
+) -> list[tuple[str, str]]:
+    """The ``Host`` and ``Content-Length`` a label before ours covers, as our head will write them
+    (our label covers what it covered, over what the next hop receives); any other covered field we
+    do not forward (hop-by-hop, ``Expect``, one ``Connection`` names) is refused: the next verifier
+    could never check it."""
+    names = {c.name for c in previous.components if c.key is None and not c.is_derived}
+    dropped = {n.lower() for n, _ in lines} - {n.lower() for n, _ in forwarded} - {"host", "content-length"}
+    lost = sorted(names & dropped)
+    if lost:
+        raise ProxyError(
+            400,
+            "covered-field-not-forwarded",
+            f"label {previous.label!r} covers {lost[0]!r}, which a relay does not forward",
+        )
+    return [(name, value) for name, value in written if name.lower() in names]
 
 
 def _profiled(

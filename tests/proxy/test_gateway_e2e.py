@@ -11,6 +11,7 @@ agent proxy would refuse to inject can be sent.
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,8 +22,11 @@ import pytest
 import requests
 
 from signing_proxy.core.delegation import extend_chain, issue_authority
+from signing_proxy.core.fields import Fields
 from signing_proxy.core.jwk import SigningKey
 from signing_proxy.core.jws import sign_jwt
+from signing_proxy.core.signatures import Component, Message, attach_signature, sign_message
+from signing_proxy.core.uri import parse_received_uri
 from signing_proxy.storage.keystore import KeyStore
 from tests.harness import WAIT_S, ProxyProcess, free_port
 from tests.proxy.gateway_backend import DISCOVER, OWNER_ISS, Backend, exchange_body, issuer_key
@@ -85,6 +89,7 @@ class World:
     rotated_within: SigningKey
     rotated_after: SigningKey
     principal: SigningKey
+    agent_directory: str  # the agent's publish listener
 
     def post(self, body: bytes, gateway: ProxyProcess | None = None, **headers: str) -> requests.Response:
         url = f"{(gateway or self.gateway).url}{DISCOVER}"
@@ -141,7 +146,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
             relay_key = signing_key(tmp / "relay" / "data")
             yield World(
                 backend, agent, gateway, capped, signing_key(tmp / "agent" / "data"), relay_key.thumbprint,
-                owner, within, after, SigningKey.generate(),
+                owner, within, after, SigningKey.generate(), agent_config["publish"]["public_url"],
             )  # fmt: skip
 
 
@@ -258,3 +263,41 @@ def test_nothing_refused_reached_the_backend(world: World) -> None:
     assert world.post(exchange_body()).status_code == 200
     assert len(world.backend.arrivals) == before + 1
     assert all(a.get("x-verified-hops") == "2" for a in world.backend.arrivals)
+
+
+@pytest.mark.parametrize(
+    ("method", "covered"),
+    [("POST", "content-length"), ("GET", "host"), ("POST", "content-type")],
+)
+def test_a_web_label_covering_host_or_content_length_verifies(
+    world: World, method: str, covered: str
+) -> None:
+    """The gateway verified over the fields it forwards, without Host and Content-Length (it writes
+    its own): a label covering them was refused missing-covered-header, though the client sent them."""
+    port = int(world.gateway.url.rsplit(":", 1)[1])
+    url = f"http://127.0.0.1:{port}/feed"
+    body = b"hi" if method == "POST" else b""
+    lines = [("Host", f"127.0.0.1:{port}"), ("Signature-Agent", f'agent="{world.agent_directory}"')]
+    if body:
+        lines += [("Content-Type", "text/plain"), ("Content-Length", str(len(body)))]
+    fields, now = Fields(lines), int(time.time())
+    components = [Component("@authority"), Component("signature-agent", key="agent"), Component(covered)]
+    attach_signature(
+        fields,
+        sign_message(
+            Message(method, parse_received_uri(url), fields),
+            world.agent_key,
+            created=now,
+            expires=now + 60,
+            label="agent",
+            components=components,
+            extra_params=[("tag", "web-bot-auth")],
+        ),
+    )
+    head = f"{method} /feed HTTP/1.1\r\n" + "".join(f"{n}: {v}\r\n" for n, v in fields)
+    with socket.create_connection(("127.0.0.1", port), timeout=WAIT_S) as sock:
+        sock.sendall(head.encode() + b"Connection: close\r\n\r\n" + body)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 200 "), answer[:400]

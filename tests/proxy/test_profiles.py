@@ -202,6 +202,75 @@ def test_relay_covers_again_the_fields_and_query_params_a_third_partys_label_cov
     assert err.value.reason == "bad-signature"
 
 
+def _oracle_agent(
+    url: str, lines: list[tuple[str, str]], covered: tuple[str, ...], body: bytes
+) -> list[tuple[str, str]]:
+    return oracle_sign(
+        "POST",
+        url,
+        lines,
+        body,
+        keyid=AGENT.thumbprint,
+        private_key=AGENT._private,
+        now=int(NOW),
+        components=covered,
+        tag="web-bot-auth",
+    )
+
+
+def test_relay_covers_host_and_content_length_as_its_head_writes_them() -> None:
+    """A label may cover Host and Content-Length, which a relay does not forward but writes anew:
+    the relay's label covers them as its head writes them, and both labels verify at the next hop."""
+    url = "https://www.shop.example/cart"
+    body = b"order=1"
+    lines = [
+        ("Host", "www.shop.example"),
+        ("Content-Length", str(len(body))),
+        ("Signature-Agent", 'agent="https://agent.example"'),
+    ]
+    covered = ("@authority", '"signature-agent";key="agent"', "host", "content-length")
+    signed = _oracle_agent(url, lines, covered, body)
+    out = asyncio.run(
+        _relay(profiles=RULES).prepare("POST", parse_absolute_uri(url), signed, body, framed=True)
+    )
+    fields = _fields(out)  # the head as written: Host and Content-Length from the relay itself
+    assert '"host" "content-length"' in (fields.combined("signature-input") or "").split("broker=", 1)[1]
+    keys = {AGENT.thumbprint: AGENT.public, BROKER.thumbprint: BROKER.public}
+    message = Message("POST", parse_absolute_uri(url), fields)
+    lookup = lambda e, _i: VerificationKey(keys[e.keyid])  # noqa: E731
+    assert verify_stack(message, body, lookup, now=NOW + 1).hops == 2
+    pyauth = {k: v.key for k, v in keys.items()}
+    assert oracle_verify(
+        "POST",
+        url,
+        list(fields),
+        body,
+        pyauth,
+        labels=("agent", "broker"),
+        check_time=False,
+        require_components=(),
+    ) == ["agent", "broker"]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("expect", "100-continue"), ("te", "trailers"), ("x-hop", "1")], ids=str
+)
+def test_relay_refuses_a_label_covering_a_field_it_does_not_forward(field: str, value: str) -> None:
+    """Expect, hop-by-hop fields and those Connection names are not forwarded: the next verifier
+    could never check such a label. Refused, saying which, rather than relayed to fail there."""
+    url = "https://www.shop.example/cart"
+    lines = [
+        (field, value),
+        ("Connection", "x-hop"),
+        ("Signature-Agent", 'agent="https://agent.example"'),
+    ]
+    signed = _oracle_agent(url, lines, ("@authority", '"signature-agent";key="agent"', field), b"")
+    with pytest.raises(ProxyError) as refused:
+        asyncio.run(_relay(profiles=RULES).prepare("POST", parse_absolute_uri(url), signed, b"", framed=True))
+    assert (refused.value.status, refused.value.reason) == (400, "covered-field-not-forwarded")
+    assert repr(field) in refused.value.detail
+
+
 def _pin(tmp_path: Path, key: SigningKey, name: str) -> str:
     path = tmp_path / f"{name}.pub.jwk"
     path.write_text(json.dumps(key.public.jwk()))
