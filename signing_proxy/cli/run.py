@@ -29,7 +29,7 @@ from ..core.keys import KeyProvider
 from ..errors import CliError, Error
 from ..proxy.connect import load_interception_ca
 from ..proxy.gateway import gateway_upstream
-from ..service.app import STDERR_FD, ProxyApp
+from ..service.app import STDERR_FD, ProxyApp, restart_merge
 from ..service.keys import KeyServices, key_provider_for, start_key_services
 from ..service.linewriter import LineWriter, route_logging
 from ..service.workers import (
@@ -38,6 +38,7 @@ from ..service.workers import (
     hold_sighup,
     reserve_port,
     run_workers,
+    start_masked,
     take_held_sighup,
 )
 from ..storage.keystore import StoreWatcher
@@ -180,7 +181,7 @@ def _run_workers(config: Config, keys: KeyProvider, args: argparse.Namespace, wo
     # the first fork: a stderr nobody reads held the parent in a write, no worker restarted, and
     # SIGTERM never brought it back to wait() for its workers
     writer = LineWriter(STDERR_FD)
-    writer.start()
+    start_masked(writer.start)  # its thread never takes the parent's signals
     unroute = route_logging(logging.getLogger("signing_proxy"), writer)
 
     def worker(index: int) -> int:
@@ -215,20 +216,21 @@ async def _serve(
     worker: int | None = None,
     reloaded: Config | None = None,
 ) -> int:
-    """Serve until SIGTERM/SIGINT. ``reloaded``: a worker (re)started after a SIGHUP takes that
-    configuration as its siblings did, through ``ProxyApp.reload`` (what it applies only at restart
-    stays as ``config`` has it), before it serves anything."""
-    try:
-        app = ProxyApp(config, keys)
-    except Error as exc:  # a delegation, CA, pinned key or credentials file refused at start-up
-        raise CliError(error_line(exc)) from None
-    if reloaded is not None:
+    """Serve until SIGTERM/SIGINT. ``reloaded``: a worker (re)started after a SIGHUP is built from
+    that configuration, as its siblings run it (what applies only at a restart as ``config`` has it:
+    ``restart_merge``), before it serves anything."""
+    if reloaded is not None:  # built from it (restart-only parts as at start), never the start-up copy
         try:
-            app.reload(reloaded)
-        except Error as exc:  # not the start-up copy instead: what it admits may be revoked since
+            app = ProxyApp(restart_merge(config, reloaded)[0], keys)
+        except Error as exc:  # nor the start-up copy instead: what it admits may be revoked since
             said = "the configuration of the last SIGHUP is refused now"
             log.error("worker %s not started: %s: %s", worker, said, error_line(exc))
             return 1  # restarted after the back-off: once a SIGHUP reads a good file, it starts
+    else:
+        try:
+            app = ProxyApp(config, keys)
+        except Error as exc:  # a delegation, CA, pinned key or credentials file refused at start-up
+            raise CliError(error_line(exc)) from None
     app.reuse_port = reuse_port
     try:
         addresses = await app.start()

@@ -259,12 +259,7 @@ class ProxyApp:
         with a ConfigError), then swapped in one step: a request sees the old or the new, never a mix.
         """
         self.access_writer.wake()  # lines logged before the reload go out now, whatever it decides
-        restart_only: tuple[str, ...] = self.RESTART_ONLY
-        if self.relay is not None:
-            restart_only += self.relay.RESTART_ONLY
-        if self.gateway is not None:
-            restart_only += self.RESTART_ONLY_GATEWAY
-        config, pending = _kept(self.config, config, restart_only)
+        config, pending = restart_merge(self.config, config)
         bearers = BearerStore(config.credentials)
         requester = injector_for(config, self.keys, clock=self.clock)  # refused like at start-up
         signer = self._signer(config)
@@ -466,6 +461,18 @@ class ProxyApp:
         # last: every line of the drained requests and closed tunnels is queued by now
         self._unroute_logging()  # what is logged from here on goes to stderr directly, as before start
         await self.access_writer.aclose(CLOSE_WAIT_S)
+
+
+def restart_merge(running: Config, new: Config) -> tuple[Config, list[str]]:
+    """``new`` with what applies only at a restart as ``running`` has it, and the paths it changed:
+    what a reload applies, and what a worker restarted after one is built from (its siblings run
+    that; built from ``running`` first, it failed when a file named there was gone since)."""
+    restart_only: tuple[str, ...] = ProxyApp.RESTART_ONLY
+    if running.mode == "relay":
+        restart_only += RelayPipeline.RESTART_ONLY
+    elif running.mode == "gateway":
+        restart_only += ProxyApp.RESTART_ONLY_GATEWAY
+    return _kept(running, new, restart_only)
 
 
 def _kept(old: Config, new: Config, paths: Sequence[str]) -> tuple[Config, list[str]]:

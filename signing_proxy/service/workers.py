@@ -30,17 +30,40 @@ import sys
 import time
 from collections.abc import Callable
 
-__all__ = ["CUT_SIGNAL", "MAX_WORKERS", "hold_sighup", "reserve_port", "run_workers", "take_held_sighup"]
+__all__ = [
+    "CUT_SIGNAL",
+    "MAX_WORKERS",
+    "SIGNALS",
+    "hold_sighup",
+    "reserve_port",
+    "run_workers",
+    "start_masked",
+    "take_held_sighup",
+]
 
 log = logging.getLogger("signing_proxy")
 
 MAX_WORKERS = 64
 RESTART_BACKOFF_S = 1.0  # a worker that keeps dying is restarted at most once a second
 CUT_SIGNAL = signal.SIGUSR1  # to a worker: a second stop signal reached the parent, cut the drain
+# what the parent handles: blocked around each fork, and in every thread the parent starts before one
+# (a signal is delivered to any thread that has it unblocked, and its handler then runs at once)
+SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, CUT_SIGNAL)
 
 
 class _Held:
     sighup = False  # a SIGHUP came since hold_sighup()
+
+
+def start_masked(start: Callable[[], None]) -> None:
+    """``start()`` (a thread's start) with ``SIGNALS`` blocked, so the thread never takes the parent's
+    signals: one landing there during a fork ran the handler before the child was recorded (a SIGTERM
+    the new worker never got, a SIGHUP it never applied)."""
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+    try:
+        start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
 def hold_sighup() -> None:
@@ -89,25 +112,25 @@ def run_workers(count: int, worker: Callable[[int], int], on_sighup: Callable[[]
         now = time.monotonic()
         if now - last_start.get(index, 0.0) < RESTART_BACKOFF_S:
             time.sleep(RESTART_BACKOFF_S)
-        if stopping:  # a SIGTERM came during the wait: its children were told, a new one would not be
-            return
         last_start[index] = time.monotonic()
-        signals = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, CUT_SIGNAL)
-        signal.pthread_sigmask(signal.SIG_BLOCK, signals)  # none lands before the child is recorded
+        signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)  # none lands before the child is recorded
+        if stopping:  # a SIGTERM came during the wait, or just before the block: its children were
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)  # told, a new one would not be
+            return
         try:
             pid = os.fork()
         except OSError:  # no child: the parent takes its signals again
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
             raise
         if pid:
             children[pid] = index
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
         else:  # the worker: default signal handling; its own loop installs handlers
             for sig in (signal.SIGTERM, signal.SIGINT, CUT_SIGNAL):
                 signal.signal(sig, signal.SIG_DFL)
             # a SIGHUP forwarded before the worker's loop takes it ended the worker (default action)
             hold_sighup()  # while the signals are still blocked: nothing of the parent's is inherited
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
             _end_with(parent)
             code = 1
             try:

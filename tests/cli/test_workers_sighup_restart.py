@@ -104,3 +104,26 @@ def test_a_sighup_with_listen_at_port_0_unchanged_reports_no_pending_listen(tmp_
         write_config(proxy, listen=f"127.0.0.1:{free_port()}")  # a real change is still named
         reload(proxy, "configuration reloaded")
         assert said(proxy, "not applied until restart: listen") == 2, proxy.stderr_lines
+
+
+def test_a_worker_restarted_after_a_file_of_the_start_up_copy_is_gone_still_starts(tmp_path: Path) -> None:
+    """A restarted worker was built from the start-up configuration first, then reloaded: once a
+    bearer file only that copy named was retired (rotated by a SIGHUP), the restart failed with
+    exit 2 and the parent stopped every worker."""
+    old, new = tmp_path / "bearer-v1", tmp_path / "bearer-v2"
+    for path, token in ((old, "tok1"), (new, "tok2")):
+        path.write_text(token + "\n")
+        path.chmod(0o600)
+
+    def credentials(path: Path) -> list[dict[str, Any]]:
+        return [{"hosts": ["api.example"], "bearer_file": str(path)}]
+
+    with ProxyProcess(tmp_path, {"credentials": credentials(old)}, extra_args=("--workers", "2")) as proxy:
+        wait_for(lambda: said(proxy, "listening on") >= 2, "both workers listening")
+        write_config(proxy, credentials=credentials(new))
+        reload(proxy, "configuration reloaded")
+        old.unlink()  # the operator retires the old token file: every worker serves bearer-v2
+        both_workers_restarted(proxy)
+        assert proxy.proc is not None
+        assert proxy.proc.poll() is None
+        assert status_line(proxy.port).startswith(b"HTTP/1.1 200")

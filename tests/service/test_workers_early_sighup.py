@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from signing_proxy.service.workers import run_workers
+from signing_proxy.service import workers
+from signing_proxy.service.workers import run_workers, start_masked
 
 pytestmark = pytest.mark.integration
 
@@ -61,3 +63,35 @@ def test_a_sighup_before_the_parent_forwards_them_is_passed_on() -> None:
     calls: list[int] = []
     assert run_workers(1, lambda _index: 2, lambda: calls.append(1)) == 2
     assert calls == [1]
+
+
+def _blocked(native_id: int) -> set[int]:
+    """The signals blocked in thread ``native_id`` of this process (``/proc``, ``SigBlk``)."""
+    status = Path(f"/proc/self/task/{native_id}/status").read_text()
+    mask = int(next(line for line in status.splitlines() if line.startswith("SigBlk:")).split()[1], 16)
+    return {sig for sig in range(1, 65) if mask >> (sig - 1) & 1}
+
+
+def test_a_thread_the_parent_starts_never_takes_its_signals() -> None:
+    """The parent blocks its signals around each fork, in its own thread only: a thread started
+    unmasked (the log writer) took a SIGTERM arriving meanwhile, and its handler ran at once, before
+    the new worker was recorded: the worker never got it, and the parent waited for it for good."""
+    started = threading.Event()
+    release = threading.Event()
+    ids: list[int] = []
+
+    def run() -> None:
+        ids.append(threading.get_native_id())
+        started.set()
+        release.wait(10)
+
+    thread = threading.Thread(target=run, daemon=True)
+    start_masked(thread.start)
+    try:
+        assert started.wait(10)
+        parents = {int(sig) for sig in workers.SIGNALS}
+        assert parents <= _blocked(ids[0])
+        assert not parents & _blocked(threading.get_native_id())  # ours: as they were
+    finally:
+        release.set()
+        thread.join(10)
