@@ -36,6 +36,7 @@ is the first defence.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import secrets
@@ -166,6 +167,21 @@ class CounterStateLost(Error, RedisError):
         super().__init__("counter-state-lost", detail)
 
 
+class _WaitingPool(aioredis.BlockingConnectionPool):
+    """redis-py's waiting pool, a wake-up never lost: on Python 3.11 a waiter cancelled in the loop
+    turn it was notified (a client gone, the readiness probe's own timeout) took the notification
+    with it (CPython gh-112202), and a released connection sat idle while the others waited out the
+    timeout, then answered 503. A cancelled waiter passes a wake-up on; a spare one is harmless."""
+
+    async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await super().get_connection(*args, **kwargs)  # type: ignore[no-untyped-call]
+        except asyncio.CancelledError:
+            async with self._condition:
+                self._condition.notify()
+            raise
+
+
 class RedisCounterStore:
     """``CounterStore`` on one Redis database (``redis://host:6379/0``, ``unix:///path?db=0``)."""
 
@@ -185,7 +201,7 @@ class RedisCounterStore:
         are all in use (the 101st concurrent request was a 503 while Redis was healthy), so a request
         past ``max_connections`` waits for one, at most ``timeout_s`` (then ``ConnectionError``, a
         ``RedisError``: 503 as any store failure). The readiness probe shares the pool."""
-        pool = aioredis.BlockingConnectionPool.from_url(
+        pool = _WaitingPool.from_url(
             url,
             max_connections=max_connections,
             timeout=timeout_s,

@@ -73,3 +73,24 @@ async def test_a_wait_that_runs_out_is_a_store_error_then_the_store_recovers(
         assert await asyncio.wait_for(store.first_seen("late", 60, NOW), WAIT_S)
     finally:
         await store.close()
+
+
+async def test_a_waiter_cancelled_as_it_was_woken_passes_the_wake_up_on(redis_server: RedisServer) -> None:
+    """On Python 3.11 a waiter cancelled in the loop turn it was notified took the notification
+    with it: the released connection sat idle while the next waiter waited out its timeout (503)."""
+    store = RedisCounterStore.from_url(redis_server.url, max_connections=1, timeout_s=WAIT_S)
+    try:
+        await store.ping()
+        pool = store.client.connection_pool
+        held = await pool.get_connection()  # type: ignore[no-untyped-call]  # the pool's one connection
+        first = asyncio.create_task(store.ping())  # waits for it (a request, or the readiness probe)
+        await asyncio.sleep(0.05)
+        second = asyncio.create_task(store.ping())  # waits behind it
+        await asyncio.sleep(0.05)
+        await pool.release(held)  # notifies the first...
+        first.cancel()  # ...whose client goes away in the same loop turn
+        started = time.monotonic()
+        await asyncio.wait_for(second, WAIT_S)
+        assert time.monotonic() - started < WAIT_S / 2  # woken by the release, not by its timeout
+    finally:
+        await store.close()
