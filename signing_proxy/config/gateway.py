@@ -22,15 +22,17 @@ def _check_provider(provider: str, path: str) -> None:
     ``/.well-known/svc.json`` fetched there), or its domain (``pub.example``, a port allowed), fetched
     over https and its manifest's ``domain`` compared with it. Anything else (``pub.example/``, a
     path, a space) never matched any manifest: each fetch failed, and the provider was never checked."""
+    authority, scheme = provider, "https"
     if "://" in provider:
         check_url(provider, path, query=False)
-        return
+        scheme, _, rest = provider.partition("://")
+        authority, scheme = rest.split("/", 1)[0], scheme.lower()  # its host and port, checked below
     try:
-        parse_authority(provider, "https")
+        parse_authority(authority, scheme)
     except FieldError:
         valid = False
     else:
-        valid = "@" not in provider  # userinfo: dropped by the parse, never meant
+        valid = "@" not in authority  # userinfo: dropped by the parse, never meant
     if not valid:
         shape = "a provider's domain (pub.example) or base URL (https://pub.example)"
         raise ConfigError(f"{path}: {shape}, got {shown(provider)}")

@@ -304,7 +304,11 @@ class RequesterInjector:
         except ConfigError as exc:
             if fingerprint != self._failed:
                 self._failed = fingerprint
-                log.error("delegation not reloaded, keeping the one loaded before: %s", exc.detail)
+                log.error(
+                    "delegation not reloaded from %s, keeping the one loaded before: %s",
+                    delegation.token_file,
+                    exc.detail,
+                )
             return False
         member_json = self._render_with(loaded)
         self._failed, self._warned, self._warned_ahead = _Failed.NOTHING, None, None

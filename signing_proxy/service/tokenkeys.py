@@ -34,7 +34,7 @@ def token_slot_for(config: Config, uri_text: str, where: str = "signing.key") ->
     try:
         pin = read_pin(pin=section.pin, pin_env=section.pin_env, pin_file=section.pin_file, uri=uri)
     except TokenError as exc:
-        raise TokenError(exc.reason, f"{where}: {exc.detail}") from None
+        raise TokenError(exc.reason, f"{where}: {exc.detail} ({exc.reason})") from None
     return TokenSlot(module_for(module), uri, pin, section.timeout_s)
 
 

@@ -39,6 +39,10 @@ def test_a_provider_domain_or_base_url_is_accepted(provider: str) -> None:
         "-pub.example",
         "pub.example:0",
         "bücher.example",
+        "https://pub.example:abc",
+        "https://[::1",
+        "https://pub_ex!ample/",
+        "https://pub.example:0",
     ],
 )
 def test_a_provider_that_is_no_host_is_refused(provider: str) -> None:

@@ -63,3 +63,18 @@ def test_each_distinct_failure_is_logged_once(tmp_path: Path, caplog: pytest.Log
     assert not inj.reload()
     assert not inj.reload()
     assert len(refusals(caplog)) == 4
+
+
+def test_every_refusal_names_the_token_file(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A chain refused for what it carries (here: a scope not covering requester.scopes) was logged
+    by its reason alone: which file to fix was left to guess. The line names it, whatever the reason."""
+    clock = Clock()
+    inj = injector(tmp_path, clock=clock)
+    path = tmp_path / "delegation.jwt"
+    caplog.set_level(logging.INFO, logger="signing_proxy.requester")
+    write_chain(path, make_chain(scope=["subscription:news"]))
+    os.utime(path, ns=(3, 3))
+    assert not inj.reload()
+    [line] = refusals(caplog)
+    assert "not covered by the delegation's scope" in line
+    assert str(path) in line

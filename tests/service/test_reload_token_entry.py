@@ -23,7 +23,7 @@ CANNOT_OPEN = {
     "no-module": ({}, "signing.pkcs11.module: required for key store entry (or module-path in the URI)"),
     "no-pin": (
         {"pkcs11": {"module": "/nonexistent/libtoken.so", "pin_env": UNSET}},
-        f"key store entry: the environment variable {UNSET} is not set or blank",
+        f"key store entry: the environment variable {UNSET} is not set or blank (token-pin-missing)",
     ),
 }
 

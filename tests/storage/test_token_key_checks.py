@@ -189,5 +189,6 @@ def test_a_blank_pin_is_refused_before_any_login(
         with pytest.raises(TokenError) as refused:
             token_provider_for(parse_config(raw))
         assert refused.value.reason == "token-pin-missing"
+        assert str(refused.value).endswith("(token-pin-missing)")  # run's line names the reason
     assert logins == []  # refused before the token is asked
     assert read_pin(pin=f" {PIN}\n", pin_env=None, pin_file=None, uri=plain) == PIN  # stripped, as the others
