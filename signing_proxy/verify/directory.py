@@ -65,6 +65,10 @@ CACHE_ENTRIES = 1024  # config verify.directory_cache_entries
 CACHE_BYTES = 8 * 1024 * 1024  # config verify.directory_cache_bytes (a 2-key directory: ~4 KiB charged)
 NEGATIVE_ENTRIES = 4096  # config verify.negative_cache_entries
 VOUCHED_ENTRIES = 4096  # directories that verified a signature lately: re-fetched without budget
+# our choice: how often each may come back so: a stranger's few dozen vouched directories, padded to
+# push one another out of the cache, came back free on every request (and so did the revocation
+# lists they name, anyone's URL): past that, a return spends a token like any fetch
+VOUCHED_RETURN_S = 60.0
 # Both stores above are keyed by URLs strangers name (up to 2,048 characters): each is also bounded
 # by this, charged per entry its URL and URL_ENTRY_COST (measured: ~300 bytes beside the URL).
 URL_STORE_BYTES = 2 * 1024 * 1024
@@ -253,7 +257,7 @@ class DirectoryResolver:
     hits: int = 0
     _cache: LruCache[str, _Entry] = field(init=False, repr=False)
     _negative: LruCache[str, _Failure] = field(init=False, repr=False)
-    _vouched: LruCache[str, None] = field(init=False, repr=False)
+    _vouched: LruCache[str, float] = field(init=False, repr=False)  # url -> its last free return
     _inflight: dict[str, asyncio.Task[Directory]] = field(init=False, repr=False, default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -310,15 +314,25 @@ class DirectoryResolver:
             if failure is not None and now < failure.expires_at:
                 self.hits += 1
                 raise DirectoryError(failure.reason, f"{url} failed recently")
-            if budgeted and url not in self._vouched:
+            if budgeted and not self._free_return(url, now):
                 self._spend(url)
         return await self._shared(url)
+
+    def _free_return(self, url: str, now: float) -> bool:
+        """Whether the directory at ``url``, vouched for, comes back without budget now (at most
+        once per ``VOUCHED_RETURN_S``)."""
+        last = self._vouched.peek(url)
+        if last is None or now - last < VOUCHED_RETURN_S:
+            return False
+        self._vouched.put(url, now, URL_ENTRY_COST)
+        return True
 
     def vouch(self, url: str) -> None:
         """A signature just verified with a key of the directory at ``url``: should strangers'
         directories push it out of the (byte-bounded) cache, it comes back without budget. Strangers
         can add theirs only by verifying, one budgeted fetch each; the least recently vouched go."""
-        self._vouched.put(url, None, URL_ENTRY_COST)
+        if url not in self._vouched:  # its first return is free at once
+            self._vouched.put(url, -VOUCHED_RETURN_S, URL_ENTRY_COST)
 
     async def refetch_for_keyid(self, base: str, *, budgeted: bool = True) -> Directory | None:
         """Re-fetch a cached directory that lacks a signature's ``keyid`` (a key rotated in), at most
