@@ -24,7 +24,7 @@ from aiohttp.typedefs import Middleware
 
 from ..core.errors import FieldError, VerificationError
 from ..core.fields import Fields
-from ..core.signatures import VerifiedStack
+from ..core.signatures import VerifiedStack, parse_signature_stack
 from ..core.uri import LOOPBACK_HOSTS, is_host_name, served_authority
 from ..errors import problem_body
 from ..net.framing import drop_hop_by_hop
@@ -119,10 +119,12 @@ async def as_received(
             "this server decodes request bodies (aiohttp's auto_decompress): the Content-Digest of a "
             "body sent with a Content-Encoding cannot be checked; run the server with auto_decompress=False",
         )
+    lines = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.raw_headers]
+    fields = drop_hop_by_hop(lines)
+    parse_signature_stack(fields)  # no stack, or one that cannot be read: refused before the body is
     body = await request.read()
     _replay(request, body)
-    lines = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.raw_headers]
-    return request.method, origin + request.raw_path, drop_hop_by_hop(lines), body
+    return request.method, origin + request.raw_path, fields, body
 
 
 def _replay(request: web.Request, body: bytes) -> None:

@@ -28,6 +28,8 @@ from .verifier import RequestVerifier, VerifierPolicy, refusal_answer, stack_sum
 __all__ = ["build_verify_origin"]
 
 _VERIFIER = web.AppKey("verifier", RequestVerifier)
+# a body is held whole to be digested: limits.max_body_bytes's default, the most the proxy signs
+MAX_BODY_BYTES = 10 * 1024 * 1024
 
 
 def build_verify_origin(
@@ -47,7 +49,7 @@ def build_verify_origin(
     closed with the app) under ``egress`` (default: public https only); revocation lists are polled
     every 300 s +/-10 % and fail closed until first fetched (``clock``/``sleep``/``rand``: for tests).
     """
-    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app = web.Application(client_max_size=MAX_BODY_BYTES)
 
     async def on_startup(app: web.Application) -> None:
         app[_VERIFIER] = build_verifier(
