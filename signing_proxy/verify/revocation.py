@@ -117,6 +117,7 @@ class RevocationPoller:
     )
     configured: set[str] = field(default_factory=set)  # directory URLs the operator named
     _kept: dict[str, RevocationList] = field(default_factory=dict)  # theirs, never dropped
+    _closed: bool = False  # by ``close``: no poller starts any more
 
     def configure(self, directory_urls: Iterable[str]) -> None:
         """Directories the operator named (brokers, issuers, exchanges): what their lists revoked is
@@ -186,7 +187,7 @@ class RevocationPoller:
             now = self.clock()
             if state.last_attempt is None or now - state.last_attempt >= self.retry_s or state.inflight:
                 await self._poll_shared(directory_url, state)
-        if self._states.get(directory_url) is state and state.loop is None:
+        if self._states.get(directory_url) is state and state.loop is None and not self._closed:
             state.loop = asyncio.get_running_loop().create_task(self._run(directory_url, state))
         if state.last_success is None:
             raise DirectoryError("revocation-unavailable", f"{revocation_url} was never fetched successfully")
@@ -202,7 +203,7 @@ class RevocationPoller:
             # what its lists revoked before it left the cache stays revoked (the list is still
             # fetched before its keys are trusted)
             state = _State(revocation_url, current=self._kept_aside(directory_url))
-            if self.holds(directory_url):  # else: used for the request in hand, then dropped
+            if self.holds(directory_url) and not self._closed:  # else: the request in hand's alone
                 self._states[directory_url] = state
                 self._retired.pop(directory_url)
                 self._kept.pop(directory_url, None)
@@ -229,7 +230,9 @@ class RevocationPoller:
             loop.cancel()
 
     async def close(self) -> None:
-        """Stop every poller and every poll in flight."""
+        """Stop every poller and every poll in flight; none starts afterwards (a verification whose
+        directory arrives meanwhile would have started one, polling through a closed client)."""
+        self._closed = True
         tasks = [t for s in self._states.values() for t in (s.loop, s.inflight) if t is not None]
         self._states.clear()
         for task in tasks:
