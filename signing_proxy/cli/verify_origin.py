@@ -40,11 +40,12 @@ def cmd_verify_origin(args: argparse.Namespace) -> int:
         except ConfigError:
             raise CliError(f"--allow-private: {cidr!r} is not an address or CIDR") from None
     egress = EgressPolicy(args.allow_private)
-    for url in args.broker_directory:
-        try:  # as relay.broker_directories: never fetched with user:password@, never quoted with it
+    try:  # as relay.broker_directories: never fetched with user:password@, never quoted with it
+        for url in args.broker_directory:
             check_url(url, "--broker-directory")
-        except ConfigError as exc:
-            raise CliError(str(exc)) from None
+        check_url(args.external_origin, "--external-origin", query=False)  # as gateway.external_origin
+    except ConfigError as exc:
+        raise CliError(str(exc)) from None
     if not 0 <= args.skew <= MAX_SKEW_S:  # the bounds of verify.skew_s
         raise CliError(f"--skew: seconds from 0 to {MAX_SKEW_S}, got {args.skew}")
     if args.max_hops is not None and not 1 <= args.max_hops <= MAX_HOPS:

@@ -195,6 +195,8 @@ def test_run_refuses_a_worker_count_below_one(tmp_path: Path) -> None:
         (["--max-hops", "17"], "--max-hops: signatures from 1 to 16 (no longer stack), got 17"),
         (["--broker-directory", "https://u:s3cret@broker.example"], "--broker-directory: an http(s) URL"),
         (["--broker-directory", "ftp://u:s3cret@broker.example"], "--broker-directory: must be an absolute"),
+        (["--external-origin", "exchange.example"], "--external-origin: must be an absolute http(s) URL"),
+        (["--external-origin", "https://u:s3cret@exchange.example"], "--external-origin: an http(s) URL"),
     ],
 )
 def test_verify_origin_refuses_the_bounds_its_configuration_refuses(flags: list[str], message: str) -> None:
