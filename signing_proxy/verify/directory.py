@@ -331,8 +331,8 @@ class DirectoryResolver:
         """A signature just verified with a key of the directory at ``url``: should strangers'
         directories push it out of the (byte-bounded) cache, it comes back without budget. Strangers
         can add theirs only by verifying, one budgeted fetch each; the least recently vouched go."""
-        if url not in self._vouched:  # its first return is free at once
-            self._vouched.put(url, -VOUCHED_RETURN_S, URL_ENTRY_COST)
+        if self._vouched.get(url) is None:  # (get: the most recently vouched again) its first
+            self._vouched.put(url, -VOUCHED_RETURN_S, URL_ENTRY_COST)  # return is free at once
 
     async def refetch_for_keyid(self, base: str, *, budgeted: bool = True) -> Directory | None:
         """Re-fetch a cached directory that lacks a signature's ``keyid`` (a key rotated in), at most

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from signing_proxy.core.jwk import SigningKey
 from signing_proxy.verify import (
     DirectoryResolver,
@@ -15,6 +17,7 @@ from signing_proxy.verify import (
     RevocationPoller,
     VerificationError,
     VerifierPolicy,
+    directory,
     directory_url,
 )
 from signing_proxy.verify.cache import TokenBucket
@@ -62,3 +65,17 @@ async def test_vouched_directories_come_back_free_once_a_minute_not_on_every_req
             assert stack.hops == 1
     finally:
         await verifier.close()
+
+
+def test_a_directory_vouched_again_is_the_most_recently_vouched(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Vouching again left a directory where its first vouch put it: a stranger's own vouched
+    directories, enough of them, pushed out an agent that verified every second."""
+    monkeypatch.setattr(directory, "VOUCHED_ENTRIES", 4)
+    resolver = DirectoryResolver(CountingFetch(), clock=Clock())
+    ours = directory_url("https://agent.example")
+    resolver.vouch(ours)
+    for n in range(3):
+        resolver.vouch(directory_url(f"https://s{n}.evil.example"))
+        resolver.vouch(ours)  # a signature of ours verified again
+    resolver.vouch(directory_url("https://s3.evil.example"))  # the fifth: the least recent goes
+    assert ours in resolver._vouched
