@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import ConfigError, parse_host_port
-from ..config.checks import check_url
+from ..config.checks import check_origin, check_url
 from ..core.signature_verify import MAX_HOPS, MAX_SKEW_S
 from ..errors import CliError
 from ..net.egress import EgressPolicy
@@ -43,7 +43,7 @@ def cmd_verify_origin(args: argparse.Namespace) -> int:
     try:  # as relay.broker_directories: never fetched with user:password@, never quoted with it
         for url in args.broker_directory:
             check_url(url, "--broker-directory")
-        check_url(args.external_origin, "--external-origin", query=False)  # as gateway.external_origin
+        check_origin(args.external_origin, "--external-origin")  # as gateway.external_origin
     except ConfigError as exc:
         raise CliError(str(exc)) from None
     if not 0 <= args.skew <= MAX_SKEW_S:  # the bounds of verify.skew_s

@@ -7,13 +7,15 @@ import math
 import re
 from functools import lru_cache
 
-from ..core.uri import ipv6_text
+from ..core.errors import FieldError
+from ..core.uri import ipv6_text, parse_authority
 from ..errors import ConfigError
 
 __all__ = [
     "AGENT_NAME_RE",
     "check_agent_name",
     "check_host_pattern",
+    "check_origin",
     "check_url",
     "host_form",
     "host_matches",
@@ -60,6 +62,23 @@ def check_url(url: str | None, path: str, *, query: bool = True) -> None:
         raise ConfigError(
             f"{path}: must be an absolute http(s) URL{'' if query else ', no query'}, got {shown(url)}"
         )
+
+
+def check_origin(url: str | None, path: str) -> None:
+    """Refuse a set value that is not an http(s) origin (``https://exchange.example[:port]``, a
+    trailing ``/`` allowed): ``check_url``'s rules, then a host and port that parse, and no path.
+    A bad port or host passed start-up before, then every request was refused malformed-target."""
+    if url is None:
+        return
+    check_url(url, path, query=False)
+    scheme, _, rest = url.partition("://")
+    authority, _, tail = rest.partition("/")
+    try:
+        parse_authority(authority, scheme.lower())
+    except FieldError as exc:
+        raise ConfigError(f"{path}: an http(s) origin, got {shown(url)} ({exc.detail})") from None
+    if tail:
+        raise ConfigError(f"{path}: an origin, without a path, got {shown(url)}")
 
 
 def shown(url: str) -> str:

@@ -9,7 +9,7 @@ from ..core.errors import FieldError
 from ..core.signature_verify import MAX_HOPS
 from ..core.uri import LOOPBACK_HOSTS, is_host_name, parse_authority
 from ..errors import ConfigError
-from .checks import check_url, positive, shown
+from .checks import check_origin, check_url, positive, shown
 
 __all__ = ["GatewayConfig", "TrustedIssuer"]
 
@@ -92,7 +92,7 @@ class GatewayConfig:
         store = self.store
         if store != "sqlite" and not store.startswith(("sqlite:///", "redis://", "rediss://", "unix://")):
             raise ConfigError(f"{path}.store: sqlite, sqlite:///PATH or a redis:// URL, got {shown(store)}")
-        check_url(self.external_origin, f"{path}.external_origin")
+        check_origin(self.external_origin, f"{path}.external_origin")
         for i, host in enumerate(self.hosts):
             if not is_host_name(host):
                 raise ConfigError(f"{path}.hosts[{i}]: a host name or address without a port, got {host!r}")

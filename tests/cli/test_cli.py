@@ -197,6 +197,11 @@ def test_run_refuses_a_worker_count_below_one(tmp_path: Path) -> None:
         (["--broker-directory", "ftp://u:s3cret@broker.example"], "--broker-directory: must be an absolute"),
         (["--external-origin", "exchange.example"], "--external-origin: must be an absolute http(s) URL"),
         (["--external-origin", "https://u:s3cret@exchange.example"], "--external-origin: an http(s) URL"),
+        (["--external-origin", "https://exchange.example:abc"], "--external-origin: an http(s) origin"),
+        (
+            ["--external-origin", "https://exchange.example/v1"],
+            "--external-origin: an origin, without a path",
+        ),
     ],
 )
 def test_verify_origin_refuses_the_bounds_its_configuration_refuses(flags: list[str], message: str) -> None:

@@ -394,6 +394,28 @@ def test_a_url_with_user_and_password_is_refused_without_showing_it(key: str, va
     assert "s3cret" not in str(caught.value)
 
 
+@pytest.mark.parametrize(
+    ("origin", "said"),
+    [
+        ("https://exchange.example:abc", "invalid port"),
+        ("https://exchange.example:99999", "invalid port"),
+        ("https://exchange..example", "missing or invalid host"),
+        ("https://exchange.example/v1", "an origin, without a path"),
+    ],
+)
+def test_an_external_origin_is_an_origin(origin: str, said: str) -> None:
+    """It passed start-up with a bad port or host, then every request was refused malformed-target."""
+    with pytest.raises(ConfigError, match=r"^gateway\.external_origin: ") as caught:
+        parse_config(
+            {"mode": "gateway", "gateway": {"upstream": "http://127.0.0.1:9000", "external_origin": origin}}
+        )
+    assert said in str(caught.value)
+    for good in ("https://exchange.example", "https://exchange.example/", "http://[::1]:8443"):
+        parse_config(
+            {"mode": "gateway", "gateway": {"upstream": "http://127.0.0.1:9000", "external_origin": good}}
+        )
+
+
 @pytest.mark.parametrize("problem", ["found character 'SECRET that cannot start", 'expected "SECRET here'])
 def test_a_yaml_problem_with_an_unbalanced_quote_is_not_shown(problem: str) -> None:
     """No file found here makes PyYAML say that; the guard is what holds if one does (a quoted part
