@@ -243,7 +243,16 @@ def _as_regenerated(
             "covered-field-not-forwarded",
             f"label {previous.label!r} covers {lost[0]!r}, which a relay does not forward",
         )
-    return [(name, value) for name, value in written if name.lower() in names]
+    carried = [(name, value) for name, value in written if name.lower() in names]
+    received = Fields(lines)
+    for name, value in carried:  # as sent, or the label before ours could never verify downstream
+        if received.combined(name) != value:
+            raise ProxyError(
+                400,
+                "covered-field-not-forwarded",
+                f"label {previous.label!r} covers {name.lower()!r}, which a relay writes as {value!r}",
+            )
+    return carried
 
 
 def _profiled(

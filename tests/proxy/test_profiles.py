@@ -408,3 +408,16 @@ def test_relay_refuses_to_mix_profiles() -> None:
         )
     assert err.value.reason == "profile-mix"
     assert err.value.status == 403
+
+
+def test_relay_refuses_a_covered_host_it_would_write_otherwise() -> None:
+    """A relay writes Host anew (RFC 9112 section 3.2.2): a label covering a Host spelled otherwise
+    (the default port written out) was forwarded, to fail at the next verifier; now it is refused
+    here, saying how the relay writes it."""
+    url = "https://www.shop.example/cart"
+    lines = [("Host", "www.shop.example:443"), ("Signature-Agent", 'agent="https://agent.example"')]
+    signed = _oracle_agent(url, lines, ("@authority", '"signature-agent";key="agent"', "host"), b"")
+    with pytest.raises(ProxyError) as refused:
+        asyncio.run(_relay(profiles=RULES).prepare("POST", parse_absolute_uri(url), signed, b"", framed=True))
+    assert (refused.value.status, refused.value.reason) == (400, "covered-field-not-forwarded")
+    assert "'www.shop.example'" in refused.value.detail
