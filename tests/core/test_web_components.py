@@ -13,15 +13,20 @@ from signing_proxy.core import signature_components
 from signing_proxy.core.errors import VerificationError
 from signing_proxy.core.fields import Fields
 from signing_proxy.core.jwk import SigningKey
+from signing_proxy.core.signature_components import signing_params_value
+from signing_proxy.core.signature_verify import check_stack
 from signing_proxy.core.signatures import (
     Component,
     Message,
+    SignedMember,
     VerificationKey,
     VerifiedStack,
+    attach_signature,
     component_value,
+    sign_message,
     verify_stack,
 )
-from signing_proxy.core.uri import parse_absolute_uri
+from signing_proxy.core.uri import parse_absolute_uri, parse_received_uri
 from tests.oracle import oracle_sign, oracle_verify
 
 KEY = SigningKey.generate()
@@ -265,3 +270,31 @@ def test_checking_a_deep_stack_costs_about_one_comparison_per_component(
     monkeypatch.setattr(Component, "__eq__", counted)
     assert _refusal(_raw_stack(stack)) == "missing-covered-header"  # the web rules all passed
     assert compared < 3 * sum(map(len, stack))
+
+
+def test_a_later_label_keying_a_signature_agent_that_is_a_string_is_refused_by_reason() -> None:
+    """The first label covers the drafts' String form plainly; a stranger's later label covers a
+    member of it as if it were a Dictionary: the parse error escaped the verifier as a FieldError
+    (logged as an unexpected failure, with a traceback, and refused verification-failed)."""
+    fields = Fields([("Signature-Agent", '"https://agent.example"')])
+    message = Message("GET", parse_received_uri("https://svc.example/p"), fields)
+    first = [Component("@authority"), Component("signature-agent")]
+    web = [("tag", "web-bot-auth")]
+    attach_signature(
+        fields,
+        sign_message(
+            message, KEY, created=NOW, expires=NOW + 60, label="agent", components=first, extra_params=web
+        ),
+    )
+    later = [
+        *first,
+        Component("signature", key="agent"),
+        Component("signature-input", key="agent"),
+        Component("signature-agent", key="relay"),
+    ]
+    params = signing_params_value(later, KEY.thumbprint, NOW, NOW + 60, web)
+    attach_signature(fields, SignedMember("relay", params, bytes(64), b""))  # a stranger need not sign
+    with pytest.raises(VerificationError) as refused:
+        check_stack(message, None, now=NOW)
+    assert refused.value.reason == "malformed-signature-agent"
+    assert refused.value.label == "relay"
