@@ -205,13 +205,17 @@ class Message:
     _dict_cache: dict[str, tuple[str, dict[str, Any]]] = field(default_factory=dict, repr=False)
 
     def dictionary(self, name: str) -> dict[str, Any]:
-        """The combined field parsed as an RFC 8941 Dictionary (cached while the field is unchanged)."""
+        """The combined field parsed as an RFC 8941 Dictionary (cached while the field is unchanged);
+        SigningError, as every other covered value that cannot be read, when it is none."""
         value = self.fields.combined(name)
         if value is None:
             raise SigningError("missing-covered-header", f"covered field {name!r} is absent")
         cached = self._dict_cache.get(name)
         if cached is None or cached[0] != value:
-            cached = (value, parse_field_dictionary(value, name))
+            try:
+                cached = (value, parse_field_dictionary(value, name))
+            except FieldError as exc:
+                raise SigningError(exc.reason, exc.detail) from None
             self._dict_cache[name] = cached
         return cached[1]
 

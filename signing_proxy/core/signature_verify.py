@@ -332,7 +332,7 @@ def check_stack(
                 beyond = [c for c in entry.components if c not in seen]
                 check_components(message, beyond, dictionaries)
                 seen.update(beyond)
-    except (SigningError, FieldError) as exc:  # FieldError: a Dictionary member of a field that is none
+    except SigningError as exc:
         raise VerificationError(exc.reason, exc.detail, entry.label) from exc
     return CheckedStack(message, tuple(checked), base, dictionaries, raw_agent, directory, profile.name)
 
@@ -362,7 +362,7 @@ def verify_checked(checked: CheckedStack, lookup: KeyLookup, *, now: float) -> V
         else:
             try:  # check_stack found every component: only a change to the fields since refuses here
                 base = signature_base(message, entry.components, entry.params_value, checked.dictionaries)
-            except (SigningError, FieldError) as exc:
+            except SigningError as exc:
                 raise VerificationError(exc.reason, exc.detail, entry.label) from exc
         if not key.public.verify(entry.signature, base):
             raise VerificationError("bad-signature", _bad_signature_hint(message, entry), entry.label)

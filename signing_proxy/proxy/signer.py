@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, TypedDict, Unpack
 
-from ..core.errors import FieldError, SigningError
+from ..core.errors import SigningError
 from ..core.jwk import SigningKey
 from ..core.keys import KeyProvider
 from ..core.signature_components import signature_base, signing_params_value
@@ -119,7 +119,7 @@ class Signer:
             extra = how.get("extra_params", ())
             params = signing_params_value(components, key.thumbprint, created, expires, extra)
             base = signature_base(message, components, params)
-        except (SigningError, FieldError) as exc:  # a field the base cannot be built from
+        except SigningError as exc:  # a field the base cannot be built from (component_value says why)
             if self.metrics is not None:
                 self.metrics.signing_failure(exc.reason)
             raise ProxyError(400, exc.reason, f"cannot sign this request: {exc.detail}") from None
