@@ -28,7 +28,7 @@ from ..storage.pkcs11 import TokenKey
 if TYPE_CHECKING:
     from ..metrics import Metrics
 
-__all__ = ["SignOptions", "Signer", "sign_bounded"]
+__all__ = ["SignOptions", "Signer"]
 
 
 class SignOptions(TypedDict, total=False):
@@ -86,7 +86,7 @@ class Signer:
         the request began, or any in a thread of a synchronous caller) signs on the token's thread,
         bounded as off the loop; one that fails or hangs is refused as there: 503, never a 500."""
         try:
-            signature = sign_bounded(key, base) if isinstance(key, TokenKey) else key.sign(base)
+            signature = key.sign_within(base) if isinstance(key, TokenKey) else key.sign(base)
         except TokenError as exc:
             raise self.token_failure(exc) from None
         return SignedMember(label, params, signature, base)
@@ -154,17 +154,3 @@ class Signer:
         if self.metrics is not None:
             self.metrics.signing_failure(error.reason)
         raise error
-
-
-def sign_bounded(key: TokenKey, data: bytes) -> bytes:
-    """``key.sign`` on the token's thread, waited for at most the slot's ``timeout_s`` (what
-    ``sign_async`` waits on a loop): TokenError ``token-unavailable`` after it, and the caller goes on.
-    Never call it on the token's own thread (it would wait for itself)."""
-    slot = key.slot
-    future = slot.module.submit(key.sign, data)  # refused at once while an earlier call hangs
-    try:
-        return future.result(timeout=slot.timeout_s)
-    except TimeoutError:
-        slot.module.timed_out(future)
-        slot.failure = "token-timeout"
-        raise TokenError("token-unavailable", f"the token did not sign within {slot.timeout_s:g} s") from None

@@ -375,15 +375,25 @@ class TokenKey(SigningKey):
 
     async def sign_async(self, data: bytes) -> bytes:
         """``sign`` on the module's thread, bounded by the slot's ``timeout_s``; the loop never waits."""
-        future = self.slot.module.submit(self.sign, data)
+        future = self.slot.module.submit(self.sign, data)  # refused at once while an earlier call hangs
         try:
             return await asyncio.wait_for(asyncio.wrap_future(future), self.slot.timeout_s)
         except TimeoutError:
-            self.slot.module.timed_out(future)
-            self.slot.failure = "token-timeout"
-            raise TokenError(
-                "token-unavailable", f"the token did not sign within {self.slot.timeout_s:g} s"
-            ) from None
+            raise self._timed_out(future) from None
+
+    def sign_within(self, data: bytes) -> bytes:
+        """``sign_async`` for a thread (never the module's own: it would wait for itself)."""
+        future = self.slot.module.submit(self.sign, data)
+        try:
+            return future.result(timeout=self.slot.timeout_s)
+        except TimeoutError:
+            raise self._timed_out(future) from None
+
+    def _timed_out(self, future: Future[Any]) -> TokenError:
+        """Past ``timeout_s``: dropped if queued, else the module stalls on it; ``token-timeout``."""
+        self.slot.module.timed_out(future)
+        self.slot.failure = "token-timeout"
+        return TokenError("token-unavailable", f"the token did not sign within {self.slot.timeout_s:g} s")
 
     def _same_key(self, session: Any) -> None:
         """Refuse (``token-key-mismatch``) when the public key ``uri`` names is no longer ``public``."""

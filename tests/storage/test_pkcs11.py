@@ -17,7 +17,6 @@ from signing_proxy.config import parse_config
 from signing_proxy.core.errors import KeyFormatError
 from signing_proxy.core.pkcs11_uri import Pkcs11Uri, parse_pkcs11_uri
 from signing_proxy.errors import TokenError
-from signing_proxy.proxy.signer import sign_bounded
 from signing_proxy.service.tokenkeys import token_provider_for
 from signing_proxy.storage.pkcs11 import (
     Pkcs11KeyProvider,
@@ -176,10 +175,10 @@ def test_nothing_piles_up_behind_a_token_that_hangs(hsm: SoftHsm) -> None:
     assert held.wait(10)
     try:
         with pytest.raises(TokenError):
-            sign_bounded(key, b"base")  # times out, still running: the module is stalled
+            key.sign_within(b"base")  # times out, still running: the module is stalled
         for _ in range(200):
             with pytest.raises(TokenError, match="has not finished a call that timed out"):
-                sign_bounded(key, b"base")
+                key.sign_within(b"base")
             with pytest.raises(TokenError, match="has not finished a call that timed out"):
                 asyncio.run(key.sign_async(b"base"))
         assert key.slot.module.executor._queue.qsize() == 0
@@ -189,7 +188,7 @@ def test_nothing_piles_up_behind_a_token_that_hangs(hsm: SoftHsm) -> None:
     stalled = key.slot.module.stalled
     assert stalled is not None
     futures.wait([stalled], timeout=10)  # the hung call ends: the token is asked again
-    assert key.public.verify(sign_bounded(key, b"base"), b"base")
+    assert key.public.verify(key.sign_within(b"base"), b"base")
 
 
 def test_pin_sources(tmp_path: Path) -> None:
