@@ -350,17 +350,18 @@ class TokenKey(SigningKey):
         def on_token() -> bytes:
             handle = self._handle
             if handle is None or handle[0] != self.slot.module.generation:
-                handle = self._open(self.slot.session())
+                handle = self._open()
             return bytes(handle[1].sign(data, mechanism=p11.Mechanism.EDDSA))
 
         return self.slot.tracked(on_token)  # the slot records its own health
 
-    def _open(self, session: Any) -> tuple[int, Any]:
+    def _open(self) -> tuple[int, Any]:
         """The private key object's handle, taken (at first use and after each reset) only once the
         public key ``uri`` names is still ``public`` and the private key proves to be its pair: the
         token signs a random challenge that must verify. A key store's entries and a reconnected
         ``signing.key`` are checked as a key opened at start is (``token-key-mismatch``)."""
         p11 = _pkcs11()
+        session = self.slot.session()
         self._same_key(session)  # never sign with another key
         key = session.get_key(**_lookup(self.uri, p11.ObjectClass.PRIVATE_KEY))
         challenge = secrets.token_bytes(32)
@@ -403,11 +404,10 @@ class TokenKey(SigningKey):
             )
 
     def probe(self) -> bool:
-        """Look for the key on the token again (blocking); True when it answers with this key. Another
-        key under the URI (the token re-initialised, a new key under the label) keeps
-        ``token-key-mismatch``: it answers, but every signature would be refused."""
+        """Look for the key on the token again (blocking), its pair proved; True when it answers with
+        this key. Another key under the URI keeps ``token-key-mismatch`` (every signature refused)."""
         try:
-            self.slot.tracked(lambda: self._open(self.slot.session()))
+            self.slot.tracked(self._open)
         except TokenError:
             return False
         return True
@@ -434,7 +434,7 @@ def open_token_key(slot: TokenSlot, uri: Pkcs11Uri) -> TokenKey:
     verify under it. A private key object that is not that object's pair (every signature would be
     invalid) is refused (``token-key-mismatch``)."""
     key = TokenKey(slot, uri, slot.public_key(uri))
-    slot.tracked(lambda: key._open(slot.session()))  # the challenge: token-key-mismatch
+    slot.tracked(key._open)  # the challenge: token-key-mismatch
     return key
 
 
