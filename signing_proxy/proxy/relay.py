@@ -160,6 +160,7 @@ class RelayPipeline:
             )
         profile = self.profiles.select(target.host, target.scheme, target.port)  # before any await: a
         # reload reconfigures the selector, and a request keeps what it started with
+        received: Fields | None = None  # the fields as they came (made once, when needed)
         if config.relay.verify:  # over the fields as they came: a label may cover Host or Content-Length
             try:
                 received = Fields(lines)
@@ -194,9 +195,8 @@ class RelayPipeline:
         if profile is SVC:
             how: SignOptions = {"label": label, "components": hop_components(labels[-1])}
         else:
-            carried = _as_regenerated(
-                entries[-1], lines, fields, regenerated(method, target, len(body), framed)
-            )
+            written = regenerated(method, target, len(body), framed)
+            carried = _as_regenerated(entries[-1], received or Fields(lines), fields, written)
             for name, value in carried:  # what the wire will carry, for our base (written by the head)
                 fields.add(name, value)
             how = _profiled(message, entries[-1], label, profile, config.signing.signature_agent)
@@ -226,7 +226,7 @@ class RelayPipeline:
 
 def _as_regenerated(
     previous: SignatureEntry,
-    lines: Sequence[tuple[str, str]],
+    received: Fields,
     forwarded: Fields,
     written: list[tuple[str, str]],
 ) -> list[tuple[str, str]]:
@@ -235,7 +235,8 @@ def _as_regenerated(
     do not forward (hop-by-hop, ``Expect``, one ``Connection`` names) is refused: the next verifier
     could never check it."""
     names = {c.name for c in previous.components if c.key is None and not c.is_derived}
-    dropped = {n.lower() for n, _ in lines} - {n.lower() for n, _ in forwarded} - {"host", "content-length"}
+    kept = {n.lower() for n, _ in forwarded} | {"host", "content-length"}  # the last two: written anew
+    dropped = {n.lower() for n, _ in received} - kept
     lost = sorted(names & dropped)
     if lost:
         raise ProxyError(
@@ -244,7 +245,6 @@ def _as_regenerated(
             f"label {previous.label!r} covers {lost[0]!r}, which a relay does not forward",
         )
     carried = [(name, value) for name, value in written if name.lower() in names]
-    received = Fields(lines)
     for name, value in carried:  # as sent, or the label before ours could never verify downstream
         if received.combined(name) != value:
             raise ProxyError(
