@@ -24,7 +24,7 @@ from aiohttp.typedefs import Middleware
 
 from ..core.errors import FieldError, VerificationError
 from ..core.fields import Fields
-from ..core.signatures import VerifiedStack, parse_signature_stack
+from ..core.signatures import SignatureEntry, VerifiedStack, parse_signature_stack
 from ..core.uri import LOOPBACK_HOSTS, is_host_name, served_authority
 from ..errors import problem_body
 from ..net.framing import drop_hop_by_hop
@@ -60,7 +60,15 @@ async def verify_aiohttp_request(
     load balancer sits in front (RFC 9421 section 7.4.3); otherwise scheme and Host of the request,
     a Host naming one of ``hosts``.
     """
-    return await verifier.verify(*await as_received(request, external_origin, served_hosts(hosts)))
+    return await _verify(verifier, request, external_origin, served_hosts(hosts))
+
+
+async def _verify(
+    verifier: RequestVerifier, request: web.Request, external_origin: str | None, hosts: frozenset[str] | None
+) -> VerifiedStack:
+    """``verifier.verify`` of the request ``as_received``, its stack parsed once."""
+    method, uri, fields, body, entries = await _received(request, external_origin, hosts)
+    return await verifier.verify(method, uri, fields, body, entries=entries)
 
 
 def served_hosts(hosts: Hosts) -> frozenset[str] | None:
@@ -85,8 +93,17 @@ LOOPBACK = served_hosts(LOOPBACK_HOSTS)  # the names answered for until told: as
 async def as_received(
     request: web.Request, external_origin: str | None, hosts: frozenset[str] | None = LOOPBACK
 ) -> tuple[str, str, Fields, bytes]:
-    """Method, target URI, header field lines and body of ``request`` exactly as they arrived (raw
-    lines, raw path, the bytes read): what every aiohttp face of the verifier checks.
+    """Method, target URI, header field lines and body of ``request`` exactly as they arrived
+    (``_received``, without the parsed stack)."""
+    method, uri, fields, body, _entries = await _received(request, external_origin, hosts)
+    return method, uri, fields, body
+
+
+async def _received(
+    request: web.Request, external_origin: str | None, hosts: frozenset[str] | None
+) -> tuple[str, str, Fields, bytes, tuple[SignatureEntry, ...]]:
+    """Method, target URI, header field lines, body and parsed stack of ``request`` as they arrived
+    (raw lines, raw path, the bytes read): what every aiohttp face of the verifier checks.
 
     The whole body is read here (within aiohttp's ``client_max_size``: 413 above it), before any
     handler runs; the request then replays those very bytes to whatever reads it next (``read``,
@@ -121,10 +138,10 @@ async def as_received(
         )
     lines = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.raw_headers]
     fields = drop_hop_by_hop(lines)
-    parse_signature_stack(fields)  # no stack, or one that cannot be read: refused before the body is
-    body = await request.read()
+    entries = parse_signature_stack(fields)  # no stack, or one that cannot be read: refused here,
+    body = await request.read()  # before the body is read
     _replay(request, body)
-    return request.method, origin + request.raw_path, fields, body
+    return request.method, origin + request.raw_path, fields, body, entries
 
 
 def _replay(request: web.Request, body: bytes) -> None:
@@ -222,7 +239,7 @@ def signature_middleware(
         if exempt(request):
             return await handler(request)
         try:
-            request[SIGNATURE] = await verifier.verify(*await as_received(request, external_origin, served))
+            request[SIGNATURE] = await _verify(verifier, request, external_origin, served)
         except VerificationError as exc:
             return refusal(exc)
         return await handler(request)
