@@ -1,5 +1,5 @@
 """``python -m signing_proxy`` is the ``signing-proxy`` command."""
 
-from .cli.main import main
+from .cli.launch import main
 
 raise SystemExit(main())

@@ -70,9 +70,11 @@ def hold_sighup() -> None:
     """Until the event loop installs its own handler, a SIGHUP is recorded instead of ending the
     process (its default action, without a line): a supervisor's reload during start-up, or the
     parent's SIGHUP forwarded to a worker it has just forked. The loop applies it once it takes
-    SIGHUP (``take_held_sighup``): the configuration read at start may predate the edit it announced."""
-    _Held.sighup = False
-    signal.signal(signal.SIGHUP, _record_sighup)
+    SIGHUP (``take_held_sighup``): the configuration read at start may predate the edit it announced.
+    Holding again keeps one already held (the entry point holds before ``run`` does: ``cli.launch``)."""
+    if signal.getsignal(signal.SIGHUP) is not _record_sighup:
+        _Held.sighup = False
+        signal.signal(signal.SIGHUP, _record_sighup)
 
 
 def _record_sighup(_sig: int, _frame: object) -> None:

@@ -98,3 +98,50 @@ def test_a_sighup_while_the_proxy_starts_is_applied_once_it_is_up(tmp_path: Path
         reader.join(WAIT_S)
         if proc.stderr is not None:
             proc.stderr.close()
+
+
+WATCH = """
+import importlib.abc, importlib.metadata, runpy, signal, sys
+
+held = []
+
+
+class Watch(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "signing_proxy.cli.main":  # the command modules, most of the start-up's second
+            held.append(signal.getsignal(signal.SIGHUP) is not signal.SIG_DFL)
+        return None
+
+
+sys.meta_path.insert(0, Watch())
+sys.argv = ["signing-proxy", *sys.argv[2:]]
+try:
+    if sys.argv_mode == "script":
+        importlib.metadata.entry_points(group="console_scripts")["signing-proxy"].load()()
+    else:
+        runpy.run_module("signing_proxy", run_name="__main__")
+except SystemExit:
+    pass
+print("held" if held == [True] else f"not held: {held}", file=sys.stderr)
+"""
+
+
+@pytest.mark.parametrize("entry", ["script", "module"])
+@pytest.mark.parametrize(
+    ("command", "expected"), [("run", "held"), ("gateway", "held"), ("keys", "not held: [False]")]
+)
+def test_the_entry_point_holds_sighup_before_importing_the_commands(
+    entry: str, command: str, expected: str
+) -> None:
+    """The command modules take most of a second to import; a SIGHUP then ended ``run`` (its default
+    action) before it could hold it. The entry point (the console script and ``python -m``) holds it
+    first for the serving commands; the others keep the default (a closing terminal ends them)."""
+    code = WATCH.replace("sys.argv_mode", repr(entry))
+    done = subprocess.run(
+        [sys.executable, "-c", code, entry, command, "--help"],
+        capture_output=True,
+        text=True,
+        timeout=WAIT_S,
+        check=False,
+    )
+    assert done.stderr.strip().splitlines()[-1] == expected, done.stderr

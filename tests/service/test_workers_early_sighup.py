@@ -95,3 +95,16 @@ def test_a_thread_the_parent_starts_never_takes_its_signals() -> None:
     finally:
         release.set()
         thread.join(10)
+
+
+@pytest.mark.usefixtures("parent_handlers")
+def test_holding_again_keeps_a_sighup_already_held() -> None:
+    """The entry point holds SIGHUP before the command's modules are imported, and ``run`` holds it
+    again: one that came between the two is still applied once the loop takes SIGHUP."""
+    from signing_proxy.service.workers import hold_sighup, take_held_sighup
+
+    hold_sighup()
+    os.kill(os.getpid(), signal.SIGHUP)  # while the entry point imports the command
+    hold_sighup()  # cmd_run
+    assert take_held_sighup()
+    assert not take_held_sighup()  # forgotten once asked
