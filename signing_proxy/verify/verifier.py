@@ -72,6 +72,7 @@ def refusal_answer(exc: Error) -> tuple[int, tuple[tuple[str, str], ...]]:
 
 
 _FOREVER = (0, 2**62)
+BROKER_WARN_EVERY_S = 60.0  # "broker directory ... unavailable": at most one line a minute per directory
 
 
 @dataclass(frozen=True)
@@ -111,6 +112,7 @@ class RequestVerifier:
     egress: EgressPolicy = field(default_factory=EgressPolicy)
     closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)  # run by ``close``
     _poller: RevocationPoller = field(init=False, repr=False)
+    _broker_warned: dict[str, float] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.revocations is None:
@@ -172,18 +174,18 @@ class RequestVerifier:
             allow_web=policy.web_bot_auth,
             entries=entries,
         )
+        web = checked.profile == WEB_BOT_AUTH.name
         agent = await self._agent_sources(checked.directory)
-        brokers = await self._broker_sources() if len(checked.entries) > 1 else []
-        keys = [  # the agent's directory is a stranger's word (budgeted); brokers' are configured
-            await self._key_for(
-                entry,
-                keyid,
-                brokers if index else agent,
-                budgeted=not index,
-                web=checked.profile == WEB_BOT_AUTH.name,
-            )
-            for index, (entry, keyid, *_rest) in enumerate(checked.entries)
-        ]
+        entry, keyid, *_ = checked.entries[0]  # the agent's directory is a stranger's word: budgeted
+        keys = [await self._key_for(entry, keyid, agent, budgeted=True, web=web)]
+        if keys[0] is not None and len(checked.entries) > 1:  # without it the first label refuses:
+            brokers = await self._broker_sources()  # no broker directory is looked at for a stranger
+            keys += [
+                await self._key_for(entry, keyid, brokers, budgeted=False, web=web)  # configured
+                for entry, keyid, *_rest in checked.entries[1:]
+            ]
+        else:
+            keys += [None] * (len(checked.entries) - 1)
         if keys[0] is None and checked.directory is None:  # say why, not only that: a first set-up's slip
             entry, keyid, *_ = checked.entries[0]
             raise VerificationError(
@@ -233,8 +235,17 @@ class RequestVerifier:
                 directory = await self.resolver.get(base, budgeted=False)  # configured, not a stranger's
                 found.append(_Source(base, directory_url(base), directory))
             except DirectoryError as exc:
-                log.warning("broker directory %s unavailable: %s", base, exc.reason)
+                self._warn_broker_unavailable(base, exc.reason)
         return found
+
+    def _warn_broker_unavailable(self, base: str, reason: str) -> None:
+        """One line a minute per broker directory (a configured one: the dict is bounded): asked for
+        every stacked request while it is down, a line each let any sender fill the log."""
+        now = time.monotonic()
+        last = self._broker_warned.get(base)
+        if last is None or not 0 <= now - last < BROKER_WARN_EVERY_S:
+            self._broker_warned[base] = now
+            log.warning("broker directory %s unavailable: %s (logged at most once a minute)", base, reason)
 
     async def _key_for(
         self, entry: SignatureEntry, keyid: str, sources: list[_Source], *, budgeted: bool, web: bool
