@@ -136,12 +136,16 @@ def list_tokens_bytes(value: bytes) -> list[bytes]:
     return [token for token in (t.strip() for t in value.lower().split(b",")) if token]
 
 
-def drop_hop_by_hop(lines: Sequence[tuple[str, str]]) -> Fields:
+def drop_hop_by_hop(lines: Sequence[tuple[str, str]], *, keep_regenerated: bool = False) -> Fields:
+    """The fields of ``lines`` but the hop-by-hop ones and those ``Connection`` names; with
+    ``keep_regenerated``, ``Host``, ``Content-Length`` and ``Expect`` stay as received (what a
+    verifier at the end of the signed path reads: the client signed them as it sent them)."""
     named: set[str] = set()
     for name, value in lines:
         if name.lower() == "connection":
             named.update(list_tokens(value))
-    drop = NOT_FORWARDED | named if named else NOT_FORWARDED
+    drop = HOP_BY_HOP if keep_regenerated else NOT_FORWARDED
+    drop = drop | named if named else drop
     return Fields((n, v) for n, v in lines if n.lower() not in drop)
 
 
@@ -218,22 +222,30 @@ def response_head(status: int, fields: Sequence[tuple[str, str]], *, close: bool
     return "".join(parts).encode("latin-1")
 
 
-def local_answer(status: int, content_type: str, body: bytes, *, close: bool) -> bytes:
-    """A whole response the proxy makes itself: never cached."""
+def local_answer(
+    status: int, content_type: str, body: bytes, *, close: bool, head_only: bool = False
+) -> bytes:
+    """A whole response the proxy makes itself: never cached. ``head_only``: the answer to a HEAD,
+    its head alone with the Content-Length the body would have (RFC 9110 section 9.3.2)."""
     fields = [
         ("Content-Type", content_type),
         ("Content-Length", str(len(body))),
         ("Cache-Control", "no-store"),
     ]
-    return response_head(status, fields, close=close) + body
+    head = response_head(status, fields, close=close)
+    return head if head_only else head + body
 
 
-def problem_response(error: ProxyError, *, close: bool = False, **extra: object) -> bytes:
-    """A whole problem+json response (RFC 9457) for ``error``, its extra header fields included."""
+def problem_response(
+    error: ProxyError, *, close: bool = False, head_only: bool = False, **extra: object
+) -> bytes:
+    """A whole problem+json response (RFC 9457) for ``error``, its extra header fields included;
+    ``head_only`` as for ``local_answer``."""
     body = problem_body(error.status, error.reason, error.detail, **extra)
     fields = [
         ("Content-Type", "application/problem+json"),
         ("Content-Length", str(len(body))),
         *error.headers,
     ]
-    return response_head(error.status, fields, close=close) + body
+    head = response_head(error.status, fields, close=close)
+    return head if head_only else head + body

@@ -9,7 +9,6 @@ routes or the app: it frames, bounds and moves bytes.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections import deque
 from collections.abc import Callable, Coroutine
@@ -391,7 +390,7 @@ class ClientConnection(asyncio.Protocol):
         self._refuse(cause, method)
 
     def _refuse(self, cause: ProxyError, method: str | None) -> None:
-        self.write_problem(cause, close=True)
+        self.write_problem(cause, close=True, method=method)
         self.linger()
         self._closed = True
         self._wake()
@@ -416,17 +415,16 @@ class ClientConnection(asyncio.Protocol):
         self._wake()
 
     # --- answers the handler writes ---
-    def write_problem(self, error: ProxyError, *, close: bool = False) -> None:
-        self.write(problem_response(error, close=close or not self.keep_alive))
+    # an answer to HEAD is its head alone, Content-Length kept (RFC 9110 section 9.3.2): its body would
+    # be read as the next response on a kept-alive connection
+    def write_problem(self, error: ProxyError, *, close: bool = False, method: str | None = None) -> None:
+        head_only = (method or (self._serving.method if self._serving is not None else "")) == "HEAD"
+        self.write(problem_response(error, close=close or not self.keep_alive, head_only=head_only))
 
     def local_response(self, status: int, content_type: str, body: bytes) -> int:
-        self.write(local_answer(status, content_type, body, close=not self.keep_alive))
+        head_only = self._serving is not None and self._serving.method == "HEAD"
+        self.write(local_answer(status, content_type, body, close=not self.keep_alive, head_only=head_only))
         return status
-
-    def local_json(self, status: int, doc: object) -> int:
-        return self.local_response(
-            status, "application/json", json.dumps(doc, separators=(",", ":")).encode()
-        )
 
     async def read_body(self, req: Request) -> bytes:
         """The whole body, up to ``limits.max_body_bytes`` (413 above it, 408 when it does not arrive)."""

@@ -8,6 +8,7 @@ port answers only ``admin.allow_clients`` (loopback when empty) and refuses othe
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 
 from .. import __version__
@@ -28,13 +29,17 @@ def local_endpoints(
     """The proxy port's own paths: a lookup from an origin-form path to its answer."""
 
     def healthz(conn: ClientConnection, _req: Request) -> int:
-        return conn.local_json(200, HEALTH)
+        return _json(conn, 200, HEALTH)
 
     def readyz(conn: ClientConnection, _req: Request) -> int:
-        return conn.local_json(*readiness())
+        return _json(conn, *readiness())
 
     def render(conn: ClientConnection, _req: Request) -> int:
         return conn.local_response(200, CONTENT_TYPE, metrics())
 
     table: dict[str, LocalEndpoint] = {"/healthz": healthz, "/readyz": readyz, "/metrics": render}
     return table.get
+
+
+def _json(conn: ClientConnection, status: int, doc: object) -> int:
+    return conn.local_response(status, "application/json", json.dumps(doc, separators=(",", ":")).encode())
