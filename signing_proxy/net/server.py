@@ -190,6 +190,7 @@ class ClientConnection(asyncio.Protocol):
             return None
         self._eof = True
         self._wake()
+        self.outbox.flush()  # an answer written this pass (a local one, a refusal) leaves before the close
         # RFC 9112 section 9.6: a half-close after a complete request still gets its answer, then a close
         return True if (self._ready or self.busy) and not self._upgraded else None
 

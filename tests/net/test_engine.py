@@ -307,3 +307,16 @@ async def test_a_client_that_reads_nothing_is_cut_off_after_client_idle_s() -> N
             assert not eng.connections
     finally:
         sock.close()
+
+
+async def test_an_answer_written_as_the_client_half_closes_still_leaves(
+    engine: tuple[Engine, Echo, int],
+) -> None:
+    """RFC 9112 section 9.6: the request and the client's EOF arrive together; the answer, written in
+    the same pass as the EOF is read (a handler that does not wait), was dropped by the close."""
+    _, handler, port = engine
+    for _ in range(5):
+        answer = await exchange(port, b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n", half_close=True)
+        assert answer.startswith(b"HTTP/1.1 200 OK\r\n"), answer
+        assert answer.endswith(b"GET /a "), answer
+    assert len(handler.seen) == 5

@@ -66,3 +66,22 @@ def test_a_get_still_gets_its_body(proxy: ProxyProcess) -> None:
     assert status == "HTTP/1.1 404 Not Found"
     assert len(body) == int(fields["content-length"]) > 0
     assert b'"reason":"no-route"' in body
+
+
+@pytest.mark.parametrize(
+    ("path", "status"), [("/healthz", b"HTTP/1.1 200 "), ("/no-such-route", b"HTTP/1.1 404 ")]
+)
+def test_a_client_that_half_closes_after_its_request_gets_the_answer(
+    proxy: ProxyProcess, path: str, status: bytes
+) -> None:
+    """An answer the proxy writes at once (its own paths, a refusal) was lost when the client's EOF
+    came with the request (``printf ... | nc``): the close dropped it (RFC 9112 section 9.6)."""
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=WAIT_S) as sock:
+        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        sock.shutdown(socket.SHUT_WR)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    assert answer.startswith(status), answer
+    _, fields, body = split_head(answer)
+    assert len(body) == int(fields["content-length"]) > 0
