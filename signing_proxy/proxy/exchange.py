@@ -303,6 +303,10 @@ class ProxyHandler:
         if req.host is not None and not valid_host_field(req.host):
             raise ProxyError(400, "malformed-host", "Host must be host[:port] (RFC 9112 section 3.2)")
         raw = req.url.decode("latin-1")
+        if policy.as_received and "#" in raw:  # a relay or a gateway passes the target on as it came
+            raise ProxyError(
+                400, "malformed-target", "a request target has no fragment (RFC 9112 section 3.2)"
+            )
         tunnel = conn.tunnel
         if tunnel is not None:
             if not raw.startswith("/"):

@@ -152,8 +152,12 @@ class GatewayPipeline:
             raise ProxyError(404, "no-route", "a gateway forwards only to its backend (origin-form targets)")
         uri = self.signed_uri(target, lines)
         fields = drop_hop_by_hop(lines)
-        try:  # over the fields as they came: a label may cover Host or Content-Length
-            verdict = await self.verifier.check(method, uri, Fields(lines), body)
+        # over the end-to-end fields as they came: a label may cover Host or Content-Length, but one
+        # covering a field that ends here (hop-by-hop, Connection-named) is refused, as the
+        # middleware refuses it: what it vouched for would never reach the backend
+        received = drop_hop_by_hop(lines, keep_regenerated=True)
+        try:
+            verdict = await self.verifier.check(method, uri, received, body)
         except GatewayRefusal as refusal:
             raise ProxyError(refusal.status, refusal.reason, refusal.detail, refusal.headers) from None
         # and their look-alikes: CGI, WSGI and many servers read X_Verified_Keyid as X-Verified-Keyid

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -274,13 +274,48 @@ def test_a_web_label_covering_host_or_content_length_verifies(
 ) -> None:
     """The gateway verified over the fields it forwards, without Host and Content-Length (it writes
     its own): a label covering them was refused missing-covered-header, though the client sent them."""
+    answer = send_web_signed(world, method, covered)
+    assert answer.startswith(b"HTTP/1.1 200 "), answer[:400]
+
+
+@pytest.mark.parametrize(
+    ("covered", "extra"),
+    [("content-type", [("Connection", "content-type")]), ("keep-alive", [("Keep-Alive", "timeout=5")])],
+)
+def test_a_label_covering_a_field_that_ends_at_the_gateway_is_refused(
+    world: World, covered: str, extra: list[tuple[str, str]]
+) -> None:
+    """A field Connection names, or a hop-by-hop one, never reaches the backend: a label covering it
+    was accepted, though what it vouched for was dropped (the middleware refuses it, as the README says)."""
+    before = len(world.backend.arrivals)
+    answer = send_web_signed(world, "POST", covered, extra)
+    assert answer.startswith(b"HTTP/1.1 401 "), answer[:400]
+    assert b'"reason":"missing-covered-header"' in answer.replace(b" ", b""), answer
+    assert len(world.backend.arrivals) == before
+
+
+def test_a_request_target_with_a_fragment_is_refused(world: World) -> None:
+    """No request target carries a fragment (RFC 9112 section 3.2): the gateway verified ``/feed``
+    and forwarded it, where the README says such a target is refused."""
+    before = len(world.backend.arrivals)
+    answer = send_web_signed(world, "GET", "host", target="/feed#part")
+    assert answer.startswith(b"HTTP/1.1 400 "), answer[:400]
+    assert b'"reason":"malformed-target"' in answer.replace(b" ", b""), answer
+    assert len(world.backend.arrivals) == before
+
+
+def send_web_signed(
+    world: World, method: str, covered: str, extra: Sequence[tuple[str, str]] = (), target: str = "/feed"
+) -> bytes:
+    """A web-bot-auth request to the gateway covering ``@authority``, ``signature-agent`` and
+    ``covered`` (signed for ``/feed``), sent with ``extra`` lines and ``target``; the whole answer."""
     port = int(world.gateway.url.rsplit(":", 1)[1])
     url = f"http://127.0.0.1:{port}/feed"
     body = b"hi" if method == "POST" else b""
     lines = [("Host", f"127.0.0.1:{port}"), ("Signature-Agent", f'agent="{world.agent_directory}"')]
     if body:
         lines += [("Content-Type", "text/plain"), ("Content-Length", str(len(body)))]
-    fields, now = Fields(lines), int(time.time())
+    fields, now = Fields([*lines, *extra]), int(time.time())
     components = [Component("@authority"), Component("signature-agent", key="agent"), Component(covered)]
     attach_signature(
         fields,
@@ -294,10 +329,12 @@ def test_a_web_label_covering_host_or_content_length_verifies(
             extra_params=[("tag", "web-bot-auth")],
         ),
     )
-    head = f"{method} /feed HTTP/1.1\r\n" + "".join(f"{n}: {v}\r\n" for n, v in fields)
+    head = f"{method} {target} HTTP/1.1\r\n" + "".join(f"{n}: {v}\r\n" for n, v in fields)
+    connection = b"" if any(n.lower() == "connection" for n, _ in extra) else b"Connection: close\r\n"
     with socket.create_connection(("127.0.0.1", port), timeout=WAIT_S) as sock:
-        sock.sendall(head.encode() + b"Connection: close\r\n\r\n" + body)
+        sock.sendall(head.encode() + connection + b"\r\n" + body)
+        sock.shutdown(socket.SHUT_WR)
         answer = b""
         while chunk := sock.recv(65536):
             answer += chunk
-    assert answer.startswith(b"HTTP/1.1 200 "), answer[:400]
+    return answer
