@@ -262,8 +262,9 @@ class Signer:
         except FieldError as exc:
             raise NotSigned(400, exc.reason, f"cannot sign a request to this URL: {exc.detail}") from None
         # a bearer or a Requester goes only where the bytes go, as the proxy decides on the URL and
-        # never on Host: a Host naming another authority (kept by aiohttp on a redirect to another
-        # origin) chooses neither
+        # never on Host: a Host naming another authority (a caller's, on a request to an address)
+        # chooses neither. A redirect to another origin is never signed for the caller's Host: the
+        # adapters sign it for its own URL (aiohttp's middleware, httpx's hooks) or not at all
         try:
             signed = self._pipeline.sign_fields(method.upper(), target, lines, body, sent_to=sent_to)
         except ProxyError as exc:
