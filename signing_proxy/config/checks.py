@@ -8,14 +8,16 @@ import re
 from functools import lru_cache
 
 from ..core.errors import FieldError
-from ..core.uri import ipv6_text, parse_authority
+from ..core.uri import directory_base, ipv6_text, parse_absolute_uri, parse_authority
 from ..errors import ConfigError
 
 __all__ = [
     "AGENT_NAME_RE",
     "check_agent_name",
+    "check_directory_base",
     "check_host_pattern",
     "check_origin",
+    "check_parsed_url",
     "check_url",
     "host_form",
     "host_matches",
@@ -79,6 +81,35 @@ def check_origin(url: str | None, path: str) -> None:
         raise ConfigError(f"{path}: an http(s) origin, got {shown(url)} ({exc.detail})") from None
     if tail:
         raise ConfigError(f"{path}: an origin, without a path, got {shown(url)}")
+
+
+def check_parsed_url(url: str | None, path: str, *, query: bool = True) -> None:
+    """Refuse a set value ``check_url`` refuses, or one ``parse_absolute_uri`` does (a port out of
+    range, a bad host, a bad ``%`` escape): what the publication listener binds its directory proofs
+    to, and what a verifier fetches. ``publish.public_url: https://dir.example:99999`` passed
+    ``config check``, then ``run`` died with a traceback (exit 1) building the listener."""
+    if url is None:
+        return
+    check_url(url, path, query=query)
+    try:
+        parse_absolute_uri(url)
+    except FieldError as exc:
+        raise ConfigError(f"{path}: an http(s) URL that parses, got {shown(url)} ({exc.detail})") from None
+
+
+def check_directory_base(url: str | None, path: str) -> None:
+    """Refuse a set value no verifier of ours takes as a key directory's base: ``directory_base``,
+    where ``parse_signature_agent`` ends (a port out of range, a query, a ``.`` or ``..`` segment, a
+    bad ``%`` escape). Such a ``signing.signature_agent`` passed start-up and went out on every
+    request, each one then refused ``malformed-signature-agent``. Empty (none sent) is fine."""
+    if not url:
+        return
+    try:
+        directory_base(url)
+    except FieldError as exc:
+        raise ConfigError(
+            f"{path}: not a key directory's base URL a verifier accepts, got {shown(url)} ({exc.detail})"
+        ) from None
 
 
 def shown(url: str) -> str:

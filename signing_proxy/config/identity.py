@@ -24,7 +24,14 @@ from ..core.requester import (
 from ..core.scopes import scope_segments
 from ..core.uri import parse_absolute_uri
 from ..errors import ConfigError
-from .checks import check_agent_name, check_url, parse_host_port, positive
+from .checks import (
+    check_agent_name,
+    check_directory_base,
+    check_parsed_url,
+    check_url,
+    parse_host_port,
+    positive,
+)
 from .pkcs11 import Pkcs11Config, check_pkcs11_key
 
 __all__ = [
@@ -74,6 +81,7 @@ class SigningConfig:
             raise ConfigError(f"{path}.signature_agent: must not contain spaces, quotes or backslashes")
         if self.signature_agent:  # sent with every request, and fetched by verifiers: no user:password@
             check_url(self.signature_agent, f"{path}.signature_agent")
+            check_directory_base(self.signature_agent, f"{path}.signature_agent")  # as verifiers read it
         positive(self.validity_s, f"{path}.validity_s", maximum=86_400)
         check_agent_name(self.agent, f"{path}.agent")
         positive(self.key_lifetime_s, f"{path}.key_lifetime_s", maximum=3650 * 86_400)
@@ -104,7 +112,7 @@ class PublishConfig:
             except ManifestError:
                 raise ConfigError(f"{path}.domain: must be a domain name, got {self.domain!r}") from None
         for name in ("public_url", "revocation_url"):  # published as they are: no user:password@
-            check_url(getattr(self, name), f"{path}.{name}", query=False)
+            check_parsed_url(getattr(self, name), f"{path}.{name}", query=False)  # and fetched
         low, high = DIRECTORY_MAX_AGE_RANGE_S
         positive(self.directory_max_age_s, f"{path}.directory_max_age_s", maximum=high)
         if self.directory_max_age_s < low:

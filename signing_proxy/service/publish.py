@@ -20,8 +20,9 @@ from typing import Final
 from aiohttp import web
 
 from ..config import Config, parse_host_port
+from ..config.checks import shown
 from ..core.directory_proof import WEB_DIRECTORY_MEDIA_TYPE
-from ..core.errors import KeyFormatError
+from ..core.errors import FieldError, KeyFormatError
 from ..core.keys import (
     DIRECTORY_MEDIA_TYPE,
     DIRECTORY_PATH,
@@ -32,7 +33,7 @@ from ..core.keys import (
 )
 from ..core.manifest import MANIFEST_PATH, render_agent_manifest
 from ..core.uri import parse_absolute_uri
-from ..errors import TokenError, problem_body
+from ..errors import ConfigError, TokenError, problem_body
 from ..storage.keystore import StoreState, StoreWatcher
 from .directory_proofs import FAILURE_HOLD_S, ProofCache
 
@@ -111,6 +112,20 @@ def render_publication(publication: Publication, state: StoreState, now: float) 
     }
 
 
+def _public_authority(config: Config) -> str:
+    """The authority of ``publish.public_url`` (else ``https://<publish.domain>``), which directory
+    proofs bind. The configuration refuses one that does not parse; a ``Config`` built around those
+    checks is refused here as a ConfigError naming the setting (``run`` exits 2 saying so), never a
+    FieldError's traceback."""
+    pub = config.publish
+    setting = "publish.public_url" if pub.public_url else "publish.domain"
+    url = pub.public_url or f"https://{pub.domain}"
+    try:
+        return parse_absolute_uri(url.rstrip("/") + "/").authority
+    except FieldError as exc:
+        raise ConfigError(f"{setting}: an http(s) URL that parses, got {shown(url)} ({exc.detail})") from None
+
+
 class PublishServer:
     """An aiohttp listener serving ``publications`` from their key-store watchers (GET and HEAD)."""
 
@@ -124,8 +139,7 @@ class PublishServer:
         self.config = config
         self.clock = clock
         self.max_age_s = config.publish.directory_max_age_s
-        public_url = config.publish.public_url or f"https://{config.publish.domain}"
-        self.authority = parse_absolute_uri(public_url.rstrip("/") + "/").authority  # what proofs bind
+        self.authority = _public_authority(config)  # what proofs bind
         self._proofs = ProofCache(self.authority, self.max_age_s, clock)
         self._warned: set[str] = set()  # agents whose directory was refused since last served: logged
         self._routes: dict[str, tuple[str, Publication, StoreWatcher]] = {}

@@ -92,6 +92,7 @@ def test_mistakes_are_refused_with_their_key_path(raw: Any, message: str) -> Non
         ("https://agent.example@127.0.0.1/agents/alice", "an http(s) URL without user:password@"),
         ("https://user@agent.example", "an http(s) URL without user:password@"),
         ("https://agent.example#me", "must be an absolute http(s) URL"),
+        ("https://agent.example?x=1", "not a key directory's base URL a verifier accepts"),
     ],
 )
 @pytest.mark.parametrize("profiles", [{}, {"default": "web-bot-auth"}])
@@ -303,9 +304,8 @@ def test_a_key_that_outlives_a_cached_directory_by_the_margin_is_accepted() -> N
     [
         "https://registry.example/agents/alice",
         "http://agent.example",
-        "https://agent.example/a/",
-        "https://agent.example?x=1",  # passed a check of the path alone (as did the two refused
-        # in any profile now: test_a_signature_agent_verifiers_cannot_fetch_is_refused_in_any_profile)
+        "https://agent.example/a/",  # a query passed a check of the path alone: it is refused in any
+        # profile now, as userinfo and a fragment are (test_a_signature_agent_verifiers_cannot_fetch_...)
     ],
 )
 @pytest.mark.parametrize(
