@@ -15,6 +15,7 @@ __all__ = ["GatewayConfig", "TrustedIssuer"]
 
 MAX_ISSUER_KEY_GRACE_S = 30 * 86_400  # our bound: a rotated issuer key trusted at most 30 days more
 MAX_STRANGER_QUOTA_ROWS = 10_000_000  # our bound on the bound: a few GB of counters
+MAX_STRANGER_REPLAY_ROWS = 10_000_000  # our bound on the bound: a few GB of replay rows
 
 
 def _check_provider(provider: str, path: str) -> None:
@@ -66,6 +67,12 @@ class GatewayConfig:
     # live counters of chains whose issuer is not in trusted_issuers (measured: ~180 bytes each in
     # SQLite, ~350 in Redis: 100,000 is ~18 MB and ~35 MB); a new one past it: 503 quota-store-full
     max_stranger_quota_rows: int = 100_000
+    # live replay rows (replay_protection) of requests no trusted issuer vouches for: every request
+    # but those carrying a chain from trusted_issuers or signed with a pinned agent key (measured:
+    # ~190 bytes each in SQLite, ~340 in Redis: 1,000,000 is ~190 MB and ~340 MB). Each lives its
+    # signature's validity plus verify.skew_s: at the agents' default 300 s, 1,000,000 carries ~3,300
+    # such requests a second, twice what a gateway process verifies; past it: 503 replay-store-full
+    max_stranger_replay_rows: int = 1_000_000
     audience: str | None = None  # this exchange's name in a delegation token's aud
     delegation_leeway_s: int = 0  # clock difference tolerated on a link's exp/nbf
     external_origin: str | None = None  # https://exchange.example when TLS ends in front of us
@@ -73,6 +80,10 @@ class GatewayConfig:
     # @target-uri, and one made for another origin must not verify here. Loopback by default.
     hosts: tuple[str, ...] = LOOPBACK_HOSTS
     broker_directories: tuple[str, ...] = ()  # directory bases of the brokers whose labels we accept
+    # public key files (PEM or JWK), read as relay.pinned_*_keys are: agents that send an empty
+    # Signature-Agent (no key directory: DESIGN 5); brokers known by key, no directory fetch
+    pinned_agent_keys: tuple[str, ...] = ()
+    pinned_broker_keys: tuple[str, ...] = ()
     # spec rule 7: providers whose svc.json must keep listing exchange_domain (domains, or base URLs)
     providers: tuple[str, ...] = ()
     exchange_domain: str | None = None
@@ -89,6 +100,10 @@ class GatewayConfig:
             raise ConfigError(f"{path}.delegation_leeway_s: must be from 0 to 300")
         if not 0 <= self.max_stranger_quota_rows <= MAX_STRANGER_QUOTA_ROWS:
             raise ConfigError(f"{path}.max_stranger_quota_rows: must be from 0 to {MAX_STRANGER_QUOTA_ROWS}")
+        if not 0 <= self.max_stranger_replay_rows <= MAX_STRANGER_REPLAY_ROWS:
+            raise ConfigError(
+                f"{path}.max_stranger_replay_rows: must be from 0 to {MAX_STRANGER_REPLAY_ROWS}"
+            )
         store = self.store
         if store != "sqlite" and not store.startswith(("sqlite:///", "redis://", "rediss://", "unix://")):
             raise ConfigError(f"{path}.store: sqlite, sqlite:///PATH or a redis:// URL, got {shown(store)}")

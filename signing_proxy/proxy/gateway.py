@@ -36,7 +36,7 @@ from ..storage.keyfile import load_public_key_file
 from ..verify.counters import CounterStore
 from ..verify.directory import http_fetcher
 from ..verify.gateway import HEADER_PREFIX, GatewayPolicy, GatewayRefusal
-from ..verify.gateway_build import build_gateway_verifier
+from ..verify.gateway_build import build_gateway_verifier, load_pinned_keys
 from ..verify.issuers import IssuerAnchor
 from ..verify.manifest_watch import ManifestWatcher
 from ..verify.stores import open_counter_store
@@ -81,6 +81,9 @@ class GatewayPipeline:
         self.config = config
         section = config.gateway
         self.upstream = parse_absolute_uri(gateway_upstream(section))
+        # the pinned key files before any client or store is opened: a refusal leaves nothing open
+        pinned_agents = load_pinned_keys(section.pinned_agent_keys, "gateway.pinned_agent_keys")
+        pinned_brokers = load_pinned_keys(section.pinned_broker_keys, "gateway.pinned_broker_keys")
         self.client = HttpClient.standalone(config.upstream, config.timeouts)
         try:
             self.store = store if store is not None else open_counter_store(section.store, config.data_path)
@@ -93,6 +96,8 @@ class GatewayPipeline:
                 web_bot_auth=config.verify.web_bot_auth,
                 max_hops=section.max_hops,
                 broker_directories=section.broker_directories,
+                pinned_agent_keys=pinned_agents,
+                pinned_broker_keys=pinned_brokers,
             ),
             GatewayPolicy(
                 understood_extensions=frozenset(section.understood_extensions),
@@ -100,6 +105,7 @@ class GatewayPipeline:
                 audience=section.audience,
                 leeway_s=section.delegation_leeway_s,
                 max_stranger_quota_rows=section.max_stranger_quota_rows,
+                max_stranger_replay_rows=section.max_stranger_replay_rows,
             ),
             store=self.store,
             trusted_issuers=_anchors(section),

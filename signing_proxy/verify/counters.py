@@ -19,10 +19,18 @@ exist keep counting (never reset, never refused for the bound), a trusted issuer
 refused for it, and an expired row leaves the bound. The check is inside the same atomic step as
 the count, so concurrent workers or replicas cannot overshoot it.
 
+Strangers' replay rows are bounded the same way. With replay protection every accepted signature is
+a row kept for its validity (up to ``verify.max_validity_s``), and anyone with a self-published key
+directory can sign fresh ones at full rate. So ``first_seen`` is told ``max_stranger_rows`` for a
+request no trusted issuer vouches for: a new key that arrives while the live strangers' replay rows
+number ``max_stranger_rows`` is not recorded and raises ``ReplayRowsFull`` (503
+``replay-store-full``). A signature seen before is answered as seen (a replay) whatever the bound;
+trusted requests are never refused for it; an expired row leaves the bound.
+
 Two stores: ``SqliteCounterStore`` (the embedded default, a file in the data directory; every
 operation is one ``BEGIN IMMEDIATE`` transaction, so ``--workers`` processes sharing the file
 never lose or double a count) and ``verify.redis_counters.RedisCounterStore`` for several gateway
-replicas (one Lua script per ``take``, ``SET NX PX`` per ``first_seen``). ``now`` is given by the
+replicas (one Lua script per ``take`` and per ``first_seen``). ``now`` is given by the
 caller (wall-clock seconds): every process on the machine agrees on it.
 
 ``ping`` is the cheap probe behind the gateway's ``counter_store`` readiness check: a ``SELECT 1``
@@ -46,8 +54,10 @@ from ..core.gateway_ingest import QuotaCounter
 
 __all__ = [
     "QUOTA_STORE_FULL",
+    "REPLAY_STORE_FULL",
     "SQLITE_FILE",
     "CounterStore",
+    "ReplayRowsFull",
     "SqliteCounterStore",
     "StrangerRowsFull",
     "Taken",
@@ -60,6 +70,7 @@ PRUNE_EVERY = 256  # our choice: expired rows are deleted once per this many wri
 # write creates: a chain's capped links, at most MAX_CHAIN_LINKS), so a prune's transaction is short
 PRUNE_BATCH = 4096
 QUOTA_STORE_FULL = "quota-store-full"
+REPLAY_STORE_FULL = "replay-store-full"
 
 
 class StrangerRowsFull(Error):
@@ -68,6 +79,14 @@ class StrangerRowsFull(Error):
 
     def __init__(self, limit: int) -> None:
         super().__init__(QUOTA_STORE_FULL, f"{limit} counters of untrusted issuers' chains are live")
+
+
+class ReplayRowsFull(Error):
+    """``first_seen`` would record a new signature of a request no trusted issuer vouches for while
+    such requests' live replay rows are at ``max_stranger_rows``: nothing was recorded (refused)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(REPLAY_STORE_FULL, f"{limit} replay rows of untrusted requests are live")
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,8 +111,14 @@ class CounterStore(Protocol):
         stranger rows than that."""
         ...
 
-    async def first_seen(self, key: str, ttl_s: float, now: float) -> bool:
-        """Record ``key`` for ``ttl_s``; True if it was not recorded already (atomic)."""
+    async def first_seen(
+        self, key: str, ttl_s: float, now: float, max_stranger_rows: int | None = None
+    ) -> bool:
+        """Record ``key`` for ``ttl_s``; True if it was not recorded already (atomic).
+
+        ``max_stranger_rows`` (None: a trusted issuer vouches for the request) marks the row as a
+        stranger's and raises ``ReplayRowsFull``, recording nothing, when a new row would leave more
+        live stranger rows than that. A key recorded already answers False, bound or not."""
         ...
 
     async def ping(self) -> None:
@@ -106,7 +131,8 @@ class CounterStore(Protocol):
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS counters (key TEXT PRIMARY KEY, count INTEGER NOT NULL, expires_at REAL, "
     "stranger INTEGER NOT NULL DEFAULT 0)",
-    "CREATE TABLE IF NOT EXISTS seen (key TEXT PRIMARY KEY, expires_at REAL NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS seen (key TEXT PRIMARY KEY, expires_at REAL NOT NULL, "
+    "stranger INTEGER NOT NULL DEFAULT 0)",
 )
 # The prune finds expired rows by these (added to files an earlier version wrote, on open): without
 # them each prune scanned both tables whole under the write lock, a stall linear in the live rows.
@@ -136,11 +162,24 @@ _STRANGER_SCHEMA = (
     "BEGIN UPDATE tally SET n = n + NEW.stranger - OLD.stranger WHERE name = 'stranger_rows'; END",
 )
 _TALLY = "SELECT n FROM tally WHERE name = 'stranger_rows'"
+# Strangers' replay rows (seen.stranger = 1), tallied the same way under their own name.
+_SEEN_STRANGER_SCHEMA = (
+    "CREATE INDEX IF NOT EXISTS seen_stranger_expiry ON seen (expires_at) WHERE stranger = 1",
+    "INSERT OR IGNORE INTO tally (name, n) SELECT 'stranger_seen', COUNT(*) FROM seen WHERE stranger = 1",
+    "CREATE TRIGGER IF NOT EXISTS stranger_seen_in AFTER INSERT ON seen WHEN NEW.stranger = 1 "
+    "BEGIN UPDATE tally SET n = n + 1 WHERE name = 'stranger_seen'; END",
+    "CREATE TRIGGER IF NOT EXISTS stranger_seen_out AFTER DELETE ON seen WHEN OLD.stranger = 1 "
+    "BEGIN UPDATE tally SET n = n - 1 WHERE name = 'stranger_seen'; END",
+    "CREATE TRIGGER IF NOT EXISTS stranger_seen_flag AFTER UPDATE OF stranger ON seen "
+    "WHEN NEW.stranger <> OLD.stranger "
+    "BEGIN UPDATE tally SET n = n + NEW.stranger - OLD.stranger WHERE name = 'stranger_seen'; END",
+)
+_SEEN_TALLY = "SELECT n FROM tally WHERE name = 'stranger_seen'"
 
 
 def _create_schema(db: sqlite3.Connection) -> None:
     """The tables, in one transaction: workers starting together on a file written by an earlier
-    version (no ``stranger`` column: its rows are all counted as trusted) add the column once."""
+    version (no ``stranger`` columns: its rows are all counted as trusted) add the columns once."""
     db.execute("BEGIN IMMEDIATE")
     try:
         for statement in _SCHEMA:
@@ -148,7 +187,9 @@ def _create_schema(db: sqlite3.Connection) -> None:
         columns = {row[1] for row in db.execute("PRAGMA table_info(counters)")}
         if "stranger" not in columns:
             db.execute("ALTER TABLE counters ADD COLUMN stranger INTEGER NOT NULL DEFAULT 0")
-        for statement in (*_STRANGER_SCHEMA, *_EXPIRY_SCHEMA):
+        if "stranger" not in {row[1] for row in db.execute("PRAGMA table_info(seen)")}:
+            db.execute("ALTER TABLE seen ADD COLUMN stranger INTEGER NOT NULL DEFAULT 0")
+        for statement in (*_STRANGER_SCHEMA, *_SEEN_STRANGER_SCHEMA, *_EXPIRY_SCHEMA):
             db.execute(statement)
         db.execute("COMMIT")
     except BaseException:
@@ -227,8 +268,10 @@ class SqliteCounterStore:
     ) -> tuple[int, Taken]:
         return await self._run(self._take_all, tuple(counters), now, max_stranger_rows)
 
-    async def first_seen(self, key: str, ttl_s: float, now: float) -> bool:
-        return await self._run(self._first_seen, key, ttl_s, now)
+    async def first_seen(
+        self, key: str, ttl_s: float, now: float, max_stranger_rows: int | None = None
+    ) -> bool:
+        return await self._run(self._first_seen, key, ttl_s, now, max_stranger_rows)
 
     async def ping(self) -> None:
         """A trivial query on the store's thread: raises when the file cannot be opened or read."""
@@ -286,24 +329,43 @@ class SqliteCounterStore:
         index = min(range(len(counters)), key=lambda i: counters[i].limit - current[i][1])
         return index, Taken(True, current[index][1], current[index][2])
 
-    def _first_seen(self, key: str, ttl_s: float, now: float) -> bool:
+    def _first_seen(self, key: str, ttl_s: float, now: float, max_stranger_rows: int | None) -> bool:
         db = self._connect()
         db.execute("BEGIN IMMEDIATE")
+        full = False
         try:
             row = db.execute("SELECT expires_at FROM seen WHERE key = ?", (key,)).fetchone()
             fresh = row is None or row[0] <= now
-            if fresh:
+            if fresh and max_stranger_rows is not None and self._seen_full(db, now, max_stranger_rows):
+                full = True  # nothing recorded; the expired rows purged stay purged
+            elif fresh:
                 db.execute(
-                    "INSERT INTO seen (key, expires_at) VALUES (?, ?) "
-                    "ON CONFLICT(key) DO UPDATE SET expires_at = excluded.expires_at",
-                    (key, now + ttl_s),
+                    "INSERT INTO seen (key, expires_at, stranger) VALUES (?, ?, ?) "
+                    "ON CONFLICT(key) DO UPDATE SET expires_at = excluded.expires_at, "
+                    "stranger = excluded.stranger",
+                    (key, now + ttl_s, int(max_stranger_rows is not None)),
                 )
                 self._maybe_prune(db, now)
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
             raise
+        if full:
+            raise ReplayRowsFull(max_stranger_rows or 0)
         return fresh
+
+    @staticmethod
+    def _seen_full(db: sqlite3.Connection, now: float, bound: int) -> bool:
+        """Whether strangers' live replay rows are at ``bound``: at it, a batch of expired ones leaves
+        first (never more than ``PRUNE_BATCH`` under the write lock; the next call takes the next)."""
+        if int(db.execute(_SEEN_TALLY).fetchone()[0]) < bound:
+            return False
+        db.execute(
+            "DELETE FROM seen WHERE rowid IN "
+            "(SELECT rowid FROM seen WHERE stranger = 1 AND expires_at <= ? LIMIT ?)",
+            (now, PRUNE_BATCH),
+        )
+        return int(db.execute(_SEEN_TALLY).fetchone()[0]) >= bound
 
     def _maybe_prune(self, db: sqlite3.Connection, now: float) -> None:
         self._writes += 1

@@ -10,8 +10,10 @@
    issuer's keys (``IssuerKeys``, grace included), bound to the terminal holder (the agent, or a
    broker the agent delegated to by a child JWT: spec "Multi-hop forwarding" rule 5), mirrors never
    wider than the claims, every declared scope covered by the chain's. 403
-   ``DENIAL_REASON_DELEGATION_INVALID`` (503 ``verifier-busy`` when the issuer's directory would need
-   the exhausted fetch budget).
+   ``DENIAL_REASON_DELEGATION_INVALID`` when the token is judged: invalid, or its issuer's directory
+   was read and holds no usable key. Not judged, 503 with ``Retry-After``: ``verifier-busy`` when the
+   issuer's directory would need the exhausted fetch budget, ``issuer-directory-unavailable`` when
+   it (or its revocation list) cannot be fetched now.
 4. **Quota**: each capped link's ``max_accesses`` within its ``quota_period`` (lifetime when
    absent), counted atomically in the ``CounterStore`` per chain up to that link. 429
    ``DENIAL_REASON_QUOTA_EXCEEDED`` with ``Retry-After`` at the window's end. A chain whose
@@ -20,7 +22,10 @@
    ``quota-store-full`` with ``Retry-After`` (nothing counted, nothing admitted uncounted).
 5. **Replay** (optional): the agent's signature seen before within its validity is refused. 401
    ``signature-replayed``. Checked just before the count of step 4 (its ``now`` taken then, after
-   the keys were awaited), so that a replayed request never spends an access of the chain.
+   the keys were awaited), so that a replayed request never spends an access of the chain. A
+   request that is not vouched for (no chain from a ``trusted_issuers`` issuer, no pinned agent key)
+   records its signature only while fewer than ``GatewayPolicy.max_stranger_replay_rows`` such
+   records are live: past it, 503 ``replay-store-full`` with ``Retry-After`` (nothing recorded).
 
 A refusal is a ``GatewayRefusal`` (status, stable reason, headers); the result is a frozen
 ``GatewayVerdict`` whose ``headers()`` are what a backend may trust.
@@ -56,10 +61,10 @@ from ..core.gateway_ingest import (
 from ..core.requester import REQUESTER_TYPE_DELEGATED
 from ..core.scopes import format_scope_list
 from ..core.signatures import VerifiedStack
-from ..errors import DirectoryError
-from .counters import CounterStore, StrangerRowsFull
-from .issuers import IssuerKeys
-from .verifier import SIGNATURE_CHALLENGE, RequestVerifier, refusal_answer
+from ..errors import VERIFIER_BUSY, DirectoryError
+from .counters import CounterStore, ReplayRowsFull, StrangerRowsFull
+from .issuers import ISSUER_DIRECTORY_UNAVAILABLE, IssuerKeys
+from .verifier import PINNED, SIGNATURE_CHALLENGE, RequestVerifier, refusal_answer
 
 __all__ = [
     "DELEGATION_INVALID",
@@ -79,6 +84,8 @@ HEADER_PREFIX = "x-verified-"  # every header the gateway sets; client-sent copi
 # quota-store-full: no stranger's counter frees on demand (each lasts its window), so a fixed pause
 STORE_FULL_RETRY_AFTER_S = 60
 STORE_FULL_LOG_EVERY_S = 60.0  # one warning a minute while strangers' counters are at their bound
+# replay-store-full answers the same pause (a stranger's replay row lasts its signature's validity)
+REPLAY_FULL_LOG_EVERY_S = 60.0  # one warning a minute while strangers' replay rows are at their bound
 STORE_FAILED_LOG_EVERY_S = 60.0  # one warning a minute while the counter store fails (each request: 503)
 _SAFE = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) not in '%",')  # percent-encode the rest
 
@@ -100,6 +107,8 @@ class GatewayPolicy:
     leeway_s: int = 0  # tolerated clock difference on exp/nbf of delegation links
     # live counters of chains whose authority issuer is not in trusted_issuers (one default: gateway.*)
     max_stranger_quota_rows: int = GatewayConfig.max_stranger_quota_rows
+    # live replay rows of requests no trusted issuer vouches for (one default: gateway.*)
+    max_stranger_replay_rows: int = GatewayConfig.max_stranger_replay_rows
 
 
 @dataclass(frozen=True)
@@ -174,6 +183,7 @@ class GatewayVerifier:
     policy: GatewayPolicy = field(default_factory=GatewayPolicy)
     clock: Callable[[], float] = time.time
     _full_logged_at: float | None = field(default=None, init=False, repr=False)
+    _replay_full_logged_at: float | None = field(default=None, init=False, repr=False)
     _failed_logged_at: float | None = field(default=None, init=False, repr=False)
 
     async def check(self, method: str, target_uri: str, fields: Fields, body: bytes) -> GatewayVerdict:
@@ -196,7 +206,7 @@ class GatewayVerifier:
             verdict, mirror = await self._exchange_call(stack, body)
         # Replay before the count: a replayed request never spends one of the chain's accesses.
         if self.policy.replay_protection:
-            await self._check_replay(stack)
+            await self._check_replay(stack, self._vouched(verdict))
         if mirror is not None and verdict.delegation is not None:
             remaining = await self._take_quota(mirror, verdict.delegation, self.clock())
             verdict = replace(verdict, remaining_accesses=remaining)
@@ -232,10 +242,13 @@ class GatewayVerifier:
         except DelegationError as exc:
             log.info("delegation refused: %s %s", exc.reason, exc.detail)
             raise GatewayRefusal(403, DELEGATION_INVALID, f"{exc.reason}: {exc.detail}") from None
-        except DirectoryError as exc:  # only verifier-busy leaves IssuerKeys: the token is not judged
-            status, headers = refusal_answer(exc)
+        except DirectoryError as exc:  # no budget, or no directory to read: the token is not judged
             detail = "the delegation issuer's key directory cannot be fetched right now; retry shortly"
-            raise GatewayRefusal(status, exc.reason, detail, headers) from None
+            if exc.reason == VERIFIER_BUSY:
+                status, headers = refusal_answer(exc)
+                raise GatewayRefusal(status, exc.reason, detail, headers) from None
+            retry = (("Retry-After", str(self.issuers.retry_after_s)),)
+            raise GatewayRefusal(503, ISSUER_DIRECTORY_UNAVAILABLE, detail, retry) from None
         return GatewayVerdict(stack, requester, chain, holder), mirror
 
     async def _verify_chain(
@@ -329,15 +342,40 @@ class GatewayVerifier:
                 type(exc).__name__,
             )
 
-    async def _check_replay(self, stack: VerifiedStack) -> None:
+    def _vouched(self, verdict: GatewayVerdict) -> bool:
+        """Whether the configuration vouches for the request: its chain's authority issuer is in
+        ``trusted_issuers`` (as for quota rows), or the agent signed with a pinned key. Any other
+        request's replay row counts against ``max_stranger_replay_rows``."""
+        chain = verdict.delegation
+        if chain is not None and chain.links[0].iss in self.issuers.trusted:
+            return True
+        return verdict.stack.agent.key_source == PINNED
+
+    def _log_replay_full(self, exc: ReplayRowsFull) -> None:
+        now = self.clock()
+        if _log_due(self._replay_full_logged_at, now, REPLAY_FULL_LOG_EVERY_S):
+            self._replay_full_logged_at = now
+            log.warning(
+                "new signatures of requests not vouched for refused (503 replay-store-full): %s "
+                "(gateway.max_stranger_replay_rows; trusted issuers' chains, pinned agent keys exempt)",
+                exc.detail,
+            )
+
+    async def _check_replay(self, stack: VerifiedStack, vouched: bool) -> None:
         if self.store is None:
             raise GatewayRefusal(503, "replay-store-unavailable", "no counter store is configured")
         agent = stack.agent
         now = self.clock()
         key = hashlib.sha256(f"{agent.keyid}\n{agent.signature_base}".encode()).hexdigest()
         ttl = max(1.0, agent.expires - now + self.verifier.policy.skew_s)
+        bound = None if vouched else self.policy.max_stranger_replay_rows
         try:
-            fresh = await self.store.first_seen(key, ttl, now)
+            fresh = await self.store.first_seen(key, ttl, now, bound)
+        except ReplayRowsFull as exc:
+            self._log_replay_full(exc)
+            retry = (("Retry-After", str(STORE_FULL_RETRY_AFTER_S)),)
+            detail = "too many signatures of requests not vouched for are remembered; retry later"
+            raise GatewayRefusal(503, exc.reason, detail, retry) from None
         except Exception as exc:  # the store's client errors: answered 503, a line a minute in the log
             self._log_failed(exc)
             raise GatewayRefusal(503, "replay-store-unavailable", "the replay store is unavailable") from None

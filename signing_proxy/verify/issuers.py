@@ -7,11 +7,19 @@ through the resolver and its egress policy like any other directory. A directory
 its window covers ``now`` or ended less than ``grace_s`` ago (spec "Delegation verification": accept
 tokens signed by recently rotated issuer keys within a configurable grace period); a key revoked by
 the issuer's revocation list never counts.
+
+An issuer whose keys cannot be learnt now (its directory's fetch timed out or failed, or its
+revocation list was never fetched) is not an issuer without keys: ``keys_for`` raises
+``DirectoryError`` ``issuer-directory-unavailable`` (the gateway answers 503 with ``Retry-After``,
+the token not judged) instead of answering none (403 ``DENIAL_REASON_DELEGATION_INVALID``, a
+verdict). A directory that was read but holds no usable key, or that the egress policy refuses, has
+none.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -21,9 +29,17 @@ from ..net.egress import EgressPolicy
 from .directory import DirectoryResolver, directory_url
 from .revocation import RevocationPoller
 
-__all__ = ["IssuerAnchor", "IssuerKeys"]
+__all__ = ["ISSUER_DIRECTORY_UNAVAILABLE", "IssuerAnchor", "IssuerKeys"]
 
 log = logging.getLogger("signing_proxy.gateway")
+
+ISSUER_DIRECTORY_UNAVAILABLE = "issuer-directory-unavailable"
+# the resolver's and the poller's reasons for "not fetched now" (a timeout, a failed connection or
+# status, an unexpected failure; a list never fetched): transient. Any other reason is the document's
+# (too large, malformed, no valid key) or the egress policy's: the issuer has no usable key
+_UNAVAILABLE = frozenset(
+    {"directory-fetch-timeout", "directory-fetch-failed", "directory-unusable", "revocation-unavailable"}
+)
 
 
 @dataclass(frozen=True)
@@ -45,13 +61,20 @@ class IssuerKeys:
     grace_s: int = 0
     trusted_only: bool = False  # refuse issuers not in ``trusted`` instead of fetching their directory
 
+    @property
+    def retry_after_s(self) -> int:
+        """How long a failed fetch of a directory or a revocation list is remembered: an
+        ``issuer-directory-unavailable`` request retried sooner is refused again."""
+        return max(1, math.ceil(max(self.resolver.negative_ttl_s, self.revocations.retry_s)))
+
     def __post_init__(self) -> None:
         named = (a.directory for a in self.trusted.values() if a.directory is not None)
         self.revocations.configure(directory_url(base) for base in named)
 
     async def keys_for(self, iss: str, now: float) -> tuple[PublicKey, ...]:
         """The anchors of ``iss``; empty when it has none (the chain is then refused). Raises
-        DirectoryError ``verifier-busy`` when its directory would be fetched but the budget is out."""
+        DirectoryError ``verifier-busy`` when its directory would be fetched but the budget is out,
+        ``issuer-directory-unavailable`` when it or its revocation list cannot be fetched now."""
         anchor = self.trusted.get(iss)
         if anchor is not None and anchor.keys:
             return anchor.keys
@@ -75,6 +98,8 @@ class IssuerKeys:
             if exc.reason == VERIFIER_BUSY:
                 raise  # no budget to fetch it now: the caller answers "retry", not "refused"
             log.info("issuer %.200r: key directory unavailable (%s)", iss, exc.reason)
+            if exc.reason in _UNAVAILABLE:  # not fetched now: the caller answers "retry", not "refused"
+                raise DirectoryError(ISSUER_DIRECTORY_UNAVAILABLE, exc.reason) from None
             return ()
         return tuple(
             key.public

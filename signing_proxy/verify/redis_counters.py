@@ -2,12 +2,16 @@
 
 Each operation is one atomic server-side step, never a read-modify-write from here: ``take_all`` is
 a Lua script (read every count, refuse at the first limit reached, else ``INCR`` each and set a
-window's expiry on its first access), ``first_seen`` is a script around ``SET key 1 NX PX ttl``.
+window's expiry on its first access), ``first_seen`` is a script around ``SET key 1 PX ttl`` (when
+the key is not there).
 Keys carry the prefix ``sp:gw:`` and expire with their window, so Redis holds only live state.
 The counters created for untrusted issuers' chains are also members of the sorted set
 ``sp:gw:strangers``, scored by their expiry on the gateways' clock (``now``): the same script drops
 the expired members and refuses a take that would add one past ``max_stranger_rows``
 (``verify.counters``). A gateway clock ahead of Redis's drops a member up to that much early.
+Strangers' replay keys are likewise members of ``sp:gw:replay-strangers``, scored by when they
+expire: ``first_seen``'s script drops the expired ones, and refuses to set a new stranger's key while
+``max_stranger_rows`` are live.
 
 Lost state fails closed (a cap nobody counts is not a cap). A Redis that restarts without its data,
 or is flushed, would otherwise start every count and the replay memory again from zero, and a
@@ -48,13 +52,14 @@ from redis.exceptions import RedisError
 
 from ..core.errors import Error
 from ..core.gateway_ingest import QuotaCounter
-from .counters import StrangerRowsFull, Taken
+from .counters import ReplayRowsFull, StrangerRowsFull, Taken
 
 __all__ = [
     "EPOCH_KEY",
     "KEY_PREFIX",
     "REDIS_MAX_CONNECTIONS",
     "REDIS_TIMEOUT_S",
+    "REPLAY_STRANGERS_KEY",
     "STRANGERS_KEY",
     "CounterStateLost",
     "RedisCounterStore",
@@ -65,6 +70,7 @@ log = logging.getLogger("signing_proxy.counters")
 KEY_PREFIX = "sp:gw:"  # our namespace in a Redis database another service may share
 EPOCH_KEY = KEY_PREFIX + "epoch"
 STRANGERS_KEY = KEY_PREFIX + "strangers"  # the counters of untrusted issuers' chains, by expiry (ms)
+REPLAY_STRANGERS_KEY = KEY_PREFIX + "replay-strangers"  # untrusted requests' replay keys, by expiry (ms)
 # our choice: connections per gateway process; more concurrent operations wait for one (below)
 REDIS_MAX_CONNECTIONS = 64
 REDIS_TIMEOUT_S = 5.0  # connect, each reply, and the wait for a free connection of the pool
@@ -142,13 +148,27 @@ return {1, best, best_count, best_ttl}
 """
 )
 _PING = _CHECK_EPOCH + "return {1}\n"
+# KEYS: the epoch, the replay key, the strangers' replay set. ARGV: the epoch, the ttl in ms,
+# max_stranger_rows (-1: a trusted issuer vouches for the request), now in ms. A key seen before is
+# {0} whatever the bound; a stranger's new key past the bound is {2}, nothing set.
 _FIRST_SEEN = (
     _CHECK_EPOCH
     + """
-if redis.call('SET', KEYS[2], '1', 'NX', 'PX', ARGV[2]) then
-  return {1}
+local ttl, bound, now = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  return {0}
 end
-return {0}
+if bound >= 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
+  if redis.call('ZCARD', KEYS[3]) >= bound then
+    return {2}
+  end
+  redis.call('ZADD', KEYS[3], string.format('%.0f', now + ttl), KEYS[2])
+else
+  redis.call('ZREM', KEYS[3], KEYS[2])
+end
+redis.call('SET', KEYS[2], '1', 'PX', ttl)
+return {1}
 """
 )
 
@@ -254,9 +274,16 @@ class RedisCounterStore:
         reset_at = now + int(pttl) / 1000 if int(pttl) >= 0 else None  # -1: no expiry (lifetime)
         return int(index) - 1, Taken(bool(allowed), int(count), reset_at)
 
-    async def first_seen(self, key: str, ttl_s: float, now: float) -> bool:
+    async def first_seen(
+        self, key: str, ttl_s: float, now: float, max_stranger_rows: int | None = None
+    ) -> bool:
         ttl_ms = max(1, math.ceil(ttl_s * 1000))
-        (fresh,) = await self._run(self._first_seen, [KEY_PREFIX + "r:" + key], [ttl_ms])
+        bound = -1 if max_stranger_rows is None else max_stranger_rows
+        keys = [KEY_PREFIX + "r:" + key, REPLAY_STRANGERS_KEY]
+        (fresh,) = await self._run(self._first_seen, keys, [ttl_ms, bound, math.floor(now * 1000)])
+        if int(fresh) == 2:
+            assert max_stranger_rows is not None  # the script answers {2} only with a bound
+            raise ReplayRowsFull(max_stranger_rows)
         return bool(fresh)
 
     async def ping(self) -> None:

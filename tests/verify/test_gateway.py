@@ -296,8 +296,10 @@ async def test_retry_after_counts_from_the_refusal_not_from_the_request(world: W
             world.clock.now += 0.5  # the lock was held this long; the window opens at the later time
             return await inner.take_all(counters, world.clock.now, max_stranger_rows)
 
-        async def first_seen(self, key: str, ttl_s: float, now: float) -> bool:
-            return await inner.first_seen(key, ttl_s, now)
+        async def first_seen(
+            self, key: str, ttl_s: float, now: float, max_stranger_rows: int | None = None
+        ) -> bool:
+            return await inner.first_seen(key, ttl_s, now, max_stranger_rows)
 
         async def ping(self) -> None:
             await inner.ping()

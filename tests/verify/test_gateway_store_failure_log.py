@@ -23,7 +23,9 @@ class BrokenStore:
     ) -> tuple[int, Taken]:
         raise ConnectionError("store down")
 
-    async def first_seen(self, key: str, ttl_s: float, now: float) -> bool:
+    async def first_seen(
+        self, key: str, ttl_s: float, now: float, max_stranger_rows: int | None = None
+    ) -> bool:
         raise ConnectionError("store down")
 
     async def ping(self) -> None:
