@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from pathlib import Path
 
 from ..config import Config, VerifyConfig
 from ..core.errors import VerificationError
 from ..core.fields import Fields
-from ..core.jwk import PublicKey
 from ..core.profiles import (
     SVC,
     SigningProfile,
@@ -28,12 +26,11 @@ from ..core.profiles import (
 from ..core.sfv import parse_dictionary
 from ..core.signatures import MAX_HOPS, Message, SignatureEntry, hop_components, parse_signature_stack
 from ..core.uri import Target
-from ..errors import ConfigError, KeyFileError, ProxyError
+from ..errors import ProxyError
 from ..net.client import HttpClient
 from ..net.egress import EgressPolicy
 from ..net.framing import Outgoing, drop_hop_by_hop, outgoing, regenerated
-from ..storage.keyfile import load_public_key_file
-from ..verify.build import build_verifier
+from ..verify.build import build_verifier, load_pinned_keys
 from ..verify.revocation import RevocationPoller
 from ..verify.verifier import RequestVerifier, VerifierPolicy, refusal_answer
 from .pipeline import Signer, next_hop_target
@@ -45,13 +42,6 @@ __all__ = ["RelayPipeline", "unique_label"]
 # the verifier's policy keys: a reload applies them at once (the other ``verify`` keys are built into
 # its caches and fetch budget, and ``egress`` into its fetchers, by ``build_verifier``)
 _LIVE_VERIFY = ("max_validity_s", "skew_s", "web_bot_auth")
-
-
-def _pinned(paths: Sequence[str], where: str) -> tuple[PublicKey, ...]:
-    try:
-        return tuple(load_public_key_file(Path(p).expanduser()) for p in paths)
-    except KeyFileError as exc:
-        raise ConfigError(f"{where}: {exc}", reason="pinned-key-unusable") from None
 
 
 def unique_label(wanted: str, taken: Sequence[str]) -> str:
@@ -102,8 +92,8 @@ class RelayPipeline:
         self.policy = _live_policy(
             VerifierPolicy(
                 broker_directories=relay.broker_directories,
-                pinned_agent_keys=_pinned(relay.pinned_agent_keys, "relay.pinned_agent_keys"),
-                pinned_broker_keys=_pinned(relay.pinned_broker_keys, "relay.pinned_broker_keys"),
+                pinned_agent_keys=load_pinned_keys(relay.pinned_agent_keys, "relay.pinned_agent_keys"),
+                pinned_broker_keys=load_pinned_keys(relay.pinned_broker_keys, "relay.pinned_broker_keys"),
             ),
             config,
         )

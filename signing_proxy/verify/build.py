@@ -12,18 +12,22 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
 
 from ..config import VerifyConfig
+from ..core.jwk import PublicKey
 from ..core.keys import MAX_DIRECTORY_BYTES
+from ..errors import ConfigError, KeyFileError
 from ..net.client import HttpClient
 from ..net.egress import EgressPolicy
+from ..storage.keyfile import load_public_key_file
 from .cache import TokenBucket
 from .directory import FETCH_TIMEOUT_S, DirectoryResolver, http_fetcher
 from .revocation import MAX_REVOCATION_LIST_BYTES, RevocationPoller
 from .verifier import RequestVerifier, VerifierPolicy
 
-__all__ = ["build_verifier", "policy_from_config"]
+__all__ = ["build_verifier", "load_pinned_keys", "policy_from_config"]
 
 
 def policy_from_config(limits: VerifyConfig) -> VerifierPolicy:
@@ -32,6 +36,16 @@ def policy_from_config(limits: VerifyConfig) -> VerifierPolicy:
     return VerifierPolicy(
         skew_s=limits.skew_s, max_validity_s=limits.max_validity_s, web_bot_auth=limits.web_bot_auth
     )
+
+
+def load_pinned_keys(paths: Sequence[str], where: str) -> tuple[PublicKey, ...]:
+    """The public keys in ``paths`` (PEM or JWK files, ``~`` expanded); ConfigError naming ``where``
+    (``relay.pinned_agent_keys``, ``gateway.pinned_agent_keys``, ...), reason
+    ``pinned-key-unusable``, for one that cannot be read."""
+    try:
+        return tuple(load_public_key_file(Path(p).expanduser()) for p in paths)
+    except KeyFileError as exc:
+        raise ConfigError(f"{where}: {exc}", reason="pinned-key-unusable") from None
 
 
 def build_verifier(

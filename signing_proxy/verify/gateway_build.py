@@ -11,16 +11,12 @@ key files, as the relay reads its own) for ``VerifierPolicy``: an agent that sen
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Callable, Mapping
 
 from ..config import GatewayConfig, VerifyConfig
-from ..core.jwk import PublicKey
-from ..errors import ConfigError, KeyFileError
 from ..net.client import HttpClient
 from ..net.egress import EgressPolicy
-from ..storage.keyfile import load_public_key_file
-from .build import build_verifier
+from .build import build_verifier, load_pinned_keys
 from .counters import CounterStore
 from .directory import FETCH_TIMEOUT_S
 from .gateway import GatewayPolicy, GatewayVerifier
@@ -30,15 +26,6 @@ from .verifier import VerifierPolicy
 __all__ = ["DEFAULT_ISSUER_KEY_GRACE_S", "build_gateway_verifier", "load_pinned_keys"]
 
 DEFAULT_ISSUER_KEY_GRACE_S = GatewayConfig.issuer_key_grace_s  # one default: gateway.issuer_key_grace_s
-
-
-def load_pinned_keys(paths: Sequence[str], where: str) -> tuple[PublicKey, ...]:
-    """The public keys in ``paths`` (PEM or JWK files, ``~`` expanded); ConfigError naming ``where``
-    (``gateway.pinned_agent_keys``), reason ``pinned-key-unusable``, for one that cannot be read."""
-    try:
-        return tuple(load_public_key_file(Path(p).expanduser()) for p in paths)
-    except KeyFileError as exc:
-        raise ConfigError(f"{where}: {exc}", reason="pinned-key-unusable") from None
 
 
 def build_gateway_verifier(
