@@ -58,6 +58,7 @@ from ..core.gateway_ingest import (
     quota_counters,
     read_delegation,
 )
+from ..core.jwk import PublicKey
 from ..core.requester import REQUESTER_TYPE_DELEGATED
 from ..core.scopes import format_scope_list
 from ..core.signatures import VerifiedStack
@@ -259,6 +260,22 @@ class GatewayVerifier:
         if not isinstance(iss, str):
             raise DelegationError("missing-claim", "link 0: iss is required")
         anchors = await self.issuers.keys_for(iss, now)
+        try:
+            return self._judge(mirror, stack, anchors, now)
+        except DelegationError as exc:
+            if exc.reason != "untrusted-issuer-key":
+                raise
+            # under none of the keys its cached directory lists: one the issuer rotated in since?
+            fresh = await self.issuers.keys_for(iss, now, refetch=True)
+            if not fresh:
+                raise
+        return self._judge(mirror, stack, fresh, now)
+
+    def _judge(
+        self, mirror: DelegationIn, stack: VerifiedStack, anchors: tuple[PublicKey, ...], now: float
+    ) -> tuple[VerifiedDelegation, str]:
+        """The chain verified under ``anchors``, bound to its terminal holder (the agent, or a broker
+        the agent delegated to)."""
         if not anchors:
             raise DelegationError("untrusted-issuer-key", "no usable key of the token's issuer")
         agent = stack.agent.keyid

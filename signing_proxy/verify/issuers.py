@@ -71,13 +71,18 @@ class IssuerKeys:
         named = (a.directory for a in self.trusted.values() if a.directory is not None)
         self.revocations.configure(directory_url(base) for base in named)
 
-    async def keys_for(self, iss: str, now: float) -> tuple[PublicKey, ...]:
+    async def keys_for(self, iss: str, now: float, *, refetch: bool = False) -> tuple[PublicKey, ...]:
         """The anchors of ``iss``; empty when it has none (the chain is then refused). Raises
         DirectoryError ``verifier-busy`` when its directory would be fetched but the budget is out,
-        ``issuer-directory-unavailable`` when it or its revocation list cannot be fetched now."""
+        ``issuer-directory-unavailable`` when it or its revocation list cannot be fetched now.
+
+        ``refetch``: none of the anchors given before verified the token, so its directory, cached,
+        may predate a key the issuer rotated in; it is fetched again (at most once per
+        ``keyid_refetch_s``, as for an agent's unknown ``keyid``). Empty when it is not fetched again
+        (fixed keys, not cached, fetched again too recently)."""
         anchor = self.trusted.get(iss)
         if anchor is not None and anchor.keys:
-            return anchor.keys
+            return () if refetch else anchor.keys
         if anchor is not None and anchor.directory is not None:
             base = anchor.directory
         elif self.trusted_only or not iss.startswith(("https://", "http://")):
@@ -92,7 +97,13 @@ class IssuerKeys:
         try:
             # a directory the configuration names spends none of the budget of fetches that
             # strangers' requests may cause; an issuer named only by a token spends one
-            directory = await self.resolver.get(base, budgeted=anchor is None)
+            if refetch:
+                again = await self.resolver.refetch_for_keyid(base, budgeted=anchor is None)
+                if again is None:
+                    return ()
+                directory = again
+            else:
+                directory = await self.resolver.get(base, budgeted=anchor is None)
             revoked = await self.revocations.revoked_by(directory_url(base), directory.revocation_url)
         except DirectoryError as exc:
             if exc.reason == VERIFIER_BUSY:
