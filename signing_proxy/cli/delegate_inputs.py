@@ -78,7 +78,7 @@ def now_arg(args: argparse.Namespace) -> float:
     if getattr(args, "now", None) is None:
         return time.time()
     try:
-        return float(parse_rfc3339(args.now))
+        return float(parse_rfc3339(args.now, bounded=False))
     except KeyFormatError as exc:
         raise CliError(f"--now: {exc.detail}") from None
 
@@ -90,7 +90,7 @@ def expires_at(text: str, now: float) -> int:
         seconds = parse_duration(text)
     except ValueError:
         try:
-            exp = parse_rfc3339(text)
+            exp = parse_rfc3339(text, bounded=False)  # its own words below
         except KeyFormatError:
             raise CliError(
                 f"--expires: {text!r} is neither a duration (30m, 12h, 30d) nor RFC 3339"

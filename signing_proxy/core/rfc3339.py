@@ -20,6 +20,10 @@ _RFC3339 = re.compile(
 )
 _MAX_TIMESTAMP_CHARS = 64
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+# what format_rfc3339 writes: 0001-01-01T00:00:00Z to 9999-12-31T23:59:59Z. A value read beyond it
+# (9999-12-31T23:59:60Z, or an offset past either end) could never be written back: refused on read
+_FIRST_S = -62_135_596_800
+_LAST_S = 253_402_300_799
 
 
 def format_rfc3339(ts: float) -> str:
@@ -34,11 +38,14 @@ def format_rfc3339(ts: float) -> str:
     )
 
 
-def parse_rfc3339(value: object, *, round_up: bool = False) -> int:
+def parse_rfc3339(value: object, *, round_up: bool = False, bounded: bool = True) -> int:
     """RFC 3339 date-time to unix seconds; a fraction is floored, or ceiled with ``round_up``.
 
     ``Z`` and numeric offsets are accepted (``-00:00`` as UTC); a leap second ``:60`` counts as the
-    following second (unix time has none). Naive, space-separated or otherwise malformed values raise.
+    following second (unix time has none). Naive, space-separated or otherwise malformed values raise,
+    and so does a moment ``format_rfc3339`` could not write back (before 0001-01-01T00:00:00Z or after
+    9999-12-31T23:59:59Z once its offset, leap second or fraction is applied), unless not ``bounded``
+    (a caller that says so in its own words).
     """
     if not isinstance(value, str) or len(value) > _MAX_TIMESTAMP_CHARS:
         raise KeyFormatError("malformed-timestamp", "an RFC 3339 timestamp is a short string")
@@ -62,4 +69,8 @@ def parse_rfc3339(value: object, *, round_up: bool = False) -> int:
         raise KeyFormatError("malformed-timestamp", f"{value!r} is not a valid date-time") from exc
     if round_up and fraction is not None and fraction.strip(".0"):
         seconds += 1
+    if bounded and not _FIRST_S <= seconds <= _LAST_S:
+        raise KeyFormatError(
+            "malformed-timestamp", f"{value!r} is outside 0001-01-01T00:00:00Z to 9999-12-31T23:59:59Z"
+        )
     return seconds

@@ -167,13 +167,21 @@ def test_config_check_refuses_the_mirrors_run_refuses(
 
 
 def test_run_refuses_a_configured_expires_at_past_9999(keys: Keys, tmp_path: Path) -> None:
-    config = _proxy(tmp_path, expires_at="9999-12-31T23:59:59-23:59")
+    """Refused when the configuration is read (``config check`` too), before any key is looked at:
+    an RFC 3339 value is read only within what can be written back."""
+    config = _proxy(tmp_path)
     (tmp_path / "chain.jwt").write_text(crafted(keys, None, holder=store_key(tmp_path)) + "\n")
-    error = refused("run", "--config", str(config))
-    assert error == (
-        "signing-proxy: requester.delegation.expires_at: 9999-12-31T23:59:59-23:59 is after "
-        "9999-12-31T23:59:59Z (offset applied)\n"
+    doc = yaml.safe_load(config.read_text())
+    doc["requester"]["delegation"]["expires_at"] = "9999-12-31T23:59:59-23:59"
+    config.write_text(yaml.safe_dump(doc))
+    said = (
+        "requester.delegation.expires_at: '9999-12-31T23:59:59-23:59' is outside "
+        "0001-01-01T00:00:00Z to 9999-12-31T23:59:59Z\n"
     )
+    for command in (("run", "--config", str(config)), ("config", "check", str(config))):
+        error = refused(*command)
+        assert error.startswith("signing-proxy: configuration error: "), error
+        assert error.endswith(f"proxy.yaml: {said}"), error
 
 
 # --- bug 7: an expiry not after now -------------------------------------------------------------------

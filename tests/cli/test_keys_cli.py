@@ -383,3 +383,18 @@ def test_the_note_about_signing_key_never_shows_a_pin(tmp_path: Path) -> None:
     done = run_cli("keys", "list", "--config", str(config))
     assert "signing.key is set (pkcs11:token=t;object=k" in done.stderr
     assert "SECRET-PIN-4711" not in done.stdout + done.stderr
+
+
+def test_an_index_time_that_cannot_be_shown_is_refused_naming_the_file(tmp_path: Path) -> None:
+    """``keys list`` died with a traceback on ``9999-12-31T23:59:60Z``, read but never writable."""
+    data = tmp_path / "data"
+    assert run_cli("keys", "rotate", "--data-dir", str(data)).returncode == 0
+    index = next(data.rglob("keys.json"))
+    doc = json.loads(index.read_text())
+    doc["keys"][0]["not_after"] = "9999-12-31T23:59:60Z"
+    index.write_text(json.dumps(doc))
+    done = run_cli("keys", "list", "--data-dir", str(data))
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    assert str(index) in done.stderr
+    assert "9999-12-31T23:59:60Z" in done.stderr
