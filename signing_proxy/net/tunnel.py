@@ -11,6 +11,7 @@ policy's (``proxy.connect``); it is told through callbacks.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import ssl
 import time
@@ -239,7 +240,6 @@ class BlindTunnel:
         self.attached = False  # the client side joined (after 200); before that only upstream exists
         self.ended = "closed"
         self._on_finished = on_finished
-        self._lost = 0
         self._finished_already = False
         self._idle_s = idle_s
         self._loop = asyncio.get_running_loop()
@@ -256,9 +256,28 @@ class BlindTunnel:
         finished (``on_finished`` already called, unattached); attaching a client would leave it open."""
         return self.upstream.eof or self.upstream.lost
 
+    def adopt_upstream(self, transport: asyncio.Transport) -> None:
+        """Take over an upstream connection another protocol opened (a WebSocket handshake's), just
+        before ``attach_client``."""
+        transport.set_protocol(self.upstream)
+        self.upstream.connection_made(transport)
+        if not transport.is_closing():
+            with contextlib.suppress(AttributeError, RuntimeError):
+                transport.resume_reading()  # its first owner paused it, to leave the rest to us
+
     def attach_client(self, raw: asyncio.Transport, early: bytes) -> None:
-        """Join the client (after its ``200``); only to a tunnel whose upstream is not ``upstream_gone``."""
+        """Join the client (after its ``200``); only to a tunnel whose upstream is not ``upstream_gone``.
+
+        An adopted upstream already closing when the client joins may have told its end to the
+        protocol it had before, never to us: it is counted lost now (and aborted, so nothing of it
+        lingers), the client is closed once what it was sent is written, and the tunnel finishes when
+        the client has gone, as any other.
+        """
         self.attached = True
+        upstream = self.upstream.transport
+        if upstream is not None and upstream.is_closing() and not self.upstream.lost:
+            upstream.abort()
+            self.upstream.lost = True  # a connection_lost that still comes here changes nothing
         self.active()
         self._idle_timer = self._loop.call_later(self._idle_s, self._check_idle)
         raw.set_protocol(self.client)
@@ -266,8 +285,11 @@ class BlindTunnel:
         held, self.upstream.held = self.upstream.held, []
         for data in held:
             raw.write(data)
-        if held and self.upstream.transport is not None and not self.upstream.transport.is_closing():
-            self.upstream.transport.resume_reading()
+        if self.upstream.lost:  # nothing will answer the client: it goes once it has what it was sent
+            self.client.close()
+            return
+        if held and upstream is not None and not upstream.is_closing():
+            upstream.resume_reading()
         raw.resume_reading()  # before the early bytes: a pause they cause (the upstream full) must stand
         if early:
             self.client.data_received(early)
@@ -289,9 +311,11 @@ class BlindTunnel:
                 end.transport.abort()
 
     def end_lost(self, end: _PipeEnd) -> None:
-        self._lost += 1
         self.close()  # one side gone: the other is closed once its buffered bytes are written
-        if self._lost >= (2 if self.attached else 1) and not self._finished_already:
+        # each side once, however often it is told (an adopted upstream may be counted before its
+        # connection_lost comes here); before the client joins, the upstream is the only side
+        finished = self.upstream.lost and (self.client.lost or not self.attached)
+        if finished and not self._finished_already:
             self._finished_already = True
             if self._idle_timer is not None:
                 self._idle_timer.cancel()

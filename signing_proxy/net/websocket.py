@@ -4,16 +4,18 @@ The handshake is an ordinary GET that the policy has prepared (signed: ``@target
 ``http(s)`` URI it is sent to); the engine adds the hop-by-hop ``Connection: Upgrade`` and
 ``Upgrade: websocket`` it needs on this hop (never covered by a signature), sends it on a fresh
 connection, and reads the answer with the same bounds as any response head. A ``101`` switches
-both sides to a byte pipe (``tunnel.BlindTunnel``: backpressure, half-close, idle timeout); any
-other answer is relayed as a small response (a body over ``REFUSAL_BODY_MAX_BYTES`` is a 502
-``response-too-large`` instead, one the upstream cut short a 502 ``upstream-reset``: never part of a
-body relayed as whole) and the client connection closes. Frames are never read or changed.
+both sides to a byte pipe (``tunnel.BlindTunnel``: backpressure, half-close, idle timeout); a
+``101`` without ``Upgrade: websocket`` and ``Connection: upgrade`` is a 502 ``upstream-bad-response``,
+and one whose connection ended before the pipe could take it over is relayed with the frames that
+came with it and then closed (a 502 ``upstream-reset`` when none came). Any other answer is relayed
+as a small response (a body over ``REFUSAL_BODY_MAX_BYTES`` is a 502 ``response-too-large`` instead,
+one the upstream cut short a 502 ``upstream-reset``: never part of a body relayed as whole) and the
+client connection closes. Frames are never read or changed.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -67,6 +69,7 @@ class _Handshake(asyncio.Protocol):
         self._ends_at_close = False  # a refusal with neither Content-Length nor chunked: EOF ends its body
         self._tls = False
         self._close_notified = False  # over TLS: the end carried close_notify (eof_received)
+        self.lost = False  # connection_lost came here: a pipe taken over now would never hear of it
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = typing.cast(asyncio.Transport, transport)  # uvloop's are not subclasses
@@ -89,17 +92,20 @@ class _Handshake(asyncio.Protocol):
                         )
                     )
                     return
+                if not self.status:  # a head, fed a line at a time: it ends where a piece does (llhttp
+                    end = data.find(b"\n", 0, room)  # gives no offset when it stops after some 101s)
+                    if end >= 0:
+                        room = end + 1
                 chunk, data = data[:room], data[room:]
                 self._fed += len(chunk)  # since the head began or its body last moved: heads and trailers
                 self._parser.feed_data(chunk)
         except httptools.HttpParserUpgrade as exc:
-            self.rest = (chunk[exc.args[0] :] if exc.args else b"") + data
-            if not self.done.done():
-                self.done.set_result(None)
-            if self.transport is not None:
-                self.transport.pause_reading()  # until the pipe takes the connection over
+            self._switched((chunk[exc.args[0] :] if exc.args else b"") + data)
         except httptools.HttpParserError as exc:
-            self._fail(ProxyError(502, "upstream-bad-response", f"malformed handshake answer ({exc})"))
+            if self.status == 101:  # llhttp stops after every 101: as an upgrade when it saw both fields,
+                self._switched(data)  # else as this plain error; the head ended with the piece fed
+            else:
+                self._fail(ProxyError(502, "upstream-bad-response", f"malformed handshake answer ({exc})"))
 
     def eof_received(self) -> bool | None:
         if self._tls:
@@ -107,6 +113,7 @@ class _Handshake(asyncio.Protocol):
         return None
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
         if not self.done.done():
             clean = exc is None and (self._close_notified or not self._tls)  # as UpstreamConnection
             if self._ends_at_close and clean:
@@ -130,6 +137,14 @@ class _Handshake(asyncio.Protocol):
             self.status, self.headers = 0, []
             return
         if self.status == 101:
+            if not _switches_to_websocket(self.headers):  # RFC 6455 section 4.1: the client MUST fail it
+                self._fail(
+                    ProxyError(
+                        502,
+                        "upstream-bad-response",
+                        "a 101 without Upgrade: websocket and Connection: upgrade (RFC 6455 section 4.1)",
+                    )
+                )
             return
         try:  # as any response (net.upstream): a coding we cannot decode would reach the client as content
             length, chunked, _ = response_framing(self.headers)
@@ -159,6 +174,17 @@ class _Handshake(asyncio.Protocol):
         if self.status and not self.done.done():
             self.done.set_result(None)
 
+    def _switched(self, rest: bytes) -> None:
+        """The 101's head ended: what came after it is frames, kept for the client until the pipe
+        takes the connection over (nothing more is read meanwhile)."""
+        if self.done.done() and self.done.exception() is not None:
+            return  # refused (a 101 without its fields): the connection is already aborted
+        self.rest = rest
+        if not self.done.done():
+            self.done.set_result(None)
+        if self.transport is not None:
+            self.transport.pause_reading()
+
     def _fail(self, error: ProxyError) -> None:
         if not self.done.done():
             self.done.set_exception(error)
@@ -181,8 +207,9 @@ async def switch(
     """Send the prepared handshake; on ``101`` join client and upstream, else relay the refusal.
     A pipe stays in ``pipes`` until it has finished (``on_finished`` takes it out).
 
-    ``ProxyError`` when the upstream cannot be reached, answers garbage or refuses at too great a
-    length (nothing written yet).
+    ``ProxyError`` when the upstream cannot be reached, answers garbage (a ``101`` without its
+    RFC 6455 fields included), refuses at too great a length, or closes right after a ``101`` that
+    nothing followed (nothing written yet).
     """
     handshake = await pool.open(outgoing.connect_to, lambda: _Handshake(max_head_bytes))
     assert handshake.transport is not None
@@ -197,6 +224,15 @@ async def switch(
         upstream.abort()
         raise
     fields = _end_to_end(handshake.headers)
+    if handshake.status == 101 and (handshake.lost or upstream.is_closing()):
+        # it ended while we woke (a reset, a FIN, TLS without close_notify): a pipe built on it now
+        # would never hear of its end, and would hold its client and its place for good
+        upstream.abort()
+        if not handshake.rest:
+            raise ProxyError(502, "upstream-reset", "the upstream closed the connection right after its 101")
+        client.keep_alive = False  # what it sent after its 101 (its Close frame, say) is the client's
+        client.write(response_head(101, [("Connection", "Upgrade"), *fields]) + handshake.rest)
+        return Switched(101, piped=False, bytes_out=len(handshake.rest))
     if handshake.status != 101:
         upstream.close()
         body = b"".join(handshake.body)  # whole: a larger one was refused above
@@ -214,13 +250,24 @@ async def switch(
         upstream.close()
         return Switched(101, piped=False, bytes_out=0)
     tunnel = BlindTunnel(client.client_ip, outgoing.target.authority, on_finished, idle_s=idle_s)
-    upstream.set_protocol(tunnel.upstream)
-    tunnel.upstream.connection_made(upstream)
-    with contextlib.suppress(AttributeError, RuntimeError):
-        upstream.resume_reading()
     pipes.add(tunnel)  # before it is attached: a pipe that ends at once is taken out, never left in
+    tunnel.adopt_upstream(upstream)
     tunnel.attach_client(raw, early)
     return Switched(101, piped=True, bytes_out=len(handshake.rest))
+
+
+def _switches_to_websocket(headers: list[tuple[bytes, bytes]]) -> bool:
+    """Whether a 101 says what RFC 6455 section 4.1 requires: ``Upgrade: websocket`` (nothing else)
+    and ``upgrade`` among the ``Connection`` tokens, both ASCII case-insensitive."""
+    upgrade: list[bytes] = []
+    connection: set[bytes] = set()
+    for name, value in headers:
+        lowered = name.lower()
+        if lowered == b"upgrade":
+            upgrade += list_tokens_bytes(value)
+        elif lowered == b"connection":
+            connection.update(list_tokens_bytes(value))
+    return upgrade == [b"websocket"] and b"upgrade" in connection
 
 
 def _end_to_end(headers: list[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
