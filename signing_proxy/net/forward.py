@@ -222,11 +222,11 @@ async def forward(
     tap: BodyTap | None = None,
 ) -> ResponseStream:
     """Send ``outgoing`` and stream the answer to ``client``; ``ProxyError`` before anything was written,
-    ``AbortConnection`` after. A held response is returned with ``held`` set and nothing written;
-    ``tap`` keeps a bounded copy of the body (of the last attempt). An idempotent request whose pooled
-    connection was reset before any answer is sent again once: made anew by ``rebuild`` (a request
-    signed here is signed again), or as it was when there is none (a request whose signature is the
-    client's)."""
+    ``AbortConnection`` after, or once the client has gone. A held response is returned with ``held``
+    set and nothing written; ``tap`` keeps a bounded copy of the body (of the last attempt). An
+    idempotent request whose pooled connection was reset before any answer is sent again once: made
+    anew by ``rebuild`` (a request signed here is signed again), or as it was when there is none (a
+    request whose signature is the client's); never for a client that has gone."""
     head_only = outgoing.method == "HEAD"
     for attempt in (1, 2):
         conn = pool.take_idle(outgoing.connect_to)
@@ -247,6 +247,8 @@ async def forward(
         except ProxyError as error:
             if stream.head_written:
                 raise AbortConnection from error
+            if client.closed:  # it went (its connection_lost closed this upstream): nobody to answer,
+                raise AbortConnection from error  # and a resend would fetch it again for nobody
             if attempt == 1 and reused and error.reason == "upstream-reset" and outgoing.method in IDEMPOTENT:
                 if rebuild is not None:  # never for POST/PATCH: the first one may have been processed
                     outgoing = await rebuild()
