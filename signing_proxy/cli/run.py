@@ -25,6 +25,7 @@ from typing import Any
 
 from .. import __version__
 from ..config import Config, parse_host_port
+from ..config.loading import reloading
 from ..core.keys import KeyProvider
 from ..errors import CliError, Error
 from ..proxy.connect import load_interception_ca
@@ -168,11 +169,13 @@ def _run_workers(config: Config, keys: KeyProvider, args: argparse.Namespace, wo
         started from the copy read at start, and served clients, credentials and rules revoked since."""
         nonlocal accepted
         try:
-            fresh = reread()
+            with reloading():  # a FIFO or a device at the path is refused: this parent restarts workers
+                fresh = reread()
         except Error:  # each worker says why, and keeps serving what ``accepted`` still holds
             return
-        except Exception:  # a bug: the copy stays as it was, the parent goes on
-            log.exception("SIGHUP: re-reading the configuration for restarted workers failed")
+        except Exception as exc:  # the copy stays as it was, the parent goes on; its text (and a
+            # traceback's) may quote the file, a PIN in it: the type only
+            log.error("SIGHUP: re-reading the configuration for restarted workers failed (%s)", _kind(exc))
             return
         accepted = fresh
         logging.getLogger("signing_proxy").setLevel(fresh.log.level.upper())
@@ -369,11 +372,26 @@ def _keep_tls_reads_on_the_heap() -> bool:
 
 
 def _reload_config(app: ProxyApp, reread: Callable[[], Config]) -> None:
-    """SIGHUP: re-read the configuration; a bad one is refused and the running one keeps serving."""
+    """SIGHUP: re-read the configuration; a bad one is refused and the running one keeps serving.
+
+    Whatever fails is one line, never a traceback: an exception that is not ours is named by its type
+    only, as its text and a traceback's may quote the file (asyncio printed one, a PIN in it, past the
+    log's format). On the serving loop, a path that is not a regular file is refused (``reloading``)."""
+    refused = "SIGHUP: new configuration refused, the running one keeps serving"
     try:
-        pending = app.reload(reread())
+        with reloading():
+            fresh = reread()
+        pending = app.reload(fresh)
     except Error as exc:
-        log.error("SIGHUP: new configuration refused, the running one keeps serving: %s", error_line(exc))
+        log.error("%s: %s", refused, error_line(exc))
+        return
+    except Exception as exc:
+        log.error("%s: it could not be read or applied (%s)", refused, _kind(exc))
         return
     suffix = f"; not applied until restart: {', '.join(pending)}" if pending else ""
     log.info("SIGHUP: configuration reloaded%s", suffix)
+
+
+def _kind(exc: BaseException) -> str:
+    """An exception that is not ours, for a log line: its type's name, never its text."""
+    return type(exc).__name__

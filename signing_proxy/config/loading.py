@@ -3,15 +3,20 @@
 Precedence: the YAML file, then the environment variables, then command-line flags. A bad variable
 is refused with both names, the variable's and the key path's (``SIGNING_PROXY_LISTEN (listen):
 must be HOST:PORT``). ``SIGNING_PROXY_CONFIG`` names the file when ``--config`` is not given.
+The file is a regular one of at most ``MAX_CONFIG_BYTES`` (a pipe too at start-up, never on a reload).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import stat
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextvars import ContextVar
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 from urllib.parse import unquote_plus
 
 import yaml
@@ -24,13 +29,20 @@ from .schema import Config
 __all__ = [
     "ENV_CONFIG_FILE",
     "ENV_OVERRIDES",
+    "MAX_CONFIG_BYTES",
     "apply_env_overrides",
     "load_config",
     "parse_config",
     "redacted",
+    "reloading",
 ]
 
 ENV_CONFIG_FILE = "SIGNING_PROXY_CONFIG"
+# Our choice: the shipped files are a few KiB; /dev/zero given as the file was read without end.
+MAX_CONFIG_BYTES: Final = 1024 * 1024
+_O_CLOEXEC: Final = getattr(os, "O_CLOEXEC", 0)
+_O_NONBLOCK: Final = getattr(os, "O_NONBLOCK", 0)  # a FIFO's open waits for a writer without it
+_RELOADING: ContextVar[bool] = ContextVar("signing_proxy_config_reloading", default=False)
 
 # variable -> (dotted key path, is a comma-separated list)
 ENV_OVERRIDES: dict[str, tuple[str, bool]] = {
@@ -62,10 +74,7 @@ def load_config(path: Path | None) -> Config:
     embedded defaults."""
     if path is None:
         return parse_config({})
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read config file ({exc.strerror})") from None
+    data = _read(path)
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
@@ -80,10 +89,55 @@ def load_config(path: Path | None) -> Config:
         raise ConfigError(f"{path}: not valid YAML{where} ({_problem(exc)})") from None
     except RecursionError:
         raise ConfigError(f"{path}: not valid YAML (nested too deeply)") from None
+    except _CONSTRUCTOR_SLIPS:  # outside any node (construct_object locates the rest): text unshown
+        raise ConfigError(f"{path}: not valid YAML ({_BAD_VALUE})") from None
     try:
         return parse_config(raw)
     except ConfigError as exc:  # the key path, and the file it is in
         raise ConfigError(f"{path}: {exc}", reason=exc.reason) from None
+
+
+@contextlib.contextmanager
+def reloading() -> Iterator[None]:
+    """While a serving proxy re-reads its configuration (SIGHUP): a path that is not a regular file
+    is refused, never opened to wait. A FIFO read there held the event loop, every request and
+    SIGTERM with it, until someone wrote to it; at start-up one is read (``--config <(...)``)."""
+    token = _RELOADING.set(True)
+    try:
+        yield
+    finally:
+        _RELOADING.reset(token)
+
+
+def _read(path: Path) -> bytes:
+    """The file's bytes, at most ``MAX_CONFIG_BYTES``; ConfigError naming the path. The opened file is
+    the one checked (fstat): a regular file, or at start-up a FIFO (a pipe nothing serves behind yet);
+    a device, such as ``/dev/zero`` (read without end), or a folder is refused."""
+    reload = _RELOADING.get()
+    try:
+        fd = os.open(path, os.O_RDONLY | _O_CLOEXEC | (_O_NONBLOCK if reload else 0))
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read config file ({exc.strerror})") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode) and (reload or not stat.S_ISFIFO(mode)):
+            also = " (a pipe is read at start-up only)" if stat.S_ISFIFO(mode) else ""
+            raise ConfigError(f"{path}: not a regular file{also}; cannot read config file")
+        chunks: list[bytes] = []
+        size = 0
+        while size <= MAX_CONFIG_BYTES:  # a pipe gives what was written so far per read
+            chunk = os.read(fd, MAX_CONFIG_BYTES + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read config file ({exc.strerror})") from None
+    finally:
+        os.close(fd)
+    if size > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}: larger than {MAX_CONFIG_BYTES} bytes; not a config file")
+    return b"".join(chunks)
 
 
 class _Loader(yaml.SafeLoader):
@@ -94,13 +148,27 @@ class _Loader(yaml.SafeLoader):
     reference, so a few hundred bytes of nested aliases (a "billion laughs") expanded to millions of
     nodes that the build's walks then went through, 50 s for 7 levels while a SIGHUP reload held
     the event loop. No configuration needs them, and an unquoted PIN beginning with ``*`` or ``&``
-    was read as one."""
+    was read as one.
+
+    Explicit tags (``!!int``, ``!!timestamp``, ``!name``) are refused there too: PyYAML's constructor
+    for one raised ValueError or KeyError quoting the value (``pin: !!int 4711`` printed the PIN in a
+    traceback, and a SIGHUP reload logged it). The non-specific ``!`` is left as PyYAML reads it."""
 
     def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
         event = self.peek_event()  # type: ignore[no-untyped-call]
         if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
             raise yaml.composer.ComposerError(None, None, _NO_ALIASES, event.start_mark)
+        if getattr(event, "tag", None) not in (None, "!"):
+            raise yaml.composer.ComposerError(None, None, _NO_TAGS, event.start_mark)
         return super().compose_node(parent, index)
+
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        """A value PyYAML's own resolution cannot build (``2020-13-45`` read as a date, ``0x_`` as a
+        number) is a ConstructorError at its line and column, never the exception quoting it."""
+        try:
+            return super().construct_object(node, deep=deep)
+        except _CONSTRUCTOR_SLIPS:
+            raise yaml.constructor.ConstructorError(None, None, _BAD_VALUE, node.start_mark) from None
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[object] = set()
@@ -126,6 +194,13 @@ _NO_ALIASES = (
     "YAML aliases and anchors are not supported in the configuration; a value starting with * or &"
     " needs quotes"
 )
+_NO_TAGS = (
+    "YAML tags (!!int, !!timestamp, !name) are not supported in the configuration; a value starting"
+    " with ! needs quotes"
+)
+_BAD_VALUE = "a value YAML reads as a date or a number is not a valid one; quote it to keep it as text"
+# what PyYAML's constructors raise besides its YAMLError, each with the value in its text
+_CONSTRUCTOR_SLIPS = (ValueError, TypeError, KeyError, AttributeError, OverflowError)
 _TAG_OR_ALIAS = ("could not determine a constructor", "found undefined alias")  # of a value unquoted
 
 
@@ -170,23 +245,26 @@ _REDIS_SCHEMES = ("redis://", "rediss://", "unix://")  # gateway.store's URLs th
 
 def _store_shown(store: str) -> str:
     """``gateway.store`` for display: a Redis URL's userinfo (``redis://:PASSWORD@host``, up to the
-    last ``@``, since a password may hold ``/`` or ``@`` unencoded) and a ``password`` query value
-    (redis-py reads one there too, its name percent-decoded) masked; host, port and database stay."""
+    last ``@``, since a password may hold ``/`` or ``@`` unencoded) and every query value whose name
+    holds ``password`` masked: redis-py reads ``password`` there too, and ``ssl_password`` (the TLS
+    client key's passphrase), each name percent-decoded; host, port and database stay. Its other query
+    parameters carry no secret (``ssl_ca_data`` is public certificates, ``ssl_keyfile`` a path)."""
     if not store.lower().startswith(_REDIS_SCHEMES):
         return store
     scheme, _, rest = store.partition("://")
     if "@" in rest:
         rest = "(not shown)@" + rest.rsplit("@", 1)[1]
-    where, mark, query = rest.partition("?")
-    if mark:
-        items = [item.partition("=") for item in query.split("&")]
-        query = "&".join(
-            f"{name}=(not shown)"
-            if unquote_plus(name).strip().lower() == "password"
-            else f"{name}{eq}{value}"
-            for name, eq, value in items
-        )
-    return f"{scheme}://{where}{mark}{query}"
+    # every pair after a ? or an &: an @ in the query (``?db=1@x&password=...``) put its ? in the
+    # userinfo masked above, and the password after it was shown
+    return f"{scheme}://{_QUERY_PAIR.sub(_pair_shown, rest)}"
+
+
+_QUERY_PAIR = re.compile(r"(?<=[?&])([^?&=]*)=[^&]*")
+
+
+def _pair_shown(pair: re.Match[str]) -> str:
+    name = pair.group(1)
+    return f"{name}=(not shown)" if "password" in unquote_plus(name).lower() else pair.group(0)
 
 
 def redacted(config: Config) -> dict[str, Any]:
