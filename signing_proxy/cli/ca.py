@@ -57,7 +57,9 @@ def cmd_env(args: argparse.Namespace) -> int:
             "# proxy authentication is on: set SIGNING_PROXY_USER and SIGNING_PROXY_PASSWORD "
             "(percent-encoded) before evaluating these lines"
         )
-        proxy = f'"http://${{SIGNING_PROXY_USER}}:${{SIGNING_PROXY_PASSWORD}}@{authority}"'
+        # only the variables are expanded: the address is quoted apart (a listen host is text from a
+        # file, a variable or --listen, and "x$(cmd)y" inside the double quotes ran cmd on eval)
+        proxy = '"http://${SIGNING_PROXY_USER}:${SIGNING_PROXY_PASSWORD}@"' + shlex.quote(authority)
     else:
         proxy = shlex.quote(f"http://{authority}")
     lines += [f"export {name}={proxy}" for name in PROXY_VARIABLES]

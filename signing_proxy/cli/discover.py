@@ -31,7 +31,7 @@ from ..service.app import ProxyApp
 from ..service.keys import key_provider_for
 from .common import add_config_flag, config_from, error_line
 
-__all__ = ["EXIT_NONE", "EXIT_USABLE", "add_parsers", "cmd_discover"]
+__all__ = ["EXIT_NONE", "EXIT_USABLE", "add_parsers", "cmd_discover", "without_userinfo"]
 
 EXIT_USABLE = 0  # a usable exchange was found
 EXIT_NONE = 1  # none was found (the reason is printed)
@@ -64,7 +64,18 @@ def cmd_discover(args: argparse.Namespace) -> int:
     # no CONNECT is served here: do not load (or create) the interception CA
     config = config.with_overrides(**{"intercept.enabled": False})
     keys = key_provider_for(config)
-    return asyncio.run(_discover(config, keys, args.url, as_json=args.json))
+    return asyncio.run(_discover(config, keys, without_userinfo(args.url), as_json=args.json))
+
+
+def without_userinfo(url: str) -> str:
+    """``url`` without ``user:password@``: it is never sent (``parse_authority`` drops it), and every
+    line and ``--json`` document naming the URL showed the password. The authority ends where the
+    parser ends it (the first ``/``, ``?`` or ``#``), its userinfo at its last ``@``."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    cut = min((i for i in (rest.find(ch) for ch in "/?#") if i >= 0), default=len(rest))
+    return f"{scheme}{sep}{rest[:cut].rpartition('@')[2]}{rest[cut:]}"
 
 
 async def _discover(config: Config, keys: KeyProvider, url: str, *, as_json: bool) -> int:

@@ -214,8 +214,11 @@ def _text(raw: bytes | None, name: str) -> str | None:
 
 
 # a pin-value's value, also in what is not quite one: "pin-value=", "pin_value=", "pin-value:", or
-# the "=" forgotten ("pin-values3cr3t"), up to the next separator or space: a message may show the rest
-_PIN_VALUE: Final = re.compile(r"(?i)(pin[-_]?value[=:]?)[^&;?#\s]*")
+# the "=" forgotten ("pin-values3cr3t"), up to what ends a query value: "&" (RFC 7512 section 2.3:
+# the one query separator), "#" or a space (_unquote refuses both unencoded), so a message may show
+# the rest. Not ";" nor "?": _unquote takes both into a query value ("?" is pk11-query-res-avail),
+# so "pin-value=AB;TAIL" is the PIN "AB;TAIL", and stopping there showed its tail.
+_PIN_VALUE: Final = re.compile(r"(?i)(pin[-_]?value[=:]?)[^&#\s]*")
 
 
 def mask_pin_value(value: str) -> str:

@@ -107,7 +107,14 @@ def test_run_refuses_a_bad_config_with_the_key_path(tmp_path: Path) -> None:
 
 
 def test_config_check_prints_the_effective_config(tmp_path: Path) -> None:
-    done = run_cli("config", "check", "config/sidecar.yaml")
+    # sidecar.yaml names the key a Secret mounts (/run/secrets/...); config check reads it as run does
+    key = tmp_path / "agent-key.pem"
+    key.write_bytes(SigningKey.generate().to_pem())
+    key.chmod(0o600)
+    missing = run_cli("config", "check", "config/sidecar.yaml")
+    assert missing.returncode == 2
+    assert "signing.key: /run/secrets/signing-proxy/agent-key.pem" in missing.stderr
+    done = run_cli("config", "check", "config/sidecar.yaml", env={"SIGNING_PROXY_KEY": str(key)})
     assert done.returncode == 0, done.stderr
     assert "OK" in done.stdout
     assert "/exchange/" in done.stdout

@@ -122,12 +122,16 @@ def check(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_environment_overrides_the_file_and_flags_override_the_environment(tmp_path: Path) -> None:
+    key = tmp_path / "agent-key.pem"  # sidecar.yaml's key is mounted from a Secret; config check reads it
+    key.write_bytes(SigningKey.generate().to_pem())
+    key.chmod(0o600)
     done = check(
         {
             "SIGNING_PROXY_LISTEN": "0.0.0.0:9000",
             "SIGNING_PROXY_ALLOW_CLIENTS": "10.0.0.0/8, 127.0.0.1/32",
             "SIGNING_PROXY_LOG_FORMAT": "json",
             "SIGNING_PROXY_CONFIG": "config/sidecar.yaml",
+            "SIGNING_PROXY_KEY": str(key),
         }
     )
     assert done.returncode == 0, done.stderr
