@@ -3,7 +3,10 @@ that re-reads the key stores off the event loop.
 
 Requests read keys from memory only. While the services run, every ``RELOAD_CHECK_INTERVAL_S``
 (and at once on ``reload()``, which ``run`` calls on SIGHUP) each store is re-read through
-``asyncio.to_thread``, so no file is opened, locked or stat'ed on the loop.
+``asyncio.to_thread``, so no file is opened, locked or stat'ed on the loop. A re-read waits for a
+`keys` command's lock at most ``storewatch.RELOAD_LOCK_WAIT_S`` and tries again at the next check:
+``asyncio.run`` waits for that thread at exit, and one parked in ``flock`` held SIGTERM up for as
+long as the other process kept the lock.
 
 Refusals are package errors for the caller to print: ``ConfigError`` (the message starts with the
 key path), ``KeyStoreError`` (names the store), ``OSError`` from binding ``publish.listen``.

@@ -12,9 +12,11 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import secrets
 import stat
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
@@ -34,6 +36,7 @@ __all__ = [
     "file_lock",
     "make_private_dir",
     "read_private",
+    "temporary_target",
     "write_all",
     "write_atomic",
     "write_new",
@@ -47,6 +50,9 @@ GROUP_OTHER_BITS: Final = 0o077
 _O_CLOEXEC: Final = getattr(os, "O_CLOEXEC", 0)
 # A FIFO or device at a key path must be refused, not block the open: O_NONBLOCK (no effect on files).
 _O_NONBLOCK: Final = getattr(os, "O_NONBLOCK", 0)
+# ``write_atomic``'s temporary for ``<name>``: ``.<name>.<16 hex>.tmp`` (what a crash may leave behind)
+_TEMPORARY_RE: Final = re.compile(r"\.(?P<target>.+)\.[0-9a-f]{16}\.tmp")
+_LOCK_RETRY_S: Final = 0.01  # our choice: how often a bounded wait tries a busy lock again
 
 
 class PrivateFileError(StorageError):
@@ -150,7 +156,7 @@ def write_atomic(path: Path, data: bytes, mode: int = PRIVATE_FILE_MODE) -> None
     IsADirectoryError before anything is written."""
     if path.name in ("", "..") or path.is_dir():
         raise IsADirectoryError(errno.EISDIR, "names a directory, not a file", str(path))
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")  # temporary_target's pattern
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC, mode)
     try:
         try:
@@ -172,6 +178,13 @@ def write_atomic(path: Path, data: bytes, mode: int = PRIVATE_FILE_MODE) -> None
             os.close(dir_fd)
 
 
+def temporary_target(name: str) -> str | None:
+    """The file name a ``write_atomic`` temporary named ``name`` was to replace; None when ``name`` is
+    not one (a crash between its creation and its rename leaves it behind: its owner sweeps it)."""
+    match = _TEMPORARY_RE.fullmatch(name)
+    return None if match is None else match["target"]
+
+
 def write_new(path: str | Path, data: bytes, mode: int = PRIVATE_FILE_MODE) -> None:
     """Create ``path`` (which must not exist) with ``mode`` and write ``data`` to it."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC, mode)
@@ -182,10 +195,14 @@ def write_new(path: str | Path, data: bytes, mode: int = PRIVATE_FILE_MODE) -> N
 
 
 @contextlib.contextmanager
-def file_lock(path: Path, *, shared: bool = False) -> Iterator[None]:
+def file_lock(path: Path, *, shared: bool = False, wait_s: float | None = None) -> Iterator[None]:
     """An advisory ``flock`` on ``path`` for the block: exclusive (the file is created 0600 when
     missing) or ``shared`` (the file must exist: a missing one raises FileNotFoundError). OSError
-    from opening reaches the caller; the lock is released when the block ends. No-op on Windows."""
+    from opening reaches the caller; the lock is released when the block ends. No-op on Windows.
+
+    ``wait_s``: give up after that long (BlockingIOError) instead of waiting for as long as another
+    process holds the lock: a thread blocked in ``flock`` cannot be interrupted, and an interpreter
+    that is exiting waits for it."""
     if sys.platform == "win32":
         yield
         return
@@ -194,7 +211,25 @@ def file_lock(path: Path, *, shared: bool = False) -> Iterator[None]:
     else:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | _O_CLOEXEC, PRIVATE_FILE_MODE)
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
+        operation = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
+        if wait_s is None:
+            fcntl.flock(fd, operation)
+        else:
+            _flock_within(fd, operation, wait_s)
         yield
     finally:
         os.close(fd)  # releases the lock
+
+
+def _flock_within(fd: int, operation: int, wait_s: float) -> None:
+    """``flock`` without blocking, tried again until ``wait_s`` has passed (flock has no timeout)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(fd, operation | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise
+            time.sleep(min(_LOCK_RETRY_S, left))

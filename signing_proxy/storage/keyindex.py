@@ -19,8 +19,8 @@ naming the member.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Final
@@ -125,6 +125,35 @@ class StoreState:
     def next_change(self, record: KeyRecord, now: float) -> tuple[int, KeyState] | None:
         """When ``record``'s state next changes, and to what (None: it never does by itself)."""
         return next_change(record, self.records, now)
+
+    def keeping_revocations(self, before: StoreState) -> tuple[StoreState, frozenset[str]]:
+        """This state with every key ``before`` revoked still revoked (its record, the list, no private
+        key) and ``as_of`` never earlier than ``before``'s: an index put back from an older copy must not
+        bring a revoked key back. Also returns the thumbprints this index no longer listed."""
+        lost = before.revocations.revoked - self.revocations.revoked
+        as_of = max(before.revocations.as_of, self.revocations.as_of)
+        if not lost and as_of == self.revocations.as_of:
+            return self, lost
+        revoked = self.revocations.revoked | lost
+        records = tuple(replace(r, revoked=True) if r.thumbprint in lost else r for r in self.records)
+        private = MappingProxyType({t: k for t, k in self.private.items() if t not in revoked})
+        kept = replace(self, records=records, revocations=RevocationList(as_of, revoked), private=private)
+        return kept, lost
+
+    def with_keys_of(
+        self, before: StoreState, unopened: Collection[str]
+    ) -> tuple[StoreState, frozenset[str]]:
+        """This state with the private keys of ``unopened`` (keys this load could not open) taken from
+        ``before`` where it held them: the same thumbprint is the same key, and this state's record
+        (its window, its revocation) decides when it signs. Also returns the thumbprints taken."""
+        taken = {
+            t: before.private[t]
+            for t in unopened
+            if t in before.private and (record := self.record(t)) is not None and not record.revoked
+        }
+        if not taken:
+            return self, frozenset()
+        return replace(self, private=MappingProxyType({**self.private, **taken})), frozenset(taken)
 
     def directory(self, now: float, revocation_url: str | None) -> Directory:
         """The keys to publish at ``now``: unrevoked, unexpired (current and next ones)."""

@@ -9,11 +9,12 @@ every change holds an exclusive lock, so a reader sees either the old store or t
 refuses a malformed index, a key file whose key does not match its name, and anything that group
 or others can access, with a message naming the path.
 
-``StoreKeyProvider`` signs with ``choose_signing_key`` evaluated at each call, so a key starts
-signing at its activation and stops the moment its window closes. It answers from memory only (no
-file I/O: safe on the event loop); ``reload()`` (blocking, any thread) re-reads the store when its
-index changed, and the service calls it off the loop every ``RELOAD_CHECK_INTERVAL_S`` and on
-SIGHUP. The index format is ``keyindex.py``'s, the owner-only file handling ``files.py``'s.
+A change (rotate, revoke, prune) first deletes what one cut short left: ``write_atomic``'s
+temporaries and key files the index no longer names for an unrevoked key. Revoking and pruning read
+no private key, so a broken key file never blocks them. ``StoreKeyProvider`` and ``StoreWatcher``
+(``storewatch.py``, re-exported here) serve a store from memory to a running process and re-read it
+off the loop every ``RELOAD_CHECK_INTERVAL_S`` and on SIGHUP. The index format is ``keyindex.py``'s,
+the owner-only file handling ``files.py``'s.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ import contextlib
 import logging
 import math
 import os
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -36,11 +36,11 @@ from ..core.jwk import PublicKey, SigningKey
 from ..core.keys import (
     MAX_DIRECTORY_KEYS,
     MAX_REVOKED_THUMBPRINTS,
-    KeyProvider,
     KeyRecord,
     RevocationList,
     choose_signing_key,
     format_rfc3339,
+    is_thumbprint,
 )
 from ..core.rotation import CLOCK_MARGIN_S
 from ..errors import ConfigError, KeyStoreError, TokenError
@@ -52,10 +52,12 @@ from .files import (
     file_lock,
     make_private_dir,
     read_private,
+    temporary_target,
 )
 from .keyfile import KeyFileError, load_key_file, write_private_file
 from .keyindex import MAX_INDEX_BYTES, MAX_STORE_KEYS, IndexEntry, StoreState, parse_index, render_index
 from .pkcs11 import TokenKey
+from .storewatch import STORE_BUSY, StoreKeyProvider, StoreWatcher
 
 __all__ = [
     "DEFAULT_AGENT",
@@ -86,7 +88,6 @@ DEFAULT_GRACE_S: Final = 48 * 3600  # spec: Limits ("typically 24 to 48 hours")
 RELOAD_CHECK_INTERVAL_S: Final = 1.0  # our choice: how often a running proxy looks at the index
 
 TokenKeys = Callable[[str, PublicKey], SigningKey]  # (pkcs11 URI, public key) -> the token key
-_NOTHING_REPORTED: Final = object()  # no failed reload reported yet (None is a missing index)
 
 
 def check_agent_name(agent: str) -> str:
@@ -132,12 +133,24 @@ class KeyStore:
 
     # --- reading ---
 
-    def load(self, *, private: bool = True) -> StoreState:
-        """Read and check the whole store (private keys of unrevoked keys too, with ``private``)."""
-        with self._lock(exclusive=False):
-            return self._load(private=private)[0]
+    def load(
+        self,
+        *,
+        private: bool = True,
+        unopened: dict[str, Exception] | None = None,
+        lock_wait_s: float | None = None,
+    ) -> StoreState:
+        """Read and check the whole store (private keys of unrevoked keys too, with ``private``).
 
-    def _load(self, *, private: bool) -> tuple[StoreState, list[IndexEntry]]:
+        ``unopened``: a key that cannot be opened is entered there (thumbprint -> the refusal) and has
+        no private key, instead of refusing the whole store. ``lock_wait_s``: wait at most that long
+        for a writer's lock (``store-busy`` after it), not for as long as the writer holds it."""
+        with self._lock(exclusive=False, wait_s=lock_wait_s):
+            return self._load(private=private, unopened=unopened)[0]
+
+    def _load(
+        self, *, private: bool, unopened: dict[str, Exception] | None = None
+    ) -> tuple[StoreState, list[IndexEntry]]:
         entries, revocations = self._read_index()
         revoked = revocations.revoked
         records = tuple(e.record(revoked=e.thumbprint in revoked) for e in entries)
@@ -146,10 +159,15 @@ class KeyStore:
         for entry, record in zip(entries, records, strict=True):
             if not private or record.revoked:  # a revoked key's file is deleted; it never signs again
                 continue
-            if entry.pkcs11 is None:
-                keys[record.thumbprint] = self._read_private(record.thumbprint)
-            elif self.tokens is not None:  # on a token: opened when it first signs
-                keys[record.thumbprint] = self.tokens(entry.pkcs11, publics[record.thumbprint])
+            try:
+                if entry.pkcs11 is None:
+                    keys[record.thumbprint] = self._read_private(record.thumbprint)
+                elif self.tokens is not None:  # on a token: opened when it first signs
+                    keys[record.thumbprint] = self.tokens(entry.pkcs11, publics[record.thumbprint])
+            except (KeyStoreError, TokenError, ConfigError) as exc:  # the last two: a token entry this
+                if unopened is None:  # process cannot open (no signing.pkcs11.module, no PIN)
+                    raise
+                unopened[record.thumbprint] = exc
         tokens = MappingProxyType({e.thumbprint: e.pkcs11 for e in entries if e.pkcs11 is not None})
         publics_view, keys_view = MappingProxyType(publics), MappingProxyType(keys)
         state = StoreState(self.agent, self.path, records, publics_view, revocations, keys_view, tokens)
@@ -265,7 +283,8 @@ class KeyStore:
         if isinstance(activate_in_s, bool) or not isinstance(activate_in_s, int) or activate_in_s < 0:
             raise ValueError("activate-in must be zero or a positive number of seconds")
         with self._lock(exclusive=True):
-            state, entries = self._load(private=True)
+            state, entries = self._load(private=False)  # no key but the one signing until then is needed
+            self._sweep(entries, state.revocations)
             pending = [r for r in state.records if not r.revoked and now < r.not_after and now < r.activation]
             if pending:
                 raise KeyStoreError(
@@ -290,6 +309,7 @@ class KeyStore:
                         f"no key signing now stays valid until the new key activates at "
                         f"{format_rfc3339(activation)} (use a shorter --activate-in, or --force)",
                     )
+                self._check_signing_file(state, entries, now)
             created = max([start, *(e.created_at + 1 for e in entries)])  # strictly newest
             key = key or SigningKey.generate()
             if state.record(key.thumbprint) is not None:
@@ -316,7 +336,8 @@ class KeyStore:
         Returns False when it was already revoked (nothing changes).
         """
         with self._lock(exclusive=True):
-            state, entries = self._load(private=True)
+            state, entries = self._load(private=False)  # a broken key file never blocks a revocation
+            self._sweep(entries, state.revocations)
             record = state.record(thumbprint)
             if record is None:
                 raise KeyStoreError("unknown-key", self.path, f"agent {self.agent!r} has no key {thumbprint}")
@@ -337,7 +358,8 @@ class KeyStore:
     def prune(self, now: float, *, force: bool = False) -> tuple[KeyRecord, ...]:
         """Drop keys past ``not_after`` and revoked keys (their thumbprints stay in the revocation list)."""
         with self._lock(exclusive=True):
-            state, entries = self._load(private=True)
+            state, entries = self._load(private=False)  # dropping a key reads none
+            self._sweep(entries, state.revocations)
             dropped = tuple(r for r in state.records if r.revoked or now >= r.not_after)
             if not dropped:
                 return ()
@@ -348,6 +370,17 @@ class KeyStore:
             for thumbprint in sorted(gone):
                 self.key_path(thumbprint).unlink(missing_ok=True)
             return dropped
+
+    def _check_signing_file(self, state: StoreState, entries: Sequence[IndexEntry], now: float) -> None:
+        """Refuse a rotation that leaves signing until its activation to a key whose file is unusable."""
+        chosen = state.signing_record(now)
+        on_file = {e.thumbprint for e in entries if e.pkcs11 is None}
+        if chosen is not None and chosen.thumbprint in on_file:
+            try:
+                self._read_private(chosen.thumbprint)
+            except KeyStoreError as exc:
+                hint = "it signs until the new key activates (rotate with --now, or --force)"
+                raise KeyStoreError(exc.reason, exc.path, f"{exc.detail}; {hint}") from None
 
     def _refuse_no_valid_key(self, records: Sequence[KeyRecord], now: float, force: bool, what: str) -> None:
         if not force and choose_signing_key(records, now) is None:
@@ -364,13 +397,37 @@ class KeyStore:
         for directory in (self.data_dir, self.root, self.path):
             make_private_dir(directory)
 
+    def _sweep(self, entries: Sequence[IndexEntry], revocations: RevocationList) -> None:
+        """Delete what a writer cut short (killed, power lost) left in the store's folder: temporaries
+        of the index and of key files, and key files of keys the index lists as revoked or not at all.
+        Only under the exclusive lock (no writer is half-way), only regular files named as the store
+        names its own (a symbolic link is left alone), only in this folder."""
+        keep = {f"{e.thumbprint}.pem" for e in entries if e.thumbprint not in revocations.revoked}
+        try:
+            with os.scandir(self.path) as found:
+                files = [f.name for f in found if f.is_file(follow_symlinks=False)]
+        except OSError:
+            return
+        for name in files:
+            target = temporary_target(name)
+            if target is not None:
+                ours = target == INDEX_NAME or _is_key_file_name(target)
+            else:
+                ours = _is_key_file_name(name) and name not in keep
+            if ours:
+                with contextlib.suppress(OSError):
+                    os.unlink(self.path / name)
+                    log.info("key store %s: deleted %s, left by a change cut short", self.path, name)
+
     @contextlib.contextmanager
-    def _lock(self, *, exclusive: bool) -> Iterator[None]:
+    def _lock(self, *, exclusive: bool, wait_s: float | None = None) -> Iterator[None]:
         """An advisory lock on ``<store>/.lock``: exclusive to change, shared to read (when it exists)."""
         lock_path = self.path / LOCK_NAME
         with contextlib.ExitStack() as stack:
             try:
-                stack.enter_context(file_lock(lock_path, shared=not exclusive))
+                stack.enter_context(file_lock(lock_path, shared=not exclusive, wait_s=wait_s))
+            except BlockingIOError:
+                raise KeyStoreError(STORE_BUSY, self.path, "another process holds the store's lock") from None
             except FileNotFoundError:
                 if exclusive:
                     raise KeyStoreError("store-missing", self.path, "the key store is missing") from None
@@ -386,6 +443,10 @@ class KeyStore:
     def _write_index(self, entries: Sequence[IndexEntry], revocations: RevocationList) -> None:
         data = render_index(self.agent, entries, revocations)
         write_private_file(self.index_path, data, overwrite=True)
+
+
+def _is_key_file_name(name: str) -> bool:
+    return name.endswith(".pem") and is_thumbprint(name.removesuffix(".pem"))
 
 
 def _check_positive(value: int, what: str) -> None:
@@ -422,78 +483,3 @@ def open_or_create(
             return store, None, None
         raise
     return store, record, legacy if key is not None else None
-
-
-class StoreWatcher:
-    """A store loaded once and served from memory: ``state()`` never touches the disk. ``reload()``
-    re-reads it when its index changed; a store that turns bad is reported and the last good state kept.
-    """
-
-    def __init__(self, store: KeyStore, *, private: bool) -> None:
-        self.store = store
-        self._private = private
-        self._reload_lock = threading.Lock()  # one reload at a time (the periodic check and SIGHUP)
-        self._seen = store.fingerprint()  # of the index the state was loaded from
-        self._state = store.load(private=private)  # a bad store at start-up is refused
-        self._reported: object = _NOTHING_REPORTED
-
-    def state(self) -> StoreState:
-        """The state loaded last: memory only, no file I/O (safe on the event loop)."""
-        return self._state
-
-    def reload(self, *, force: bool = False) -> bool:
-        """Re-read the store when its index changed since the last good load (one ``stat`` when it did
-        not), or always with ``force``. Blocking: call it off the event loop; safe from any thread (the
-        new state replaces the old in one reference). False, and the previous state kept, when it
-        cannot be loaded."""
-        with self._reload_lock:
-            seen = self.store.fingerprint()
-            if seen == self._seen and not force:
-                return True
-            try:
-                state = self.store.load(private=self._private)
-            except (KeyStoreError, TokenError, ConfigError) as exc:  # the last two: a token entry
-                # this process cannot open (no signing.pkcs11.module, no PIN): the old keys still sign
-                if seen != self._reported:  # once per version of the index, not once per check
-                    self._reported = seen
-                    log.error("key store not reloaded, keeping the keys loaded before: %s", exc)
-                return False
-            before = self._state
-            self._install(state)
-            self._seen = seen
-        changed = before.records != state.records or before.revocations != state.revocations
-        counts = f"{len(state.records)} keys, {len(state.revocations.revoked)} revoked" if changed else ""
-        log.info("reloaded key store %s (agent %s): %s", state.path, state.agent, counts or "unchanged")
-        return True
-
-    def _install(self, state: StoreState) -> None:
-        """Serve ``state`` from now on (under the reload lock; a subclass prepares for it first)."""
-        self._state = state
-
-
-class StoreKeyProvider(StoreWatcher, KeyProvider):
-    """Signs with the key ``choose_signing_key`` picks at the moment of each call (activated, in its
-    window, not revoked); answers from memory (see ``StoreWatcher``)."""
-
-    def __init__(self, store: KeyStore) -> None:
-        super().__init__(store, private=True)
-
-    def current(self, now: float) -> SigningKey | None:
-        return self.state().signing_key(now)
-
-    def not_after(self, now: float) -> float | None:
-        chosen = self.state().signing_record(now)
-        return None if chosen is None else float(chosen.not_after)
-
-    def key_for(self, thumbprint: str, now: float) -> SigningKey | None:
-        state = self.state()  # one state: record and private key from the same load
-        record = state.record(thumbprint)
-        if record is None or not record.usable_at(now):
-            return None
-        # published but not yet activated: caching verifiers may lack it (unless it signs anyway)
-        waiting = record.activation > now and state.signing_record(now) != record
-        return None if waiting else state.private.get(thumbprint)
-
-    def not_after_of(self, thumbprint: str) -> float | None:
-        record = self.state().record(thumbprint)
-        return None if record is None else float(record.not_after)

@@ -1,6 +1,8 @@
 """A key store entry naming a token key this process cannot open (no ``signing.pkcs11.module``, no
-PIN) after ``keys rotate --pkcs11`` run with another configuration: the reload keeps the keys it
-had, reports it once per version of the index, and the in-process client keeps signing."""
+PIN) after ``keys rotate --pkcs11`` run with another configuration: the reload installs the new
+index (windows, revocations: what it says is served), the key it cannot open cannot sign, the keys
+it had keep signing within the new windows; it is reported once per version of the index, and the
+in-process client keeps signing."""
 
 from __future__ import annotations
 
@@ -40,7 +42,7 @@ def rotate_in_a_token_key(data: Path) -> str:
 
 
 @pytest.mark.parametrize("case", sorted(CANNOT_OPEN))
-def test_a_token_entry_that_cannot_be_opened_keeps_the_old_keys(
+def test_a_token_entry_that_cannot_be_opened_leaves_the_old_keys_signing(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, case: str
 ) -> None:
     monkeypatch.delenv(UNSET, raising=False)
@@ -51,16 +53,17 @@ def test_a_token_entry_that_cannot_be_opened_keeps_the_old_keys(
     assert isinstance(provider, StoreKeyProvider)
     before = provider.current(time.time())
     assert before is not None
-    rotate_in_a_token_key(data)
+    token = rotate_in_a_token_key(data)
     with caplog.at_level(logging.INFO, logger="signing_proxy"):
         for force in (False, True, True):  # the periodic check, then SIGHUPs
             assert provider.reload(force=force) is False
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    store = data / "keys" / "default"
     assert [r.getMessage() for r in errors] == [
-        f"key store not reloaded, keeping the keys loaded before: {message}"
+        f"key store {store}: key {token} not opened, it cannot sign until it opens: {message}"
     ]
     assert all(r.exc_info is None for r in errors)  # one line, no traceback
-    assert len(provider.state().records) == 1
+    assert len(provider.state().records) == 2  # the new index is served: windows, revocations
     after = provider.current(time.time())
     assert after is not None
     assert after.thumbprint == before.thumbprint

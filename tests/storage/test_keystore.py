@@ -439,9 +439,9 @@ def test_reload_reads_only_a_changed_index_unless_forced(
     loads: list[bool] = []
     load = store.load
 
-    def counting_load(*, private: bool = True) -> Any:
+    def counting_load(*, private: bool = True, **options: Any) -> Any:
         loads.append(private)
-        return load(private=private)
+        return load(private=private, **options)
 
     monkeypatch.setattr(store, "load", counting_load)
     with caplog.at_level(logging.INFO, logger="signing_proxy.keys"):

@@ -1,0 +1,170 @@
+"""A key store as a running process sees it: loaded once, served from memory, re-read when it changes.
+
+``StoreWatcher.state()`` never touches the disk (safe on the event loop); ``reload()`` (blocking,
+any thread) re-reads the store when its index changed. The index decides, whenever it can be read:
+every reload whose index parses serves that index's windows, revocations and revocation list, and a
+key whose private half this process cannot open (a token entry without ``signing.pkcs11``, a key
+file gone bad) signs only with the copy loaded before, under the new index's window, or not at all.
+A revocation seen once stays in force in this process, whatever a later index says. An index that
+cannot be read keeps the last good state. A reload waits for a writer's lock at most
+``RELOAD_LOCK_WAIT_S``, then tries again at the next check (a SIGHUP's forced re-read is kept).
+``StoreKeyProvider`` signs with ``choose_signing_key`` evaluated at each call, so a key starts
+signing at its activation and stops the moment its window closes.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+from typing import Final, Protocol
+
+from ..core.jwk import SigningKey
+from ..core.keys import KeyProvider
+from ..errors import ConfigError, KeyStoreError, TokenError
+from .keyindex import StoreState
+
+__all__ = ["RELOAD_LOCK_WAIT_S", "STORE_BUSY", "StoreKeyProvider", "StoreWatcher", "WatchedStore"]
+
+log = logging.getLogger("signing_proxy.keys")
+
+# our choice: how long a reload waits for a writer's lock before it tries again at the next check (a
+# thread blocked in flock cannot be stopped, and an exiting interpreter waits for it: SIGTERM hung)
+RELOAD_LOCK_WAIT_S: Final = 0.25
+STORE_BUSY: Final = "store-busy"  # KeyStoreError's reason: the lock stayed taken for lock_wait_s
+_NOTHING_REPORTED: Final = object()  # no failed reload reported yet (None is a missing index)
+
+
+class WatchedStore(Protocol):
+    """What a watcher needs of a store (``keystore.KeyStore``)."""
+
+    path: Path
+
+    def fingerprint(self) -> tuple[int, ...] | None: ...
+
+    def load(
+        self,
+        *,
+        private: bool = True,
+        unopened: dict[str, Exception] | None = None,
+        lock_wait_s: float | None = None,
+    ) -> StoreState: ...
+
+
+class StoreWatcher:
+    """A store loaded once and served from memory: ``state()`` never touches the disk. ``reload()``
+    re-reads it when its index changed; an index that turns bad is reported and the last good state kept.
+    """
+
+    def __init__(self, store: WatchedStore, *, private: bool) -> None:
+        self.store = store
+        self._private = private
+        self._reload_lock = threading.Lock()  # one reload at a time (the periodic check and SIGHUP)
+        self._seen = store.fingerprint()  # of the index the state was loaded from
+        self._state = store.load(private=private)  # a bad store at start-up is refused
+        self._unopened: frozenset[str] = frozenset()  # keys not opened: each check re-reads the store
+        self._reported: object = _NOTHING_REPORTED
+        self._force_pending = False  # a forced reload found the store locked: the next check forces
+        self._busy_reported = False
+
+    def state(self) -> StoreState:
+        """The state loaded last: memory only, no file I/O (safe on the event loop)."""
+        return self._state
+
+    def reload(self, *, force: bool = False) -> bool:
+        """Re-read the store when its index changed since the last load (one ``stat`` when it did not),
+        or always with ``force``. Blocking: call it off the event loop; safe from any thread (the new
+        state replaces the old in one reference). False when the index cannot be read (the previous
+        state kept), when a writer held the lock too long (tried again at the next call), or when
+        some key could not be opened (the rest of the new state is served)."""
+        with self._reload_lock:
+            force = force or self._force_pending
+            seen = self.store.fingerprint()
+            if seen == self._seen and not self._unopened and not force:
+                return True
+            unopened: dict[str, Exception] = {}
+            wait_s = RELOAD_LOCK_WAIT_S
+            try:
+                state = self.store.load(private=self._private, unopened=unopened, lock_wait_s=wait_s)
+            except (KeyStoreError, TokenError, ConfigError) as exc:
+                if isinstance(exc, KeyStoreError) and exc.reason == STORE_BUSY:
+                    self._wait_for_the_lock(force)
+                elif seen != self._reported:  # once per version of the index, not once per check
+                    self._reported = seen
+                    log.error("key store not reloaded, keeping the keys loaded before: %s", exc)
+                return False
+            self._force_pending = self._busy_reported = False
+            retry = seen == self._seen and not force  # the same index, read again for keys not opened
+            if retry and frozenset(unopened) == self._unopened:
+                return False  # none opened since: the state served stays, its (token) key objects too
+            before = self._state
+            state, lost = state.keeping_revocations(before)
+            state, kept = state.with_keys_of(before, unopened)
+            self._install(state)
+            self._seen, self._unopened = seen, frozenset(unopened)
+            fresh = not retry or not unopened
+            report = bool(lost or unopened) and seen != self._reported
+            if report:
+                self._reported = seen
+        if report:
+            self._report(state, lost, unopened, kept)
+        if fresh:
+            changed = before.records != state.records or before.revocations != state.revocations
+            counts = f"{len(state.records)} keys, {len(state.revocations.revoked)} revoked" if changed else ""
+            log.info("reloaded key store %s (agent %s): %s", state.path, state.agent, counts or "unchanged")
+        return not unopened
+
+    def _wait_for_the_lock(self, force: bool) -> None:
+        self._force_pending = force  # a SIGHUP that found the store locked is not lost
+        if not self._busy_reported:  # once until a reload gets through
+            self._busy_reported = True
+            log.warning(
+                "key store %s is locked by another process: not re-read yet, trying again at the next check",
+                self.store.path,
+            )
+
+    @staticmethod
+    def _report(
+        state: StoreState, lost: frozenset[str], unopened: dict[str, Exception], kept: frozenset[str]
+    ) -> None:
+        for thumbprint in sorted(lost):
+            log.error(
+                "key store %s: the index no longer lists %s as revoked; it stays revoked in this process",
+                state.path,
+                thumbprint,
+            )
+        for thumbprint, exc in sorted(unopened.items()):
+            how = "signs with the copy loaded before" if thumbprint in kept else "cannot sign until it opens"
+            log.error("key store %s: key %s not opened, it %s: %s", state.path, thumbprint, how, exc)
+
+    def _install(self, state: StoreState) -> None:
+        """Serve ``state`` from now on (under the reload lock; a subclass prepares for it first)."""
+        self._state = state
+
+
+class StoreKeyProvider(StoreWatcher, KeyProvider):
+    """Signs with the key ``choose_signing_key`` picks at the moment of each call (activated, in its
+    window, not revoked); answers from memory (see ``StoreWatcher``)."""
+
+    def __init__(self, store: WatchedStore) -> None:
+        super().__init__(store, private=True)
+
+    def current(self, now: float) -> SigningKey | None:
+        return self.state().signing_key(now)
+
+    def not_after(self, now: float) -> float | None:
+        chosen = self.state().signing_record(now)
+        return None if chosen is None else float(chosen.not_after)
+
+    def key_for(self, thumbprint: str, now: float) -> SigningKey | None:
+        state = self.state()  # one state: record and private key from the same load
+        record = state.record(thumbprint)
+        if record is None or not record.usable_at(now):
+            return None
+        # published but not yet activated: caching verifiers may lack it (unless it signs anyway)
+        waiting = record.activation > now and state.signing_record(now) != record
+        return None if waiting else state.private.get(thumbprint)
+
+    def not_after_of(self, thumbprint: str) -> float | None:
+        record = self.state().record(thumbprint)
+        return None if record is None else float(record.not_after)
