@@ -354,15 +354,18 @@ class ProxyApp:
         """(status, document) for ``/readyz``: a valid signing key, the CA if intercepting, config loaded."""
         key = self.keys.current(self.clock())
         checks: dict[str, object] = {"config": "ok"}
+        details: dict[str, object] = {}
         if self.gateway is None:  # a gateway verifies only: it has no key to sign with
-            checks["signing_key"] = "no-valid-signing-key" if key is None else self.keys.unavailable() or "ok"
+            said = "no-valid-signing-key" if key is None else self.keys.unavailable() or "ok"
+            if said.startswith("next-key-"):  # the key signing now signs: a warning ahead, never unready
+                details["next_signing_key"], said = said.removeprefix("next-key-"), "ok"
+            checks["signing_key"] = said
         store = self.gateway.store_check() if self.gateway is not None else None
         if store is not None:  # "unavailable": every request needing the replay/quota store gets 503
             checks["counter_store"] = store
         ca_check = self.interception.ca_check()
         if ca_check is not None:
             checks["interception_ca"] = ca_check
-        details: dict[str, object] = {}
         if self.requester is not None and self.requester.config.delegation is not None:
             checks["delegation"] = self.requester.check()
             details["delegation_key"] = self.requester.key_status()  # a warning ahead, never unready

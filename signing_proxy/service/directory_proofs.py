@@ -5,10 +5,16 @@ a token signs on the PKCS#11 module's one thread, where the proxy's own request 
 request for the drafts' directory must not cost a signature round of its own. ``ProofCache`` keeps,
 per agent, the proofs last made: served again while the key store serves the same state and the body
 is the same, for ``PROOF_CACHE_S`` at most (a small part of the proofs' validity,
-``publish.directory_max_age_s``). Requests that come while a round is signing await that round; a
-round a token failed is answered from memory for ``FAILURE_HOLD_S`` (the ``Retry-After`` sent) and
-tried again only after it; its warning is written per round, not per request, at most once every
-``WARN_EVERY_S`` (with the number of rounds failed since).
+``publish.directory_max_age_s``). Requests that come while a round is signing await that round.
+
+Each key signs its proof on its own: a key whose token does not sign is left without a proof (the
+drafts: a proof per key is RECOMMENDED and clients SHOULD ignore a key without one; it stays listed,
+as the keys of ``publish.agents`` we hold no private key of are) and the others are served, so a
+retiring key's token taken offline does not block the directory of the key that signs now. A round
+fails only when the key signing now, or every key, did not sign: it is answered from memory for
+``FAILURE_HOLD_S`` (the ``Retry-After`` sent) and tried again only after it. Both warnings are
+written per round, not per request, at most once every ``WARN_EVERY_S`` per agent (with the number
+of rounds since).
 """
 
 from __future__ import annotations
@@ -74,14 +80,15 @@ class ProofCache:
         self.clock = clock  # the listener's: when a round ended (a token may take timeout_s to fail)
         self._made: dict[str, SignedProofs | _Failed] = {}
         self._rounds: dict[str, _Round] = {}
-        self._warned_at: dict[str, float] = {}  # agent -> when a failed round was last logged
-        self._failed_rounds: dict[str, int] = {}  # agent -> rounds failed since its last warning
+        self._failed = _Warnings()  # rounds that failed: no directory served
+        self._left_out = _Warnings()  # rounds served with a key left without its proof
 
     async def proofs(
         self, agent: str, state: StoreState, body: bytes, keys: Sequence[SigningKey], now: float
     ) -> SignedProofs:
         """Proofs of ``body`` by ``keys`` (the published keys of ``state`` we hold), made now or
-        shared. TokenError when a token did not sign (this round, or one that failed just before)."""
+        shared; a key whose token did not sign is left without one. TokenError when the key signing
+        now, or every key, did not sign (this round, or one that failed just before)."""
         made = self._made.get(agent)
         if made is not None and made.state is state and made.body == body:
             if isinstance(made, _Failed):
@@ -125,26 +132,46 @@ class ProofCache:
             created=created - CLOCK_MARGIN_S,
             expires=expires,
         )
-        try:  # a key on a token signs on the token's thread, bounded: a stranger never stalls the loop
-            signatures = [
-                await key.sign_async(base) if isinstance(key, TokenKey) else key.sign(base)
-                for key, (_, base) in zip(keys, planned, strict=True)
-            ]
-        except TokenError as exc:  # per round, not per request, and at most every WARN_EVERY_S
-            self._failed_rounds[agent] = self._failed_rounds.get(agent, 0) + 1
-            last = self._warned_at.get(agent)
-            if last is None or not last <= now < last + WARN_EVERY_S:
-                self._warned_at[agent] = now
-                rounds = self._failed_rounds.pop(agent)
+        signing = state.signing_record(now)
+        made: list[tuple[tuple[str, bytes], bytes]] = []  # (plan, signature) of the keys that signed
+        left_out: list[tuple[str, TokenError]] = []
+        for key, plan in zip(keys, planned, strict=True):
+            try:  # a key on a token signs on the token's thread, bounded: a stranger never stalls the loop
+                signature = await key.sign_async(plan[1]) if isinstance(key, TokenKey) else key.sign(plan[1])
+            except TokenError as exc:
+                if signing is not None and key.thumbprint == signing.thumbprint:
+                    self._round_failed(agent, exc, now)  # no directory without the signing key's proof
+                    raise
+                left_out.append((key.thumbprint, exc))
+                continue
+            made.append((plan, signature))
+        if left_out and not made:  # not one proof: nothing a client would take
+            self._round_failed(agent, left_out[0][1], now)
+            raise left_out[0][1]
+        if left_out:
+            rounds = self._left_out.due(agent, now)
+            if rounds is not None:
                 log.warning(
-                    "no signed directory for agent %s: a token did not sign (%s; %d round(s) failed)",
+                    "signed directory of agent %s served without the proof of %s: its token did not "
+                    "sign (%s; %d round(s) since the last warning)",
                     agent,
-                    exc.reason,
+                    ", ".join(f"key {thumbprint}" for thumbprint, _ in left_out),
+                    ", ".join(exc.reason for _, exc in left_out),
                     rounds,
                 )
-            raise
-        proofs = tuple(directory_proof_fields(digest, planned, signatures))
-        return SignedProofs(state, body, now, expires, proofs)
+        fields = directory_proof_fields(digest, [p for p, _ in made], [sig for _, sig in made])
+        return SignedProofs(state, body, now, expires, tuple(fields))
+
+    def _round_failed(self, agent: str, exc: TokenError, now: float) -> None:
+        """Log a round that failed: per round, not per request, and at most every ``WARN_EVERY_S``."""
+        rounds = self._failed.due(agent, now)
+        if rounds is not None:
+            log.warning(
+                "no signed directory for agent %s: a token did not sign (%s; %d round(s) failed)",
+                agent,
+                exc.reason,
+                rounds,
+            )
 
     def _done(self, agent: str, round_: _Round, task: asyncio.Task[SignedProofs]) -> None:
         if self._rounds.get(agent) is round_:
@@ -161,3 +188,20 @@ class ProofCache:
         elif isinstance(error, TokenError):
             # held from when it ended: a token that hangs fails only after timeout_s
             self._made[agent] = _Failed(round_.state, round_.body, self.clock() + FAILURE_HOLD_S, error)
+
+
+class _Warnings:
+    """Per agent: at most one warning every ``WARN_EVERY_S``, counting the rounds since the last."""
+
+    def __init__(self) -> None:
+        self._at: dict[str, float] = {}  # agent -> when it was last logged
+        self._rounds: dict[str, int] = {}  # agent -> rounds since its last warning
+
+    def due(self, agent: str, now: float) -> int | None:
+        """Count one more round; the rounds counted when a warning is due now, else None."""
+        self._rounds[agent] = self._rounds.get(agent, 0) + 1
+        last = self._at.get(agent)
+        if last is not None and last <= now < last + WARN_EVERY_S:
+            return None
+        self._at[agent] = now
+        return self._rounds.pop(agent)

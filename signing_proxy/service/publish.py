@@ -192,7 +192,9 @@ class PublishServer:
             return _document(body, DIRECTORY_MEDIA_TYPE, cache, Vary="Accept")
         # the drafts' signed directory: one possession proof per published key whose private key we
         # hold, bound to our public authority (never the Host asked: a proof for any name would bind
-        # our keys to a stranger's domain); made once and shared, never a signature round per request
+        # our keys to a stranger's domain); made once and shared, never a signature round per request.
+        # A key whose token does not sign goes without its proof (a retiring key's token taken offline
+        # leaves the key signing now served); refused only without the signing key's proof, or any
         keys = [state.private[k.thumbprint] for k in directory.keys if k.thumbprint in state.private]
         try:
             proofs = await self._proofs.proofs(publication.agent, state, body, keys, now)
@@ -200,7 +202,7 @@ class PublishServer:
             return _problem(
                 503,
                 "token-unavailable",
-                "a key's token cannot sign the directory's proofs now",
+                "the signing key's token cannot sign the directory's proofs now",
                 **{"Retry-After": str(FAILURE_HOLD_S)},
             )
         # the proofs expire max-age after they were made: a response shared later is cached less long

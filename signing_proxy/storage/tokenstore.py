@@ -4,16 +4,46 @@
 off the event loop whenever the store holds one (``blocking``), reports a failing token for
 ``/readyz`` (``unavailable``) and tries a failed token again (``probe``, off the loop). With file
 keys only it behaves exactly like ``StoreKeyProvider`` (``blocking`` False: the in-line hot path).
+
+The store opens a token key lazily (its public key comes from the index), so ``probe`` also proves
+each token key that signs now or is published to sign later (the token signs a random challenge
+that must verify: ``TokenKey.probe``) as soon as it sees one, not when it must first sign, and a
+key waiting for its activation again every ``PENDING_PROOF_S``. A wrong PIN, a token out of reach or
+another key under the URI is then logged at once and reported while the key signing now still works
+(``next-key-<reason>`` for a key not yet activated), not first at its activation, when every request
+would get 503 although the old key stays valid for the whole grace. A refused PIN is never sent again
+(the token counts wrong PINs): a restart with the right one, or revoking the key, clears it.
 """
 
 from __future__ import annotations
 
+import logging
 import time
+from dataclasses import dataclass
+from typing import Final
 
+from ..core.jwk import SigningKey
+from ..core.keys import format_rfc3339
 from .keystore import KeyStore, StoreKeyProvider, StoreState
 from .pkcs11 import TokenKey
 
-__all__ = ["TokenStoreKeyProvider"]
+__all__ = ["NEXT_KEY_PREFIX", "PENDING_PROOF_S", "TokenStoreKeyProvider"]
+
+log = logging.getLogger("signing_proxy.keys")
+
+NEXT_KEY_PREFIX: Final = "next-key-"  # /readyz: the key published to sign next cannot sign (its reason)
+PENDING_PROOF_S: Final = 30.0  # our choice: a key waiting for its activation is proved again this often
+# failures of the one key, not of its token: the slot (shared by the token's keys) is left as it was
+_KEY_ONLY: Final = frozenset({"token-key-mismatch", "token-key-missing", "token-key-unsupported"})
+
+
+@dataclass(frozen=True, slots=True)
+class _Proof:
+    """The outcome of proving ``key`` (a reload makes new key objects: they are proved again)."""
+
+    key: TokenKey
+    failure: str | None  # None: the token signed the challenge and it verified
+    at: float  # time.monotonic() of the proof
 
 
 class TokenStoreKeyProvider(StoreKeyProvider):
@@ -22,6 +52,9 @@ class TokenStoreKeyProvider(StoreKeyProvider):
     def __init__(self, store: KeyStore) -> None:
         super().__init__(store)
         self.blocking = _holds_tokens(self.state())
+        # thumbprint -> last proof, of the keys that sign now or later: written by the probe thread
+        # (replaced whole), read by ``unavailable`` on the loop
+        self._proofs: dict[str, _Proof] = {}
 
     def _install(self, state: StoreState) -> None:
         # ``blocking`` is True whenever the state served may hold a token key: set before a state
@@ -33,19 +66,100 @@ class TokenStoreKeyProvider(StoreKeyProvider):
         self.blocking = tokens
 
     def unavailable(self) -> str | None:
-        key = self.current(time.time())
-        return key.slot.failure if isinstance(key, TokenKey) else None
+        """The token failure of the key signing now; else ``next-key-<reason>`` when a key published
+        to sign later failed its proof (requests would get 503 from its activation)."""
+        now = time.time()
+        state = self.state()
+        key = state.signing_key(now)
+        if isinstance(key, TokenKey):
+            failure = key.slot.failure or self._failure_of(key)
+            if failure is not None:
+                return failure
+        for later in _watched(state, now).values():
+            failure = None if later is key else self._failure_of(later)
+            if failure is not None:
+                return NEXT_KEY_PREFIX + failure
+        return None
 
     def probe(self) -> None:
         """Try each failed token again (blocking: call it off the event loop), through the signing
         key first: a token is probed once, and the key ``unavailable`` reports on is the one that
-        says whether it is ready (another key of the token may no longer be on it: key mismatch)."""
+        says whether it is ready (another key of the token may no longer be on it: key mismatch).
+        Then prove each token key that signs now or later and was not proved yet, the signing key
+        again while it fails, a key waiting for its activation every ``PENDING_PROOF_S``."""
+        now = time.time()
+        state = self.state()
+        signing = state.signing_key(now)
+        watched = _watched(state, now)
+        proofs = {t: p for t, p in self._proofs.items() if t in watched}  # bounded: the store's keys
         tried: set[int] = set()
-        for key in (self.current(time.time()), *self.state().private.values()):
+        for key in (signing, *state.private.values()):
             if isinstance(key, TokenKey) and key.slot.failure is not None and id(key.slot) not in tried:
                 tried.add(id(key.slot))
-                key.probe()
+                if watched.get(key.thumbprint) is key:
+                    proofs[key.thumbprint] = self._prove(key, state, proofs.get(key.thumbprint), signing)
+                else:
+                    key.probe()
+        for thumbprint, key in watched.items():
+            last = proofs.get(thumbprint)
+            if last is None or last.key is not key:
+                due = True  # never proved: at once, not at its first signature
+            elif key is signing:
+                due = last.failure is not None and id(key.slot) not in tried
+            else:  # a token that goes away before the activation is noticed ahead of it
+                due = time.monotonic() >= last.at + PENDING_PROOF_S and id(key.slot) not in tried
+            if due:
+                proofs[thumbprint] = self._prove(key, state, last, signing)
+        self._proofs = proofs
+
+    def _prove(
+        self, key: TokenKey, state: StoreState, last: _Proof | None, signing: SigningKey | None
+    ) -> _Proof:
+        """Prove ``key`` on its token now (blocking) and log a change of its outcome since ``last``
+        (by thumbprint: a reload that brings the same key again logs nothing)."""
+        before = key.slot.failure
+        ok = key.probe()  # a refused PIN stays refused: the slot never sends it again
+        failure = None if ok else (key.slot.failure or "token-unavailable")
+        if failure in _KEY_ONLY and key is not signing and key.slot.failure == failure:
+            # the slot is the token's, shared with the key signing now: that key's readiness is its own
+            key.slot.failure = before
+        was = None if last is None else last.failure
+        if failure is not None and failure != was:
+            record = state.record(key.thumbprint)
+            activation = "" if record is None else format_rfc3339(record.activation)
+            log.error(
+                "token key %s of agent %s (%s) cannot sign: %s; %s",
+                key.thumbprint,
+                state.agent,
+                key.uri.describe(),
+                failure,
+                "requests get 503 until its token answers"
+                if key is signing
+                else f"it signs from {activation}: requests get 503 from then unless its token answers "
+                "(a refused PIN needs a restart with the right one)",
+            )
+        elif failure is None and was is not None:
+            log.info("token key %s of agent %s signs again", key.thumbprint, state.agent)
+        return _Proof(key, failure, time.monotonic())
+
+    def _failure_of(self, key: TokenKey) -> str | None:
+        proof = self._proofs.get(key.thumbprint)
+        return proof.failure if proof is not None and proof.key is key else None
 
 
 def _holds_tokens(state: StoreState) -> bool:
     return any(isinstance(key, TokenKey) for key in state.private.values())
+
+
+def _watched(state: StoreState, now: float) -> dict[str, TokenKey]:
+    """The token keys that sign at ``now`` or are published to sign later (not yet activated), in
+    index order; a retiring key no longer decides whether requests can be signed."""
+    signing = state.signing_record(now)
+    out: dict[str, TokenKey] = {}
+    for record in state.records:
+        key = state.private.get(record.thumbprint)
+        if not isinstance(key, TokenKey) or record.revoked or now >= record.not_after:
+            continue
+        if record == signing or now < record.activation:
+            out[record.thumbprint] = key
+    return out
