@@ -8,7 +8,7 @@ import re
 from functools import lru_cache
 
 from ..core.errors import FieldError
-from ..core.uri import directory_base, ipv6_text, parse_absolute_uri, parse_authority
+from ..core.uri import directory_base, ipv6_text, is_host_name, parse_absolute_uri, parse_authority
 from ..errors import ConfigError
 
 __all__ = [
@@ -31,13 +31,28 @@ AGENT_NAME_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")  # one safe path segmen
 
 
 def parse_host_port(value: str, path: str) -> tuple[str, int]:
-    """``HOST:PORT`` (IPv6 as ``[::1]:8080``) -> (host, port); port 0 picks a free port."""
+    """``HOST:PORT`` (IPv6 as ``[::1]:8080``) -> (host, port); port 0 picks a free port. HOST is a
+    host name or an IP address, nothing else: a listen address is also written into shell lines
+    (``signing-proxy env``) and URLs, where anything more could be read as more than a host."""
     host, sep, port = value.rpartition(":")
     if not sep or not (port.isascii() and port.isdigit()) or not host:
-        raise ConfigError(f"{path}: must be HOST:PORT, got {value!r}")
+        raise ConfigError(f"{path}: must be HOST:PORT, got {shown(value)}")
     if not 0 <= int(port) < 65536:
-        raise ConfigError(f"{path}: the port must be 1-65535 (0: any free port), got {value!r}")
-    return host.strip("[]"), int(port)
+        raise ConfigError(f"{path}: the port must be 1-65535 (0: any free port), got {shown(value)}")
+    bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not _listen_host(bare, bracketed=bare is not host):
+        raise ConfigError(
+            f"{path}: HOST must be a host name or an IP address (IPv6 in brackets), got {shown(value)}"
+        )
+    return bare, int(port)
+
+
+def _listen_host(host: str, *, bracketed: bool) -> bool:
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return not bracketed and is_host_name(host)
+    return bracketed == (address.version == 6)
 
 
 def check_agent_name(name: str, path: str) -> None:

@@ -1,8 +1,9 @@
 """``signing-proxy env`` with proxy authentication on: the proxy URL is double-quoted so that the
 shell expands ``${SIGNING_PROXY_USER}`` and ``${SIGNING_PROXY_PASSWORD}``, and the listen address
 was put inside those quotes as it was written. A listen host is text from a file, a variable or
-``--listen`` (``parse_host_port`` takes any): ``x$(cmd)y:8080`` ran ``cmd`` on ``eval``. Only the two
-variables are expanded now; the address is quoted apart."""
+``--listen``: ``x$(cmd)y:8080`` ran ``cmd`` on ``eval``. Such a host is refused when the
+configuration is read now (``parse_host_port``); beside that, only the two variables are expanded,
+the address quoted apart, whatever it holds (checked with the host check switched off)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 import yaml
 
 from signing_proxy.cli.main import main
+from signing_proxy.config import checks
 
 
 def hostile_hosts(marker: Path) -> list[str]:
@@ -44,11 +46,29 @@ def env_lines(tmp_path: Path, listen: str, capsys: pytest.CaptureFixture[str]) -
     return out
 
 
+@pytest.mark.parametrize("index", range(5))
+def test_a_listen_host_that_is_no_host_is_refused(
+    index: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "config.yaml"
+    host = hostile_hosts(tmp_path / "ran")[index]
+    config.write_text(yaml.safe_dump({"data_dir": str(tmp_path / "data"), "listen": f"{host}:8080"}))
+    assert main(["env", "--config", str(config)]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert "listen: HOST must be a host name or an IP address" in err
+
+
 @pytest.mark.parametrize("shell", ["bash", "sh"])
 @pytest.mark.parametrize("index", range(5))
 def test_evaluating_the_env_lines_runs_nothing_a_listen_host_holds(
-    shell: str, index: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    shell: str,
+    index: int,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.setattr(checks, "_listen_host", lambda *_args, **_kwargs: True)  # the quoting alone
     program = shutil.which(shell)
     if program is None:
         pytest.skip(f"no {shell} to evaluate the output with")
