@@ -12,6 +12,7 @@ import functools
 import os
 import socket
 import ssl
+import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -53,8 +54,13 @@ def upstream_tls_contexts(config: UpstreamConfig) -> tuple[ssl.SSLContext, dict[
     return default, {host: client_tls_context(only=path) for host, path in pinned.items()}
 
 
+MAX_CA_FILE_BYTES = 4 * 1024 * 1024  # our choice: a system bundle is about 200 KiB
+
+
 def _loaded(key: str, path: str | None, build: Callable[[], ssl.SSLContext]) -> ssl.SSLContext:
     try:
+        if path:
+            _regular(key, path)
         return build()
     except ssl.SSLError as exc:
         raise ConfigError(f"{key}: {path}: no PEM certificate could be read ({exc.reason or exc})") from None
@@ -113,3 +119,17 @@ async def open_upstream(
             raise ProxyError(502, "upstream-connect-failed", f"{authority}: {cause}") from None
         raise ProxyError(502, "upstream-connect-failed", f"{authority}: {exc.strerror or exc}") from None
     return protocol
+
+
+def _regular(key: str, path: str) -> None:
+    """A CA file is a regular file of at most ``MAX_CA_FILE_BYTES``: OpenSSL read a FIFO or a device
+    until it ended, and start-up (or ``config check``) hung on it. Opened without waiting, never read."""
+    fd = os.open(Path(path).expanduser(), os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    try:
+        info = os.fstat(fd)
+    finally:
+        os.close(fd)
+    if not stat.S_ISREG(info.st_mode):
+        raise ConfigError(f"{key}: {path}: not a regular file")
+    if info.st_size > MAX_CA_FILE_BYTES:
+        raise ConfigError(f"{key}: {path}: larger than {MAX_CA_FILE_BYTES} bytes; not a CA file")

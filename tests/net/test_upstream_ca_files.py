@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from signing_proxy.config import ConfigError, UpstreamConfig
+from signing_proxy.net.dial import MAX_CA_FILE_BYTES
 from signing_proxy.net.upstream import UpstreamPool
 from signing_proxy.storage.ca import CertificateAuthority
 from tests.harness import WAIT_S
@@ -28,11 +29,17 @@ def files(tmp_path: Path) -> dict[str, str]:
     good.write_bytes(CertificateAuthority.generate().cert_pem())
     junk = tmp_path / "junk.pem"
     junk.write_text("not a certificate\n")
+    fifo = tmp_path / "fifo.pem"
+    os.mkfifo(fifo)  # OpenSSL read it until a writer ended it: start-up hung
+    large = tmp_path / "large.pem"
+    large.write_bytes(b"#" * (MAX_CA_FILE_BYTES + 1))
     return {
         "good": str(good),
         "missing": str(tmp_path / "missing.pem"),
         "junk": str(junk),
         "dir": str(tmp_path),
+        "fifo": str(fifo),
+        "large": str(large),
     }
 
 
@@ -45,7 +52,9 @@ def pool(config: UpstreamConfig) -> UpstreamPool:
     [
         ("missing", "no such file or directory"),
         ("junk", "no PEM certificate could be read"),
-        ("dir", "is a directory"),
+        ("dir", "not a regular file"),
+        ("fifo", "not a regular file"),
+        ("large", f"larger than {MAX_CA_FILE_BYTES} bytes"),
     ],
 )
 def test_a_pin_file_that_cannot_be_used_is_a_config_error_naming_key_and_path(
@@ -59,7 +68,7 @@ def test_a_pin_file_that_cannot_be_used_is_a_config_error_naming_key_and_path(
     assert said in str(refused.value)
 
 
-@pytest.mark.parametrize("which", ["missing", "junk"])
+@pytest.mark.parametrize("which", ["missing", "junk", "fifo"])
 def test_a_ca_file_that_cannot_be_used_is_a_config_error_naming_key_and_path(
     files: dict[str, str], which: str
 ) -> None:
@@ -77,6 +86,7 @@ def test_usable_files_still_make_a_pool(files: dict[str, str]) -> None:
     [
         ("pin_ca_files", "missing", "upstream.pin_ca_files['api.example']"),
         ("ca_file", "junk", "upstream.ca_file"),
+        ("ca_file", "fifo", "upstream.ca_file"),
     ],
 )
 @pytest.mark.parametrize("command", [["run", "--config"], ["config", "check"]], ids=["run", "config-check"])
