@@ -183,9 +183,7 @@ class GatewayVerifier:
     store: CounterStore | None = None  # needed for quotas and replay protection
     policy: GatewayPolicy = field(default_factory=GatewayPolicy)
     clock: Callable[[], float] = time.time
-    _full_logged_at: float | None = field(default=None, init=False, repr=False)
-    _replay_full_logged_at: float | None = field(default=None, init=False, repr=False)
-    _failed_logged_at: float | None = field(default=None, init=False, repr=False)
+    _logged_at: dict[str, float] = field(default_factory=dict, init=False, repr=False)  # by line kind
 
     async def check(self, method: str, target_uri: str, fields: Fields, body: bytes) -> GatewayVerdict:
         """The verdict, or ``GatewayRefusal`` with the status and stable reason of the step that refused."""
@@ -338,26 +336,39 @@ class GatewayVerifier:
         return limit - taken.count
 
     def _log_full(self, exc: StrangerRowsFull) -> None:
-        now = self.clock()
-        if _log_due(self._full_logged_at, now, STORE_FULL_LOG_EVERY_S):
-            self._full_logged_at = now
-            log.warning(
-                "new capped chains of untrusted issuers refused (503 quota-store-full): %s "
-                "(gateway.max_stranger_quota_rows; list an issuer in gateway.trusted_issuers to exempt it)",
-                exc.detail,
-            )
+        self._warn_at_most(
+            "quota-full",
+            STORE_FULL_LOG_EVERY_S,
+            "new capped chains of untrusted issuers refused (503 quota-store-full): %s "
+            "(gateway.max_stranger_quota_rows; list an issuer in gateway.trusted_issuers to exempt it)",
+            exc.detail,
+        )
 
     def _log_failed(self, exc: Exception) -> None:
         """While the store fails every request is refused, a stranger's too: a line each would let
         anyone fill the log, so one a minute (the readiness probe logs when it fails and recovers)."""
+        self._warn_at_most(
+            "store-failed",
+            STORE_FAILED_LOG_EVERY_S,
+            "counter store failed: %s (requests that need it are answered 503; logged at most once a minute)",
+            type(exc).__name__,
+        )
+
+    def _log_replay_full(self, exc: ReplayRowsFull) -> None:
+        self._warn_at_most(
+            "replay-full",
+            REPLAY_FULL_LOG_EVERY_S,
+            "new signatures of requests not vouched for refused (503 replay-store-full): %s "
+            "(gateway.max_stranger_replay_rows; trusted issuers' chains, pinned agent keys exempt)",
+            exc.detail,
+        )
+
+    def _warn_at_most(self, kind: str, every_s: float, message: str, *args: object) -> None:
+        """A warning of ``kind`` at most once per ``every_s`` (strangers can cause one per request)."""
         now = self.clock()
-        if _log_due(self._failed_logged_at, now, STORE_FAILED_LOG_EVERY_S):
-            self._failed_logged_at = now
-            log.warning(
-                "counter store failed: %s (requests that need it are answered 503; "
-                "logged at most once a minute)",
-                type(exc).__name__,
-            )
+        if _log_due(self._logged_at.get(kind), now, every_s):
+            self._logged_at[kind] = now
+            log.warning(message, *args)
 
     def _vouched(self, verdict: GatewayVerdict) -> bool:
         """Whether the configuration vouches for the request: its chain's authority issuer is in
@@ -367,16 +378,6 @@ class GatewayVerifier:
         if chain is not None and chain.links[0].iss in self.issuers.trusted:
             return True
         return verdict.stack.agent.key_source == PINNED
-
-    def _log_replay_full(self, exc: ReplayRowsFull) -> None:
-        now = self.clock()
-        if _log_due(self._replay_full_logged_at, now, REPLAY_FULL_LOG_EVERY_S):
-            self._replay_full_logged_at = now
-            log.warning(
-                "new signatures of requests not vouched for refused (503 replay-store-full): %s "
-                "(gateway.max_stranger_replay_rows; trusted issuers' chains, pinned agent keys exempt)",
-                exc.detail,
-            )
 
     async def _check_replay(self, stack: VerifiedStack, vouched: bool) -> None:
         if self.store is None:
