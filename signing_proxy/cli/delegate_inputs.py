@@ -134,10 +134,7 @@ def proxy_holder_jkt(args: argparse.Namespace, now: float) -> tuple[str, list[st
         return jkt, [f"holder: the proxy's signing key {jkt} (signing.key: {token_key.uri.describe()})"]
     if config.signing.key:
         shown = mask_pin_value(config.signing.key)  # a mistyped pkcs11: URI ("pkcs11;...") is a path here
-        try:
-            jkt = signing_key_file(config.signing.key, "signing.key").thumbprint
-        except CliError as exc:
-            raise CliError(mask_pin_value(str(exc))) from None
+        jkt = signing_key_file(config.signing.key, "signing.key").thumbprint  # its refusal masks a PIN
         return jkt, [f"holder: the proxy's signing key {jkt} (signing.key {shown})"]
     try:
         store = KeyStore(config.data_path, args.agent or config.signing.agent)

@@ -214,16 +214,18 @@ def _text(raw: bytes | None, name: str) -> str | None:
 
 
 # a pin-value's value, also in what is not quite one: "pin-value=", "pin_value=", "pin-value:", or
-# the "=" forgotten ("pin-values3cr3t"), up to what ends a query value: "&" (RFC 7512 section 2.3:
-# the one query separator), "#" or a space (_unquote refuses both unencoded), so a message may show
-# the rest. Not ";" nor "?": _unquote takes both into a query value ("?" is pk11-query-res-avail),
-# so "pin-value=AB;TAIL" is the PIN "AB;TAIL", and stopping there showed its tail.
-_PIN_VALUE: Final = re.compile(r"(?i)(pin[-_]?value[=:]?)[^&#\s]*")
+# the "=" forgotten ("pin-values3cr3t"), up to the one query separator, "&" (RFC 7512 section 2.3), or
+# the end. Not ";" nor "?": _unquote takes both into a query value ("?" is pk11-query-res-avail), so
+# "pin-value=AB;TAIL" is the PIN "AB;TAIL", and stopping there showed its tail; nor "#" or a space:
+# a mistyped URI taken for a path keeps them in its PIN. So mask a value alone, never a message that
+# quotes one (the mask would take the rest of the message): quote it masked.
+_PIN_VALUE: Final = re.compile(r"(?i)(pin[-_]?value[=:]?)[^&]*")
 
 
 def mask_pin_value(value: str) -> str:
-    """``value`` with any ``pin-value=...`` query attribute's value replaced (for display), and what
-    follows a mistyped one (``pin-value:``, ``pin_value=``, or no ``=`` at all) too."""
+    """``value`` (a ``signing.key`` setting, a URI, a path: one value, not a message quoting it)
+    with any ``pin-value=...`` query attribute's value replaced, and what follows a mistyped one
+    (``pin-value:``, ``pin_value=``, or no ``=`` at all) too, up to the next ``&`` or the end."""
     return _PIN_VALUE.sub(r"\1(not shown)", value)
 
 

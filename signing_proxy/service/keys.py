@@ -62,7 +62,8 @@ def file_key_provider(path: str | Path) -> KeyProvider:
         return StaticKeyProvider(load_key_file(Path(path).expanduser()))
     except KeyFileError as exc:
         # a mistyped pkcs11: URI ("pkcs11;...", "pkcs:...") is taken for a path: its PIN is not shown
-        raise ConfigError(mask_pin_value(f"signing.key: {exc}")) from None
+        shown = f"{mask_pin_value(str(exc.path))}: {exc.detail}" if exc.path is not None else exc.detail
+        raise ConfigError(f"signing.key: {shown}") from None
 
 
 def key_provider_for(config: Config) -> KeyProvider:
