@@ -53,7 +53,10 @@ STORE_PROBE_TIMEOUT_S = 0.5  # a store slower than this to answer a PING is repo
 def gateway_upstream(section: GatewayConfig) -> str:
     """The backend's origin (the one route of a gateway)."""
     assert section.upstream is not None  # Config._check: mode gateway has one
-    target = parse_absolute_uri(section.upstream)
+    try:
+        target = parse_absolute_uri(section.upstream)
+    except FieldError as exc:  # a port out of range, a bad IPv6 literal: named, not a traceback
+        raise ConfigError(f"gateway.upstream: {exc.detail}") from None
     if target.path_query not in ("", "/"):
         raise ConfigError("gateway.upstream: an origin only (http://host:port), without a path")
     return f"{target.scheme}://{target.authority}"

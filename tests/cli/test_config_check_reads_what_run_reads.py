@@ -144,3 +144,28 @@ def test_config_check_reads_only_what_run_reads_and_creates_nothing(
     config = write_config(tmp_path, settings)
     assert main(["config", "check", str(config)]) == 0, capsys.readouterr().err
     assert not (tmp_path / "data").exists()
+
+
+@pytest.mark.parametrize("upstream", ["http://127.0.0.1:99999/", "http://[::1"])
+@pytest.mark.parametrize("command", ["check", "run"])
+def test_a_gateway_upstream_that_does_not_parse_is_refused_naming_it(
+    tmp_path: Path, upstream: str, command: str
+) -> None:
+    """``config check`` died with a traceback (FieldError: malformed-target), ``run`` said only
+    ``malformed-target: invalid port``: both name the setting now, exit status 2."""
+    config = tmp_path / "gw.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "mode": "gateway",
+                "listen": "127.0.0.1:0",
+                "data_dir": str(tmp_path),
+                "gateway": {"upstream": upstream},
+            }
+        )
+    )
+    args = ("config", "check", str(config)) if command == "check" else ("run", "--config", str(config))
+    done = run_cli(*args)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    assert "gateway.upstream: " in done.stderr.splitlines()[-1]
