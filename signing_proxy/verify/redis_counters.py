@@ -6,12 +6,12 @@ window's expiry on its first access), ``first_seen`` is a script around ``SET ke
 the key is not there).
 Keys carry the prefix ``sp:gw:`` and expire with their window, so Redis holds only live state.
 The counters created for untrusted issuers' chains are also members of the sorted set
-``sp:gw:strangers``, scored by their expiry on the gateways' clock (``now``): the same script drops
-the expired members and refuses a take that would add one past ``max_stranger_rows``
-(``verify.counters``). A gateway clock ahead of Redis's drops a member up to that much early.
-Strangers' replay keys are likewise members of ``sp:gw:replay-strangers``, scored by when they
-expire: ``first_seen``'s script drops the expired ones, and refuses to set a new stranger's key while
-``max_stranger_rows`` are live.
+``sp:gw:strangers``, scored by their expiry on the gateways' clock (``now``): the same script counts
+the live members (and drops a batch of the expired) and refuses a take that would add one past
+``max_stranger_rows`` (``verify.counters``). A gateway clock ahead of Redis's drops a member up to
+that much early. Strangers' replay keys are likewise members of ``sp:gw:replay-strangers``, scored
+by when they expire: ``first_seen``'s script counts the live ones (and drops a batch of the
+expired), and refuses to set a new stranger's key while ``max_stranger_rows`` are live.
 
 Lost state fails closed (a cap nobody counts is not a cap). A Redis that restarts without its data,
 or is flushed, would otherwise start every count and the replay memory again from zero, and a
@@ -70,6 +70,7 @@ log = logging.getLogger("signing_proxy.counters")
 KEY_PREFIX = "sp:gw:"  # our namespace in a Redis database another service may share
 EPOCH_KEY = KEY_PREFIX + "epoch"
 STRANGERS_KEY = KEY_PREFIX + "strangers"  # the counters of untrusted issuers' chains, by expiry (ms)
+STRANGERS_PURGE_BATCH = 256  # our choice: expired members removed per script, at most
 REPLAY_STRANGERS_KEY = KEY_PREFIX + "replay-strangers"  # untrusted requests' replay keys, by expiry (ms)
 # our choice: connections per gateway process; more concurrent operations wait for one (below)
 REDIS_MAX_CONNECTIONS = 64
@@ -94,6 +95,18 @@ if epoch ~= ARGV[1] then
   return {-1, epoch}
 end
 """
+# The live members of a strangers' set (scored by expiry, ms): counted (ZCOUNT, O(log n)), and a batch
+# of the expired removed. A script holds Redis for every client: removing a million expired members at
+# once held it 0.6 s (10 million: past REDIS_TIMEOUT_S); in batches, each call takes some.
+_LIVE = f"""
+local function _live(set, now)
+  local expired = redis.call('ZRANGEBYSCORE', set, '-inf', now, 'LIMIT', 0, {STRANGERS_PURGE_BATCH})
+  if #expired > 0 then
+    redis.call('ZREM', set, unpack(expired))
+  end
+  return redis.call('ZCOUNT', set, string.format('(%.0f', now), '+inf')
+end
+"""
 # KEYS: the epoch, the strangers' set, the counters. ARGV: the epoch, max_stranger_rows (-1: the
 # chain's issuer is trusted), now in ms, then each counter's limit and window in ms (0: no expiry).
 # The strangers' set holds the counters created for untrusted issuers' chains, scored by when they
@@ -101,6 +114,7 @@ end
 # cannot overshoot), and a take that would add one past the bound answers {2} and counts nothing.
 _TAKE_ALL = (
     _CHECK_EPOCH
+    + _LIVE
     + """
 local bound, now = tonumber(ARGV[2]), tonumber(ARGV[3])
 local n = #KEYS - 2
@@ -114,14 +128,15 @@ for i = 1, n do
   created = created or fresh[i]
 end
 if bound >= 0 and created then
-  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+  local live = _live(KEYS[2], now)
   local adds = 0
   for i = 1, n do
-    if fresh[i] and not redis.call('ZSCORE', KEYS[2], KEYS[i + 2]) then
+    local score = redis.call('ZSCORE', KEYS[2], KEYS[i + 2])
+    if fresh[i] and not (score and tonumber(score) > now) then
       adds = adds + 1
     end
   end
-  if adds > 0 and redis.call('ZCARD', KEYS[2]) + adds > bound then
+  if adds > 0 and live + adds > bound then
     return {2}
   end
 end
@@ -153,14 +168,14 @@ _PING = _CHECK_EPOCH + "return {1}\n"
 # {0} whatever the bound; a stranger's new key past the bound is {2}, nothing set.
 _FIRST_SEEN = (
     _CHECK_EPOCH
+    + _LIVE
     + """
 local ttl, bound, now = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 if redis.call('EXISTS', KEYS[2]) == 1 then
   return {0}
 end
 if bound >= 0 then
-  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
-  if redis.call('ZCARD', KEYS[3]) >= bound then
+  if _live(KEYS[3], now) >= bound then
     return {2}
   end
   redis.call('ZADD', KEYS[3], string.format('%.0f', now + ttl), KEYS[2])
