@@ -47,12 +47,16 @@ def parse_host_port(value: str, path: str) -> tuple[str, int]:
     return bare, int(port)
 
 
+_ZONE = re.compile(r"[A-Za-z0-9._-]{1,64}")  # an IPv6 zone: an interface name or number (ipaddress takes any)
+
+
 def _listen_host(host: str, *, bracketed: bool) -> bool:
     try:
         address = ipaddress.ip_address(host)
     except ValueError:
         return not bracketed and is_host_name(host)
-    return bracketed == (address.version == 6)
+    zone = host.partition("%")[2]
+    return bracketed == (address.version == 6) and (not zone or _ZONE.fullmatch(zone) is not None)
 
 
 def check_agent_name(name: str, path: str) -> None:

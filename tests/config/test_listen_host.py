@@ -20,6 +20,7 @@ from signing_proxy.errors import ConfigError
         ("[::1]:80", ("::1", 80)),
         ("localhost:8080", ("localhost", 8080)),
         ("admin.internal:9090", ("admin.internal", 9090)),
+        ("[fe80::1%eth0]:80", ("fe80::1%eth0", 80)),
     ],
 )
 def test_a_host_name_or_an_ip_address_is_taken(value: str, parsed: tuple[str, int]) -> None:
@@ -28,7 +29,17 @@ def test_a_host_name_or_an_ip_address_is_taken(value: str, parsed: tuple[str, in
 
 @pytest.mark.parametrize(
     "value",
-    ["x$(touch /tmp/marker)y:8080", "a b:80", "`id`:80", "::1:8080", "[127.0.0.1]:80", "[name]:80", "h;x:80"],
+    [
+        "x$(touch /tmp/marker)y:8080",
+        "a b:80",
+        "`id`:80",
+        "::1:8080",
+        "[127.0.0.1]:80",
+        "[name]:80",
+        "h;x:80",
+        "[fe80::1%$(id)]:80",  # ipaddress takes any zone after %
+        "[::1%a b]:80",
+    ],
 )
 def test_anything_else_is_refused_naming_the_setting(value: str) -> None:
     with pytest.raises(ConfigError) as caught:
