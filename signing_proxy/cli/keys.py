@@ -3,12 +3,12 @@
 ``generate`` and ``show`` work on a single key file. The store commands take ``--config``/``--data-dir``
 and ``--agent NAME`` (default ``signing.agent``), and refuse to leave the agent with no valid key
 unless ``--force``. ``rotate`` publishes first and signs later: the new key signs once every cached
-copy of the directory holds it (``publish.directory_max_age_s`` + ``ROTATION_MARGIN_S``), unless
-``--activate-in`` or ``--now`` says otherwise; ``--grace`` is at least ``signing.validity_s`` + the
-running proxy's reload interval, so no signature the old key makes outlives its window. Times are
-printed as RFC 3339 UTC; durations are read as ``30m``, ``48h``, ``90d`` or ``3600s``. ``publish
---out`` writes the bytes the publication listener serves, each file atomically through a temporary
-file of a random name that it creates (a link planted in the document root is never followed).
+copy of the directory holds it (``publish.directory_max_age_s`` + ``ROTATION_MARGIN_S``, or longer
+while a copy the publication listener served, with its own max-age, may be cached: the store's
+``served.json``), unless ``--activate-in`` or ``--now`` says otherwise; ``--grace`` is at least
+``signing.validity_s`` + the running proxy's reload interval, so no signature the old key makes
+outlives its window. Times are printed as RFC 3339 UTC; durations are read as ``30m``, ``48h``,
+``90d`` or ``3600s``. ``publish --out`` is ``publish.py``'s.
 """
 
 from __future__ import annotations
@@ -21,18 +21,18 @@ import time
 from pathlib import Path
 from typing import Any, Final
 
-from ..config import Config, ConfigError
+from ..config import Config
 from ..core.durations import parse_duration
-from ..core.errors import KeyFormatError
 from ..core.jwk import SigningKey
 from ..core.keys import format_rfc3339
 from ..core.pkcs11_uri import mask_pin_value
-from ..core.rotation import ROTATION_MARGIN_S, KeyRecord, activation_delay, choose_signing_key
-from ..errors import CliError, KeyFileError, KeyStoreError
-from ..storage.files import PUBLIC_FILE_MODE, write_atomic
+from ..core.rotation import ROTATION_MARGIN_S, KeyRecord, activation_delay, cache_wait, choose_signing_key
+from ..errors import CliError, KeyFileError, KeyStoreError, StorageError
 from ..storage.keyfile import load_key_file, write_private_file
 from ..storage.keystore import RELOAD_CHECK_INTERVAL_S, KeyStore, StoreState, open_or_create
-from .common import add_config_flag, add_data_dir_flag, config_from, config_refused, duration
+from ..storage.served import SERVED_NAME, read_served
+from .common import add_config_flag, add_data_dir_flag, config_from, duration
+from .publish import add_publish_parser
 from .tokenkeys import cmd_token_generate, cmd_token_show, token_key_for_store
 
 __all__ = ["add_parsers"]
@@ -197,6 +197,28 @@ def _check_grace(grace_s: int, validity_s: int) -> None:
         )
 
 
+def _served_until(store: KeyStore, max_age: int, now: float) -> tuple[int, int] | None:
+    """Until when a copy of the directory the publication listener served may be cached, and its
+    max-age (``served.json``). None when there is no record: a note says the configuration's max-age
+    is waited for; an unusable record is ignored with a warning (it never blocks a rotation)."""
+    try:
+        record = read_served(store.path)
+    except StorageError as exc:
+        print(
+            f"warning: ignoring {exc} ({exc.reason}): waiting for publish.directory_max_age_s",
+            file=sys.stderr,
+        )
+        return None
+    if record is None:
+        print(
+            f"note: no publication listener has recorded its max-age in {store.path / SERVED_NAME}: "
+            f"waiting for publish.directory_max_age_s ({max_age} s) of this configuration",
+            file=sys.stderr,
+        )
+        return None
+    return record.latest(now)
+
+
 def cmd_keys_rotate(args: argparse.Namespace) -> int:
     config, store = _store(args)
     _check_grace(args.grace, config.signing.validity_s)
@@ -220,9 +242,11 @@ def cmd_keys_rotate(args: argparse.Namespace) -> int:
             print(f"imported {imported} into the key store {store.path}")
         records = store.load(private=False).records
         signer = choose_signing_key(records, now)
+        served = None if signer is None or args.now else _served_until(store, max_age, now)
+        cached_until = None if served is None else served[0]
         delay = 0 if args.now else args.activate_in
         if delay is None:
-            delay = activation_delay(records, now, max_age)
+            delay = activation_delay(records, now, max_age, cached_until=cached_until)
         new, moved = store.rotate(
             now, grace_s=args.grace, lifetime_s=lifetime, activate_in_s=delay, force=args.force, key=token_key
         )
@@ -233,6 +257,12 @@ def cmd_keys_rotate(args: argparse.Namespace) -> int:
     signs = "now" if new.activation <= now else f"from {format_rfc3339(new.activation)}"
     print(f"new key {new.thumbprint}: published now, signs {signs}")
     print(f"  valid {format_rfc3339(new.not_before)} .. {format_rfc3339(new.not_after)}")
+    wait = cache_wait(max_age, now, cached_until)
+    longer = ""  # the listener served a higher max-age than this configuration's: its copies count
+    if served is not None and wait > max_age:
+        longer = f"a copy served with max-age {served[1]} may be cached until {format_rfc3339(served[0])}"
+        if args.activate_in is None:
+            print(f"  {longer}, longer than publish.directory_max_age_s ({max_age} s): waiting for it")
     cut = {r.thumbprint: r for r in moved}
     if signer is not None:
         old = cut.get(signer.thumbprint, signer)
@@ -242,11 +272,11 @@ def cmd_keys_rotate(args: argparse.Namespace) -> int:
     for record in moved:
         if signer is None or record.thumbprint != signer.thumbprint:
             print(f"key {record.thumbprint}: retiring, now ends at {format_rfc3339(record.not_after)}")
-    if signer is not None and delay < max_age + ROTATION_MARGIN_S:
+    if signer is not None and delay < wait + ROTATION_MARGIN_S:
         print(
             f"warning: the new key signs before every cached copy of the directory can hold it "
-            f"(publish.directory_max_age_s is {max_age} s): verifiers that cached it refuse our "
-            "requests until they re-fetch it",
+            f"(publish.directory_max_age_s is {max_age} s{'; ' + longer if longer else ''}): verifiers "
+            "that cached it refuse our requests until they re-fetch it",
             file=sys.stderr,
         )
     print("a running proxy picks this up within a second (at once on SIGHUP); republish static files")
@@ -291,67 +321,6 @@ def cmd_keys_prune(args: argparse.Namespace) -> int:
     for record in dropped:
         why = "revoked, stays in the revocation list" if record.revoked else "expired"
         print(f"pruned {record.thumbprint} ({why}, ended {format_rfc3339(record.not_after)})")
-    return 0
-
-
-# --- publish --out ---------------------------------------------------------------------------------
-
-
-def _write_public_file(path: Path, data: bytes) -> None:
-    """``data`` at ``path``, mode 0644 (served to anyone), atomically: through a temporary file of a
-    fresh random name created O_EXCL, so nothing another user planted in the document root (a link
-    at a name it could guess) is followed, written or renamed into place."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, data, PUBLIC_FILE_MODE)
-
-
-def cmd_publish(args: argparse.Namespace) -> int:
-    # the publication listener's module (and its aiohttp) only for this command
-    from ..service.publish import publications, render_publication  # noqa: PLC0415
-
-    config = config_from(args)
-    overrides = {}
-    if args.domain:
-        overrides["publish.domain"] = args.domain
-    if args.public_url:
-        overrides["publish.public_url"] = args.public_url
-    try:
-        config = config.with_overrides(**overrides) if overrides else config
-        if config.publish.domain is None:  # refused by publications() too, without saying how to give it
-            raise ConfigError(
-                "publish.domain is required to publish (the manifest's domain): "
-                "pass --domain DOMAIN, or set publish.domain"
-            )
-        targets = publications(config)
-    except ConfigError as exc:
-        raise config_refused(exc) from None  # names the variable that sets a key it asks for
-    except ValueError as exc:
-        raise CliError(f"configuration error: {exc}") from None
-    now = time.time()
-    files: dict[str, bytes] = {}
-    valid_until: list[int] = []
-    for publication in targets:
-        try:
-            state = KeyStore(config.data_path, publication.agent).load(private=False)
-            files.update(render_publication(publication, state, now))
-        except KeyStoreError as exc:
-            raise _fail(exc) from None
-        except KeyFormatError as exc:
-            hint = "run `signing-proxy keys rotate`"
-            raise CliError(f"agent {publication.agent}: {exc.detail}; {hint}") from None
-        valid_until.append(max(r.not_after for r in state.records if r.valid_at(now) and not r.revoked))
-    out = Path(args.out).expanduser()
-    try:
-        for path, body in files.items():
-            _write_public_file(out / path.lstrip("/"), body)
-            print(out / path.lstrip("/"))
-    except OSError as exc:
-        raise CliError(f"cannot write to {out}: {exc.strerror or exc}") from None
-    print(
-        f"serve the directory as application/jwk-set+json; valid until {format_rfc3339(min(valid_until))} "
-        "at the latest: re-run after every `keys rotate`, `revoke` or `prune`",
-        file=sys.stderr,
-    )
     return 0
 
 
@@ -409,7 +378,8 @@ def add_parsers(sub: Any) -> None:
         "rotate",
         help="add a new signing key: published now, signing once cached directories hold it",
         description="Add a new key, published at once beside the old one. It starts signing after "
-        "publish.directory_max_age_s + 30 s (so every verifier's cached directory holds it), or after "
+        "publish.directory_max_age_s + 30 s, or longer while a copy the publication listener served "
+        "with a higher max-age may be cached (so every verifier's cached directory holds it), or after "
         "--activate-in, or at once with --now; the old key signs until then and stays published for "
         "GRACE after it. On an empty store: create the first key (it signs at once).",
     )
@@ -443,7 +413,8 @@ def add_parsers(sub: Any) -> None:
         default=None,
         metavar="DURATION",
         help="start signing with the new key this much later (default publish.directory_max_age_s "
-        "+ 30s, capped at the end of the current key's window)",
+        "+ 30s, or the max-age the publication listener served if higher, capped at the end of the "
+        "current key's window)",
     )
     when.add_argument(
         "--now",
@@ -480,18 +451,4 @@ def add_parsers(sub: Any) -> None:
     prune.add_argument("--force", action="store_true", help="prune even when no key is valid")
     prune.set_defaults(func=cmd_keys_prune)
 
-    publish = sub.add_parser(
-        "publish",
-        help="write the key directory, svc.json and revocation list as static files",
-        description="Write .well-known/http-message-signatures-directory, .well-known/svc.json and the "
-        "revocation list (and /agents/<name>/... for publish.agents) under DIR, byte-identical to what "
-        "publish.listen serves, for any web server or CDN.",
-    )
-    add_config_flag(publish)
-    add_data_dir_flag(publish)
-    publish.add_argument("--out", required=True, metavar="DIR", help="document root to write into")
-    publish.add_argument("--domain", metavar="DOMAIN", help="the manifest's domain (default publish.domain)")
-    publish.add_argument(
-        "--public-url", metavar="URL", help="where the files will be served (default https://<domain>)"
-    )
-    publish.set_defaults(func=cmd_publish)
+    add_publish_parser(sub)

@@ -25,6 +25,7 @@ __all__ = [
     "KeyRecord",
     "KeyState",
     "activation_delay",
+    "cache_wait",
     "choose_signing_key",
     "key_state",
     "next_change",
@@ -129,16 +130,29 @@ def publishable(records: Iterable[KeyRecord], now: float) -> tuple[KeyRecord, ..
     return tuple(sorted(keep, key=lambda r: (r.not_before, r.created_at, r.thumbprint)))
 
 
-def activation_delay(records: Iterable[KeyRecord], now: float, max_age_s: int) -> int:
-    """Seconds from ``now`` until a key added now should sign (the default of ``keys rotate``).
-
-    ``max_age_s`` (the directory's Cache-Control max-age) + ``ROTATION_MARGIN_S``, so every cached
-    copy of the directory holds the new key before it signs; 0 when no key signs now (nothing to
-    wait for); never later than the end of the window of the key signing now (no early switch).
-    """
+def cache_wait(max_age_s: int, now: float, cached_until: int | None = None) -> int:
+    """Seconds from ``now`` until no cached copy of the directory lacks a key published now: a copy
+    fetched now is held ``max_age_s``; one served earlier, perhaps with a higher max-age (the
+    listener's, not the configuration's), until ``cached_until`` (None: no such record)."""
     if isinstance(max_age_s, bool) or not isinstance(max_age_s, int) or max_age_s < 0:
         raise ValueError("max-age must be zero or a positive number of seconds")
+    if cached_until is None:
+        return max_age_s
+    return max(max_age_s, cached_until - math.ceil(now))
+
+
+def activation_delay(
+    records: Iterable[KeyRecord], now: float, max_age_s: int, *, cached_until: int | None = None
+) -> int:
+    """Seconds from ``now`` until a key added now should sign (the default of ``keys rotate``).
+
+    ``cache_wait`` (the directory's max-age, or longer while a copy served earlier may be cached until
+    ``cached_until``) + ``ROTATION_MARGIN_S``, so every cached copy of the directory holds the new key
+    before it signs; 0 when no key signs now (nothing to wait for); never later than the end of the
+    window of the key signing now (no early switch).
+    """
+    wait = cache_wait(max_age_s, now, cached_until)
     chosen = choose_signing_key(records, now)
     if chosen is None or chosen.activation > now:
         return 0
-    return max(0, min(max_age_s + ROTATION_MARGIN_S, chosen.not_after - math.ceil(now)))
+    return max(0, min(wait + ROTATION_MARGIN_S, chosen.not_after - math.ceil(now)))

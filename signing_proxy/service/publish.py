@@ -6,15 +6,22 @@ nothing else, never a private member, and refuses (503) to serve a directory in 
 valid (spec "Key lookup" 2). The agent named by ``signing.agent`` is served at the root; the agents
 listed in ``publish.agents`` under ``/agents/<name>`` (spec "Key publication, rotation and
 revocation" 5: a registry host for agents without a domain). ``render_publication`` produces the
-bytes both for the listener and for ``signing-proxy publish --out``, so the two are identical.
+bytes both for the listener and for ``signing-proxy publish --out``, so the two are identical. The
+listener records in each agent's store folder, at start and every ``SERVED_WRITE_INTERVAL_S``, the
+max-age it serves (``storage/served.py``): ``keys rotate`` waits for the copies it served, not for
+the max-age of the configuration the command reads (``publish`` changes only with a restart).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+import secrets
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Final
 
 from aiohttp import web
@@ -35,6 +42,7 @@ from ..core.manifest import MANIFEST_PATH, render_agent_manifest
 from ..core.uri import parse_absolute_uri
 from ..errors import ConfigError, TokenError, problem_body
 from ..storage.keystore import StoreState, StoreWatcher
+from ..storage.served import SERVED_NAME, SERVED_WRITE_INTERVAL_S, renew_served
 from .directory_proofs import FAILURE_HOLD_S, ProofCache
 
 __all__ = [
@@ -135,6 +143,7 @@ class PublishServer:
         watchers: Mapping[str, StoreWatcher],
         *,
         clock: Callable[[], float] = time.time,
+        served_interval_s: float = SERVED_WRITE_INTERVAL_S,
     ) -> None:
         self.config = config
         self.clock = clock
@@ -143,8 +152,14 @@ class PublishServer:
         self._proofs = ProofCache(self.authority, self.max_age_s, clock)
         self._warned: set[str] = set()  # agents whose directory was refused since last served: logged
         self._routes: dict[str, tuple[str, Publication, StoreWatcher]] = {}
+        self._served_folders: dict[str, Path] = {}  # agent -> its store folder, where served.json goes
+        self._served_id = secrets.token_hex(8)  # names this listener's entry there (no secret)
+        self._served_interval_s = served_interval_s
+        self._served_failing: set[str] = set()  # agents whose record could not be written: logged
+        self._served_task: asyncio.Task[None] | None = None
         for publication in publications(config):
             watcher = watchers[publication.agent]
+            self._served_folders[publication.agent] = watcher.store.path
             self._routes[publication.directory_path] = ("directory", publication, watcher)
             self._routes[publication.manifest_path] = ("manifest", publication, watcher)
             self._routes[publication.revocation_path] = ("revocations", publication, watcher)
@@ -209,10 +224,41 @@ class PublishServer:
         remaining = f"max-age={max(0, proofs.expires - int(now))}"
         return _document(body, WEB_DIRECTORY_MEDIA_TYPE, remaining, Vary="Accept", **dict(proofs.fields))
 
+    def record_served(self) -> None:
+        """Renew this listener's entry in ``served.json`` in each published agent's store folder: its
+        max-age, renewed again within ``SERVED_RENEW_S``. Blocking (run off the loop). A failure is
+        logged once per agent until a write succeeds, and never stops serving."""
+        now = self.clock()
+        for agent, folder in self._served_folders.items():
+            try:
+                ignored = renew_served(folder, self._served_id, self.max_age_s, now)
+            except Exception as exc:  # the folder read-only, full, locked: the next renewal tries again
+                if agent not in self._served_failing:
+                    self._served_failing.add(agent)
+                    why = (exc.strerror or str(exc)) if isinstance(exc, OSError) else str(exc)
+                    log.warning(
+                        "cannot record the max-age served for agent %s in %s: %s (`keys rotate` then "
+                        "waits for publish.directory_max_age_s of its own configuration)",
+                        agent,
+                        folder / SERVED_NAME,
+                        why,
+                    )
+                continue
+            self._served_failing.discard(agent)
+            if ignored is not None:
+                log.warning("%s; replaced by a new record of what this listener serves", ignored)
+
+    async def _renew_served(self) -> None:
+        while True:
+            await asyncio.sleep(self._served_interval_s)
+            await asyncio.to_thread(self.record_served)
+
     async def start(self, *, reuse_port: bool = False) -> list[tuple[str, int]]:
-        """Bind ``publish.listen``; return the bound addresses (port 0 picks one)."""
+        """Bind ``publish.listen``; return the bound addresses (port 0 picks one). The max-age served
+        is recorded before the first request can be served, then renewed until ``stop``."""
         assert self.config.publish.listen is not None
         host, port = parse_host_port(self.config.publish.listen, "publish.listen")
+        await asyncio.to_thread(self.record_served)
         runner = web.AppRunner(self.build_app(), access_log=None, handle_signals=False)
         await runner.setup()
         self._runner = runner
@@ -221,9 +267,15 @@ class PublishServer:
         except BaseException:
             await self.stop()
             raise
+        self._served_task = asyncio.get_running_loop().create_task(self._renew_served())
         return [(str(addr[0]), int(addr[1])) for addr in runner.addresses]
 
     async def stop(self) -> None:
+        if self._served_task is not None:
+            task, self._served_task = self._served_task, None
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         await self._proofs.close()
         if self._runner is not None:
             runner, self._runner = self._runner, None
