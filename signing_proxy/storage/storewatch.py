@@ -9,13 +9,18 @@ A revocation seen once stays in force in this process, whatever a later index sa
 cannot be read keeps the last good state. A reload waits for a writer's lock at most
 ``RELOAD_LOCK_WAIT_S``, then tries again at the next check (a SIGHUP's forced re-read is kept).
 ``StoreKeyProvider`` signs with ``choose_signing_key`` evaluated at each call, so a key starts
-signing at its activation and stops the moment its window closes.
+signing at its activation and stops the moment its window closes. Each key not opened keeps its
+reason until it opens: ``unavailable`` reports one published to sign later as ``next-key-<reason>``
+(a warning ahead for ``/readyz``: requests would get 503 from its activation), while the key
+signing now, if not opened, is no key at all (``current`` None).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Final, Protocol
 
@@ -24,7 +29,15 @@ from ..core.keys import KeyProvider
 from ..errors import ConfigError, KeyStoreError, TokenError
 from .keyindex import StoreState
 
-__all__ = ["RELOAD_LOCK_WAIT_S", "STORE_BUSY", "StoreKeyProvider", "StoreWatcher", "WatchedStore"]
+__all__ = [
+    "KEY_UNOPENED",
+    "NEXT_KEY_PREFIX",
+    "RELOAD_LOCK_WAIT_S",
+    "STORE_BUSY",
+    "StoreKeyProvider",
+    "StoreWatcher",
+    "WatchedStore",
+]
 
 log = logging.getLogger("signing_proxy.keys")
 
@@ -32,6 +45,10 @@ log = logging.getLogger("signing_proxy.keys")
 # thread blocked in flock cannot be stopped, and an exiting interpreter waits for it: SIGTERM hung)
 RELOAD_LOCK_WAIT_S: Final = 0.25
 STORE_BUSY: Final = "store-busy"  # KeyStoreError's reason: the lock stayed taken for lock_wait_s
+NEXT_KEY_PREFIX: Final = "next-key-"  # /readyz: the key published to sign next cannot sign (its reason)
+# /readyz's reason for a key not opened, unless a token's own says more (token-pin-missing): no
+# signing.pkcs11.module, a URI this configuration cannot use, a key file missing, too open or another key
+KEY_UNOPENED: Final = "key-unopened"
 _NOTHING_REPORTED: Final = object()  # no failed reload reported yet (None is a missing index)
 
 
@@ -62,7 +79,9 @@ class StoreWatcher:
         self._reload_lock = threading.Lock()  # one reload at a time (the periodic check and SIGHUP)
         self._seen = store.fingerprint()  # of the index the state was loaded from
         self._state = store.load(private=private)  # a bad store at start-up is refused
-        self._unopened: frozenset[str] = frozenset()  # keys not opened: each check re-reads the store
+        # thumbprint -> reason, of the keys not opened: each check re-reads the store; replaced whole
+        # (under the reload lock), read by ``unavailable`` on the loop
+        self._unopened: Mapping[str, str] = {}
         self._reported: object = _NOTHING_REPORTED
         self._force_pending = False  # a forced reload found the store locked: the next check forces
         self._busy_reported = False
@@ -95,13 +114,15 @@ class StoreWatcher:
                 return False
             self._force_pending = self._busy_reported = False
             retry = seen == self._seen and not force  # the same index, read again for keys not opened
-            if retry and frozenset(unopened) == self._unopened:
+            reasons = {t: _reason(exc) for t, exc in unopened.items()}
+            if retry and reasons.keys() == self._unopened.keys():
+                self._unopened = reasons  # the reason may have changed (a PIN file now there, too open)
                 return False  # none opened since: the state served stays, its (token) key objects too
             before = self._state
             state, lost = state.keeping_revocations(before)
             state, kept = state.with_keys_of(before, unopened)
             self._install(state)
-            self._seen, self._unopened = seen, frozenset(unopened)
+            self._seen, self._unopened = seen, reasons
             fresh = not retry or not unopened
             report = bool(lost or unopened) and seen != self._reported
             if report:
@@ -142,6 +163,11 @@ class StoreWatcher:
         self._state = state
 
 
+def _reason(exc: Exception) -> str:
+    """The stable reason ``/readyz`` gives for a key not opened: a token's own (the PIN), else one."""
+    return exc.reason if isinstance(exc, TokenError) else KEY_UNOPENED
+
+
 class StoreKeyProvider(StoreWatcher, KeyProvider):
     """Signs with the key ``choose_signing_key`` picks at the moment of each call (activated, in its
     window, not revoked); answers from memory (see ``StoreWatcher``)."""
@@ -151,6 +177,23 @@ class StoreKeyProvider(StoreWatcher, KeyProvider):
 
     def current(self, now: float) -> SigningKey | None:
         return self.state().signing_key(now)
+
+    def unavailable(self) -> str | None:
+        """``next-key-<reason>`` when a key published to sign later could not be opened by the last
+        reload (nor kept from the load before): requests would get 503 from its activation."""
+        unopened = self._unopened
+        if not unopened:
+            return None
+        now = time.time()
+        state = self.state()
+        signing = state.signing_record(now)
+        for record in state.records:  # in index order
+            if record.revoked or now >= record.activation or record == signing:
+                continue  # revoked, activated (signing now, retiring or expired) or signing anyway
+            reason = unopened.get(record.thumbprint)
+            if reason is not None and record.thumbprint not in state.private:
+                return NEXT_KEY_PREFIX + reason
+        return None
 
     def not_after(self, now: float) -> float | None:
         chosen = self.state().signing_record(now)

@@ -13,6 +13,16 @@ another key under the URI is then logged at once and reported while the key sign
 (``next-key-<reason>`` for a key not yet activated), not first at its activation, when every request
 would get 503 although the old key stays valid for the whole grace. A refused PIN is never sent again
 (the token counts wrong PINs): a restart with the right one, or revoking the key, clears it.
+
+A key that does not sign now is proved only where its proof cannot hold up a key that signs, now or
+from an activation: a module takes one call at a time and a call into it cannot be cut short, so a
+token out of reach holds up every other token of its module for as long as the call hangs. Such a
+key is proved ahead only when every other key that signs now or waits to sign on its module is on
+its own token (it meets that token's hang anyway); a key waiting on another token of such a module
+is first proved when it starts signing. Its failure never marks the token failed for the key signing
+now (but a refused PIN: the token's word on the PIN they share, never sent again). A key this
+process cannot open at all (no ``signing.pkcs11``, no PIN, a key file gone bad) is reported from
+the store's reload (``StoreKeyProvider.unavailable``).
 """
 
 from __future__ import annotations
@@ -26,15 +36,16 @@ from ..core.jwk import SigningKey
 from ..core.keys import format_rfc3339
 from .keystore import KeyStore, StoreKeyProvider, StoreState
 from .pkcs11 import TokenKey
+from .storewatch import NEXT_KEY_PREFIX
 
 __all__ = ["NEXT_KEY_PREFIX", "PENDING_PROOF_S", "TokenStoreKeyProvider"]
 
 log = logging.getLogger("signing_proxy.keys")
 
-NEXT_KEY_PREFIX: Final = "next-key-"  # /readyz: the key published to sign next cannot sign (its reason)
 PENDING_PROOF_S: Final = 30.0  # our choice: a key waiting for its activation is proved again this often
 # failures of the one key, not of its token: the slot (shared by the token's keys) is left as it was
 _KEY_ONLY: Final = frozenset({"token-key-mismatch", "token-key-missing", "token-key-unsupported"})
+_PIN_REFUSED: Final = "token-pin-incorrect"  # the slot's PIN, never sent again whichever key met it
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +66,7 @@ class TokenStoreKeyProvider(StoreKeyProvider):
         # thumbprint -> last proof, of the keys that sign now or later: written by the probe thread
         # (replaced whole), read by ``unavailable`` on the loop
         self._proofs: dict[str, _Proof] = {}
+        self._held_back: frozenset[str] = frozenset()  # keys not proved ahead (logged once each)
 
     def _install(self, state: StoreState) -> None:
         # ``blocking`` is True whenever the state served may hold a token key: set before a state
@@ -79,22 +91,27 @@ class TokenStoreKeyProvider(StoreKeyProvider):
             failure = None if later is key else self._failure_of(later)
             if failure is not None:
                 return NEXT_KEY_PREFIX + failure
-        return None
+        return super().unavailable()  # a key published to sign later that this process cannot open
 
     def probe(self) -> None:
         """Try each failed token again (blocking: call it off the event loop), through the signing
         key first: a token is probed once, and the key ``unavailable`` reports on is the one that
         says whether it is ready (another key of the token may no longer be on it: key mismatch).
         Then prove each token key that signs now or later and was not proved yet, the signing key
-        again while it fails, a key waiting for its activation every ``PENDING_PROOF_S``."""
+        again while it fails, a key waiting for its activation every ``PENDING_PROOF_S``. A key that
+        does not sign now is called only when it cannot hold up one that signs (``_alone``)."""
         now = time.time()
         state = self.state()
         signing = state.signing_key(now)
         watched = _watched(state, now)
         proofs = {t: p for t, p in self._proofs.items() if t in watched}  # bounded: the store's keys
+        held_back = frozenset(t for t, k in watched.items() if k is not signing and not _alone(k, watched))
+        self._log_held_back(state, watched, held_back)
         tried: set[int] = set()
         for key in (signing, *state.private.values()):
-            if isinstance(key, TokenKey) and key.slot.failure is not None and id(key.slot) not in tried:
+            if not isinstance(key, TokenKey) or key.slot.failure is None or id(key.slot) in tried:
+                continue
+            if key is signing or _alone(key, watched):  # not: its hang would hold up a key that signs
                 tried.add(id(key.slot))
                 if watched.get(key.thumbprint) is key:
                     proofs[key.thumbprint] = self._prove(key, state, proofs.get(key.thumbprint), signing)
@@ -102,7 +119,9 @@ class TokenStoreKeyProvider(StoreKeyProvider):
                     key.probe()
         for thumbprint, key in watched.items():
             last = proofs.get(thumbprint)
-            if last is None or last.key is not key:
+            if thumbprint in held_back:
+                due = False  # proved at its activation, when it is the key that signs
+            elif last is None or last.key is not key:
                 due = True  # never proved: at once, not at its first signature
             elif key is signing:
                 due = last.failure is not None and id(key.slot) not in tried
@@ -120,8 +139,11 @@ class TokenStoreKeyProvider(StoreKeyProvider):
         before = key.slot.failure
         ok = key.probe()  # a refused PIN stays refused: the slot never sends it again
         failure = None if ok else (key.slot.failure or "token-unavailable")
-        if failure in _KEY_ONLY and key is not signing and key.slot.failure == failure:
-            # the slot is the token's, shared with the key signing now: that key's readiness is its own
+        shared = isinstance(signing, TokenKey) and signing.slot is key.slot
+        own = failure in _KEY_ONLY or (shared and failure not in (None, _PIN_REFUSED))
+        if own and key is not signing and key.slot.failure == failure:
+            # the slot is the token's, maybe the key signing now's too: that key's readiness is its
+            # own (its signatures and proofs say it), never set by a key that does not sign yet
             key.slot.failure = before
         was = None if last is None else last.failure
         if failure is not None and failure != was:
@@ -146,9 +168,35 @@ class TokenStoreKeyProvider(StoreKeyProvider):
         proof = self._proofs.get(key.thumbprint)
         return proof.failure if proof is not None and proof.key is key else None
 
+    def _log_held_back(
+        self, state: StoreState, watched: dict[str, TokenKey], held_back: frozenset[str]
+    ) -> None:
+        """Say once per key that it is not proved ahead, and why (on the probe thread only)."""
+        for thumbprint in sorted(held_back - self._held_back):
+            key = watched[thumbprint]
+            log.info(
+                "token key %s of agent %s (%s) is proved at its activation, not ahead: another token "
+                "of its module %s holds a key that signs now or waits to (a token out of reach there "
+                "would hold up that key's signatures)",
+                thumbprint,
+                state.agent,
+                key.uri.describe(),
+                key.slot.module.path,
+            )
+        self._held_back = held_back
+
 
 def _holds_tokens(state: StoreState) -> bool:
     return any(isinstance(key, TokenKey) for key in state.private.values())
+
+
+def _alone(key: TokenKey, watched: dict[str, TokenKey]) -> bool:
+    """Whether a call for ``key`` holds up no key that signs now or waits to sign: each of those is
+    on ``key``'s own token (it meets that token's hang anyway) or on another module (a module takes
+    one call at a time, and a call into it cannot be cut short)."""
+    return all(
+        other.slot is key.slot or other.slot.module is not key.slot.module for other in watched.values()
+    )
 
 
 def _watched(state: StoreState, now: float) -> dict[str, TokenKey]:
