@@ -104,12 +104,13 @@ WATCH = """
 import importlib.abc, importlib.metadata, runpy, signal, sys
 
 held = []
+inherited = signal.getsignal(signal.SIGHUP)  # SIG_DFL, or SIG_IGN under nohup
 
 
 class Watch(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
         if name == "signing_proxy.cli.main":  # the command modules, most of the start-up's second
-            held.append(signal.getsignal(signal.SIGHUP) is not signal.SIG_DFL)
+            held.append(signal.getsignal(signal.SIGHUP) is not inherited)
         return None
 
 
