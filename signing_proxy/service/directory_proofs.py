@@ -11,10 +11,18 @@ Each key signs its proof on its own: a key whose token does not sign is left wit
 drafts: a proof per key is RECOMMENDED and clients SHOULD ignore a key without one; it stays listed,
 as the keys of ``publish.agents`` we hold no private key of are) and the others are served, so a
 retiring key's token taken offline does not block the directory of the key that signs now. A round
-fails only when the key signing now, or every key, did not sign: it is answered from memory for
-``FAILURE_HOLD_S`` (the ``Retry-After`` sent) and tried again only after it. Both warnings are
-written per round, not per request, at most once every ``WARN_EVERY_S`` per agent (with the number
-of rounds since).
+fails only when the key signing now, or every key asked, did not sign: it is answered from memory for
+``FAILURE_HOLD_S`` (the ``Retry-After`` sent) and tried again only after it.
+
+A key that does not sign now is asked for its proof only where the call cannot hold up a key that
+signs, now or from an activation (``storage.tokenstore.holds_up_none``, the rule the probe follows):
+a module takes one call at a time and a call into it cannot be cut short, so a key waiting (or
+retiring) on a token out of reach, on another token of the signing key's module, held up the round
+and then every request signature (the module stalled on the hung call: token-unavailable) until
+the call returned. Such a key is listed without its proof, as one whose token did not sign; a key
+on another module than those keys, or on their very token (it meets that token's hang anyway), is
+asked as before, and a file key always. Each of the three log lines is written per round, not per
+request, at most once every ``WARN_EVERY_S`` per agent (with the number of rounds since).
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ from ..core.rotation import CLOCK_MARGIN_S
 from ..errors import TokenError
 from ..storage.keystore import StoreState
 from ..storage.pkcs11 import TokenKey
+from ..storage.tokenstore import holds_up_none
 
 __all__ = ["FAILURE_HOLD_S", "PROOF_CACHE_S", "WARN_EVERY_S", "ProofCache", "SignedProofs"]
 
@@ -82,13 +91,15 @@ class ProofCache:
         self._rounds: dict[str, _Round] = {}
         self._failed = _Warnings()  # rounds that failed: no directory served
         self._left_out = _Warnings()  # rounds served with a key left without its proof
+        self._held_back = _Warnings()  # rounds served with a key not asked, lest it hold up a signer
 
     async def proofs(
         self, agent: str, state: StoreState, body: bytes, keys: Sequence[SigningKey], now: float
     ) -> SignedProofs:
         """Proofs of ``body`` by ``keys`` (the published keys of ``state`` we hold), made now or
-        shared; a key whose token did not sign is left without one. TokenError when the key signing
-        now, or every key, did not sign (this round, or one that failed just before)."""
+        shared; a key whose token did not sign, or that does not sign now and could hold up one that
+        does, is left without one. TokenError when the key signing now, or every key asked, did not
+        sign (this round, or one that failed just before)."""
         made = self._made.get(agent)
         if made is not None and made.state is state and made.body == body:
             if isinstance(made, _Failed):
@@ -135,11 +146,16 @@ class ProofCache:
         signing = state.signing_record(now)
         made: list[tuple[tuple[str, bytes], bytes]] = []  # (plan, signature) of the keys that signed
         left_out: list[tuple[str, TokenError]] = []
+        held_back: list[TokenKey] = []  # not asked: a hang on their token would hold up a signer
         for key, plan in zip(keys, planned, strict=True):
+            signs = signing is not None and key.thumbprint == signing.thumbprint
+            if isinstance(key, TokenKey) and not signs and not holds_up_none(key, state, now):
+                held_back.append(key)
+                continue
             try:  # a key on a token signs on the token's thread, bounded: a stranger never stalls the loop
                 signature = await key.sign_async(plan[1]) if isinstance(key, TokenKey) else key.sign(plan[1])
             except TokenError as exc:
-                if signing is not None and key.thumbprint == signing.thumbprint:
+                if signs:
                     self._round_failed(agent, exc, now)  # no directory without the signing key's proof
                     raise
                 left_out.append((key.thumbprint, exc))
@@ -159,6 +175,8 @@ class ProofCache:
                     ", ".join(exc.reason for _, exc in left_out),
                     rounds,
                 )
+        if held_back:
+            self._log_held_back(agent, held_back, now)
         fields = directory_proof_fields(digest, [p for p, _ in made], [sig for _, sig in made])
         return SignedProofs(state, body, now, expires, tuple(fields))
 
@@ -170,6 +188,21 @@ class ProofCache:
                 "no signed directory for agent %s: a token did not sign (%s; %d round(s) failed)",
                 agent,
                 exc.reason,
+                rounds,
+            )
+
+    def _log_held_back(self, agent: str, held_back: Sequence[TokenKey], now: float) -> None:
+        """Say which keys went without their proof, not asked (per round, at most every ``WARN_EVERY_S``)."""
+        rounds = self._held_back.due(agent, now)
+        if rounds is not None:
+            log.info(
+                "signed directory of agent %s served without the proof of %s: not asked, as another "
+                "token of its PKCS#11 module holds a key that signs now or waits to (a token out of reach "
+                "would hold up that key's signatures); %d round(s) since the last line",
+                agent,
+                ", ".join(
+                    f"key {k.thumbprint} ({k.uri.describe()}, module {k.slot.module.path})" for k in held_back
+                ),
                 rounds,
             )
 

@@ -13,8 +13,8 @@ module's thread, never on the event loop (``TokenKey.sign_async``). A call that 
 module (sessions closed, module re-initialised) and is tried once more, so a token that comes back
 is used again without a restart; until then ``failure`` says why, for ``/readyz`` (another key
 under the URI stays ``token-key-mismatch``). A PIN the token refused is never tried again by this
-process (the token would lock it after a few tries): that needs a restart. The PIN is read once,
-never blank, and never appears in a message, a log line or a ``repr``.
+process (the token would lock it after a few tries): that needs a restart. The PIN is read once
+(``storage.tokenpin``), never blank, and never appears in a message, a log line or a ``repr``.
 
 python-pkcs11 is optional (extra ``hsm``): it is imported when a token is first used.
 """
@@ -23,13 +23,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import secrets
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any, ClassVar, Final, TypeVar
 
 from ..core.errors import KeyFormatError
@@ -37,7 +35,7 @@ from ..core.jwk import PublicKey, SigningKey
 from ..core.keys import KeyProvider
 from ..core.pkcs11_uri import Pkcs11Uri
 from ..errors import TokenError
-from .files import PrivateFileError, read_private
+from .tokenpin import read_pin
 from .worker import DaemonWorker
 
 __all__ = [
@@ -53,7 +51,6 @@ __all__ = [
 ]
 
 ED25519_CURVE_OID: Final = "1.3.101.112"  # RFC 8410 id-Ed25519: CKA_EC_PARAMS of an Ed25519 key
-MAX_PIN_FILE_BYTES: Final = 1024  # our choice: far above any PIN
 T = TypeVar("T")
 
 _FINAL: Final = frozenset(
@@ -72,58 +69,6 @@ def _pkcs11() -> Any:
             "PKCS#11 keys need python-pkcs11: pip install 'signing-proxy[hsm]'",
         ) from None
     return pkcs11
-
-
-def read_pin(
-    *,
-    pin: str | None,
-    pin_env: str | None,
-    pin_file: str | None,
-    uri: Pkcs11Uri,
-    environ: Mapping[str, str] | None = None,
-) -> str | None:
-    """The user PIN from the configuration (``pin``, ``pin_env``, ``pin_file``), else the URI's
-    ``pin-value`` or ``pin-source`` (a file path or ``file:`` URI); None when none is given.
-    A file must be owner-only. Each is stripped, and a blank one is no PIN: refused, never tried as
-    an empty one (a wrong PIN counts toward the token's lockout). Raises TokenError
-    ``token-pin-missing``; the PIN is never in it."""
-    env = os.environ if environ is None else environ
-    if pin is not None:
-        return _not_blank(pin, "signing.pkcs11.pin")
-    if pin_env is not None:
-        value = env.get(pin_env, "").strip()  # blank is no PIN: refused, never tried as an empty one
-        if not value:
-            raise TokenError("token-pin-missing", f"the environment variable {pin_env} is not set or blank")
-        return value
-    source = pin_file
-    if source is None and uri.pin_value is not None:
-        return _not_blank(uri.pin_value, "the URI's pin-value")
-    if source is None and uri.pin_source is not None:
-        if uri.pin_source.startswith("|"):  # RFC 7512's example of a command: never run from a URI
-            raise TokenError(
-                "token-pin-missing", "pin-source names a command ('|...'); give a PIN file (or pin_env)"
-            )
-        source = uri.pin_source.removeprefix("file://").removeprefix("file:")
-    if source is None:
-        return None
-    path = Path(source).expanduser()
-    try:
-        data = read_private(path, max_bytes=MAX_PIN_FILE_BYTES)
-    except PrivateFileError as exc:
-        raise TokenError("token-pin-missing", f"the PIN file {path}: {exc.detail}") from None
-    try:
-        text = data[:MAX_PIN_FILE_BYTES].decode("utf-8")
-    except UnicodeDecodeError:
-        raise TokenError("token-pin-missing", f"the PIN file {path} is not UTF-8 text") from None
-    return _not_blank(text, f"the PIN file {path}")
-
-
-def _not_blank(value: str, what: str) -> str:
-    """``value`` stripped; refused (``token-pin-missing``) when nothing is left, before any login."""
-    value = value.strip()
-    if not value:
-        raise TokenError("token-pin-missing", f"{what} is empty or blank")
-    return value
 
 
 def _token_selector(uri: Pkcs11Uri) -> tuple[tuple[str, str], ...]:
@@ -359,11 +304,14 @@ class TokenKey(SigningKey):
         """The private key object's handle, taken (at first use and after each reset) only once the
         public key ``uri`` names is still ``public`` and the private key proves to be its pair: the
         token signs a random challenge that must verify. A key store's entries and a reconnected
-        ``signing.key`` are checked as a key opened at start is (``token-key-mismatch``)."""
+        ``signing.key`` are checked as a key opened at start is (``token-key-mismatch``); a private
+        key the token does not let sign is ``token-key-unsupported``, never an AttributeError."""
         p11 = _pkcs11()
         session = self.slot.session()
         self._same_key(session)  # never sign with another key
         key = session.get_key(**_lookup(self.uri, p11.ObjectClass.PRIVATE_KEY))
+        if not isinstance(key, p11.SignMixin):  # CKA_SIGN false: python-pkcs11 gives it no ``sign``
+            raise TokenError("token-key-unsupported", f"{self.uri.describe()} may not sign (CKA_SIGN false)")
         challenge = secrets.token_bytes(32)
         if not self.public.verify(bytes(key.sign(challenge, mechanism=p11.Mechanism.EDDSA)), challenge):
             raise TokenError(

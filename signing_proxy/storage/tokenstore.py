@@ -38,7 +38,7 @@ from .keystore import KeyStore, StoreKeyProvider, StoreState
 from .pkcs11 import TokenKey
 from .storewatch import NEXT_KEY_PREFIX
 
-__all__ = ["NEXT_KEY_PREFIX", "PENDING_PROOF_S", "TokenStoreKeyProvider"]
+__all__ = ["NEXT_KEY_PREFIX", "PENDING_PROOF_S", "TokenStoreKeyProvider", "holds_up_none"]
 
 log = logging.getLogger("signing_proxy.keys")
 
@@ -188,6 +188,13 @@ class TokenStoreKeyProvider(StoreKeyProvider):
 
 def _holds_tokens(state: StoreState) -> bool:
     return any(isinstance(key, TokenKey) for key in state.private.values())
+
+
+def holds_up_none(key: TokenKey, state: StoreState, now: float) -> bool:
+    """Whether a call for ``key``, a key that does not sign at ``now``, holds up no key that signs now
+    or waits to sign (``_alone`` over ``_watched``): the one rule for which such keys the probe proves
+    ahead and which the signed directory asks for a possession proof (``service.directory_proofs``)."""
+    return _alone(key, _watched(state, now))
 
 
 def _alone(key: TokenKey, watched: dict[str, TokenKey]) -> bool:
