@@ -43,6 +43,7 @@ from ..core.manifest import (
     manifest_address,
     parse_manifest,
 )
+from ..core.requester import REQUESTER_TYPE_DELEGATED
 from ..core.uri import Target, parse_absolute_uri
 from ..errors import EgressError, ProxyError, problem_body
 from ..net.client import FetchedResponse
@@ -345,7 +346,13 @@ class Discovery:
         elif not source.is_exchange_call("POST", parse_absolute_uri(url)):
             # the spec sends the Requester in every request; its delegation goes only where the
             # operator sends it (requester.exchanges)
-            body["requester"] = source.document(delegation=False)
+            body["requester"] = requester = source.document(delegation=False)
+            if requester.get("type") == REQUESTER_TYPE_DELEGATED:  # the spec's "Delegation token
+                # missing": refused by every exchange; the agent's name and scopes would go for nothing
+                out["requester"] = "not-sent"
+                detail = f"{exchange.endpoint} is not in requester.exchanges: a delegated requester needs it"
+                out["error"] = {"reason": "delegation-not-sent", "detail": detail}
+                return out
             out["requester"] = "sent-without-delegation"
             out["note"] = (
                 f"{exchange.endpoint} is not in requester.exchanges: the Requester was sent without "
@@ -356,9 +363,10 @@ class Discovery:
                 body["requester"] = source.document()
                 out["requester"] = "sent"
             except (ProtocolError, ProxyError, ValueError) as exc:  # e.g. 503 delegation expired
-                reason = getattr(exc, "reason", "requester-unavailable")
-                out["requester"] = "unavailable"
-                out["note"] = f"the requester could not be built ({reason}): sent without one"
+                reason = getattr(exc, "reason", "requester-unavailable")  # nothing leaves: the pipeline
+                out["requester"] = "unavailable"  # would put the requester back in, and refuse
+                out["error"] = {"reason": reason, "detail": "the requester cannot be sent now; not sent"}
+                return out
         body["uris"] = [uri]
         body["acceptable_restrictions"] = [
             {"axis": r.axis, "values": list(r.values)} for r in self.config.acceptable_restrictions
