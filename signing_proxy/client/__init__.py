@@ -10,12 +10,14 @@ sends it::
     aiohttp.ClientSession(middlewares=(SigningMiddleware(signer),))
 
 ``HttpxAuth`` and ``RequestsAuth`` are imported on first use, so this package imports without httpx
-or requests installed. ``__all__`` below is the API, pinned by a test.
+or requests installed. ``__all__`` below is the API, pinned by a test; it names an adapter only when
+its library is installed, so ``from signing_proxy.client import *`` works without it too.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import TYPE_CHECKING, Any
 
 from ..core.keys import KeyProvider
@@ -41,6 +43,17 @@ __all__ = [
 
 # name -> (module, the extra that installs its library)
 _OPTIONAL = {"HttpxAuth": ("httpx_auth", "httpx"), "RequestsAuth": ("requests_auth", "requests")}
+
+
+def _installed(library: str) -> bool:
+    try:
+        return importlib.util.find_spec(library) is not None
+    except ImportError:  # a finder that refuses it
+        return False
+
+
+# a star import resolves every name in __all__: one whose library is missing raised ImportError there
+__all__ = [n for n in __all__ if n not in _OPTIONAL or _installed(_OPTIONAL[n][1])]
 
 
 def __getattr__(name: str) -> Any:

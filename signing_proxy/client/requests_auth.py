@@ -114,5 +114,8 @@ def _file_chunks(body: Any) -> Iterable[bytes]:
 
 def _set_body(request: requests.PreparedRequest, body: bytes) -> None:
     request.body = body
+    # requests noted a file body's position to rewind it for a 307/308: bytes have no seek(), and
+    # the redirect was refused (UnrewindableBodyError); the bytes are resent as they are
+    request._body_position = None  # type: ignore[attr-defined]
     request.headers.pop("Transfer-Encoding", None)
     request.headers["Content-Length"] = str(len(body))

@@ -8,6 +8,7 @@ A configured exchange answering 307 had requests and aiohttp resend the body wit
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -120,3 +121,23 @@ def test_the_bearer_is_the_one_for_where_the_bytes_go(tmp_path: Path, landing: V
     assert arrival.verified, arrival.reason  # over the Host's URI, as the origin rebuilds it
     assert arrival.header("host") == "api.example"
     assert arrival.header("authorization") == "Bearer t0ken-of-127.0.0.1"
+
+
+@pytest.mark.parametrize("kind", ["file", "bytesio"])
+def test_a_file_body_answered_307_is_resent_by_requests(
+    signer: Signer, redirecting: VerifyingOrigin, landing: VerifyingOrigin, tmp_path: Path, kind: str
+) -> None:
+    """requests noted a file body's position to rewind it for a 307; the adapter had swapped the
+    body for bytes, which cannot seek: ``UnrewindableBodyError``, and the redirect never went."""
+    path = tmp_path / "body.json"
+    path.write_bytes(BODY)
+    with path.open("rb") if kind == "file" else io.BytesIO(BODY) as body, requests.Session() as session:
+        session.trust_env = False
+        answer = session.post(
+            redirecting.url("/x"), data=body, headers=JSON, auth=RequestsAuth(signer), timeout=WAIT_S
+        )
+    assert answer.status_code == 200
+    (called,) = redirecting.arrivals
+    assert called.verified
+    (landed,) = landing.arrivals
+    assert landed.body == BODY  # the caller's body, resent (unsigned, as documented)
