@@ -111,6 +111,9 @@ class RequesterInjector:
         if config.delegation is not None:
             self._loaded = load_delegation(config.delegation, config.scopes, keys, clock())
         self._member_json = self._render()
+        # what ``apply`` reads, in one reference: a reload swapping the two above one after the other
+        # let a request insert the old chain after checking the new one
+        self._pair = (self._loaded, self._member_json)
 
     # --- what is sent ---
     def _render(self) -> str:
@@ -141,11 +144,12 @@ class RequesterInjector:
         ``delegation=False``: the Requester without its ``delegation`` member (never checked then),
         for an exchange the operator did not list in ``requester.exchanges``.
         """
-        doc: dict[str, Any] = json.loads(self._member_json)  # parsed anew: the caller's to change
+        loaded, member = self._pair
+        doc: dict[str, Any] = json.loads(member)  # parsed anew: the caller's to change
         if not delegation:
             doc.pop("delegation", None)
             return doc
-        self._check_live(self.clock())
+        self._check_live(self.clock(), loaded)
         return doc
 
     # --- which requests ---
@@ -165,21 +169,18 @@ class RequesterInjector:
         """The body to digest and sign: with the Requester inserted, or ``body`` itself untouched."""
         if not self.is_exchange_call(method, target) or not _json_media(fields):
             return body
-        member = self._member_json
+        loaded, member = self._pair  # the chain checked is the chain inserted, whatever reloads
         injected = insert_member(body, REQUESTER_MEMBER, member)
         if injected is None:
             return body
-        self._check_live(self.clock())
-        if self._member_json != member:  # a reload swapped the delegation in the meantime
-            injected = insert_member(body, REQUESTER_MEMBER, self._member_json) or body
+        self._check_live(self.clock(), loaded)
         log.debug("requester %s inserted into POST %s", self.config.id, target.uri)
         return injected
 
     # --- the delegation, re-checked per request (memory only: ``reload`` reads the file, off the loop) ---
-    def _check_live(self, now: float) -> None:
+    def _check_live(self, now: float, loaded: LoadedDelegation | None) -> None:
         if self.config.delegation is None:
             return
-        loaded = self._loaded
         assert loaded is not None
         if now >= loaded.expires_at:
             raise ProxyError(
@@ -313,7 +314,8 @@ class RequesterInjector:
         member_json = self._render_with(loaded)
         self._failed, self._warned, self._warned_ahead = _Failed.NOTHING, None, None
         self._previous = self._loaded  # first: a request may hold a body built with the old chain
-        self._loaded, self._member_json = loaded, member_json  # a request reads both together
+        self._loaded, self._member_json = loaded, member_json
+        self._pair = (loaded, member_json)  # what a request reads, in one store
         log.info(
             "reloaded the delegation from %s: holder %s, expires %s",
             delegation.token_file,
@@ -325,7 +327,7 @@ class RequesterInjector:
     def check(self) -> str:
         """``ok``, or the reason injected requests are refused now (for ``/readyz``)."""
         try:
-            self._check_live(self.clock())
+            self._check_live(self.clock(), self._pair[0])
         except ProxyError as exc:
             return exc.reason
         return "ok"
