@@ -94,6 +94,7 @@ class ClientConnection(asyncio.Protocol):
         self.client_ip = "-"
         self.client_allowed = False  # set by the handler, for the access rules in ``access_of``
         self.access_of: object = None  # the handler's access rules client_allowed was decided by
+        self.tunnel_credentials: str | None = None  # inside a tunnel: the CONNECT's, for those rules
         self.keep_alive = True
         self.request_version = "1.1"
         self.upstream: Any = None  # the upstream connection of the exchange in flight (flow control)

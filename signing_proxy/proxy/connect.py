@@ -137,7 +137,8 @@ class ConnectHandler:
             raise ProxyError(
                 403, "client-not-allowed", "this address may not use the proxy (access.allow_clients)"
             )
-        policy.access.check_proxy_auth(req.header("proxy-authorization"))
+        credentials = req.header("proxy-authorization")
+        policy.access.check_proxy_auth(credentials)
         host, port = parse_connect_target(req.url.decode("latin-1"))
         if port not in self.config.allowed_ports:
             raise ProxyError(
@@ -177,7 +178,7 @@ class ConnectHandler:
             context=context,
             client_ip=conn.client_ip,
             handshake_timeout_s=self.config.handshake_timeout_s,
-            inner=lambda scheme: self._inner(Target(scheme, host, port, "/")),
+            inner=lambda scheme: _with_credentials(self._inner(Target(scheme, host, port, "/")), credentials),
             on_failed=self._tls_failed,
             handshakes=self._handshakes,
             starting=self._starting,
@@ -306,3 +307,12 @@ class ConnectHandler:
             tunnel.close()
         if self.leaves is not None:
             self.leaves.close()
+
+
+def _with_credentials(inner: asyncio.Protocol, credentials: str | None) -> asyncio.Protocol:
+    """The tunnel's inner connection, holding the CONNECT's ``Proxy-Authorization``: the handler
+    checks it again against the rules of a reload (a user removed from ``access.proxy_auth_file``
+    kept an open tunnel signing)."""
+    if isinstance(inner, ClientConnection):
+        inner.tunnel_credentials = credentials
+    return inner

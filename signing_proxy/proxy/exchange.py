@@ -291,7 +291,10 @@ class ProxyHandler:
     ) -> tuple[Target | None, LocalEndpoint | None]:
         """Where the request goes; access control happens here so no refused request reaches upstream."""
         if conn.access_of is not policy.access:  # a reload: the rules apply to open connections too
-            conn.client_allowed, conn.access_of = policy.access.client_allowed(conn.client_ip), policy.access
+            allowed = policy.access.client_allowed(conn.client_ip)
+            if allowed and conn.tunnel is not None:  # its CONNECT's credentials (407: asked again next time)
+                policy.access.check_proxy_auth(conn.tunnel_credentials)
+            conn.client_allowed, conn.access_of = allowed, policy.access
         if not conn.client_allowed:
             raise ProxyError(
                 403, "client-not-allowed", "this address may not use the proxy (access.allow_clients)"
