@@ -142,6 +142,11 @@ class ProxyHandler:
         self.pipes: set[BlindTunnel] = set()  # WebSocket pipes running (limits.max_connections counts them)
         self._observe_latency = metrics.upstream_latency.observe
 
+    def close_pipes(self) -> None:
+        """Close the WebSocket pipes running (a stop): each then ends, and its line is written."""
+        for pipe in list(self.pipes):
+            pipe.close()
+
     def count(self, outcome: str) -> None:
         """Count one request's outcome (and tunnels by kind)."""
         self.metrics.request(self.policy.mode, outcome)

@@ -33,7 +33,7 @@ from ..proxy.access import AccessControl
 from ..proxy.accesslog import AccessLog, Pending
 from ..proxy.connect import ConnectHandler
 from ..proxy.discovery import Discovery
-from ..proxy.exchange import LocalEndpoint, Policy, ProxyHandler, Routes
+from ..proxy.exchange import Policy, ProxyHandler, Routes
 from ..proxy.gateway import GatewayPipeline, gateway_upstream
 from ..proxy.pipeline import (
     BearerStore,
@@ -155,7 +155,7 @@ class ProxyApp:
             metrics=self.metrics,
             # a gateway with an admin port leaves these paths to its backend: answered on the public
             # port they bypassed admin.allow_clients (and shadowed the backend's paths of that name)
-            local=_no_local
+            local=(lambda _path: None)  # none: no path of the proxy port is answered locally
             if config.mode == "gateway" and config.admin.listen
             else local_endpoints(self.readiness, self.metrics.render),
             discovery=self.discovery,
@@ -449,6 +449,7 @@ class ProxyApp:
         self._waited = True
         self.engine.close_all()
         self.interception.close()
+        self.handler.close_pipes()  # their lines (event=websocket) are written before the writer closes
         for task in list(self._tasks):
             task.cancel()
         if self._tasks:
@@ -493,8 +494,3 @@ def _kept(old: Config, new: Config, paths: Sequence[str]) -> tuple[Config, list[
             continue
         changed.append(path)
     return new, changed
-
-
-def _no_local(_path: str) -> LocalEndpoint | None:
-    """No path of the proxy port is answered locally."""
-    return None
