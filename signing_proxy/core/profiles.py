@@ -18,11 +18,11 @@ caller.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
-from contextlib import suppress
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Literal
+from types import MappingProxyType
+from typing import Any, Literal
 
 from .b64 import b64_encode
 from .errors import FieldError, VerificationError
@@ -38,6 +38,7 @@ from .signature_components import (
 from .uri import directory_base
 
 __all__ = [
+    "MAX_AGENT_MEMBERS",
     "MAX_WEB_COMPONENTS",
     "PROFILES",
     "SVC",
@@ -46,6 +47,7 @@ __all__ = [
     "WEB_COVERABLE",
     "SignatureAgentForm",
     "SigningProfile",
+    "agent_members",
     "check_web_components",
     "entry_profile",
     "member_refusal",
@@ -76,6 +78,10 @@ WEB_COVERABLE = _WEB_OPTIONAL | {_AUTHORITY}  # all a web-bot-auth label may cov
 # later label covers them all again, and its predecessor's two members): signers cover a handful,
 # and each costs a value read before any key is known
 MAX_WEB_COMPONENTS = 64
+# our choice: members of a Signature-Agent Dictionary. Each signer of a stack provides one for its
+# label (protocol-02), and a stack has at most MAX_HOPS (16) signers; an agent may add a few of other
+# types. A stranger's thousands cost a parse per reader and, at a relay, a label search over them all
+MAX_AGENT_MEMBERS = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,8 +132,9 @@ def member_refusal(url: str) -> str | None:
 
     protocol-02 5.5: a directory member "MUST be the ASCII serialization of an origin" and a verifier
     "MUST ignore a member carrying anything else"; its values are https URIs. So an https origin
-    (``https://agent.example``, a trailing ``/`` allowed), as ``directory_base`` reads a directory's
-    base: no path (a registry's ``/agents/alice`` names no directory here), userinfo, query or fragment.
+    (``https://agent.example``, a trailing ``/`` allowed): no path (a registry's ``/agents/alice``
+    names no directory here, nor does ``//``, which ``directory_base`` would strip: the member is sent
+    as configured), userinfo, query or fragment.
     """
     if not url:
         return None
@@ -135,7 +142,7 @@ def member_refusal(url: str) -> str | None:
         base = directory_base(url)
     except FieldError:
         base = ""
-    if base.startswith("https://") and "/" not in base.removeprefix("https://"):
+    if base.startswith("https://") and "/" not in base.removeprefix("https://") and _origin_path(url):
         return None
     return (
         f"{url!r} is no https origin (https://agent.example): a protocol-02 verifier ignores a "
@@ -287,8 +294,9 @@ def web_signature_agent(
     the signature base, never the whole field (anyone on the path can add a member: "A verifier MUST
     NOT attribute a signature to a member that signature does not cover"); "" when it covers none.
     The directory: None when it covers none, or the member is one the drafts have a verifier ignore
-    (a ``type`` other than ``directory``; a URL with a path, which is no origin; the legacy String,
-    from drafts that took any URI, may have one): its keys are then only pinned ones.
+    (a ``type`` other than ``directory``; an http URL, or one with a path, which is no https origin;
+    the legacy String, from drafts that took any URI, may have one): its keys are then only pinned ones.
+    A Dictionary of more than ``MAX_AGENT_MEMBERS`` members is refused before it is parsed.
     One sent that the first label does not cover is refused (anyone on the path could add it) unless
     it is a Dictionary each of whose members a later label covers: a relay's own (each signer
     provides one for its label), stacked on an agent that sent none (``_later_members_only``).
@@ -317,7 +325,7 @@ def web_signature_agent(
             raise VerificationError("malformed-signature-agent", "Signature-Agent must be a String", label)
         return raw, _web_directory(value, label)  # the drafts of that form took any URI (a path too)
     try:
-        members = parse_field_dictionary(raw, "Signature-Agent")
+        members = agent_members(raw)
     except FieldError as exc:
         raise VerificationError(exc.reason, exc.detail, label) from None
     member = members.get(component.key)
@@ -336,20 +344,51 @@ def web_signature_agent(
         # protocol-02 5.2.1: "A verifier that does not support a type value MUST ignore that member,
         # and MUST NOT infer the mechanism from the URI path" (jwks_uri, cimd: not ours)
         return shown, None
-    base = _web_directory(value, label)
-    # 5.5: a directory member "MUST be the ASCII serialization of an origin", and a verifier "MUST
-    # ignore a member carrying anything else": a path names no directory here
-    return shown, (None if "/" in base.partition("://")[2] else base)
+    # 5.5: a directory member "MUST be the ASCII serialization of an origin" (values "MUST be https
+    # URIs"), and a verifier "MUST ignore a member carrying anything else": an http URL or a path
+    # names no directory here (never one fetched over plain http, whatever egress allows)
+    if value.startswith("http://"):
+        return shown, None
+    base = _web_directory(value, label)  # what is no http(s) URL at all is refused, malformed
+    return shown, (base if _origin_path(value) else None)
+
+
+def agent_members(raw: str) -> Mapping[str, Any]:
+    """A Signature-Agent field value as a Dictionary (read-only: parsed once per value for every
+    reader of a request). FieldError ``too-many-agent-members`` before any parse when it may hold
+    more than ``MAX_AGENT_MEMBERS`` (members are separated by commas; one inside a String counts too:
+    no origin has one), ``malformed-signature-agent`` or ``duplicate-label`` when it is none."""
+    if raw.count(",") >= MAX_AGENT_MEMBERS:
+        raise FieldError(
+            "too-many-agent-members", f"Signature-Agent holds more than {MAX_AGENT_MEMBERS} members"
+        )
+    return _parsed_agent(raw)
+
+
+@lru_cache(maxsize=4)  # the verifier's check, a relay's label choice: the same value, one parse
+def _parsed_agent(raw: str) -> Mapping[str, Any]:
+    return MappingProxyType(parse_field_dictionary(raw, "Signature-Agent"))
+
+
+def _origin_path(url: str) -> bool:
+    """Whether ``url`` as written has no path but an optional ``/`` (spec-notes 6.2: "empty path or
+    ``/`` only"), whatever spelling ``directory_base`` would reduce it to."""
+    rest = url.partition("://")[2]
+    slash = rest.find("/")
+    return slash < 0 or rest[slash:] == "/"
 
 
 def _later_members_only(raw: str, label: str, later: Sequence[tuple[str, Sequence[Component]]]) -> None:
     """Refuse a Signature-Agent the first label ``label`` does not cover, unless it is a Dictionary
     whose every member a later label covers by its key (``signature-agent-not-covered``)."""
     keys = {c.key for _label, components in later for c in components if c.name == "signature-agent"}
-    members: dict[str, object] = {}
+    members: Mapping[str, object] = {}
     if keys - {None}:
-        with suppress(FieldError):  # a String or malformed: no member a later label covers
-            members = parse_field_dictionary(raw, "Signature-Agent")
+        try:
+            members = agent_members(raw)
+        except FieldError as exc:  # a String or malformed: no member a later label covers
+            if exc.reason == "too-many-agent-members":  # refused as for the first label's member
+                raise VerificationError(exc.reason, exc.detail, label) from None
     stray = [key for key in members if key not in keys]
     if not members or stray:
         named = f" (nor does a later label cover member {stray[0]!r})" if stray else ""

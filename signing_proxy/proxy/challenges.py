@@ -10,15 +10,19 @@ the agent untouched. With ``profiles.learn: true`` the host is then remembered a
 The retry carries our Signature-Agent as a Dictionary member, which protocol-02 requires to be an
 https origin: with a ``signing.signature_agent`` that is not one (a registry path such as
 ``https://registry.example/agents/alice``, right for the spec's profile) the retry is declined
-(``core.challenge.retry_refusal``; a warning says why), nothing is learned, and the challenge goes
-back to the agent: never a signature whose Signature-Agent a verifier ignores, never one unsigned.
+(``core.challenge.retry_refusal``; a warning says why, at most once every ``DECLINE_WARN_EVERY_S``
+with the number declined since: an origin chooses how often it challenges), nothing is learned, and
+the challenge goes back to the agent: never a signature whose Signature-Agent a verifier ignores,
+never one unsigned.
 (``profiles.learn: true`` with such a URL is refused at start-up.)
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
+from typing import Final
 
 from ..core.challenge import CHALLENGE_STATUSES, RetryPlan, plan_retry, retry_refusal
 from ..core.profiles import PROFILES
@@ -27,9 +31,36 @@ from ..net.forward import IDEMPOTENT
 from ..net.framing import Outgoing
 from ..net.upstream import ResponseHead
 
-__all__ = ["ChallengeHold", "challenge_hold"]
+__all__ = ["DECLINE_WARN_EVERY_S", "ChallengeHold", "challenge_hold"]
 
 log = logging.getLogger("signing_proxy.challenges")
+
+# our choice: the cause is our configuration, the same for every origin, so one line a minute for all
+# of them (one clock reading and one count: nothing a stranger's origins can grow), with a count
+DECLINE_WARN_EVERY_S: Final = 60.0
+
+
+class _Declines:
+    """The declined retries since the last warning, and when that was (``time.monotonic``)."""
+
+    __slots__ = ("clock", "count", "last")
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.last: float | None = None
+        self.count = 0
+
+    def due(self) -> int | None:
+        """Count one decline; the declines counted when a warning is due now, else None."""
+        self.count += 1
+        now = self.clock()
+        if self.last is not None and 0 <= now - self.last < DECLINE_WARN_EVERY_S:
+            return None
+        self.last, declined, self.count = now, self.count, 0
+        return declined
+
+
+_declines = _Declines()  # for the process: every proxy's holds share the one rate
 
 
 class ChallengeHold:
@@ -63,13 +94,17 @@ class ChallengeHold:
             return False
         refusal = retry_refusal(plan, self.agent)
         if refusal is not None:  # its member would be ignored: the challenge goes back, unanswered
-            log.warning(
-                "%s://%s asked for a web-bot-auth signature; retry declined, the challenge goes back "
-                "to the agent: signing.signature_agent %s",
-                target.scheme,
-                target.authority,
-                refusal,
-            )
+            declined = _declines.due()
+            if declined is not None:
+                log.warning(
+                    "%s://%s asked for a web-bot-auth signature; retry declined, the challenge goes "
+                    "back to the agent: signing.signature_agent %s (%d declined since the last line, "
+                    "logged at most once a minute)",
+                    target.scheme,
+                    target.authority,
+                    refusal,
+                    declined,
+                )
             return False
         if self.learn is not None:
             self.learn(target)  # this origin's: scheme, host and port

@@ -11,19 +11,19 @@ exceed the hop cap (counted as signatures, ours included).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from ..config import Config, VerifyConfig
-from ..core.errors import VerificationError
+from ..core.errors import FieldError, VerificationError
 from ..core.fields import Fields
 from ..core.profiles import (
     SVC,
     SigningProfile,
+    agent_members,
     entry_profile,
     profile_components,
     signature_agent_field,
 )
-from ..core.sfv import parse_dictionary
 from ..core.signatures import MAX_HOPS, Message, SignatureEntry, hop_components, parse_signature_stack
 from ..core.uri import Target
 from ..errors import ProxyError
@@ -44,8 +44,9 @@ __all__ = ["RelayPipeline", "unique_label"]
 _LIVE_VERIFY = ("max_validity_s", "skew_s", "web_bot_auth")
 
 
-def unique_label(wanted: str, taken: Sequence[str]) -> str:
-    """``wanted``, or ``wanted2``, ``wanted3``… — labels must be unique in the dictionaries (RFC 9421 4.3)."""
+def unique_label(wanted: str, taken: Collection[str]) -> str:
+    """``wanted``, or ``wanted2``, ``wanted3``… — labels must be unique in the dictionaries (RFC 9421 4.3).
+    ``taken``: a set, as the search looks each candidate up in it."""
     if wanted not in taken:
         return wanted
     n = 2
@@ -54,15 +55,21 @@ def unique_label(wanted: str, taken: Sequence[str]) -> str:
     return f"{wanted}{n}"
 
 
-def _agent_members(fields: Fields) -> list[str]:
-    """The keys of a Signature-Agent Dictionary (none when it is absent or not a Dictionary)."""
+def _agent_members(fields: Fields) -> set[str]:
+    """The keys of a Signature-Agent Dictionary (none when it is absent or not a Dictionary);
+    ProxyError ``too-many-agent-members`` (as a verifier answers it) for one that may hold more than
+    ``MAX_AGENT_MEMBERS``, before any parse: a stranger's thousands once held the event loop."""
     raw = fields.combined("signature-agent")
     if raw is None:
-        return []
+        return set()
     try:
-        return list(parse_dictionary(raw))
-    except (ValueError, UnicodeError):  # a String (the legacy form) or malformed: no member keys
-        return []
+        return set(agent_members(raw))  # the verifier's parse of the same value, when it verified
+    except FieldError as exc:
+        if exc.reason != "too-many-agent-members":  # a String (the legacy form) or malformed: none
+            return set()
+        refused = VerificationError(exc.reason, exc.detail)
+    status, headers = refusal_answer(refused)
+    raise ProxyError(status, refused.reason, f"a relay does not forward this: {refused.detail}", headers)
 
 
 class RelayPipeline:
@@ -150,6 +157,7 @@ class RelayPipeline:
             )
         profile = self.profiles.select(target.host, target.scheme, target.port)  # before any await: a
         # reload reconfigures the selector, and a request keeps what it started with
+        _check_profiles(entries, profile)
         received: Fields | None = None  # the fields as they came (made once, when needed)
         if config.relay.verify:  # over the fields as they came: a label may cover Host or Content-Length
             try:
@@ -166,20 +174,8 @@ class RelayPipeline:
         labels = [e.label for e in entries]
         # a web-bot-auth hop keys its Signature-Agent member by its label too: unique among those as
         # well (an agent may add members it does not cover); a spec hop adds none, so parses none
-        label = unique_label(label, labels if profile is SVC else [*labels, *_agent_members(fields)])
-        try:
-            incoming = entry_profile(entries[0].param("tag"), entries[0].label)
-        except VerificationError as exc:
-            status, headers = refusal_answer(exc)
-            raise ProxyError(
-                status, exc.reason, f"incoming signature refused: {exc.detail}", headers
-            ) from None
-        if incoming.name != profile.name:  # a stack of one profile, or none: never a mix
-            raise ProxyError(
-                403,
-                "profile-mix",
-                f"the stack is signed under {incoming.name}; this destination is signed under {profile.name}",
-            )
+        taken = set(labels) if profile is SVC else {*labels, *_agent_members(fields)}
+        label = unique_label(label, taken)
         message = Message(method, target, fields)
         carried: list[tuple[str, str]] = []
         if profile is SVC:
@@ -214,6 +210,27 @@ class RelayPipeline:
             await self._client.close()
 
 
+def _check_profiles(entries: Sequence[SignatureEntry], profile: SigningProfile) -> None:
+    """Refuse, before any key is fetched or anything signed, a stack whose labels are not all under
+    the destination's ``profile``: a mix (401 from a verifier) gets no label of ours whether or not
+    the relay verifies (``profile-mix``, 403 as README has it); an unknown tag is the verifier's 401."""
+    for entry in entries:
+        try:
+            incoming = entry_profile(entry.param("tag"), entry.label)
+        except VerificationError as exc:
+            status, headers = refusal_answer(exc)
+            raise ProxyError(
+                status, exc.reason, f"incoming signature refused: {exc.detail}", headers
+            ) from None
+        if incoming.name != profile.name:  # a stack of one profile, or none: never a mix
+            raise ProxyError(
+                403,
+                "profile-mix",
+                f"label {entry.label!r} is signed under {incoming.name}; this destination is signed "
+                f"under {profile.name}",
+            )
+
+
 def _as_regenerated(
     previous: SignatureEntry,
     received: Fields,
@@ -224,7 +241,8 @@ def _as_regenerated(
     (our label covers what it covered, over what the next hop receives); any other covered field we
     do not forward (hop-by-hop, ``Expect``, one ``Connection`` names) is refused: the next verifier
     could never check it."""
-    names = {c.name for c in previous.components if c.key is None and not c.is_derived}
+    # a member's field too: a Signature-Agent one ``Connection`` names is lost with its members
+    names = {c.name for c in previous.components if not c.is_derived}
     kept = {n.lower() for n, _ in forwarded} | {"host", "content-length"}  # the last two: written anew
     dropped = {n.lower() for n, _ in received} - kept
     lost = sorted(names & dropped)
