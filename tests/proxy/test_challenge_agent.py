@@ -19,6 +19,7 @@ from signing_proxy.core.uri import Target, parse_absolute_uri
 from signing_proxy.errors import ProxyError
 from signing_proxy.net.framing import Outgoing
 from signing_proxy.net.upstream import ResponseHead
+from signing_proxy.proxy import challenges
 from signing_proxy.proxy.challenges import challenge_hold
 from signing_proxy.proxy.pipeline import BearerStore, Signer, SigningPipeline
 from signing_proxy.proxy.profiles import ProfileSelector
@@ -53,10 +54,11 @@ def _challenge(accept: bytes = CHALLENGE) -> ResponseHead:
 
 
 def test_a_challenge_is_not_retried_with_a_registry_path_and_nothing_is_learned(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The retry went out as ``agent="https://registry.example/agents/alice"`` (and ``learn`` kept the
     host so): a member a protocol-02 verifier ignores, from which it finds no directory."""
+    monkeypatch.setattr(challenges, "_declines", challenges._Declines())  # the process's once-a-minute
     first = _first(_pipeline(REGISTRY))
     learned: list[Target] = []
     hold = challenge_hold(first, None, learned.append, REGISTRY)
