@@ -90,6 +90,7 @@ class World:
     rotated_after: SigningKey
     principal: SigningKey
     agent_directory: str  # the agent's publish listener
+    web_key: SigningKey  # pinned at the gateway: a web-bot-auth member over http names no directory
 
     def post(self, body: bytes, gateway: ProxyProcess | None = None, **headers: str) -> requests.Response:
         url = f"{(gateway or self.gateway).url}{DISCOVER}"
@@ -137,8 +138,12 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         agent_config = hop(tmp / "agent", mode="agent", label="agent", next_hop=relay_port)
         (tmp / "gw").mkdir()
         (tmp / "capped").mkdir()
+        web_key, web_pem = SigningKey.generate(), tmp / "gw" / "web-agent.pem"
+        web_pem.write_bytes(web_key.to_pem())
+        web_pem.chmod(0o600)
+        pinned = {"pinned_agent_keys": [str(web_pem)]}
         with (
-            ProxyProcess(tmp / "gw", gateway_config(backend, relay_publish, max_hops=2)) as gateway,
+            ProxyProcess(tmp / "gw", gateway_config(backend, relay_publish, max_hops=2, **pinned)) as gateway,
             ProxyProcess(tmp / "capped", gateway_config(backend, relay_publish, max_hops=1)) as capped,
             ProxyProcess(tmp / "relay", relay_config),
             ProxyProcess(tmp / "agent", agent_config) as agent,
@@ -146,7 +151,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
             relay_key = signing_key(tmp / "relay" / "data")
             yield World(
                 backend, agent, gateway, capped, signing_key(tmp / "agent" / "data"), relay_key.thumbprint,
-                owner, within, after, SigningKey.generate(), agent_config["publish"]["public_url"],
+                owner, within, after, SigningKey.generate(), agent_config["publish"]["public_url"], web_key,
             )  # fmt: skip
 
 
@@ -308,7 +313,9 @@ def send_web_signed(
     world: World, method: str, covered: str, extra: Sequence[tuple[str, str]] = (), target: str = "/feed"
 ) -> bytes:
     """A web-bot-auth request to the gateway covering ``@authority``, ``signature-agent`` and
-    ``covered`` (signed for ``/feed``), sent with ``extra`` lines and ``target``; the whole answer."""
+    ``covered`` (signed for ``/feed``), sent with ``extra`` lines and ``target``; the whole answer.
+    Its member names the agent's directory over http, which protocol-02 has a verifier ignore: the
+    key is the one pinned at the gateway (``gateway.pinned_agent_keys``)."""
     port = int(world.gateway.url.rsplit(":", 1)[1])
     url = f"http://127.0.0.1:{port}/feed"
     body = b"hi" if method == "POST" else b""
@@ -321,7 +328,7 @@ def send_web_signed(
         fields,
         sign_message(
             Message(method, parse_received_uri(url), fields),
-            world.agent_key,
+            world.web_key,
             created=now,
             expires=now + 60,
             label="agent",
