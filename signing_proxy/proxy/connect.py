@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
+import time
 import weakref
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -39,6 +40,7 @@ from ..storage.ca import (
     load_ca,
     load_or_create_ca,
 )
+from ..verify.cache import TokenBucket
 from .exchange import Policy
 
 __all__ = ["CA_INSTALL_HINT", "ConnectHandler", "ca_cert_path", "load_interception_ca"]
@@ -82,6 +84,10 @@ def _short_of_resources(host: str, exc: OSError) -> ProxyError:
     )
 
 
+LEAF_MINTS_PER_S = 50  # our choice: new host names' leaves a second, at ~2 ms each a tenth of a core
+LEAF_MINT_BURST = 200  # our choice: an agent (a browser) opening many hosts at once is not refused
+
+
 class ConnectHandler:
     """Answers CONNECT: owns the CA, the leaf cache and the open tunnels.
 
@@ -109,6 +115,9 @@ class ConnectHandler:
                 self.leaves = LeafContextCache(self.ca, self.config.leaf_cache_size)
             except OSError as exc:
                 raise CAError("ca-unavailable", f"cannot prepare leaf contexts ({exc})") from None
+        # a new host name's leaf costs the loop ~2 ms (key, certificate, context) before any TLS
+        # arrives: whoever may CONNECT chose how many; what a burst of new hosts mints is bounded
+        self._mints = TokenBucket(LEAF_MINTS_PER_S, LEAF_MINT_BURST, time.monotonic)
         self._sni_callback = self._check_sni
         self._handshakes: weakref.WeakKeyDictionary[ssl.SSLObject, TunnelStart] = weakref.WeakKeyDictionary()
         self._starting: set[TunnelStart] = set()
@@ -189,6 +198,13 @@ class ConnectHandler:
 
     def _context_for(self, host: str) -> ssl.SSLContext:
         assert self.leaves is not None
+        if host not in self.leaves and not self._mints.take():
+            raise ProxyError(
+                503,
+                "interception-busy",
+                f"certificates for new host names are made at most {LEAF_MINTS_PER_S} a second; retry",
+                headers=(("Retry-After", str(RETRY_AFTER_S)),),
+            )
         context = self.leaves.get(host)
         if context.sni_callback is not self._sni_callback:
             context.sni_callback = self._sni_callback  # refuse a different SNI, never switch leaves
