@@ -55,6 +55,11 @@ class SoftHsm:
         self.conf.write_text(
             f"directories.tokendir = {self.tokens}\nobjectstore.backend = file\nlog.level = ERROR\n"
         )
+        self.add_token(label)
+        self._aside = tmp / "unplugged"
+
+    def add_token(self, label: str) -> None:
+        """Initialise one more token, ``label``, in the same token directory (the same module)."""
         result = subprocess.run(
             ["softhsm2-util", "--init-token", "--free", "--label", label, "--so-pin", SO_PIN, "--pin", PIN],
             capture_output=True,
@@ -64,7 +69,6 @@ class SoftHsm:
             env={**os.environ, "SOFTHSM2_CONF": str(self.conf)},
         )
         assert result.returncode == 0, result.stderr
-        self._aside = tmp / "unplugged"
 
     def env(self, pin: str = PIN) -> dict[str, str]:
         return {"SOFTHSM2_CONF": str(self.conf), PIN_ENV: pin}
@@ -101,3 +105,12 @@ def use_in_this_process(hsm: SoftHsm, monkeypatch: pytest.MonkeyPatch) -> None:
             module.reset()
     token_keys._modules.clear()
     pkcs11.lib(hsm.module).reinitialize()
+
+
+def two_tokens(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> SoftHsm:
+    """Two tokens, ``tok-a`` and ``tok-b``, of one SoftHSM module (one ``Pkcs11Module``, one lock),
+    used in this process."""
+    hsm = SoftHsm(tmp_path / "hsm", label="tok-a")
+    hsm.add_token("tok-b")
+    use_in_this_process(hsm, monkeypatch)
+    return hsm

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import subprocess
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -33,7 +31,7 @@ from signing_proxy.service.publish import PublishServer
 from signing_proxy.service.tokenkeys import token_slot_for
 from signing_proxy.storage.keystore import KeyStore, StoreWatcher
 from signing_proxy.storage.pkcs11 import Pkcs11Module, TokenKey, generate_token_key, module_for
-from tests.softhsm import PIN, SO_PIN, SoftHsm, use_in_this_process
+from tests.softhsm import PIN, two_tokens
 
 pytestmark = pytest.mark.integration
 
@@ -43,22 +41,6 @@ PROOF_FIELDS = ("Content-Digest", "Signature-Input", "Signature")
 WAIT_S = 10.0  # bound on every wait here: nothing takes a second when it works
 
 Client = Callable[..., Awaitable[TestClient[Any, Any]]]
-
-
-def _two_tokens(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> SoftHsm:
-    """Two tokens, ``tok-a`` and ``tok-b``, of one SoftHSM module (one ``Pkcs11Module``, one thread)."""
-    hsm = SoftHsm(tmp_path / "hsm", label="tok-a")
-    result = subprocess.run(
-        ["softhsm2-util", "--init-token", "--free", "--label", "tok-b", "--so-pin", SO_PIN, "--pin", PIN],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-        env={**os.environ, "SOFTHSM2_CONF": str(hsm.conf)},
-    )
-    assert result.returncode == 0, result.stderr
-    use_in_this_process(hsm, monkeypatch)
-    return hsm
 
 
 def _proven(body: bytes, headers: Any, now: float) -> frozenset[str]:
@@ -73,7 +55,7 @@ async def test_a_waiting_key_on_an_unreachable_token_of_the_module_is_served_wit
     aiohttp_client: Client,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    hsm = _two_tokens(tmp_path, monkeypatch)
+    hsm = two_tokens(tmp_path, monkeypatch)
     config = parse_config(
         {
             "data_dir": str(tmp_path / "data"),

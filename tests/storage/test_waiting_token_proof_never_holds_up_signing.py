@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import subprocess
 import threading
 import time
 from pathlib import Path
@@ -34,7 +32,7 @@ from signing_proxy.storage.pkcs11 import (
     module_for,
 )
 from signing_proxy.storage.tokenstore import TokenStoreKeyProvider
-from tests.softhsm import PIN, SO_PIN, SoftHsm, use_in_this_process
+from tests.softhsm import PIN, SoftHsm, two_tokens
 
 p11 = pytest.importorskip("pkcs11", reason="python-pkcs11 (extra 'hsm') is not installed")
 
@@ -56,22 +54,6 @@ def slots_per_token(module: Pkcs11Module, timeout_s: float) -> tuple[dict[str, T
     slot(parse_pkcs11_uri("pkcs11:token=tok-a;object=any"))
     slot(parse_pkcs11_uri("pkcs11:token=tok-b;object=any"))
     return slots, open_key
-
-
-def two_tokens(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> SoftHsm:
-    """Two tokens, ``tok-a`` and ``tok-b``, of one SoftHSM module (one ``Pkcs11Module``, one lock)."""
-    hsm = SoftHsm(tmp_path / "hsm", label="tok-a")
-    result = subprocess.run(
-        ["softhsm2-util", "--init-token", "--free", "--label", "tok-b", "--so-pin", SO_PIN, "--pin", PIN],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-        env={**os.environ, "SOFTHSM2_CONF": str(hsm.conf)},
-    )
-    assert result.returncode == 0, result.stderr
-    use_in_this_process(hsm, monkeypatch)
-    return hsm
 
 
 def test_a_key_waiting_on_an_unreachable_token_of_the_module_never_holds_up_the_signing_key(
