@@ -6,6 +6,7 @@ the counter store is the embedded SQLite one in a temp dir. Real processes: test
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ from signing_proxy.verify.gateway import (
 )
 from signing_proxy.verify.issuers import IssuerKeys
 from signing_proxy.verify.redis_counters import RedisCounterStore
+from tests.redis_server import RedisServer
 from tests.verify.fakes import NOW, Clock, FakeFetch
 from tests.verify.strangers import signed
 
@@ -147,6 +149,22 @@ async def world(tmp_path: Path) -> AsyncIterator[World]:
     yield w
     await verifier.close()
     await store.close()
+
+
+@contextlib.asynccontextmanager
+async def on_store(world: World, kind: str, tmp: Path) -> AsyncIterator[World]:
+    """``world`` counting in its SQLite store (``kind`` "sqlite") or in a Redis of its own ("redis")."""
+    if kind == "sqlite":
+        yield world
+        return
+    with RedisServer(tmp) as server:
+        store, world.gateway.store = world.gateway.store, RedisCounterStore.from_url(server.url)
+        try:
+            yield world
+        finally:
+            assert world.gateway.store is not None
+            await world.gateway.store.close()
+            world.gateway.store = store
 
 
 async def test_a_plain_request_passes_with_its_hop_headers(world: World) -> None:

@@ -29,7 +29,7 @@ from signing_proxy.verify.verifier import VerifierPolicy
 from tests.redis_server import RedisServer
 from tests.verify.conftest import Factory
 from tests.verify.strangers import signed
-from tests.verify.test_gateway import OWNER, World, world  # noqa: F401 (the fixture)
+from tests.verify.test_gateway import OWNER, World, on_store, world  # noqa: F401 (the fixture)
 
 NOW = 1_800_000_000.0
 BOUND = 3
@@ -159,17 +159,8 @@ async def replay_world(
     tmp_path: Path,
 ) -> AsyncIterator[World]:
     world.gateway.policy = GatewayPolicy(replay_protection=True, max_stranger_replay_rows=BOUND)
-    if request.param == "sqlite":
-        yield world
-        return
-    with RedisServer(tmp_path) as server:
-        store, world.gateway.store = world.gateway.store, RedisCounterStore.from_url(server.url)
-        try:
-            yield world
-        finally:
-            assert world.gateway.store is not None
-            await world.gateway.store.close()
-            world.gateway.store = store
+    async with on_store(world, request.param, tmp_path) as on:
+        yield on
 
 
 async def test_the_gateway_refuses_a_strangers_new_signature_past_the_bound(replay_world: World) -> None:

@@ -27,7 +27,7 @@ from signing_proxy.verify.redis_counters import STRANGERS_KEY, RedisCounterStore
 from tests.redis_server import RedisServer
 from tests.verify.conftest import Factory
 from tests.verify.fakes import NOW as NOW_W  # the world fixture's clock
-from tests.verify.test_gateway import OWNER, World, world  # noqa: F401 (the fixture)
+from tests.verify.test_gateway import OWNER, World, on_store, world  # noqa: F401 (the fixture)
 
 NOW = 1_800_000_000.0
 BOUND = 3
@@ -194,17 +194,8 @@ async def gateway_world(
     tmp_path: Path,
 ) -> AsyncIterator[World]:
     world.gateway.policy = GatewayPolicy(max_stranger_quota_rows=BOUND)  # no replay check: a chain reused
-    if request.param == "sqlite":
-        yield world
-        return
-    with RedisServer(tmp_path) as server:
-        store, world.gateway.store = world.gateway.store, RedisCounterStore.from_url(server.url)
-        try:
-            yield world
-        finally:
-            assert world.gateway.store is not None
-            await world.gateway.store.close()
-            world.gateway.store = store
+    async with on_store(world, request.param, tmp_path) as on:
+        yield on
 
 
 async def test_the_gateway_refuses_a_strangers_new_chain_past_the_bound(gateway_world: World) -> None:
