@@ -10,11 +10,8 @@ from collections.abc import AsyncIterator
 import pytest
 
 from signing_proxy.core.errors import VerificationError
-from signing_proxy.core.fields import Fields
 from signing_proxy.core.jwk import SigningKey
 from signing_proxy.core.keys import Directory, DirectoryKey, render_directory
-from signing_proxy.core.signatures import Message, attach_signature, hop_components, sign_message
-from signing_proxy.core.uri import parse_absolute_uri
 from signing_proxy.verify import (
     DirectoryResolver,
     FetchResult,
@@ -24,11 +21,9 @@ from signing_proxy.verify import (
     directory_url,
 )
 from tests.verify.fakes import NOW, Clock, FakeFetch
-from tests.verify.strangers import BODY, TARGET, signed
+from tests.verify.strangers import BODY, TARGET
+from tests.verify.test_broker_key_own_directory import AGENT, AGENT_DIR, BROKER_DIR, relayed
 
-AGENT_DIR = "https://agent.example"
-BROKER_DIR = "https://broker.example"
-AGENT = SigningKey.from_seed(bytes(range(32)))
 STRANGER = SigningKey.from_seed(bytes(range(2, 34)))
 HOP = SigningKey.from_seed(bytes(range(1, 33)))
 
@@ -55,21 +50,6 @@ async def verifier(fetch: FakeFetch) -> AsyncIterator[RequestVerifier]:
     await made.close()
 
 
-def stacked(agent: str, key: SigningKey) -> Fields:
-    """A request signed by ``key`` with a "broker" label over it (by a key no broker published)."""
-    fields = signed(agent, key, now=NOW, body=BODY)
-    hop = sign_message(
-        Message("POST", parse_absolute_uri(TARGET), fields),
-        HOP,
-        created=NOW,
-        expires=NOW + 60,
-        label="broker",
-        components=hop_components("agent"),
-    )
-    attach_signature(fields, hop)
-    return fields
-
-
 def warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
 
@@ -80,7 +60,7 @@ async def test_a_stranger_without_a_known_key_never_has_the_broker_directory_loo
     caplog.set_level(logging.INFO, logger="signing_proxy")
     for _ in range(50):  # an empty Signature-Agent, no pinned key: the first label's key is unknown
         with pytest.raises(VerificationError) as caught:
-            await verifier.verify("POST", TARGET, stacked("", STRANGER), BODY)
+            await verifier.verify("POST", TARGET, relayed(HOP, "", STRANGER), BODY)
         assert (caught.value.reason, caught.value.label) == ("unknown-keyid", "agent")
     assert directory_url(BROKER_DIR) not in fetch.calls
     assert warnings(caplog) == []
@@ -92,7 +72,7 @@ async def test_the_broker_directory_being_down_is_logged_once_a_minute(
     caplog.set_level(logging.INFO, logger="signing_proxy")
     for _ in range(50):  # the agent's key is known: the broker's label needs the broker's directory
         with pytest.raises(VerificationError) as caught:
-            await verifier.verify("POST", TARGET, stacked(f'"{AGENT_DIR}"', AGENT), BODY)
+            await verifier.verify("POST", TARGET, relayed(HOP), BODY)
         assert (caught.value.reason, caught.value.label) == ("unknown-keyid", "broker")
     said = warnings(caplog)
     assert len(said) == 1, said

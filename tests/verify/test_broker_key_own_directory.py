@@ -52,9 +52,10 @@ async def verifier() -> AsyncIterator[RequestVerifier]:
     await made.close()
 
 
-def relayed(hop_key: SigningKey) -> Fields:
-    """The agent's request with a "broker" label signed by ``hop_key`` over the agent's signature."""
-    fields = signed(f'"{AGENT_DIR}"', AGENT, now=NOW, body=BODY)
+def relayed(hop_key: SigningKey, agent: str = f'"{AGENT_DIR}"', agent_key: SigningKey = AGENT) -> Fields:
+    """A request signed by ``agent_key`` with ``Signature-Agent: agent`` (the agent's, by default),
+    and a "broker" label signed by ``hop_key`` over its signature."""
+    fields = signed(agent, agent_key, now=NOW, body=BODY)
     hop = sign_message(
         Message("POST", parse_absolute_uri(TARGET), fields),
         hop_key,
