@@ -61,7 +61,7 @@ from ..core.gateway_ingest import (
 from ..core.jwk import PublicKey
 from ..core.requester import REQUESTER_TYPE_DELEGATED
 from ..core.scopes import format_scope_list
-from ..core.signatures import VerifiedStack
+from ..core.signatures import SignatureEntry, VerifiedStack
 from ..errors import VERIFIER_BUSY, DirectoryError
 from .counters import CounterStore, ReplayRowsFull, StrangerRowsFull
 from .issuers import ISSUER_DIRECTORY_UNAVAILABLE, IssuerKeys
@@ -185,10 +185,19 @@ class GatewayVerifier:
     clock: Callable[[], float] = time.time
     _logged_at: dict[str, float] = field(default_factory=dict, init=False, repr=False)  # by line kind
 
-    async def check(self, method: str, target_uri: str, fields: Fields, body: bytes) -> GatewayVerdict:
-        """The verdict, or ``GatewayRefusal`` with the status and stable reason of the step that refused."""
+    async def check(
+        self,
+        method: str,
+        target_uri: str,
+        fields: Fields,
+        body: bytes,
+        *,
+        entries: tuple[SignatureEntry, ...] | None = None,
+    ) -> GatewayVerdict:
+        """The verdict, or ``GatewayRefusal`` with the status and stable reason of the step that refused.
+        ``entries``: the stack as the caller parsed it already (``RequestVerifier.verify``)."""
         try:
-            stack = await self.verifier.verify(method, target_uri, fields, body)
+            stack = await self.verifier.verify(method, target_uri, fields, body, entries=entries)
         except VerificationError as exc:
             where = f" (label {exc.label!r})" if exc.label else ""
             status, headers = refusal_answer(exc)

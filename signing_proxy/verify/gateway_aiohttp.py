@@ -19,7 +19,7 @@ from ..core.errors import VerificationError
 from ..core.uri import LOOPBACK_HOSTS
 from ..errors import problem_body
 from .gateway import GatewayRefusal, GatewayVerdict, GatewayVerifier
-from .middleware import Handler, Hosts, as_received, exempt_check, served_hosts
+from .middleware import Handler, Hosts, exempt_check, received, served_hosts
 from .verifier import refusal_answer
 
 __all__ = ["GATEWAY", "gateway_middleware", "gateway_refusal", "verify_gateway_request"]
@@ -37,7 +37,7 @@ async def verify_gateway_request(
     """Steps 1-5 on an aiohttp request; ``GatewayRefusal`` with the status and reason of a refusal.
 
     The origin is ``external_origin``, else the request's scheme and ``Host``, a name in ``hosts``
-    (``middleware.as_received``)."""
+    (``middleware.received``)."""
     return await _verified(gateway, request, external_origin, served_hosts(hosts))
 
 
@@ -45,11 +45,11 @@ async def _verified(
     gateway: GatewayVerifier, request: web.Request, external_origin: str | None, hosts: frozenset[str] | None
 ) -> GatewayVerdict:
     try:
-        received = await as_received(request, external_origin, hosts)
+        method, uri, fields, body, entries = await received(request, external_origin, hosts)
     except VerificationError as exc:  # no target URI to verify against: refused like a bad signature
         status, headers = refusal_answer(exc)
         raise GatewayRefusal(status, exc.reason, exc.detail, headers) from None
-    return await gateway.check(*received)
+    return await gateway.check(method, uri, fields, body, entries=entries)  # the stack parsed once
 
 
 def gateway_refusal(refusal: GatewayRefusal) -> web.Response:

@@ -35,6 +35,7 @@ __all__ = [
     "Handler",
     "as_received",
     "exempt_check",
+    "received",
     "refusal",
     "served_hosts",
     "signature_middleware",
@@ -67,7 +68,7 @@ async def _verify(
     verifier: RequestVerifier, request: web.Request, external_origin: str | None, hosts: frozenset[str] | None
 ) -> VerifiedStack:
     """``verifier.verify`` of the request ``as_received``, its stack parsed once."""
-    method, uri, fields, body, entries = await _received(request, external_origin, hosts)
+    method, uri, fields, body, entries = await received(request, external_origin, hosts)
     return await verifier.verify(method, uri, fields, body, entries=entries)
 
 
@@ -94,12 +95,12 @@ async def as_received(
     request: web.Request, external_origin: str | None, hosts: frozenset[str] | None = LOOPBACK
 ) -> tuple[str, str, Fields, bytes]:
     """Method, target URI, header field lines and body of ``request`` exactly as they arrived
-    (``_received``, without the parsed stack)."""
-    method, uri, fields, body, _entries = await _received(request, external_origin, hosts)
+    (``received``, without the parsed stack)."""
+    method, uri, fields, body, _entries = await received(request, external_origin, hosts)
     return method, uri, fields, body
 
 
-async def _received(
+async def received(
     request: web.Request, external_origin: str | None, hosts: frozenset[str] | None
 ) -> tuple[str, str, Fields, bytes, tuple[SignatureEntry, ...]]:
     """Method, target URI, header field lines, body and parsed stack of ``request`` as they arrived
