@@ -20,7 +20,6 @@ never one unsigned.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from typing import Final
 
@@ -30,6 +29,7 @@ from ..core.uri import Target
 from ..net.forward import IDEMPOTENT
 from ..net.framing import Outgoing
 from ..net.upstream import ResponseHead
+from ..ratelog import RateGate
 
 __all__ = ["DECLINE_WARN_EVERY_S", "ChallengeHold", "challenge_hold"]
 
@@ -40,27 +40,7 @@ log = logging.getLogger("signing_proxy.challenges")
 DECLINE_WARN_EVERY_S: Final = 60.0
 
 
-class _Declines:
-    """The declined retries since the last warning, and when that was (``time.monotonic``)."""
-
-    __slots__ = ("clock", "count", "last")
-
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self.clock = clock
-        self.last: float | None = None
-        self.count = 0
-
-    def due(self) -> int | None:
-        """Count one decline; the declines counted when a warning is due now, else None."""
-        self.count += 1
-        now = self.clock()
-        if self.last is not None and 0 <= now - self.last < DECLINE_WARN_EVERY_S:
-            return None
-        self.last, declined, self.count = now, self.count, 0
-        return declined
-
-
-_declines = _Declines()  # for the process: every proxy's holds share the one rate
+_declines = RateGate(DECLINE_WARN_EVERY_S)  # for the process: every proxy's holds share the one rate
 
 
 class ChallengeHold:

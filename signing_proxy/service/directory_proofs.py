@@ -38,6 +38,7 @@ from ..core.directory_proof import directory_proof_bases, directory_proof_fields
 from ..core.jwk import SigningKey
 from ..core.rotation import CLOCK_MARGIN_S
 from ..errors import TokenError
+from ..ratelog import RateGate
 from ..storage.keystore import StoreState
 from ..storage.pkcs11 import TokenKey
 from ..storage.tokenstore import holds_up_none
@@ -89,9 +90,11 @@ class ProofCache:
         self.clock = clock  # the listener's: when a round ended (a token may take timeout_s to fail)
         self._made: dict[str, SignedProofs | _Failed] = {}
         self._rounds: dict[str, _Round] = {}
-        self._failed = _Warnings()  # rounds that failed: no directory served
-        self._left_out = _Warnings()  # rounds served with a key left without its proof
-        self._held_back = _Warnings()  # rounds served with a key not asked, lest it hold up a signer
+        self._failed = RateGate(WARN_EVERY_S)  # rounds that failed: no directory served
+        self._left_out = RateGate(WARN_EVERY_S)  # rounds served with a key left without its proof
+        self._held_back = RateGate(
+            WARN_EVERY_S
+        )  # rounds served with a key not asked, lest it hold up a signer
 
     async def proofs(
         self, agent: str, state: StoreState, body: bytes, keys: Sequence[SigningKey], now: float
@@ -221,20 +224,3 @@ class ProofCache:
         elif isinstance(error, TokenError):
             # held from when it ended: a token that hangs fails only after timeout_s
             self._made[agent] = _Failed(round_.state, round_.body, self.clock() + FAILURE_HOLD_S, error)
-
-
-class _Warnings:
-    """Per agent: at most one warning every ``WARN_EVERY_S``, counting the rounds since the last."""
-
-    def __init__(self) -> None:
-        self._at: dict[str, float] = {}  # agent -> when it was last logged
-        self._rounds: dict[str, int] = {}  # agent -> rounds since its last warning
-
-    def due(self, agent: str, now: float) -> int | None:
-        """Count one more round; the rounds counted when a warning is due now, else None."""
-        self._rounds[agent] = self._rounds.get(agent, 0) + 1
-        last = self._at.get(agent)
-        if last is not None and last <= now < last + WARN_EVERY_S:
-            return None
-        self._at[agent] = now
-        return self._rounds.pop(agent)

@@ -63,6 +63,7 @@ from ..core.requester import REQUESTER_TYPE_DELEGATED
 from ..core.scopes import format_scope_list
 from ..core.signatures import SignatureEntry, VerifiedStack
 from ..errors import VERIFIER_BUSY, DirectoryError
+from ..ratelog import RateGate
 from .counters import CounterStore, ReplayRowsFull, StrangerRowsFull
 from .issuers import ISSUER_DIRECTORY_UNAVAILABLE, IssuerKeys
 from .verifier import PINNED, SIGNATURE_CHALLENGE, RequestVerifier, refusal_answer
@@ -84,10 +85,7 @@ QUOTA_EXCEEDED = "DENIAL_REASON_QUOTA_EXCEEDED"  # spec "Failure handling"
 HEADER_PREFIX = "x-verified-"  # every header the gateway sets; client-sent copies are dropped
 # quota-store-full: no stranger's counter frees on demand (each lasts its window), so a fixed pause
 STORE_FULL_RETRY_AFTER_S = 60
-STORE_FULL_LOG_EVERY_S = 60.0  # one warning a minute while strangers' counters are at their bound
-# replay-store-full answers the same pause (a stranger's replay row lasts its signature's validity)
-REPLAY_FULL_LOG_EVERY_S = 60.0  # one warning a minute while strangers' replay rows are at their bound
-STORE_FAILED_LOG_EVERY_S = 60.0  # one warning a minute while the counter store fails (each request: 503)
+WARN_EVERY_S = 60.0  # a warning strangers can cause (a store full or failing): at most one a minute per kind
 _SAFE = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) not in '%",')  # percent-encode the rest
 
 
@@ -168,12 +166,6 @@ def _safe(value: str) -> str:
     return quote(value, safe=_SAFE + " ")
 
 
-def _log_due(last: float | None, now: float, every_s: float) -> bool:
-    """Whether a rate-limited line is due: none yet, ``every_s`` since the last one, or the wall
-    clock stepped back (never silent until it catches up again)."""
-    return last is None or not 0 <= now - last < every_s
-
-
 @dataclass
 class GatewayVerifier:
     """Steps 1 to 5 over a ``RequestVerifier``, the issuers' keys and a counter store."""
@@ -183,7 +175,7 @@ class GatewayVerifier:
     store: CounterStore | None = None  # needed for quotas and replay protection
     policy: GatewayPolicy = field(default_factory=GatewayPolicy)
     clock: Callable[[], float] = time.time
-    _logged_at: dict[str, float] = field(default_factory=dict, init=False, repr=False)  # by line kind
+    _lines: RateGate = field(default_factory=lambda: RateGate(WARN_EVERY_S), init=False, repr=False)
 
     async def check(
         self,
@@ -347,7 +339,6 @@ class GatewayVerifier:
     def _log_full(self, exc: StrangerRowsFull) -> None:
         self._warn_at_most(
             "quota-full",
-            STORE_FULL_LOG_EVERY_S,
             "new capped chains of untrusted issuers refused (503 quota-store-full): %s "
             "(gateway.max_stranger_quota_rows; list an issuer in gateway.trusted_issuers to exempt it)",
             exc.detail,
@@ -358,7 +349,6 @@ class GatewayVerifier:
         anyone fill the log, so one a minute (the readiness probe logs when it fails and recovers)."""
         self._warn_at_most(
             "store-failed",
-            STORE_FAILED_LOG_EVERY_S,
             "counter store failed: %s (requests that need it are answered 503; logged at most once a minute)",
             type(exc).__name__,
         )
@@ -366,17 +356,14 @@ class GatewayVerifier:
     def _log_replay_full(self, exc: ReplayRowsFull) -> None:
         self._warn_at_most(
             "replay-full",
-            REPLAY_FULL_LOG_EVERY_S,
             "new signatures of requests not vouched for refused (503 replay-store-full): %s "
             "(gateway.max_stranger_replay_rows; trusted issuers' chains, pinned agent keys exempt)",
             exc.detail,
         )
 
-    def _warn_at_most(self, kind: str, every_s: float, message: str, *args: object) -> None:
-        """A warning of ``kind`` at most once per ``every_s`` (strangers can cause one per request)."""
-        now = self.clock()
-        if _log_due(self._logged_at.get(kind), now, every_s):
-            self._logged_at[kind] = now
+    def _warn_at_most(self, kind: str, message: str, *args: object) -> None:
+        """A warning of ``kind`` at most once per ``WARN_EVERY_S`` (strangers can cause one per request)."""
+        if self._lines.due(kind, self.clock()) is not None:
             log.warning(message, *args)
 
     def _vouched(self, verdict: GatewayVerdict) -> bool:

@@ -40,6 +40,7 @@ from ..core.signatures import (
 from ..core.uri import parse_received_uri
 from ..errors import VERIFIER_BUSY, EgressError, Error, http_status
 from ..net.egress import EgressPolicy
+from ..ratelog import RateGate
 from .directory import DirectoryError, DirectoryResolver, directory_url
 from .revocation import RevocationPoller
 
@@ -112,7 +113,9 @@ class RequestVerifier:
     egress: EgressPolicy = field(default_factory=EgressPolicy)
     closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)  # run by ``close``
     _poller: RevocationPoller = field(init=False, repr=False)
-    _broker_warned: dict[str, float] = field(default_factory=dict, init=False, repr=False)
+    _broker_lines: RateGate = field(
+        default_factory=lambda: RateGate(BROKER_WARN_EVERY_S), init=False, repr=False
+    )
 
     def __post_init__(self) -> None:
         if self.revocations is None:
@@ -239,12 +242,9 @@ class RequestVerifier:
         return found
 
     def _warn_broker_unavailable(self, base: str, reason: str) -> None:
-        """One line a minute per broker directory (a configured one: the dict is bounded): asked for
+        """One line a minute per broker directory (a configured one: the keys are bounded): asked for
         every stacked request while it is down, a line each let any sender fill the log."""
-        now = time.monotonic()
-        last = self._broker_warned.get(base)
-        if last is None or not 0 <= now - last < BROKER_WARN_EVERY_S:
-            self._broker_warned[base] = now
+        if self._broker_lines.due(base) is not None:
             log.warning("broker directory %s unavailable: %s (logged at most once a minute)", base, reason)
 
     async def _key_for(

@@ -23,6 +23,7 @@ from signing_proxy.proxy import challenges
 from signing_proxy.proxy.challenges import challenge_hold
 from signing_proxy.proxy.pipeline import BearerStore, Signer, SigningPipeline
 from signing_proxy.proxy.profiles import ProfileSelector
+from signing_proxy.ratelog import RateGate
 
 REGISTRY = "https://registry.example/agents/alice"
 URL = "https://shop.example/page"
@@ -58,7 +59,9 @@ def test_a_challenge_is_not_retried_with_a_registry_path_and_nothing_is_learned(
 ) -> None:
     """The retry went out as ``agent="https://registry.example/agents/alice"`` (and ``learn`` kept the
     host so): a member a protocol-02 verifier ignores, from which it finds no directory."""
-    monkeypatch.setattr(challenges, "_declines", challenges._Declines())  # the process's once-a-minute
+    monkeypatch.setattr(
+        challenges, "_declines", RateGate(challenges.DECLINE_WARN_EVERY_S)
+    )  # the process's once-a-minute
     first = _first(_pipeline(REGISTRY))
     learned: list[Target] = []
     hold = challenge_hold(first, None, learned.append, REGISTRY)

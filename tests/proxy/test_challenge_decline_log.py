@@ -14,6 +14,7 @@ from signing_proxy.net.framing import Outgoing
 from signing_proxy.net.upstream import ResponseHead
 from signing_proxy.proxy import challenges
 from signing_proxy.proxy.challenges import challenge_hold
+from signing_proxy.ratelog import RateGate
 
 REGISTRY = "https://registry.example/agents/alice"  # right for the spec's profile, no web-bot-auth member
 CHALLENGE = ResponseHead(
@@ -30,7 +31,7 @@ CHALLENGE = ResponseHead(
 def clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     """The process's rate, replaced for the test by one on a clock the test moves."""
     now = [1_000.0]
-    monkeypatch.setattr(challenges, "_declines", challenges._Declines(lambda: now[0]))
+    monkeypatch.setattr(challenges, "_declines", RateGate(challenges.DECLINE_WARN_EVERY_S, lambda: now[0]))
     return now
 
 
