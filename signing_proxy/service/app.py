@@ -45,6 +45,7 @@ from ..proxy.profiles import ProfileSelector
 from ..proxy.relay import RelayPipeline
 from ..proxy.requester import RELOAD_CHECK_INTERVAL_S, RequesterInjector, injector_for
 from ..proxy.transactions import TransactionKeys
+from ..storage.storewatch import NEXT_KEY_PREFIX
 from .admin import local_endpoints
 from .linewriter import CLOSE_WAIT_S, LineWriter, route_logging
 
@@ -357,8 +358,8 @@ class ProxyApp:
         details: dict[str, object] = {}
         if self.gateway is None:  # a gateway verifies only: it has no key to sign with
             said = "no-valid-signing-key" if key is None else self.keys.unavailable() or "ok"
-            if said.startswith("next-key-"):  # the key signing now signs: a warning ahead, never unready
-                details["next_signing_key"], said = said.removeprefix("next-key-"), "ok"
+            if said.startswith(NEXT_KEY_PREFIX):  # the key signing now signs: a warning ahead, never unready
+                details["next_signing_key"], said = said.removeprefix(NEXT_KEY_PREFIX), "ok"
             checks["signing_key"] = said
         store = self.gateway.store_check() if self.gateway is not None else None
         if store is not None:  # "unavailable": every request needing the replay/quota store gets 503

@@ -10,6 +10,7 @@ from signing_proxy.config import parse_config
 from signing_proxy.core.jwk import SigningKey
 from signing_proxy.core.keys import StaticKeyProvider
 from signing_proxy.service.app import ProxyApp
+from signing_proxy.storage.storewatch import NEXT_KEY_PREFIX
 
 
 class Said(StaticKeyProvider):
@@ -27,7 +28,7 @@ def readiness(tmp_path: Path, why: str | None) -> tuple[int, dict[str, object]]:
 
 
 def test_a_next_key_that_cannot_sign_is_a_detail_not_unready(tmp_path: Path) -> None:
-    status, doc = readiness(tmp_path, "next-key-token-pin-incorrect")
+    status, doc = readiness(tmp_path, NEXT_KEY_PREFIX + "token-pin-incorrect")
     assert status == 200
     assert doc["status"] == "ready"
     assert doc["checks"] == {"config": "ok", "signing_key": "ok", "interception_ca": "ok"}
