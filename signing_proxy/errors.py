@@ -41,6 +41,7 @@ from .core.errors import (
     SigningError,
     VerificationError,
 )
+from .core.pkcs11_uri import mask_pin_value
 from .core.uri import MISDIRECTED
 
 __all__ = [
@@ -93,6 +94,11 @@ class StorageError(Error):
 
 class KeyFileError(StorageError):
     """A key file is missing, unreadable, too open, or malformed; ``str()`` says which and where."""
+
+    def shown(self) -> str:
+        """``str()`` with the path's ``pin-value`` masked: a mistyped ``pkcs11:`` URI (``pkcs11;...``)
+        is taken for a key path, and a refusal quoting it would show the PIN."""
+        return f"{mask_pin_value(str(self.path))}: {self.detail}" if self.path is not None else self.detail
 
 
 class KeyStoreError(StorageError):

@@ -17,7 +17,6 @@ from pathlib import Path
 from ..config import ENV_CONFIG_FILE, ENV_OVERRIDES, Config, apply_env_overrides, load_config
 from ..core.durations import parse_duration
 from ..core.jwk import PublicKey, SigningKey
-from ..core.pkcs11_uri import mask_pin_value
 from ..errors import (
     CAError,
     CliError,
@@ -202,12 +201,16 @@ def add_data_dir_flag(parser: argparse.ArgumentParser) -> None:
 # --- key files named by a flag ---------------------------------------------------------------------
 
 
+def store_refused(exc: Exception) -> CliError:
+    """A refusal as one line; the key store's ends with its stable reason (``rotation-pending``, ...)."""
+    return CliError(f"{exc} ({exc.reason})" if isinstance(exc, KeyStoreError) else str(exc))
+
+
 def signing_key_file(path: str, flag: str) -> SigningKey:
     try:
         return load_key_file(Path(path).expanduser())
     except KeyFileError as exc:  # a mistyped pkcs11: URI is taken for a path: its PIN is not shown
-        shown = f"{mask_pin_value(str(exc.path))}: {exc.detail}" if exc.path is not None else exc.detail
-        raise CliError(f"{flag}: {shown}") from None
+        raise CliError(f"{flag}: {exc.shown()}") from None
 
 
 def public_key_file(path: Path, flag: str) -> PublicKey:

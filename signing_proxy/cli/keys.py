@@ -31,7 +31,7 @@ from ..errors import CliError, KeyFileError, KeyStoreError, StorageError
 from ..storage.keyfile import load_key_file, write_private_file
 from ..storage.keystore import RELOAD_CHECK_INTERVAL_S, KeyStore, StoreState, open_or_create
 from ..storage.served import SERVED_NAME, read_served
-from .common import add_config_flag, add_data_dir_flag, config_from, duration
+from .common import add_config_flag, add_data_dir_flag, config_from, duration, store_refused
 from .publish import add_publish_parser
 from .tokenkeys import cmd_token_generate, cmd_token_show, token_key_for_store
 
@@ -104,11 +104,6 @@ def _store(args: argparse.Namespace) -> tuple[Config, KeyStore]:
     return config, store
 
 
-def _fail(exc: Exception) -> CliError:
-    """A refusal as one line; the store's ends with its stable reason (``rotation-pending``, ...)."""
-    return CliError(f"{exc} ({exc.reason})" if isinstance(exc, KeyStoreError) else str(exc))
-
-
 def _next(state: StoreState, record: KeyRecord, now: float) -> str:
     change = state.next_change(record, now)
     return "-" if change is None else f"{change[1]} at {format_rfc3339(change[0])}"
@@ -167,7 +162,7 @@ def cmd_keys_list(args: argparse.Namespace) -> int:
     try:
         state = store.load(private=False)
     except KeyStoreError as exc:
-        raise _fail(exc) from None
+        raise store_refused(exc) from None
     if args.json:
         print(json.dumps(_state_json(state, now), indent=2))
     else:
@@ -251,7 +246,7 @@ def cmd_keys_rotate(args: argparse.Namespace) -> int:
             now, grace_s=args.grace, lifetime_s=lifetime, activate_in_s=delay, force=args.force, key=token_key
         )
     except (KeyStoreError, ValueError) as exc:
-        raise _fail(exc) from None
+        raise store_refused(exc) from None
     except OSError as exc:
         raise CliError(f"cannot write the key store {store.path}: {exc.strerror or exc}") from None
     signs = "now" if new.activation <= now else f"from {format_rfc3339(new.activation)}"
@@ -289,7 +284,7 @@ def cmd_keys_revoke(args: argparse.Namespace) -> int:
         changed = store.revoke(args.thumbprint, time.time(), force=args.force)
         state = store.load(private=False)
     except KeyStoreError as exc:
-        raise _fail(exc) from None
+        raise store_refused(exc) from None
     as_of = format_rfc3339(state.revocations.as_of)
     if not changed:
         print(f"{args.thumbprint} was already revoked (revocation list as_of {as_of})")
@@ -315,7 +310,7 @@ def cmd_keys_prune(args: argparse.Namespace) -> int:
     try:
         dropped = store.prune(now, force=args.force)
     except KeyStoreError as exc:
-        raise _fail(exc) from None
+        raise store_refused(exc) from None
     if not dropped:
         print("nothing to prune")
     for record in dropped:

@@ -19,7 +19,7 @@ from ..core.keys import format_rfc3339
 from ..errors import CliError, KeyStoreError
 from ..storage.files import PUBLIC_FILE_MODE, write_atomic
 from ..storage.keystore import KeyStore
-from .common import add_config_flag, add_data_dir_flag, config_from, config_refused
+from .common import add_config_flag, add_data_dir_flag, config_from, config_refused, store_refused
 
 __all__ = ["add_publish_parser", "cmd_publish"]
 
@@ -62,7 +62,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
             state = KeyStore(config.data_path, publication.agent).load(private=False)
             files.update(render_publication(publication, state, now))
         except KeyStoreError as exc:
-            raise CliError(f"{exc} ({exc.reason})") from None
+            raise store_refused(exc) from None
         except KeyFormatError as exc:
             hint = "run `signing-proxy keys rotate`"
             raise CliError(f"agent {publication.agent}: {exc.detail}; {hint}") from None

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Final
 
 from ..config import Config
 from ..core.keys import KeyProvider, StaticKeyProvider, format_rfc3339
-from ..core.pkcs11_uri import is_pkcs11_uri, mask_pin_value
+from ..core.pkcs11_uri import is_pkcs11_uri
 from ..errors import ConfigError, KeyFileError, KeyStoreError
 from ..storage.keyfile import load_key_file
 from ..storage.keystore import (
@@ -62,8 +62,7 @@ def file_key_provider(path: str | Path) -> KeyProvider:
         return StaticKeyProvider(load_key_file(Path(path).expanduser()))
     except KeyFileError as exc:
         # a mistyped pkcs11: URI ("pkcs11;...", "pkcs:...") is taken for a path: its PIN is not shown
-        shown = f"{mask_pin_value(str(exc.path))}: {exc.detail}" if exc.path is not None else exc.detail
-        raise ConfigError(f"signing.key: {shown}") from None
+        raise ConfigError(f"signing.key: {exc.shown()}") from None
 
 
 def key_provider_for(config: Config) -> KeyProvider:

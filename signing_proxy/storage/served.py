@@ -20,6 +20,7 @@ import contextlib
 import json
 import math
 import os
+from collections.abc import Set
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -53,7 +54,7 @@ SERVED_LOCK_WAIT_S: Final = 1.0  # our choice: a write waits this long for anoth
 MAX_SERVED_BYTES: Final = 16 * 1024  # our choice: the record's size bound (MAX_SERVED_LISTENERS fit)
 MAX_SERVED_LISTENERS: Final = 32  # our choice: entries kept; more are folded into cached_until
 _MAX_LISTENER_ID_CHARS: Final = 64
-_MEMBERS: Final = {"format", "cached_until", "cached_max_age_s", "listeners"}
+_MEMBERS: Final = frozenset({"format", "cached_until", "cached_max_age_s", "listeners"})
 
 
 @dataclass(frozen=True)
@@ -172,9 +173,7 @@ def _render(record: ServedRecord) -> bytes:
 
 
 def _parse(data: bytes) -> ServedRecord:
-    doc = _object(
-        loads_strict(data, max_depth=4), {"format", "cached_until", "cached_max_age_s", "listeners"}
-    )
+    doc = _object(loads_strict(data, max_depth=4), _MEMBERS)
     if doc["format"] != SERVED_FORMAT:
         raise ValueError(f"format is not {SERVED_FORMAT!r}")
     cached, cached_age = doc["cached_until"], doc["cached_max_age_s"]
@@ -196,7 +195,7 @@ def _parse(data: bytes) -> ServedRecord:
     return ServedRecord(parse_rfc3339(cached), _max_age(cached_age, "cached_max_age_s"), tuple(entries))
 
 
-def _object(value: object, members: set[str], where: str = "the record") -> dict[str, Any]:
+def _object(value: object, members: Set[str], where: str = "the record") -> dict[str, Any]:
     if not isinstance(value, dict) or set(value) != members:
         raise ValueError(f"{where} must be an object of exactly {', '.join(sorted(members))}")
     return value

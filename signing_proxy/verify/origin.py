@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from ..config import VerifyConfig
+from ..config import LimitsConfig, VerifyConfig
 from ..core.errors import VerificationError
 from ..errors import problem_body
 from ..net.client import HttpClient
@@ -29,7 +29,7 @@ __all__ = ["build_verify_origin"]
 
 _VERIFIER = web.AppKey("verifier", RequestVerifier)
 # a body is held whole to be digested: limits.max_body_bytes's default, the most the proxy signs
-MAX_BODY_BYTES = 10 * 1024 * 1024
+MAX_BODY_BYTES = LimitsConfig.max_body_bytes
 
 
 def build_verify_origin(
