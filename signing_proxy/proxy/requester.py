@@ -103,21 +103,22 @@ class RequesterInjector:
             target = parse_absolute_uri(base)
             prefix = f"{target.path.rstrip('/')}/{EXCHANGE_SERVICE}/"
             self._prefixes.append((target.scheme, target.host, target.port, prefix))
-        self._loaded: LoadedDelegation | None = None
         self._previous: LoadedDelegation | None = None  # replaced by a reload: a body built before it
         self._failed: _FailedFile = _Failed.NOTHING  # a token file refused on reload (logged once)
         self._warned: tuple[str, str] | None = None
         self._warned_ahead: str | None = None  # the bound key already warned about (logged once)
+        loaded = None
         if config.delegation is not None:
-            self._loaded = load_delegation(config.delegation, config.scopes, keys, clock())
-        self._member_json = self._render()
-        # what ``apply`` reads, in one reference: a reload swapping the two above one after the other
-        # let a request insert the old chain after checking the new one
-        self._pair = (self._loaded, self._member_json)
+            loaded = load_delegation(config.delegation, config.scopes, keys, clock())
+        # the chain and its rendered member in one reference, replaced whole: a reload storing them one
+        # after the other let a request insert the old chain after checking the new one
+        self._pair: tuple[LoadedDelegation | None, str] = (loaded, self._render_with(loaded))
+
+    @property
+    def _loaded(self) -> LoadedDelegation | None:
+        return self._pair[0]
 
     # --- what is sent ---
-    def _render(self) -> str:
-        return self._render_with(self._loaded)
 
     def _render_with(self, loaded: LoadedDelegation | None) -> str:
         doc = self._requester(loaded).proto_json()
@@ -314,7 +315,6 @@ class RequesterInjector:
         member_json = self._render_with(loaded)
         self._failed, self._warned, self._warned_ahead = _Failed.NOTHING, None, None
         self._previous = self._loaded  # first: a request may hold a body built with the old chain
-        self._loaded, self._member_json = loaded, member_json
         self._pair = (loaded, member_json)  # what a request reads, in one store
         log.info(
             "reloaded the delegation from %s: holder %s, expires %s",
@@ -327,7 +327,7 @@ class RequesterInjector:
     def check(self) -> str:
         """``ok``, or the reason injected requests are refused now (for ``/readyz``)."""
         try:
-            self._check_live(self.clock(), self._pair[0])
+            self._check_live(self.clock(), self._loaded)
         except ProxyError as exc:
             return exc.reason
         return "ok"

@@ -399,7 +399,7 @@ def test_after_a_key_rotation_injected_requests_fail_closed_with_503(tmp_path: P
         inj.document()
     without = inj.document(delegation=False)  # for an exchange not listed: the identity only
     assert "delegation" not in without
-    assert without == {k: v for k, v in json.loads(inj._member_json).items() if k != "delegation"}
+    assert without == {k: v for k, v in json.loads(inj._pair[1]).items() if k != "delegation"}
     assert inj.check() == "delegation-holder-mismatch"
     # Requests the requester is not injected into are not affected.
     other = "https://pub.example/v1/svc.v1.ExchangeService/DiscoverResources"
