@@ -24,7 +24,7 @@ from typing import Any
 from ..config import Config, host_matches
 from ..core.errors import FieldError
 from ..core.keys import KeyProvider
-from ..core.uri import parse_absolute_uri
+from ..core.uri import authority_end, parse_absolute_uri
 from ..errors import CliError, ProxyError
 from ..proxy.discovery import Discovery, Finding
 from ..service.app import ProxyApp
@@ -74,7 +74,7 @@ def without_userinfo(url: str) -> str:
     scheme, sep, rest = url.partition("://")
     if not sep:
         return url
-    cut = min((i for i in (rest.find(ch) for ch in "/?#") if i >= 0), default=len(rest))
+    cut = authority_end(rest)
     return f"{scheme}{sep}{rest[:cut].rpartition('@')[2]}{rest[cut:]}"
 
 

@@ -25,6 +25,7 @@ __all__ = [
     "LOOPBACK_HOSTS",
     "MISDIRECTED",
     "Target",
+    "authority_end",
     "directory_base",
     "ends_in_number",
     "forwarded_target",
@@ -115,7 +116,7 @@ class Target:
         if self.received is None:
             return self.authority, self.path_query
         rest = self.received.partition("://")[2]
-        cut = _authority_end(rest)
+        cut = authority_end(rest)
         return rest[:cut], rest[cut:]
 
     @property
@@ -305,7 +306,7 @@ def ends_in_number(label: str) -> bool:
 _HEX_DIGITS = frozenset("0123456789abcdef")
 
 
-def _authority_end(rest: str) -> int:
+def authority_end(rest: str) -> int:
     """Where the authority of ``rest`` (a URI after its ``://``) ends: at its first ``/``, ``?`` or ``#``."""
     cut = len(rest)
     for ch in "/?#":
@@ -321,7 +322,7 @@ def _parse(uri: str) -> Target:
     scheme = scheme.lower()
     if not sep or scheme not in DEFAULT_PORTS:
         raise FieldError("unsupported-scheme", "only absolute http:// and https:// targets are proxied")
-    cut = _authority_end(rest)
+    cut = authority_end(rest)
     host, port = parse_authority(rest[:cut], scheme)
     return Target(scheme, host, port, canonical_path_query(rest[cut:]))
 
