@@ -350,7 +350,7 @@ def web_signature_agent(
     if value.startswith("http://"):
         return shown, None
     base = _web_directory(value, label)  # what is no http(s) URL at all is refused, malformed
-    return shown, (base if _origin_path(value) else None)
+    return shown, (base if member_refusal(value) is None else None)  # the signer's rule, one copy
 
 
 def agent_members(raw: str) -> Mapping[str, Any]:
