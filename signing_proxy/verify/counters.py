@@ -332,13 +332,12 @@ class SqliteCounterStore:
     def _first_seen(self, key: str, ttl_s: float, now: float, max_stranger_rows: int | None) -> bool:
         db = self._connect()
         db.execute("BEGIN IMMEDIATE")
-        full = False
         try:
             row = db.execute("SELECT expires_at FROM seen WHERE key = ?", (key,)).fetchone()
             fresh = row is None or row[0] <= now
-            if fresh and max_stranger_rows is not None and self._seen_full(db, now, max_stranger_rows):
-                full = True  # nothing recorded; the expired rows purged stay purged
-            elif fresh:
+            bound = max_stranger_rows if fresh else None  # a key seen before is no new row
+            full = bound is not None and self._seen_full(db, now, bound)  # the purged stay purged
+            if fresh and not full:
                 db.execute(
                     "INSERT INTO seen (key, expires_at, stranger) VALUES (?, ?, ?) "
                     "ON CONFLICT(key) DO UPDATE SET expires_at = excluded.expires_at, "
@@ -350,8 +349,8 @@ class SqliteCounterStore:
         except BaseException:
             db.execute("ROLLBACK")
             raise
-        if full:
-            raise ReplayRowsFull(max_stranger_rows or 0)
+        if bound is not None and full:  # nothing recorded
+            raise ReplayRowsFull(bound)
         return fresh
 
     @staticmethod
