@@ -114,6 +114,11 @@ class StoreState:
         """The key that signs at ``now`` (``rotation.choose_signing_key``), or None."""
         return choose_signing_key(self.records, now)
 
+    def waiting_records(self, now: float) -> list[KeyRecord]:
+        """The keys published to sign later, in index order: not revoked, not yet activated, still in
+        their window (one may sign now all the same: revoking the signing key lets it sign at once)."""
+        return [r for r in self.records if not r.revoked and now < r.activation and now < r.not_after]
+
     def signing_key(self, now: float) -> SigningKey | None:
         chosen = self.signing_record(now)
         return None if chosen is None else self.private.get(chosen.thumbprint)

@@ -285,7 +285,7 @@ class KeyStore:
         with self._lock(exclusive=True):
             state, entries = self._load(private=False)  # no key but the one signing until then is needed
             self._sweep(entries, state.revocations)
-            pending = [r for r in state.records if not r.revoked and now < r.not_after and now < r.activation]
+            pending = state.waiting_records(now)
             if pending:
                 raise KeyStoreError(
                     "rotation-pending",

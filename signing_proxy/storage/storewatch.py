@@ -187,10 +187,8 @@ class StoreKeyProvider(StoreWatcher, KeyProvider):
         now = time.time()
         state = self.state()
         signing = state.signing_record(now)
-        for record in state.records:  # in index order
-            if record.revoked or now >= record.activation or record == signing:
-                continue  # revoked, activated (signing now, retiring or expired) or signing anyway
-            reason = unopened.get(record.thumbprint)
+        for record in state.waiting_records(now):  # in index order; one signing now signs anyway
+            reason = unopened.get(record.thumbprint) if record != signing else None
             if reason is not None and record.thumbprint not in state.private:
                 return NEXT_KEY_PREFIX + reason
         return None

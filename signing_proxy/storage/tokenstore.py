@@ -210,11 +210,6 @@ def _watched(state: StoreState, now: float) -> dict[str, TokenKey]:
     """The token keys that sign at ``now`` or are published to sign later (not yet activated), in
     index order; a retiring key no longer decides whether requests can be signed."""
     signing = state.signing_record(now)
-    out: dict[str, TokenKey] = {}
-    for record in state.records:
-        key = state.private.get(record.thumbprint)
-        if not isinstance(key, TokenKey) or record.revoked or now >= record.not_after:
-            continue
-        if record == signing or now < record.activation:
-            out[record.thumbprint] = key
-    return out
+    waiting = state.waiting_records(now)
+    records = [r for r in state.records if r == signing or r in waiting]  # in index order
+    return {r.thumbprint: k for r in records if isinstance(k := state.private.get(r.thumbprint), TokenKey)}
