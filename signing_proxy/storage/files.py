@@ -17,7 +17,7 @@ import secrets
 import stat
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Final
 
@@ -183,6 +183,23 @@ def temporary_target(name: str) -> str | None:
     not one (a crash between its creation and its rename leaves it behind: its owner sweeps it)."""
     match = _TEMPORARY_RE.fullmatch(name)
     return None if match is None else match["target"]
+
+
+def sweep(folder: Path, doomed: Callable[[str], bool]) -> list[str]:
+    """Delete the regular files directly in ``folder`` whose name ``doomed`` says (a symbolic link is
+    left alone, as is what cannot be listed or deleted); the names deleted. For an owner's leftovers
+    (``temporary_target``), under the lock its writers take, so that none is live."""
+    try:
+        with os.scandir(folder) as found:
+            names = [f.name for f in found if f.is_file(follow_symlinks=False) and doomed(f.name)]
+    except OSError:
+        return []
+    deleted = []
+    for name in names:
+        with contextlib.suppress(OSError):
+            os.unlink(folder / name)
+            deleted.append(name)
+    return deleted
 
 
 def write_new(path: str | Path, data: bytes, mode: int = PRIVATE_FILE_MODE) -> None:

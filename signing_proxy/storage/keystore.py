@@ -52,6 +52,7 @@ from .files import (
     file_lock,
     make_private_dir,
     read_private,
+    sweep,
     temporary_target,
 )
 from .keyfile import KeyFileError, load_key_file, write_private_file
@@ -403,21 +404,15 @@ class KeyStore:
         Only under the exclusive lock (no writer is half-way), only regular files named as the store
         names its own (a symbolic link is left alone), only in this folder."""
         keep = {f"{e.thumbprint}.pem" for e in entries if e.thumbprint not in revocations.revoked}
-        try:
-            with os.scandir(self.path) as found:
-                files = [f.name for f in found if f.is_file(follow_symlinks=False)]
-        except OSError:
-            return
-        for name in files:
+
+        def doomed(name: str) -> bool:
             target = temporary_target(name)
             if target is not None:
-                ours = target == INDEX_NAME or _is_key_file_name(target)
-            else:
-                ours = _is_key_file_name(name) and name not in keep
-            if ours:
-                with contextlib.suppress(OSError):
-                    os.unlink(self.path / name)
-                    log.info("key store %s: deleted %s, left by a change cut short", self.path, name)
+                return target == INDEX_NAME or _is_key_file_name(target)
+            return _is_key_file_name(name) and name not in keep
+
+        for name in sweep(self.path, doomed):
+            log.info("key store %s: deleted %s, left by a change cut short", self.path, name)
 
     @contextlib.contextmanager
     def _lock(self, *, exclusive: bool, wait_s: float | None = None) -> Iterator[None]:

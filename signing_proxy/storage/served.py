@@ -16,10 +16,8 @@ a restart with a lower max-age adds an entry beside the old one, folded in whole
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
-import os
 from collections.abc import Set
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +28,7 @@ from ..core.errors import KeyFormatError
 from ..core.json_bounds import loads_strict
 from ..core.keys import format_rfc3339, parse_rfc3339
 from ..errors import StorageError
-from .files import PrivateFileError, file_lock, read_private, temporary_target, write_atomic
+from .files import PrivateFileError, file_lock, read_private, sweep, temporary_target, write_atomic
 
 __all__ = [
     "SERVED_FORMAT",
@@ -151,12 +149,7 @@ def renew_served(folder: Path, listener_id: str, max_age_s: int, now: float) -> 
 
 def _sweep(folder: Path) -> None:
     """Delete the temporaries of ``served.json`` a writer cut short left (under the lock: none is live)."""
-    with contextlib.suppress(OSError), os.scandir(folder) as found:
-        names = [f.name for f in found if f.is_file(follow_symlinks=False)]
-        for name in names:
-            if temporary_target(name) == SERVED_NAME:
-                with contextlib.suppress(OSError):
-                    os.unlink(folder / name)
+    sweep(folder, lambda name: temporary_target(name) == SERVED_NAME)
 
 
 def _render(record: ServedRecord) -> bytes:
