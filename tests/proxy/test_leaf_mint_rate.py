@@ -54,4 +54,3 @@ def test_new_host_names_past_the_burst_wait_and_known_ones_never_do(tmp_path: Pa
         assert made.leaves.misses == 4
     finally:
         made.close()
-
