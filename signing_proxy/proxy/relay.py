@@ -11,7 +11,7 @@ exceed the hop cap (counted as signatures, ours included).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Sequence
 
 from ..config import Config, VerifyConfig
 from ..core.errors import FieldError, VerificationError
@@ -178,7 +178,8 @@ class RelayPipeline:
         label = unique_label(label, taken)
         message = Message(method, target, fields)
         carried: list[tuple[str, str]] = []
-        if profile is SVC:
+        if profile is SVC:  # our label covers the previous one's signature: all theirs must arrive
+            _check_forwarded(entries, received or lines, fields)
             how: SignOptions = {"label": label, "components": hop_components(labels[-1])}
         else:
             written = regenerated(method, target, len(body), framed)
@@ -231,6 +232,26 @@ def _check_profiles(entries: Sequence[SignatureEntry], profile: SigningProfile) 
             )
 
 
+def _check_forwarded(
+    entries: Sequence[SignatureEntry], received: Iterable[tuple[str, str]], forwarded: Fields
+) -> None:
+    """Refuse (400 ``covered-field-not-forwarded``) a field a label of ``entries`` covers that the
+    relay does not forward (hop-by-hop, ``Expect``, one ``Connection`` names): the next verifier could
+    never check it. ``Host`` and ``Content-Length`` are written anew, never dropped."""
+    kept = {n.lower() for n, _ in forwarded} | {"host", "content-length"}
+    dropped = {n.lower() for n, _ in received} - kept
+    if not dropped:
+        return
+    for entry in entries:
+        lost = sorted({c.name for c in entry.components if not c.is_derived} & dropped)
+        if lost:
+            raise ProxyError(
+                400,
+                "covered-field-not-forwarded",
+                f"label {entry.label!r} covers {lost[0]!r}, which a relay does not forward",
+            )
+
+
 def _as_regenerated(
     previous: SignatureEntry,
     received: Fields,
@@ -243,15 +264,7 @@ def _as_regenerated(
     could never check it."""
     # a member's field too: a Signature-Agent one ``Connection`` names is lost with its members
     names = {c.name for c in previous.components if not c.is_derived}
-    kept = {n.lower() for n, _ in forwarded} | {"host", "content-length"}  # the last two: written anew
-    dropped = {n.lower() for n, _ in received} - kept
-    lost = sorted(names & dropped)
-    if lost:
-        raise ProxyError(
-            400,
-            "covered-field-not-forwarded",
-            f"label {previous.label!r} covers {lost[0]!r}, which a relay does not forward",
-        )
+    _check_forwarded((previous,), received, forwarded)
     carried = [(name, value) for name, value in written if name.lower() in names]
     for name, value in carried:  # as sent, or the label before ours could never verify downstream
         if received.combined(name) != value:

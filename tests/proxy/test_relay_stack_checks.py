@@ -1,7 +1,8 @@
 """What a web-bot-auth relay refuses of a stranger's stack before it adds its label, whether or not it
 verifies: a Signature-Agent of more than ``MAX_AGENT_MEMBERS`` members (401, before any parse), a
 stack mixing profiles in any label (403 ``profile-mix``, before any key is fetched), and a covered
-Signature-Agent member whose field ``Connection`` names (400 ``covered-field-not-forwarded``).
+Signature-Agent member whose field ``Connection`` names (400 ``covered-field-not-forwarded``), and
+under the spec's profile too, any field a label covers that ``Connection`` names.
 In-process, no network: keys are pinned."""
 
 from __future__ import annotations
@@ -162,3 +163,53 @@ def test_a_covered_signature_agent_named_in_connection_is_refused_as_not_forward
         _through(_relay(tmp_path, verify=False), lines)
     assert (refused.value.status, refused.value.reason) == (400, "covered-field-not-forwarded")
     assert "'signature-agent'" in refused.value.detail
+
+
+def _svc_relay(tmp_path: Path, *, verify: bool) -> RelayPipeline:
+    """A relay under the spec's profile (the default), the agent's key pinned."""
+    path = tmp_path / "agent.jwk"
+    path.write_text(json.dumps(AGENT.public.jwk()))
+    config = parse_config(
+        {
+            "mode": "relay",
+            "relay": {"verify": verify, "pinned_agent_keys": [str(path)]},
+            "signing": {"label": "relay"},
+        }
+    )
+    return RelayPipeline(config, Signer(StaticKeyProvider(RELAY), label="relay", validity_s=300))
+
+
+def _svc_agent_signed(*extra: tuple[str, str]) -> list[tuple[str, str]]:
+    """An agent's label under the spec's profile (its five components), with ``extra`` after it."""
+    now = int(time.time())
+    fields = Fields(
+        (
+            ("Host", "example.com"),
+            ("Content-Digest", content_digest(b"")),
+            ("Authorization", "Bearer t"),
+            ("Signature-Agent", ""),
+        )
+    )
+    message = Message("GET", TARGET, fields)
+    attach_signature(fields, sign_message(message, AGENT, created=now, expires=now + 300, label="agent"))
+    return [*fields, *extra]
+
+
+@pytest.mark.parametrize("named", ["Signature-Agent", "Authorization", "content-digest"])
+@pytest.mark.parametrize("verify", [True, False], ids=["verify", "no-verify"])
+def test_a_spec_relay_refuses_a_covered_field_connection_names(
+    tmp_path: Path, verify: bool, named: str
+) -> None:
+    """Under the spec's profile the relay dropped the field and signed: the stack failed only at the
+    next verifier (unverified), or was refused as a bad signature rather than for what it was."""
+    status, reason = _refused(_svc_relay(tmp_path, verify=verify), _svc_agent_signed(("Connection", named)))
+    assert (status, reason) == (400, "covered-field-not-forwarded")
+
+
+def test_a_spec_relay_forwards_when_connection_names_an_uncovered_field(tmp_path: Path) -> None:
+    out = _through(
+        _svc_relay(tmp_path, verify=True), _svc_agent_signed(("Connection", "x-hop"), ("X-Hop", "1"))
+    )
+    head = out.head.decode("latin-1")
+    assert "\r\nX-Hop:" not in head
+    assert _relay_label(out) == "relay"
