@@ -473,17 +473,22 @@ def headline(  # noqa: PLR0917
     https_peer: tuple[int, int],
 ) -> dict[str, object]:
     """The issue-21 figures again, in ``rounds`` alternating rounds: the default proxy and the naive
-    signer (POST 1 KiB, 64 connections), the origin direct and the default proxy (one connection),
+    signer (POST 1 KiB, 64 connections), the origin direct, the default proxy and the floor (one connection),
     intercepted HTTPS (64 tunnels) alone and against plain HTTP at once (``https_pair``: the default
     proxy and ``https_peer``, (pid, port) of another), and the access log's cost in place
     (``access_log_pair`` of the ``logs`` proxies, (pid, port) with the log on and off). Rows
     measured minutes apart drift apart with the machine's speed; alternating, they drift together,
     and the medians say what holds."""
-    naive_port = free_port()
+    naive_port, floor_port = free_port(), free_port()
     naive_cmd = [*pin(1), PY, str(ROOT / "bench/naive.py"), "--port", str(naive_port)]
+    floor_cmd = [*pin(1), PY, str(ROOT / "bench/floor.py"), "--port", str(floor_port)]
     per_round: list[dict[str, float]] = []
-    with process([*naive_cmd, "--mode", "sign", "--key", str(key_path)]) as naive:
+    with (
+        process([*naive_cmd, "--mode", "sign", "--key", str(key_path)]) as naive,
+        process(floor_cmd) as floor,
+    ):
         wait_port(naive_port)
+        wait_port(floor_port)
         for _ in range(rounds):
             ours = load_rows(wrk, DEFAULT_ROW, pid, port, origin_port, "POST", [64], duration, tmp)[0]
             theirs = load_rows(
@@ -491,6 +496,11 @@ def headline(  # noqa: PLR0917
             )[0]
             direct = DIRECT["POST", 1] = run_wrk(wrk, origin_port, "/bench", "POST", 1, duration, tmp)
             one = load_rows(wrk, DEFAULT_ROW, pid, port, origin_port, "POST", [1], duration, tmp)[0]
+            # what any Python forwarder adds at one connection here (the machine's wake-ups across
+            # cores): the added p50's own floor
+            least = load_rows(wrk, FLOOR_ROW, floor.pid, floor_port, origin_port, "POST", [1], duration, tmp)[
+                0
+            ]
             https = https_rows(pid, port, tls_port, tmp, duration, [64])[0]
             plain_us, https_us = https_pair(
                 wrk, (pid, port), https_peer, origin_port, tls_port, duration, tmp
@@ -505,6 +515,7 @@ def headline(  # noqa: PLR0917
                     "naive_cpu_us_per_request": theirs[5],
                     "ratio": ours[4][0] / theirs[4][0],
                     "added_p50_ms_1conn": one[4][1] - direct[1],
+                    "floor_added_p50_ms_1conn": least[4][1] - direct[1],
                     "https_rps": https["rps"],
                     "https_share": https["rps"] / ours[4][0],
                     "https_cpu_us_per_request": https["proxy_cpu_us_per_request"],
@@ -524,12 +535,12 @@ def print_headline(doc: dict[str, Any], duration: int) -> None:
     rounds: list[dict[str, float]] = doc["rounds"]
     print(
         f"\nHeadline, {len(rounds)} alternating rounds ({duration} s runs; POST 1 KiB; default "
-        "configuration against the naive signer at 64 connections, then the origin direct and the "
-        "proxy at 1, then intercepted HTTPS at 64 tunnels, then two proxies of the default "
-        "configuration on the proxy's core loaded at once, one over plain HTTP and one through 64 "
-        "tunnels (HTTPS paired: plain CPU per request over HTTPS CPU per request), then two proxies "
-        "started together, the default configuration and the same with log.access_log: false, "
-        "loaded at once, 64 connections each, both on the proxy's core):"
+        "configuration against the naive signer at 64 connections, then the origin direct, the "
+        "proxy and the floor forwarder at 1, then intercepted HTTPS at 64 tunnels, then two "
+        "proxies of the default configuration on the proxy's core loaded at once, one over plain "
+        "HTTP and one through 64 tunnels (HTTPS paired: plain CPU per request over HTTPS CPU per "
+        "request), then two proxies started together, the default configuration and the same with "
+        "log.access_log: false, loaded at once, 64 connections each, both on the proxy's core):"
     )
     for i, r in enumerate([*rounds, doc["median"]], 1):
         label = f"round {i}" if i <= len(rounds) else "median "
@@ -537,7 +548,8 @@ def print_headline(doc: dict[str, Any], duration: int) -> None:
             f"  {label}: {r['rps']:>7.0f} req/s  cpu {r['cpu_us_per_request']:.1f} us/req  "
             f"p99 {r['p99_ms']:.2f} ms | naive-sign {r['naive_rps']:>6.0f} req/s "
             f"{r['naive_cpu_us_per_request']:.1f} us/req | {r['ratio']:.2f}x | added p50 at 1 conn "
-            f"{r['added_p50_ms_1conn']:.2f} ms | HTTPS {r['https_rps']:>6.0f} req/s, "
+            f"{r['added_p50_ms_1conn']:.2f} ms (floor-pass {r['floor_added_p50_ms_1conn']:.2f}) | HTTPS "
+            f"{r['https_rps']:>6.0f} req/s, "
             f"{r['https_share']:.0%} of plain, {r['https_cpu_us_per_request']:.1f} us/req | HTTPS "
             f"paired {r['https_paired_share']:.0%} ({r['https_paired_plain_us']:.1f} over "
             f"{r['https_paired_us']:.1f} us/req) | access log "
