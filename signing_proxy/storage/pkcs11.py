@@ -12,9 +12,14 @@ threads at once; so every call into a module holds the module's lock, and signat
 module's thread, never on the event loop (``TokenKey.sign_async``). A call that fails resets the
 module (sessions closed, module re-initialised) and is tried once more, so a token that comes back
 is used again without a restart; until then ``failure`` says why, for ``/readyz`` (another key
-under the URI stays ``token-key-mismatch``). A PIN the token refused is never tried again by this
-process (the token would lock it after a few tries): that needs a restart. The PIN is read once
-(``storage.tokenpin``), never blank, and never appears in a message, a log line or a ``repr``.
+under the URI stays ``token-key-mismatch``). A refusal the token's own answer makes final is not
+tried again and resets nothing (``_FINAL``). A key object the token holds but cannot sign with
+(``token-key-unsupported``: not Ed25519, CKA_SIGN false) is a property of that object, which no
+reset changes: its ``TokenKey`` refuses every signature at once, no call queued into the module,
+until the probe finds the object usable (without a reset) or a reload makes a new key (``_KEPT``).
+A PIN the token refused is never tried again by this process (the token would lock it after a few
+tries): that needs a restart. The PIN is read once (``storage.tokenpin``), never blank, and never
+appears in a message, a log line or a ``repr``.
 
 python-pkcs11 is optional (extra ``hsm``): it is imported when a token is first used.
 """
@@ -53,9 +58,19 @@ __all__ = [
 ED25519_CURVE_OID: Final = "1.3.101.112"  # RFC 8410 id-Ed25519: CKA_EC_PARAMS of an Ed25519 key
 T = TypeVar("T")
 
+# the token's answer, not a fault of the module or the session: a reset and a second try change nothing
 _FINAL: Final = frozenset(
-    {"token-pin-incorrect", "token-module-unloadable", "token-key-exists", "token-key-mismatch"}
+    {
+        "token-pin-incorrect",
+        "token-module-unloadable",
+        "token-key-exists",
+        "token-key-mismatch",
+        "token-key-unsupported",
+    }
 )
+# kept by the key: the object under its URI cannot sign (its type, CKA_SIGN), until the probe or a
+# reload finds it fixed. Not token-key-missing: a key an operator imports may appear at any moment
+_KEPT: Final = frozenset({"token-key-unsupported"})
 _modules: dict[str, Pkcs11Module] = {}
 _modules_lock = threading.Lock()
 
@@ -276,7 +291,7 @@ class TokenSlot:
 class TokenKey(SigningKey):
     """A key pair on a token: ``sign`` blocks on the token (call ``sign_async`` on the event loop)."""
 
-    __slots__ = ("_handle", "slot", "uri")
+    __slots__ = ("_handle", "_refused", "slot", "uri")
     blocking: ClassVar[bool] = True
 
     def __init__(self, slot: TokenSlot, uri: Pkcs11Uri, public: PublicKey) -> None:
@@ -284,6 +299,9 @@ class TokenKey(SigningKey):
         self.uri = uri
         self.public = public
         self._handle: tuple[int, Any] | None = None  # (module generation, private key object)
+        # (reason, detail) of a refusal in ``_KEPT``: written by the module's and the probe's threads,
+        # read where a signature is asked (the event loop too), replaced whole
+        self._refused: tuple[str, str] | None = None
 
     def __repr__(self) -> str:
         return f"TokenKey(thumbprint={self.thumbprint!r}, {self.uri.describe()})"
@@ -291,6 +309,7 @@ class TokenKey(SigningKey):
     def sign(self, data: bytes) -> bytes:
         """Ed25519 (``CKM_EDDSA``) on the token; blocking. TokenError when the token cannot sign."""
         p11 = _pkcs11()
+        self._check_refused()
 
         def on_token() -> bytes:
             handle = self._handle
@@ -298,7 +317,27 @@ class TokenKey(SigningKey):
                 handle = self._open()
             return bytes(handle[1].sign(data, mechanism=p11.Mechanism.EDDSA))
 
-        return self.slot.tracked(on_token)  # the slot records its own health
+        return self._tracked(on_token)
+
+    def _tracked(self, fn: Callable[[], T]) -> T:
+        """``slot.tracked(fn)`` (the slot records its own health); a refusal in ``_KEPT`` is kept by
+        this key, and any call that succeeds clears it."""
+        try:
+            result = self.slot.tracked(fn)
+        except TokenError as exc:
+            if exc.reason in _KEPT:
+                self._refused = (exc.reason, exc.detail)
+            raise
+        self._refused = None
+        return result
+
+    def _check_refused(self) -> None:
+        """Refuse at once a key whose object cannot sign (``_KEPT``), noted on the slot as ``tracked``
+        would (``/readyz``): asking the token again per request held up its module's other keys."""
+        refused = self._refused
+        if refused is not None:
+            self.slot.failure = refused[0]
+            raise TokenError(*refused)
 
     def _open(self) -> tuple[int, Any]:
         """The private key object's handle, taken (at first use and after each reset) only once the
@@ -324,6 +363,7 @@ class TokenKey(SigningKey):
 
     async def sign_async(self, data: bytes) -> bytes:
         """``sign`` on the module's thread, bounded by the slot's ``timeout_s``; the loop never waits."""
+        self._check_refused()  # not queued behind the module's calls: nothing on the token can sign
         future = self.slot.module.submit(self.sign, data)  # refused at once while an earlier call hangs
         try:
             return await asyncio.wait_for(asyncio.wrap_future(future), self.slot.timeout_s)
@@ -332,6 +372,7 @@ class TokenKey(SigningKey):
 
     def sign_within(self, data: bytes) -> bytes:
         """``sign_async`` for a thread (never the module's own: it would wait for itself)."""
+        self._check_refused()
         future = self.slot.module.submit(self.sign, data)
         try:
             return future.result(timeout=self.slot.timeout_s)
@@ -353,9 +394,10 @@ class TokenKey(SigningKey):
 
     def probe(self) -> bool:
         """Look for the key on the token again (blocking), its pair proved; True when it answers with
-        this key. Another key under the URI keeps ``token-key-mismatch`` (every signature refused)."""
+        this key. Another key under the URI keeps ``token-key-mismatch`` (every signature refused).
+        Short of a reload, the way back for a key that refuses at once (``_KEPT``)."""
         try:
-            self.slot.tracked(self._open)
+            self._tracked(self._open)
         except TokenError:
             return False
         return True
