@@ -1,7 +1,10 @@
 """``signing-proxy verify-origin``: run an origin that answers each request with its verification verdict.
 
 The origin is ``verify.build_verify_origin`` (the public verifier) on an aiohttp runner, stopped by
-SIGTERM/SIGINT.
+SIGTERM/SIGINT. Whoever reaches ``--listen`` may connect, so its connections pass the gate of the
+other listeners that face strangers (``service/gate.py``), every client allowed: at most
+``VERIFY_ORIGIN_MAX_CONNECTIONS`` open at once (more are closed unanswered), each sending a request
+head within ``VERIFY_ORIGIN_IDLE_S`` of connecting or of its last answer.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import asyncio
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..config import ConfigError, parse_host_port
 from ..config.checks import check_origin, check_url
@@ -21,7 +24,15 @@ from ..net.egress import EgressPolicy
 from ..verify import VerifierPolicy
 from .common import public_key_file
 
-__all__ = ["add_parsers"]
+if TYPE_CHECKING:
+    from aiohttp import web
+
+__all__ = ["VERIFY_ORIGIN_IDLE_S", "VERIFY_ORIGIN_MAX_CONNECTIONS", "add_parsers", "start_verify_origin"]
+
+# our choice: a proxy's or a relay chain's pool needs far fewer; idle connections beyond it would
+# hold descriptors without bound (the excess is closed unanswered)
+VERIFY_ORIGIN_MAX_CONNECTIONS = 256
+VERIFY_ORIGIN_IDLE_S = 10.0  # our choice: a client sends its head at once; a pooled one reconnects
 
 
 def cmd_verify_origin(args: argparse.Namespace) -> int:
@@ -60,29 +71,44 @@ def cmd_verify_origin(args: argparse.Namespace) -> int:
     return asyncio.run(_serve(host, port, policy, args.external_origin, egress))
 
 
+async def start_verify_origin(
+    host: str,
+    port: int,
+    policy: VerifierPolicy,
+    external_origin: str | None,
+    egress: EgressPolicy,
+    *,
+    max_connections: int = VERIFY_ORIGIN_MAX_CONNECTIONS,
+    idle_s: float = VERIFY_ORIGIN_IDLE_S,
+) -> tuple[web.AppRunner, tuple[str, int]]:
+    """Serve the verifying origin on ``host:port`` through the gate; the runner (``cleanup()`` stops
+    it) and the bound address. ``max_connections``, ``idle_s``: the gate's bounds (for tests)."""
+    # aiohttp only when this command runs: every other command's process stays without it
+    from ..service.gate import Gate, start_gated  # noqa: PLC0415
+    from ..verify.origin import build_verify_origin  # noqa: PLC0415
+
+    app = build_verify_origin(policy, external_origin=external_origin, egress=egress)
+    gate = Gate(max_connections=max_connections, idle_s=idle_s)  # every client allowed
+    try:
+        runner = await start_gated(
+            app,
+            gate,
+            host,
+            port,
+            reuse_port=False,
+            auto_decompress=False,  # a Content-Digest covers the bytes sent, content coding included
+        )
+    except OSError as exc:
+        raise CliError(f"--listen: cannot bind {host}:{port}: {exc.strerror or exc}") from None
+    addresses = runner.addresses
+    bound = addresses[0][:2] if addresses else (host, port)
+    return runner, (str(bound[0]), int(bound[1]))
+
+
 async def _serve(
     host: str, port: int, policy: VerifierPolicy, external_origin: str | None, egress: EgressPolicy
 ) -> int:
-    # aiohttp only when this command runs: every other command's process stays without it
-    from aiohttp import web  # noqa: PLC0415
-
-    from ..verify.origin import build_verify_origin  # noqa: PLC0415
-
-    runner = web.AppRunner(
-        build_verify_origin(policy, external_origin=external_origin, egress=egress),
-        access_log=None,
-        handle_signals=False,
-        auto_decompress=False,  # a Content-Digest covers the bytes sent, content coding included
-    )
-    await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    try:
-        await site.start()
-    except OSError as exc:
-        await runner.cleanup()
-        raise CliError(f"--listen: cannot bind {host}:{port}: {exc.strerror or exc}") from None
-    server = site._server
-    bound = server.sockets[0].getsockname() if server is not None and server.sockets else (host, port)  # type: ignore[attr-defined]
+    runner, bound = await start_verify_origin(host, port, policy, external_origin, egress)
     print(f"verify-origin listening on http://{bound[0]}:{bound[1]}", file=sys.stderr, flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

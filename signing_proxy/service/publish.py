@@ -9,7 +9,10 @@ revocation" 5: a registry host for agents without a domain). ``render_publicatio
 bytes both for the listener and for ``signing-proxy publish --out``, so the two are identical. The
 listener records in each agent's store folder, at start and every ``SERVED_WRITE_INTERVAL_S``, the
 max-age it serves (``storage/served.py``): ``keys rotate`` waits for the copies it served, not for
-the max-age of the configuration the command reads (``publish`` changes only with a restart).
+the max-age of the configuration the command reads (``publish`` changes only with a restart). Its
+connections pass ``gate.py``'s gate, every client allowed: at most ``PUBLISH_MAX_CONNECTIONS`` open at
+once, each sending a request head within ``PUBLISH_IDLE_S`` (strangers' idle connections would
+otherwise take the descriptors the proxy port, in the same process, needs).
 """
 
 from __future__ import annotations
@@ -44,10 +47,13 @@ from ..errors import ConfigError, TokenError, problem_body
 from ..storage.keystore import StoreState, StoreWatcher
 from ..storage.served import SERVED_NAME, SERVED_WRITE_INTERVAL_S, renew_served
 from .directory_proofs import FAILURE_HOLD_S, ProofCache
+from .gate import Gate, start_gated
 
 __all__ = [
     "AGENTS_PREFIX",
     "MANIFEST_MEDIA_TYPE",
+    "PUBLISH_IDLE_S",
+    "PUBLISH_MAX_CONNECTIONS",
     "Publication",
     "PublishServer",
     "prefers_web_directory",
@@ -63,6 +69,10 @@ PROBLEM_MEDIA_TYPE: Final = "application/problem+json"
 REVOCATION_CACHE_CONTROL: Final = f"max-age={REVOCATION_LIST_MAX_AGE_S}"  # spec: Limits (60 s or no-store)
 _ALLOWED_METHODS: Final = "GET, HEAD"
 SERVER_HEADER: Final = "signing-proxy"  # our choice: a public listener does not announce versions
+# our choice: verifiers fetch a few documents and cache them for max-age; per process (each of
+# `run --workers` has its own), well under a 1024-descriptor limit, so the proxy port keeps the rest
+PUBLISH_MAX_CONNECTIONS: Final = 256
+PUBLISH_IDLE_S: Final = 10.0  # our choice: a fetcher sends its head at once; a pooled one reconnects
 
 
 @dataclass(frozen=True)
@@ -144,7 +154,10 @@ class PublishServer:
         *,
         clock: Callable[[], float] = time.time,
         served_interval_s: float = SERVED_WRITE_INTERVAL_S,
+        max_connections: int = PUBLISH_MAX_CONNECTIONS,
+        idle_s: float = PUBLISH_IDLE_S,
     ) -> None:
+        """``max_connections``, ``idle_s``: the listener's gate (``gate.py``); for tests."""
         self.config = config
         self.clock = clock
         self.max_age_s = config.publish.directory_max_age_s
@@ -164,6 +177,7 @@ class PublishServer:
             self._routes[publication.manifest_path] = ("manifest", publication, watcher)
             self._routes[publication.revocation_path] = ("revocations", publication, watcher)
         self._runner: web.AppRunner | None = None
+        self._max_connections, self._idle_s = max_connections, idle_s
 
     def build_app(self) -> web.Application:
         app = web.Application()
@@ -259,14 +273,15 @@ class PublishServer:
         assert self.config.publish.listen is not None
         host, port = parse_host_port(self.config.publish.listen, "publish.listen")
         await asyncio.to_thread(self.record_served)
-        runner = web.AppRunner(self.build_app(), access_log=None, handle_signals=False)
-        await runner.setup()
-        self._runner = runner
+        gate = Gate(max_connections=self._max_connections, idle_s=self._idle_s)  # every client allowed
         try:
-            await web.TCPSite(runner, host, port, reuse_address=True, reuse_port=reuse_port or None).start()
+            runner = await start_gated(
+                self.build_app(), gate, host, port, reuse_port=reuse_port, reuse_address=True
+            )
         except BaseException:
             await self.stop()
             raise
+        self._runner = runner
         self._served_task = asyncio.get_running_loop().create_task(self._renew_served())
         return [(str(addr[0]), int(addr[1])) for addr in runner.addresses]
 
