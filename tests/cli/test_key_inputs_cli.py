@@ -50,7 +50,8 @@ class Owner:
         self.owner_pem = private_file(tmp / "owner.pem", self.owner.to_pem())
         self.principal_pem = private_file(tmp / "principal.pem", self.principal.to_pem())
         self.jwks = self.write_jwks("owner.jwks", self.owner.public.jwk())
-        holder = ["--holder-jkt", holder_jkt] if holder_jkt else ["--holder-key", str(self.principal_pem)]
+        # "=": a thumbprint may start with "-" (one key in 64), which argparse takes for an option
+        holder = [f"--holder-jkt={holder_jkt}"] if holder_jkt else ["--holder-key", str(self.principal_pem)]
         issued = run_cli(
             "delegate",
             "issue",
@@ -113,8 +114,8 @@ def test_a_private_jwk_nested_too_deep_is_malformed(tmp_path: Path) -> None:
     assert "nested too deep" in error
     owner = Owner(tmp_path)
     error = refused(
-        "delegate", "issue", "--owner-key", str(deep), "--iss", "https://o.example", "--holder-jkt",
-        owner.principal.thumbprint, "--expires", "1h",
+        "delegate", "issue", "--owner-key", str(deep), "--iss", "https://o.example",
+        f"--holder-jkt={owner.principal.thumbprint}", "--expires", "1h",
     )  # fmt: skip
     assert error.startswith(f"signing-proxy: --owner-key: {deep}: not a usable Ed25519 private key"), error
 
