@@ -19,7 +19,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from ..core.challenge import RetryPlan
 from ..core.errors import FieldError
@@ -45,6 +45,7 @@ log = logging.getLogger("signing_proxy.proxy")
 
 LocalEndpoint = Callable[[ClientConnection, Request], int]
 _CLOSING_STATUSES = frozenset({400, 403, 413, 431})  # the rest of the connection cannot be trusted
+T = TypeVar("T")
 _LOGGED_TARGET_CHARS = 259  # a DNS name (253), a colon and a port: an access line stays one pipe write
 
 
@@ -328,7 +329,7 @@ class ProxyHandler:
             if local is not None:
                 return None, local
             policy.access.check_proxy_auth(req.header("proxy-authorization"))
-            route = policy.routes.target_for(raw)
+            route = _target(lambda: policy.routes.target_for(raw))  # "/a%zz": a 400, not a 500
             if route is None:
                 raise ProxyError(404, "no-route", f"{path} is not a proxied URL or a configured route")
             return route, None
@@ -389,7 +390,8 @@ def _websocket_as_http(uri: str) -> str:
     return f"{mapped}{sep}{rest}" if mapped is not None and sep else uri
 
 
-def _target(build: Callable[[], Target]) -> Target:
+def _target(build: Callable[[], T]) -> T:
+    """What ``build`` makes of a received target; a target it cannot read is the client's ``400``."""
     try:
         return build()
     except FieldError as exc:
