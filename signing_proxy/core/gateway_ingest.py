@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import unicodedata
 from collections.abc import Container, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -99,7 +100,7 @@ def exchange_method(method: str, path: str) -> str | None:
     ``..`` or empty segments, another case, another method than POST) is refused
     (``IngestError`` ``malformed-exchange-call``): read as no exchange call, it skipped every check."""
     decoded = unquote(path.split("?", 1)[0])
-    if _SERVICE_FOLDED not in decoded.casefold():
+    if _SERVICE_FOLDED not in _folded(decoded):
         return None
     segments = decoded.split("/")
     head, name = segments[:-1], segments[-1]
@@ -119,6 +120,18 @@ def exchange_method(method: str, path: str) -> str | None:
 
 
 _SERVICE_FOLDED = EXCHANGE_SERVICE.casefold()
+
+
+def _folded(text: str) -> str:
+    """``text`` as any case-insensitive router may compare it: compatibility forms (fullwidth
+    letters) made plain, then upper-cased and case-folded. ``casefold`` alone keeps the dotless i
+    (U+0131, ``ExchangeServ%C4%B1ce``), which ``upper`` makes an ``I``. ASCII, the common path, is
+    folded once."""
+    if text.isascii():
+        return text.casefold()
+    return unicodedata.normalize("NFKC", text).upper().casefold()
+
+
 _ODD_SEGMENTS = frozenset({"", ".", ".."})
 
 

@@ -543,6 +543,8 @@ async def test_an_agent_acting_for_a_user_without_its_delegation_is_refused(worl
         ("POST", "/v1/svc.v1.exchangeservice/DiscoverResources"),
         ("POST", "/v1/svc.v1.ExchangeService;x/DiscoverResources"),
         ("PUT", "/v1/svc.v1.ExchangeService/DiscoverResources"),
+        ("POST", "/v1/svc.v1.ExchangeServ%C4%B1ce/DiscoverResources"),  # dotless i: upper() is "I"
+        ("POST", "/v1/svc.v1.%EF%BC%A5xchangeService/DiscoverResources"),  # a fullwidth E
     ],
 )
 async def test_another_spelling_of_an_exchange_call_is_refused_not_waved_through(
