@@ -20,7 +20,10 @@ ENV PATH=/opt/signing-proxy/bin:$PATH \
 USER 10001:10001
 VOLUME ["/var/lib/signing-proxy"]
 EXPOSE 8080
+EXPOSE 9090
+# the admin port (config/sidecar.yaml: admin.listen, loopback in admin.allow_clients): the proxy port
+# answers access.allow_clients only, which a deployment narrows (SIGNING_PROXY_ALLOW_CLIENTS)
 HEALTHCHECK --interval=10s --timeout=3s --start-period=5s --retries=3 \
-  CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8080/healthz', timeout=2)"]
+  CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:9090/healthz', timeout=2)"]
 ENTRYPOINT ["signing-proxy"]
 CMD ["run", "--config", "/etc/signing-proxy/config.yaml"]
