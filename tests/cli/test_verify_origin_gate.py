@@ -9,20 +9,19 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 from typing import Any
 
 from signing_proxy.cli import verify_origin
 from signing_proxy.net.egress import EgressPolicy
 from signing_proxy.verify import VerifierPolicy
+from tests.gate_client import answer_head, close_all, read_to_end
 from tests.harness import WAIT_S, started
 
 CAP = 256  # verify_origin.VERIFY_ORIGIN_MAX_CONNECTIONS, spelled out: the cap is what this file checks
 GET = b"GET /hello HTTP/1.1\r\nHost: origin.example\r\n\r\n"  # unsigned: a 401 verdict
 LAST_GET = GET.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n")  # answered, then closed
-
-Streams = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
 
 def _answer(sock: socket.socket) -> tuple[bytes, bytes]:
@@ -93,39 +92,14 @@ async def origin(**gate: Any) -> AsyncIterator[int]:
         await runner.cleanup()
 
 
-async def _read_to_end(reader: asyncio.StreamReader) -> bytes:
-    try:
-        return await asyncio.wait_for(reader.read(), WAIT_S)
-    except ConnectionResetError:
-        return b""
-
-
-async def _head(reader: asyncio.StreamReader) -> bytes:
-    """One whole answer read (its body too, so the next starts clean); its head returned."""
-    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), WAIT_S)
-    length = next(
-        int(line.split(b":", 1)[1])
-        for line in head.split(b"\r\n")
-        if line.lower().startswith(b"content-length:")
-    )
-    await asyncio.wait_for(reader.readexactly(length), WAIT_S)
-    return head
-
-
-def _close(streams: Sequence[Streams]) -> None:
-    for _, writer in streams:
-        with suppress(OSError):
-            writer.close()
-
-
 async def test_the_origin_still_answers_its_verdict() -> None:
     async with origin() as port:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         try:
             writer.write(LAST_GET)
-            answer = await _read_to_end(reader)
+            answer = await read_to_end(reader)
         finally:
-            _close([(reader, writer)])
+            close_all([(reader, writer)])
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 401 ")
     assert b"\r\nContent-Type: application/problem+json" in head
@@ -140,11 +114,11 @@ async def test_a_connection_that_sends_no_head_in_time_is_closed() -> None:
         try:
             partial[1].write(b"GET /hello HTTP/1.1\r\nHost: origin.example\r\n")  # the head never ends
             served[1].write(GET)  # answered, then kept alive with no second request
-            assert (await _head(served[0])).startswith(b"HTTP/1.1 401 ")
+            assert (await answer_head(served[0])).startswith(b"HTTP/1.1 401 ")
             for reader, _ in (silent, partial, served):
-                assert b"HTTP/" not in await _read_to_end(reader)  # closed, nothing (more) answered
+                assert b"HTTP/" not in await read_to_end(reader)  # closed, nothing (more) answered
         finally:
-            _close([silent, partial, served])
+            close_all([silent, partial, served])
 
 
 async def test_a_smaller_cap_given_holds_too() -> None:
@@ -153,13 +127,13 @@ async def test_a_smaller_cap_given_holds_too() -> None:
         try:
             for reader, writer in held:
                 writer.write(GET)
-                assert (await _head(reader)).startswith(b"HTTP/1.1 401 ")
+                assert (await answer_head(reader)).startswith(b"HTTP/1.1 401 ")
             extra = await asyncio.open_connection("127.0.0.1", port)
             held.append(extra)
             extra[1].write(LAST_GET)
-            assert await _read_to_end(extra[0]) == b""  # closed unanswered
+            assert await read_to_end(extra[0]) == b""  # closed unanswered
         finally:
-            _close(held)
+            close_all(held)
 
 
 def test_the_bounds_are_the_ones_checked_and_documented() -> None:

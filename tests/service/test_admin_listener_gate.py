@@ -10,19 +10,18 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager, suppress
+from contextlib import asynccontextmanager
 from typing import Any
 
 from aiohttp import web
 
 from signing_proxy.service import admin_app
 from signing_proxy.service.admin_app import build_admin_app, start_admin_listener
+from tests.gate_client import Streams, answer_head, close_all, read_to_end
 
 WAIT_S = 10.0
 CAP = 64  # admin_app.ADMIN_MAX_CONNECTIONS, spelled out: the cap is part of what this file checks
 HEALTHZ = b"GET /healthz HTTP/1.1\r\nHost: admin\r\n\r\n"
-
-Streams = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
 
 def _ready() -> tuple[int, dict[str, object]]:
@@ -41,39 +40,13 @@ async def admin_listener(
         await runner.cleanup()
 
 
-async def _read_to_end(reader: asyncio.StreamReader) -> bytes:
-    """What arrives until the listener closes (a reset reads as the end too)."""
-    try:
-        return await asyncio.wait_for(reader.read(), WAIT_S)
-    except ConnectionResetError:
-        return b""
-
-
-async def _answer_head(reader: asyncio.StreamReader) -> bytes:
-    """One whole answer read (its body too, so the next starts clean); its head returned."""
-    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), WAIT_S)
-    length = next(
-        int(line.split(b":", 1)[1])
-        for line in head.split(b"\r\n")
-        if line.lower().startswith(b"content-length:")
-    )
-    await asyncio.wait_for(reader.readexactly(length), WAIT_S)
-    return head
-
-
-def _close(streams: Sequence[Streams]) -> None:
-    for _, writer in streams:
-        with suppress(OSError):
-            writer.close()
-
-
 async def test_a_client_outside_allow_clients_is_refused_before_it_sends_anything() -> None:
     async with admin_listener(allow_clients=["10.0.0.0/8"]) as (runner, port):
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         try:
-            answer = await _read_to_end(reader)  # nothing sent: the 403 and the close come anyway
+            answer = await read_to_end(reader)  # nothing sent: the 403 and the close come anyway
         finally:
-            _close([(reader, writer)])
+            close_all([(reader, writer)])
         assert runner.server is not None
         assert runner.server.connections == []  # aiohttp never had it
     head, _, body = answer.partition(b"\r\n\r\n")
@@ -87,9 +60,9 @@ async def test_an_allowed_client_is_still_served() -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         try:
             writer.write(b"GET /healthz HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n")
-            answer = await _read_to_end(reader)
+            answer = await read_to_end(reader)
         finally:
-            _close([(reader, writer)])
+            close_all([(reader, writer)])
     assert answer.startswith(b"HTTP/1.1 200 ")
     assert b'"status": "ok"' in answer
 
@@ -100,11 +73,11 @@ async def test_connections_that_send_no_head_in_time_are_closed() -> None:
         try:
             partial[1].write(b"GET /healthz HTTP/1.1\r\nHost: admin\r\n")  # the head never ends
             served[1].write(HEALTHZ)  # answered, then kept alive with no second request
-            assert (await _answer_head(served[0])).startswith(b"HTTP/1.1 200 ")
+            assert (await answer_head(served[0])).startswith(b"HTTP/1.1 200 ")
             for reader, _ in (silent, partial, served):
-                assert b"HTTP/" not in await _read_to_end(reader)  # closed, nothing (more) answered
+                assert b"HTTP/" not in await read_to_end(reader)  # closed, nothing (more) answered
         finally:
-            _close([silent, partial, served])
+            close_all([silent, partial, served])
 
 
 async def test_connections_beyond_the_cap_are_closed_at_once() -> None:
@@ -115,16 +88,16 @@ async def test_connections_beyond_the_cap_are_closed_at_once() -> None:
                 reader, writer = await asyncio.open_connection("127.0.0.1", port)
                 held.append((reader, writer))
                 writer.write(HEALTHZ)
-                assert (await _answer_head(reader)).startswith(b"HTTP/1.1 200 ")  # admitted, kept alive
+                assert (await answer_head(reader)).startswith(b"HTTP/1.1 200 ")  # admitted, kept alive
             extra = await asyncio.open_connection("127.0.0.1", port)
             held.append(extra)
             extra[1].write(HEALTHZ)
-            assert await _read_to_end(extra[0]) == b""  # closed unanswered
+            assert await read_to_end(extra[0]) == b""  # closed unanswered
             reader, writer = held[0]
             writer.write(HEALTHZ)  # those admitted are still served
-            assert (await _answer_head(reader)).startswith(b"HTTP/1.1 200 ")
+            assert (await answer_head(reader)).startswith(b"HTTP/1.1 200 ")
         finally:
-            _close(held)
+            close_all(held)
 
 
 def test_the_cap_is_the_one_checked_here() -> None:
@@ -142,6 +115,6 @@ async def test_strangers_never_fill_the_admitted_connections_cap() -> None:
             reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.2", 0))
             strangers.append((reader, writer))
             writer.write(HEALTHZ)
-            assert (await _answer_head(reader)).startswith(b"HTTP/1.1 200 ")
+            assert (await answer_head(reader)).startswith(b"HTTP/1.1 200 ")
         finally:
-            _close(strangers)
+            close_all(strangers)

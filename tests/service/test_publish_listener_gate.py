@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager, suppress
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ from signing_proxy.config import parse_config
 from signing_proxy.service import publish
 from signing_proxy.service.publish import PublishServer
 from signing_proxy.storage.keystore import KeyStore, StoreKeyProvider
+from tests.gate_client import Streams, answer, close_all, read_to_end
 
 WAIT_S = 10.0
 CAP = 256  # publish.PUBLISH_MAX_CONNECTIONS, spelled out: the cap is part of what this file checks
@@ -27,8 +28,6 @@ NOW = 1_800_000_200
 DIRECTORY = "/.well-known/http-message-signatures-directory"
 GET_DIRECTORY = f"GET {DIRECTORY} HTTP/1.1\r\nHost: agent.example\r\n\r\n".encode()
 LAST_GET = GET_DIRECTORY.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n")  # answered, then closed
-
-Streams = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
 
 @pytest.fixture
@@ -52,39 +51,14 @@ async def publish_listener(data: Path, **gate: Any) -> AsyncIterator[int]:
         await server.stop()
 
 
-async def _read_to_end(reader: asyncio.StreamReader) -> bytes:
-    """What arrives until the listener closes (a reset reads as the end too)."""
-    try:
-        return await asyncio.wait_for(reader.read(), WAIT_S)
-    except ConnectionResetError:
-        return b""
-
-
-async def _answer(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
-    """One whole answer read (its body too, so the next starts clean): its head and its body."""
-    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), WAIT_S)
-    length = next(
-        int(line.split(b":", 1)[1])
-        for line in head.split(b"\r\n")
-        if line.lower().startswith(b"content-length:")
-    )
-    return head, await asyncio.wait_for(reader.readexactly(length), WAIT_S)
-
-
-def _close(streams: Sequence[Streams]) -> None:
-    for _, writer in streams:
-        with suppress(OSError):
-            writer.close()
-
-
 async def test_the_listener_still_answers_its_directory(data: Path) -> None:
     async with publish_listener(data) as port:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         try:
             writer.write(GET_DIRECTORY)
-            head, body = await _answer(reader)
+            head, body = await answer(reader)
         finally:
-            _close([(reader, writer)])
+            close_all([(reader, writer)])
     assert head.startswith(b"HTTP/1.1 200 ")
     assert b"\r\nContent-Type: application/jwk-set+json\r\n" in head
     assert b"\r\nServer: signing-proxy\r\n" in head
@@ -101,18 +75,18 @@ async def test_past_the_cap_a_connection_is_closed_unanswered_while_earlier_ones
                 reader, writer = await asyncio.open_connection("127.0.0.1", port)
                 held.append((reader, writer))
                 writer.write(GET_DIRECTORY)
-                assert (await _answer(reader))[0].startswith(b"HTTP/1.1 200 ")  # admitted, kept alive
+                assert (await answer(reader))[0].startswith(b"HTTP/1.1 200 ")  # admitted, kept alive
             extra = await asyncio.open_connection("127.0.0.1", port)
             held.append(extra)
             extra[1].write(LAST_GET)
-            assert await _read_to_end(extra[0]) == b""  # closed unanswered
+            assert await read_to_end(extra[0]) == b""  # closed unanswered
             reader, writer = held[CAP - 1]  # an admitted one (the latest: its keep-alive is freshest)
             writer.write(GET_DIRECTORY)
-            head, body = await _answer(reader)
+            head, body = await answer(reader)
             assert head.startswith(b"HTTP/1.1 200 ")
             assert len(json.loads(body)["keys"]) == 1
         finally:
-            _close(held)
+            close_all(held)
 
 
 async def test_a_connection_that_sends_no_head_in_time_is_closed(data: Path) -> None:
@@ -121,11 +95,11 @@ async def test_a_connection_that_sends_no_head_in_time_is_closed(data: Path) -> 
         try:
             partial[1].write(f"GET {DIRECTORY} HTTP/1.1\r\nHost: agent.example\r\n".encode())  # never ends
             served[1].write(GET_DIRECTORY)  # answered, then kept alive with no second request
-            assert (await _answer(served[0]))[0].startswith(b"HTTP/1.1 200 ")
+            assert (await answer(served[0]))[0].startswith(b"HTTP/1.1 200 ")
             for reader, _ in (silent, partial, served):
-                assert b"HTTP/" not in await _read_to_end(reader)  # closed, nothing (more) answered
+                assert b"HTTP/" not in await read_to_end(reader)  # closed, nothing (more) answered
         finally:
-            _close([silent, partial, served])
+            close_all([silent, partial, served])
 
 
 async def test_a_smaller_cap_given_holds_too(data: Path) -> None:
@@ -134,13 +108,13 @@ async def test_a_smaller_cap_given_holds_too(data: Path) -> None:
         try:
             for reader, writer in held:
                 writer.write(GET_DIRECTORY)
-                assert (await _answer(reader))[0].startswith(b"HTTP/1.1 200 ")
+                assert (await answer(reader))[0].startswith(b"HTTP/1.1 200 ")
             extra = await asyncio.open_connection("127.0.0.1", port)
             held.append(extra)
             extra[1].write(LAST_GET)
-            assert await _read_to_end(extra[0]) == b""  # closed unanswered
+            assert await read_to_end(extra[0]) == b""  # closed unanswered
         finally:
-            _close(held)
+            close_all(held)
 
 
 def test_the_bounds_are_the_ones_checked_and_documented() -> None:
