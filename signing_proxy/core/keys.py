@@ -412,12 +412,12 @@ def _refuse_heavy_list(body: bytes | bytearray, max_entries: int) -> None:
 
 def merge_revocation_lists(current: RevocationList | None, fresh: RevocationList) -> RevocationList:
     """The set to hold after a poll: ``fresh`` replaces ``current`` but a revoked thumbprint stays
-    revoked (spec "States and transitions"), and a snapshot older than ``current`` changes nothing."""
+    revoked (spec "States and transitions"). A snapshot dated before ``current`` still revokes what it
+    names (a list server whose clock or replica lags once must not void every later revocation);
+    ``as_of`` is the later of the two."""
     if current is None:
         return fresh
-    if fresh.as_of < current.as_of:
-        return current
-    return RevocationList(fresh.as_of, fresh.revoked | current.revoked)
+    return RevocationList(max(fresh.as_of, current.as_of), fresh.revoked | current.revoked)
 
 
 def next_poll_delay(rand: float) -> float:

@@ -583,10 +583,12 @@ def test_revoked_thumbprint_stays_revoked_across_snapshots() -> None:
     assert merge_revocation_lists(None, first) == first
 
 
-def test_older_revocation_snapshot_changes_nothing() -> None:
+def test_an_older_revocation_snapshot_still_revokes_what_it_names() -> None:
+    """It was set aside whole: one list dated a second early (a lagging replica) and every later
+    revocation from that directory was ignored until a restart."""
     current = RevocationList(T0 + 300, frozenset({KID_A1}))
-    stale = RevocationList(T0, frozenset({KID_B14}))
-    assert merge_revocation_lists(current, stale) == current
+    stale = RevocationList(T0, frozenset({KID_A1, KID_B14}))
+    assert merge_revocation_lists(current, stale) == RevocationList(T0 + 300, frozenset({KID_A1, KID_B14}))
 
 
 # ------------------------------------------------------------------ poll interval (spec: Limits)
