@@ -334,10 +334,14 @@ def _wider(mirror: int | None, claim: int | None) -> bool:
     return mirror is not None and (claim is None or mirror > claim)
 
 
-def check_mirror(mirror: DelegationIn, verified: VerifiedDelegation, now: float) -> None:
+def check_mirror(mirror: DelegationIn, verified: VerifiedDelegation, now: float, leeway_s: int = 0) -> None:
     """The mirrored fields are never wider than the verified claims, ``issuer`` is the token's
-    ``iss``; expired is expired. ``principal_domain`` and ``principal_id`` mirror no claim."""
-    if mirror.expires_at <= now:
+    ``iss``; expired is expired. ``principal_domain`` and ``principal_id`` mirror no claim.
+
+    ``leeway_s`` is the clock difference the chain's ``exp`` was forgiven (``verify_chain``): the
+    mirrored ``expires_at`` is required and no later than that ``exp``, so judged without it, it
+    refused every chain the leeway let pass. With it, it is still never more lenient than the chain."""
+    if mirror.expires_at + leeway_s <= now:
         raise DelegationError("expired", "delegation.expires_at has passed")
     if verified.expires_at is not None and mirror.expires_at > verified.expires_at:
         raise DelegationError("mirror-wider", "delegation.expires_at is later than the token's exp")

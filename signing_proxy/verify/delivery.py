@@ -15,6 +15,11 @@
    more than one lists is refused ``ambiguous-key`` (as a broker's is), since the first to list it
    would otherwise hide another's revocation of it.
 
+The fetches of 4 may take seconds: then the clock is read again and what is bound in time is
+judged again at that time (the URL's ``expires``, the fetcher signature's window through
+``verify_checked``, as ``RequestVerifier`` does, and the exchange key's window), so that a URL or
+signature that expired while its exchange key was fetched is refused.
+
 The fetcher's directory is never fetched. A refusal is a ``VerificationError`` with a stable reason
 (``verify.middleware.refusal`` answers it with 401); the result, ``VerifiedRetrieval``, is the only
 thing a handler should trust.
@@ -41,6 +46,7 @@ from ..core.signature_verify import DEFAULT_MAX_VALIDITY_S, check_stack, verify_
 from ..core.signatures import (
     DEFAULT_SKEW_S,
     Message,
+    SignatureEntry,
     VerificationKey,
     VerifiedSignature,
     parse_signature_stack,
@@ -129,8 +135,7 @@ class DeliveryVerifier:
         except FieldError as exc:
             raise VerificationError(exc.reason, exc.detail) from None
         bound = parse_retrieval_url(target.uri)
-        if now >= bound.expires:
-            raise VerificationError("retrieval-url-expired", "the retrieval URL has expired")
+        _check_url_expires(bound, now)
         reduced, label = _first_label_only(fields)
         presented = parse_presented_key(fields.combined(SIGNATURE_KEY), label)
         if presented.thumbprint != bound.agent_id:
@@ -147,19 +152,28 @@ class DeliveryVerifier:
             required=RETRIEVAL_COMPONENTS,  # the spec's profile only: the URL, the body and the key
         )
         key = VerificationKey(presented, source=PRESENTED)
-        stack = verify_checked(
-            checked, lambda entry, _i: key if entry.keyid == presented.thumbprint else None, now=now
-        )
-        source = await self._check_url_signature(bound, now)
+
+        def lookup(entry: SignatureEntry, _index: int) -> VerificationKey | None:
+            return key if entry.keyid == presented.thumbprint else None
+
+        verify_checked(checked, lookup, now=now)  # before any fetch: a bad signature costs none
+        source, listed = await self._check_url_signature(bound, now)
+        now = self.clock()  # the fetches may take seconds: what is bound in time, again at this time
+        _check_url_expires(bound, now)
+        stack = verify_checked(checked, lookup, now=now)  # its window (and, again, one Ed25519 check)
+        if listed is not None:
+            _check_key_window(bound, listed, now)
         return VerifiedRetrieval(
             target.uri, bound.agent_id, bound.expires, bound.keyid, source, stack.signatures[0]
         )
 
-    async def _check_url_signature(self, bound: RetrievalUrl, now: float) -> str:
-        """Verify the URL with the exchange key it names; return where that key came from."""
+    async def _check_url_signature(self, bound: RetrievalUrl, now: float) -> tuple[str, DirectoryKey | None]:
+        """Verify the URL with the exchange key it names; return where that key came from, and the
+        directory's entry for it (None for a pinned key, which has no window), whose window the
+        caller checks again after the fetches."""
         for pinned in self.policy.pinned_exchange_keys:
             if pinned.thumbprint == bound.keyid:
-                return self._verified(bound, pinned, PINNED)
+                return self._verified(bound, pinned, PINNED), None
         found, none_fetched = await self._listings(bound.keyid)
         if len(found) > 1:
             # the key of one exchange is in that exchange's own directory; one that two configured
@@ -172,10 +186,7 @@ class DeliveryVerifier:
                 "retrieval-url-unknown-key", "no trusted exchange publishes the URL's keyid"
             )
         base, directory, key = found[0]
-        if not key.valid_at(now):
-            raise VerificationError(
-                "retrieval-url-key-outside-window", f"key {bound.keyid} is outside its window"
-            )
+        _check_key_window(bound, key, now)  # before the revocation list is asked for
         poller = self.verifier.revocations
         assert poller is not None  # RequestVerifier always has one
         try:
@@ -186,7 +197,7 @@ class DeliveryVerifier:
             ) from None
         if key.thumbprint in revoked:
             raise VerificationError("retrieval-url-key-revoked", f"key {bound.keyid} is revoked")
-        return self._verified(bound, key.public, base)
+        return self._verified(bound, key.public, base), key
 
     async def _listings(self, keyid: str) -> tuple[list[tuple[str, Directory, DirectoryKey]], bool]:
         """Every configured exchange directory that lists ``keyid`` (base, directory, key), each
@@ -224,6 +235,18 @@ class DeliveryVerifier:
         if not bound.verify(key):
             raise VerificationError("retrieval-url-bad-signature", "the URL's signature does not verify")
         return source
+
+
+def _check_url_expires(bound: RetrievalUrl, now: float) -> None:
+    if now >= bound.expires:  # exclusive: the URL is dead at its expires
+        raise VerificationError("retrieval-url-expired", "the retrieval URL has expired")
+
+
+def _check_key_window(bound: RetrievalUrl, key: DirectoryKey, now: float) -> None:
+    if not key.valid_at(now):
+        raise VerificationError(
+            "retrieval-url-key-outside-window", f"key {bound.keyid} is outside its window"
+        )
 
 
 def build_delivery_verifier(

@@ -233,11 +233,10 @@ class GatewayVerifier:
                 detail = "delegation-missing: an agent acting on behalf of a user carries the delegation"
                 raise GatewayRefusal(403, DELEGATION_INVALID, detail)
             return GatewayVerdict(stack, requester), None
-        now = self.clock()
         try:
             mirror = read_delegation(requester.delegation)
-            chain, holder = await self._verify_chain(mirror, stack, now)
-            check_mirror(mirror, chain, now)
+            chain, holder, now = await self._verify_chain(mirror, stack)
+            check_mirror(mirror, chain, now, self.policy.leeway_s)  # at the time the chain was judged
             check_declared_scopes(requester.scopes, chain)
         except DelegationError as exc:
             log.info("delegation refused: %s %s", exc.reason, exc.detail)
@@ -252,15 +251,19 @@ class GatewayVerifier:
         return GatewayVerdict(stack, requester, chain, holder), mirror
 
     async def _verify_chain(
-        self, mirror: DelegationIn, stack: VerifiedStack, now: float
-    ) -> tuple[VerifiedDelegation, str]:
+        self, mirror: DelegationIn, stack: VerifiedStack
+    ) -> tuple[VerifiedDelegation, str, float]:
+        """The chain, its terminal holder, and the time it was judged at. That time is read after
+        the issuer's keys were fetched (which may take seconds), as a signature's window is checked
+        when its keys are used: a chain whose ``exp`` passed during the fetch is refused ``expired``."""
         root = parse_link(mirror.token.split("~", 1)[0], 0)  # read iss only to choose the anchors
         iss = root.claims.get("iss")
         if not isinstance(iss, str):
             raise DelegationError("missing-claim", "link 0: iss is required")
-        anchors = await self.issuers.keys_for(iss, now)
+        anchors = await self.issuers.keys_for(iss, self.clock())
+        now = self.clock()
         try:
-            return self._judge(mirror, stack, anchors, now)
+            return (*self._judge(mirror, stack, anchors, now), now)
         except DelegationError as exc:
             if exc.reason != "untrusted-issuer-key":
                 raise
@@ -268,7 +271,8 @@ class GatewayVerifier:
             fresh = await self.issuers.keys_for(iss, now, refetch=True)
             if not fresh:
                 raise
-        return self._judge(mirror, stack, fresh, now)
+        now = self.clock()
+        return (*self._judge(mirror, stack, fresh, now), now)
 
     def _judge(
         self, mirror: DelegationIn, stack: VerifiedStack, anchors: tuple[PublicKey, ...], now: float
