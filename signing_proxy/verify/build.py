@@ -62,8 +62,9 @@ def build_verifier(
 ) -> RequestVerifier:
     """A verifier fetching through ``client`` (default: a standalone one, closed with the verifier).
 
-    ``policy`` defaults to ``limits``' skew and lifetime; ``clock``, ``sleep`` and ``rand`` drive the
-    signature window and the revocation schedule, ``monotonic`` the fetch budget (tests inject them).
+    ``policy`` defaults to ``limits``' skew and lifetime; ``clock`` (wall) judges signature windows and
+    directory proofs, ``sleep`` and ``rand`` drive the revocation schedule, ``monotonic`` the fetch
+    budget and every cache lifetime, failure memory and re-fetch spacing (tests inject them).
     """
     limits = limits if limits is not None else VerifyConfig()
     policy = policy if policy is not None else policy_from_config(limits)
@@ -73,6 +74,7 @@ def build_verifier(
     resolver = DirectoryResolver(
         http_fetcher(http, egress=egress, max_bytes=MAX_DIRECTORY_BYTES, timeout_s=fetch_timeout_s),
         clock=clock,
+        monotonic=monotonic,  # a wall clock stepped back would hold failures and entries that long
         max_entries=limits.directory_cache_entries,
         max_bytes=limits.directory_cache_bytes,
         negative_entries=limits.negative_cache_entries,
@@ -87,6 +89,7 @@ def build_verifier(
     poller = RevocationPoller(
         http_fetcher(http, egress=egress, max_bytes=MAX_REVOCATION_LIST_BYTES, timeout_s=fetch_timeout_s),
         clock=clock,
+        monotonic=monotonic,
         sleep=sleep,
         rand=rand,
         fetch_timeout_s=fetch_timeout_s,

@@ -15,6 +15,10 @@ it, rides on its token). Refreshes of cached directories, directories the config
 directories that verified a signature lately (``vouch``) spend none. Fetches go through a
 ``Fetcher``: ``http_fetcher`` builds one on ``net.client.HttpClient`` under an ``EgressPolicy`` (no
 redirects, bounded size and time); tests pass a fake. Revocation lists: ``verify.revocation``.
+
+Two clocks: every lifetime, spacing and failure memory runs on ``monotonic`` (a wall clock stepped
+back by NTP would hold a failure, or put off a re-fetch, for as long as the step); the wall ``clock``
+only judges what carries dates of its own (a directory proof's ``created``).
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ __all__ = [
     "FetchResult",
     "Fetcher",
     "directory_url",
+    "duration_clock",
     "fetch_parsed",
     "http_fetcher",
     "only_proven",
@@ -182,6 +187,14 @@ def http_fetcher(
 _T = TypeVar("_T")
 
 
+def duration_clock(clock: Callable[[], float], monotonic: Callable[[], float] | None) -> Callable[[], float]:
+    """The clock that times lifetimes and schedules: ``monotonic`` when given; else ``time.monotonic``
+    beside the real wall clock, and a test's fake ``clock`` given alone (it drives both, as before)."""
+    if monotonic is not None:
+        return monotonic
+    return time.monotonic if clock is time.time else clock
+
+
 async def fetch_parsed(
     fetch: Fetcher, url: str, parse: Callable[[bytes], _T], kind: str
 ) -> tuple[_T, FetchResult]:
@@ -219,7 +232,7 @@ async def settle(work: Awaitable[_T], timeout_s: float, kind: str, url: str) -> 
 @dataclass(slots=True)
 class _Entry:
     directory: Directory
-    expires_at: float
+    expires_at: float  # on the monotonic clock, as every time below
     fetched_at: float
     size: int  # bytes of the served document
     extra: int = 0  # bytes charged by what hangs on the directory (its revocation set)
@@ -237,6 +250,7 @@ class DirectoryResolver:
     """Fetch-and-cache of key directories, with pinned directories that are never fetched.
 
     ``listeners`` hear the URL of every directory leaving the cache (revocation pollers stop then).
+    ``clock`` (wall) judges directory proofs; ``monotonic`` (``duration_clock``) everything timed.
     """
 
     fetch: Fetcher
@@ -255,12 +269,15 @@ class DirectoryResolver:
     skew_s: int = DEFAULT_SKEW_S  # a directory proof's created may be this far ahead (verify.skew_s)
     fetches: int = 0
     hits: int = 0
+    monotonic: Callable[[], float] | None = None  # None: ``duration_clock(clock, None)``; last: order kept
     _cache: LruCache[str, _Entry] = field(init=False, repr=False)
     _negative: LruCache[str, _Failure] = field(init=False, repr=False)
     _vouched: LruCache[str, float] = field(init=False, repr=False)  # url -> its last free return
     _inflight: dict[str, asyncio.Task[Directory]] = field(init=False, repr=False, default_factory=dict)
+    _elapsed: Callable[[], float] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
+        self._elapsed = duration_clock(self.clock, self.monotonic)
         self.pinned = {base_key(base): d for base, d in self.pinned.items()}
         self._cache = LruCache(self.max_entries, self.max_bytes, on_evict=self._evicted)
         self._negative = LruCache(self.negative_entries, URL_STORE_BYTES, key_size=len)
@@ -304,7 +321,7 @@ class DirectoryResolver:
         if pinned is not None:
             return pinned
         url = directory_url(base)
-        now = self.clock()
+        now = self._elapsed()
         entry = self._cache.get(url)
         if entry is not None and now < entry.expires_at:
             self.hits += 1
@@ -345,12 +362,12 @@ class DirectoryResolver:
         if entry is None:
             return None
         if url not in self._inflight:
-            last = max(entry.fetched_at, entry.keyid_refetch_at)
-            if self.clock() - last < self.keyid_refetch_s:
+            now = self._elapsed()
+            if now - max(entry.fetched_at, entry.keyid_refetch_at) < self.keyid_refetch_s:
                 return None
             if budgeted:
                 self._spend(url)
-            entry.keyid_refetch_at = self.clock()
+            entry.keyid_refetch_at = now
         return await self._shared(url)
 
     def _spend(self, url: str) -> None:
@@ -396,7 +413,7 @@ class DirectoryResolver:
                 url,
             )
         except DirectoryError as exc:
-            now = self.clock()
+            now = self._elapsed()
             if stale is not None:
                 log.warning("keeping the cached directory %s: refresh failed (%s)", url, exc.reason)
                 stale.expires_at = now + self.negative_ttl_s
@@ -404,8 +421,8 @@ class DirectoryResolver:
             log.info("directory %s unavailable: %s: %s", url, exc.reason, exc.detail)
             self._negative.put(url, _Failure(exc.reason, now + self.negative_ttl_s), URL_ENTRY_COST)
             raise DirectoryError(exc.reason, f"{url} is unavailable") from None
-        now = self.clock()
-        directory = only_proven(directory, result, url, now, self.skew_s)
+        directory = only_proven(directory, result, url, self.clock(), self.skew_s)
+        now = self._elapsed()
         ttl = ttl_from_cache_control(result.cache_control, self.floor_s, self.ceiling_s)
         current = self._cache.peek(url)  # the entry may have been evicted while we fetched
         extra = current.extra if current is not None else 0

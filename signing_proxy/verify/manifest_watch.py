@@ -14,6 +14,10 @@ A provider given as a bare domain is fetched over https and its manifest's ``dom
 domain; one given as a URL (``http://127.0.0.1:8443``) is fetched there, the operator having
 pinned the address.
 
+The schedule runs on ``monotonic`` (``duration_clock``): on the wall clock, one stepped back by NTP
+put every re-check off by the step, and a removal went unnoticed meanwhile. ``checked_at`` and
+``next_check_at`` stay wall-clock times, for the admin endpoint to show.
+
 One provider never stops the others: a check that fails in any way (a provider entry the manifest
 code cannot use as a host, an unexpected error) marks that provider ``unavailable`` and schedules
 its next check like a failed fetch, and the providers after it are checked as usual.
@@ -30,7 +34,7 @@ from dataclasses import dataclass, field, replace
 from ..core.errors import ManifestError
 from ..core.manifest import MANIFEST_PATH, parse_manifest
 from ..errors import DirectoryError
-from .directory import Fetcher, ttl_from_cache_control
+from .directory import Fetcher, duration_clock, ttl_from_cache_control
 
 __all__ = ["MAX_REFRESH_S", "MIN_REFRESH_S", "ManifestWatcher", "ProviderState"]
 
@@ -50,7 +54,7 @@ class ProviderState:
     last_authorized: bool | None = None  # the last verdict of a manifest that was read
     relationship: str | None = None
     reason: str | None = None  # why the last fetch failed
-    checked_at: float | None = None
+    checked_at: float | None = None  # wall clock, as next_check_at: shown, never compared
     next_check_at: float = 0.0
 
     def as_json(self) -> dict[str, object]:
@@ -84,12 +88,17 @@ class ManifestWatcher:
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
     min_refresh_s: float = MIN_REFRESH_S
     max_refresh_s: float = MAX_REFRESH_S
+    monotonic: Callable[[], float] | None = None  # None: ``duration_clock(clock, None)``
     _states: dict[str, ProviderState] = field(init=False, default_factory=dict)
+    _due: dict[str, float] = field(init=False, default_factory=dict)  # provider -> when, on monotonic
+    _elapsed: Callable[[], float] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
+        self._elapsed = duration_clock(self.clock, self.monotonic)
         for provider in self.providers:
             url, _host = _manifest_url(provider)
             self._states[provider] = ProviderState(provider, url)
+            self._due[provider] = float("-inf")  # at the first check_due
 
     def states(self) -> list[ProviderState]:
         return list(self._states.values())
@@ -105,7 +114,8 @@ class ManifestWatcher:
         """Fetch one provider's manifest now and record the verdict."""
         old = self._states[provider]
         url, served_host = _manifest_url(provider)
-        now = self.clock()
+        now, started = self.clock(), self._elapsed()
+        ttl = self.min_refresh_s  # a failure's
         try:
             answer = await self.fetch(url)
             if answer.status != 200:
@@ -127,6 +137,7 @@ class ManifestWatcher:
                 checked_at=now,
                 next_check_at=now + ttl,
             )
+        self._due[provider] = started + ttl
         self._states[provider] = new
         self._report(old, new)
         return new
@@ -163,18 +174,19 @@ class ManifestWatcher:
     async def check_due(self) -> float:
         """Check every provider whose time has come; the seconds until the next one is due."""
         for state in list(self._states.values()):
-            if state.next_check_at <= self.clock():
+            if self._due[state.provider] <= self._elapsed():
                 try:
                     await self.check(state.provider)
                 except Exception:  # a bug: this provider later, the next ones now
                     log.exception("manifest check of provider %s failed", state.provider)
                     old = self._states[state.provider]
                     new = self._failed(old, "manifest-check-failed", self.clock())
+                    self._due[state.provider] = self._elapsed() + self.min_refresh_s
                     self._states[state.provider] = new
                     self._report(old, new)
-        if not self._states:
+        if not self._due:
             return self.max_refresh_s
-        return max(0.0, min(s.next_check_at for s in self._states.values()) - self.clock())
+        return max(0.0, min(self._due.values()) - self._elapsed())
 
     async def run(self) -> None:
         """Check forever (cancel to stop)."""

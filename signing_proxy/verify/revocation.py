@@ -16,7 +16,8 @@ list, so no one directory's list pushes other directories out of the cache, nor 
 the store. A directory whose list was never fetched fails closed (``revocation-unavailable``),
 retried at most every ``retry_s``; a failed later poll keeps the last set. Each tracked directory is
 polled every 300 s +/-10 % with an injected clock, sleep and random source, and its poller cancelled
-when the resolver drops the directory.
+when the resolver drops the directory. Attempts, successes and ages are timed on ``monotonic``
+(``duration_clock``): a wall clock stepped back held a list never fetched refused for as long.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from .directory import (
     PARSED_COST_FACTOR,
     DirectoryResolver,
     Fetcher,
+    duration_clock,
     fetch_parsed,
     settle,
 )
@@ -86,7 +88,7 @@ def parse_bounded_list(body: bytes) -> RevocationList:
 class _State:
     url: str  # the revocation_url the directory names
     current: RevocationList | None = None  # the latest list, plus what earlier lists of it named
-    last_success: float | None = None
+    last_success: float | None = None  # on the poller's monotonic clock, as last_attempt
     last_attempt: float | None = None
     failures: int = 0
     loop: asyncio.Task[None] | None = None  # the periodic poller
@@ -102,7 +104,7 @@ class RevocationPoller:
     """Per-directory revoked sets and their pollers; ``attach`` binds it to a resolver's cache."""
 
     fetch: Fetcher
-    clock: Callable[[], float] = time.time
+    clock: Callable[[], float] = time.time  # reads no date: a test's fake one alone drives ``monotonic``
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
     rand: Callable[[], float] = random.random
     retry_s: float = NEGATIVE_TTL_S  # a list never fetched is tried again on demand after this long
@@ -118,6 +120,11 @@ class RevocationPoller:
     configured: set[str] = field(default_factory=set)  # directory URLs the operator named
     _kept: dict[str, RevocationList] = field(default_factory=dict)  # theirs, never dropped
     _closed: bool = False  # by ``close``: no poller starts any more
+    monotonic: Callable[[], float] | None = None  # None: ``duration_clock(clock, None)``
+    _elapsed: Callable[[], float] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._elapsed = duration_clock(self.clock, self.monotonic)
 
     def configure(self, directory_urls: Iterable[str]) -> None:
         """Directories the operator named (brokers, issuers, exchanges): what their lists revoked is
@@ -170,7 +177,7 @@ class RevocationPoller:
         state = self._states.get(directory_url)
         if state is None or state.last_success is None:
             return None
-        return self.clock() - state.last_success
+        return self._elapsed() - state.last_success
 
     def ages(self) -> Iterator[float | None]:
         """The age of every tracked list (None: never fetched); bounded by the directory cache."""
@@ -184,7 +191,7 @@ class RevocationPoller:
         """
         state = self._state_for(directory_url, revocation_url)
         if state.last_success is None:
-            now = self.clock()
+            now = self._elapsed()
             if state.last_attempt is None or now - state.last_attempt >= self.retry_s or state.inflight:
                 await self._poll_shared(directory_url, state)
         if self._states.get(directory_url) is state and state.loop is None and not self._closed:
@@ -271,7 +278,7 @@ class RevocationPoller:
     async def _poll(self, directory_url: str, state: _State) -> bool:
         url = state.url
         self.polls += 1
-        state.last_attempt = self.clock()
+        state.last_attempt = self._elapsed()
         try:
             fresh, _result = await settle(
                 fetch_parsed(self.fetch, url, parse_bounded_list, "revocation"),
@@ -288,7 +295,7 @@ class RevocationPoller:
         if state.url != url:
             return False  # the directory named another list meanwhile: this one is not its word
         state.current = _sticky(state.current, fresh)
-        state.last_success = self.clock()
+        state.last_success = self._elapsed()
         state.failures = 0
         if self._states.get(directory_url) is state:
             self.charge(directory_url, len(state.current.revoked) * REVOKED_ENTRY_COST)
