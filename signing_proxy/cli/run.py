@@ -6,8 +6,11 @@ SIGHUP re-reads the key stores and the configuration (a bad one is refused and t
 serving); a SIGHUP during start-up is applied once the proxy is up. With ``--workers N`` the parent
 counts the stop signals (``service.workers``): a worker takes SIGTERM/SIGINT as "drain" however often
 it comes, and the parent's ``CUT_SIGNAL`` as "cut". The parent re-reads the configuration on SIGHUP
-too, and a worker it restarts serves the last copy accepted, as its siblings do. Status lines and the
-parent's log lines go through a ``LineWriter``: a stderr nobody reads drops them, never blocks.
+too, and a worker it restarts serves the last copy accepted, as its siblings do: accepted once a
+restarted worker's build passes with it, tried in a child (``service.workers.run_check``), as the
+parent holds no private key nor credential. Every worker loads the key store itself, never below the
+revocations the parent read. Status lines and the parent's log lines go through a ``LineWriter``: a
+stderr nobody reads drops them, never blocks.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from typing import Any
 from .. import __version__
 from ..config import Config, parse_host_port
 from ..config.loading import reloading
-from ..core.keys import KeyProvider
+from ..core.keys import KeyProvider, RevocationList
 from ..errors import CliError, Error
 from ..proxy.connect import load_interception_ca
 from ..proxy.gateway import gateway_upstream
@@ -37,12 +40,17 @@ from ..service.workers import (
     CUT_SIGNAL,
     MAX_WORKERS,
     hold_sighup,
+    refuse_shared,
     reserve_port,
+    restarted,
+    run_check,
     run_workers,
     start_masked,
     take_held_sighup,
+    tell_parent,
 )
 from ..storage.keystore import StoreWatcher
+from ..storage.storewatch import RevocationFloor
 from .common import (
     REFUSALS,
     HelpFormatter,
@@ -145,6 +153,7 @@ def _run_workers(config: Config, keys: KeyProvider, args: argparse.Namespace, wo
     for name, listen in (("publish.listen", config.publish.listen), ("admin.listen", config.admin.listen)):
         if listen is not None and listen.endswith(":0"):
             raise CliError(f"{name}: with --workers, give a fixed port (every worker binds it)")
+    _refuse_shared(config)
     given = config.listen
     host, port = parse_host_port(given, "listen")
     try:
@@ -155,6 +164,14 @@ def _run_workers(config: Config, keys: KeyProvider, args: argparse.Namespace, wo
     config = config.with_overrides(listen=resolved)
     if config.intercept.enabled and config.mode != "gateway":  # a gateway has no CA
         load_interception_ca(config)  # created here, once, before the workers load it; CAError
+    # a worker loads the store itself (its copy of the parent's is the start-up one: keys revoked
+    # since, and when keys.json could not be read at its start, it signed with them), never below
+    # the revocations the parent has read (every second: an older keys.json put back is refused);
+    # the parent signs nothing and holds no private key
+    floor: RevocationFloor | None = None
+    if isinstance(keys, StoreWatcher):
+        floor = RevocationFloor(keys.store, keys.state().revocations)
+        keys.forget_private_keys()
 
     def reread() -> Config:
         """The configuration as SIGHUP reads it, a ``listen`` unchanged in the file being the port
@@ -162,12 +179,28 @@ def _run_workers(config: Config, keys: KeyProvider, args: argparse.Namespace, wo
         fresh = config_from(args)
         return fresh.with_overrides(listen=resolved) if fresh.listen == given else fresh
 
-    accepted: Config | None = None  # the last configuration a SIGHUP read, None before any
+    accepted: Config | None = None  # the last configuration a SIGHUP read that passed, None before any
+    checking = again = False  # a check runs; a SIGHUP came during it (taken once it is done)
 
     def on_sighup() -> None:
         """The parent reads what its workers read (each the file itself): a worker restarted later
         started from the copy read at start, and served clients, credentials and rules revoked since."""
+        nonlocal checking, again
+        again = True
+        if checking:  # a SIGHUP during the check (this handler, nested): read again once it is done
+            return
+        checking = True
+        try:
+            while again:
+                again = False
+                reconsider()
+        finally:
+            checking = False
+
+    def reconsider() -> None:
         nonlocal accepted
+        if floor is not None:  # the store as the workers re-read it now, for those started later
+            floor.check()
         try:
             with reloading():  # a FIFO or a device at the path is refused: this parent restarts workers
                 fresh = reread()
@@ -177,8 +210,21 @@ def _run_workers(config: Config, keys: KeyProvider, args: argparse.Namespace, wo
             # traceback's) may quote the file, a PIN in it: the type only
             log.error("SIGHUP: re-reading the configuration for restarted workers failed (%s)", _kind(exc))
             return
-        accepted = fresh
-        logging.getLogger("signing_proxy").setLevel(fresh.log.level.upper())
+        # the workers' own checks (files, credentials, delegation) run in their build: accepted only
+        # once that passes, or a worker restarted later was built from a file its siblings refused,
+        # and tried again every second for good
+        at_least = floor.floor if floor is not None else None
+        code, said = run_check(lambda: _check_build(config, fresh, keys, at_least))
+        if code == 0:
+            accepted = fresh
+            logging.getLogger("signing_proxy").setLevel(fresh.log.level.upper())
+            return
+        why = said or "the check did not finish"
+        log.warning(
+            "SIGHUP: a worker restarted later serves the last configuration that passed its build, "
+            "not this one (%s)",
+            why,
+        )
 
     # the parent's log lines ("worker 1 exited unexpectedly") through a writer thread, started before
     # the first fork: a stderr nobody reads held the parent in a write, no worker restarted, and
@@ -191,23 +237,71 @@ def _run_workers(config: Config, keys: KeyProvider, args: argparse.Namespace, wo
         # the parent's writer has no thread here: stderr directly, until this worker's app routes it
         unroute()
         _use_uvloop()
-        # the parent's copy of the store is the one it started with: a worker restarted later would
-        # sign, and publish, with keys rotated or revoked since, until its first reload a second on
-        if isinstance(keys, StoreWatcher):
-            keys.reload(force=True)
+        if floor is not None and isinstance(keys, StoreWatcher):
+            try:
+                keys.load_afresh(floor.floor)
+            except Error as exc:  # the parent starts it again after the back-off, and says why
+                tell_parent(error_line(exc))
+                return 1
         try:
             serve = _serve(config, keys, reread, reuse_port=True, worker=index, reloaded=accepted)
             return asyncio.run(serve)
         except REFUSALS as exc:
-            print(f"signing-proxy: {error_line(exc)}", file=sys.stderr)
+            if restarted():  # its siblings serve: the parent starts it again, and says why once
+                tell_parent(error_line(exc))
+            else:
+                print(f"signing-proxy: {error_line(exc)}", file=sys.stderr)
             return 2
 
     try:
-        return run_workers(workers, worker, on_sighup)
+        return run_workers(workers, worker, on_sighup, floor.check if floor is not None else None)
     finally:
         reserved.close()
         unroute()
         writer.close()
+
+
+def _refuse_shared(config: Config) -> None:
+    """Each address the workers will bind, once without SO_REUSEPORT: with it, a second ``--workers``
+    instance bound beside the first without an error, and the kernel balanced clients between two
+    configurations and key stores (a single process was refused EADDRINUSE)."""
+    for name, listen in (
+        ("listen", config.listen),
+        ("publish.listen", config.publish.listen),
+        ("admin.listen", config.admin.listen),
+    ):
+        if listen is None:
+            continue
+        host, port = parse_host_port(listen, name)
+        try:
+            refuse_shared(host, port)
+        except OSError as exc:
+            raise CliError(
+                f"{name}: cannot bind {listen}: {exc.strerror or exc} (another process listens there: "
+                "a second --workers instance is refused, not given a share of its port)"
+            ) from None
+
+
+def _check_build(config: Config, fresh: Config, keys: KeyProvider, floor: RevocationList | None) -> int:
+    """In a child of the parent (``run_check``): 0 when a worker restarted now builds from ``fresh``
+    (the key store loaded as it would load it), 2 when that build refuses it, 1 when the store cannot
+    be loaded; why goes to the parent (``tell_parent``). Its own log is silent: the workers say it."""
+    logging.disable(logging.CRITICAL)
+    if floor is not None and isinstance(keys, StoreWatcher):
+        try:
+            keys.load_afresh(floor)
+        except Error as exc:
+            tell_parent(f"not checked: {error_line(exc)}")
+            return 1
+    try:
+        ProxyApp(restart_merge(config, fresh)[0], keys)
+    except Error as exc:
+        tell_parent(error_line(exc))
+        return 2
+    except Exception as exc:  # its text may quote a file, a PIN in it: the type only
+        tell_parent(f"it could not be built ({_kind(exc)})")
+        return 2
+    return 0
 
 
 async def _serve(
@@ -226,9 +320,10 @@ async def _serve(
         try:
             app = ProxyApp(restart_merge(config, reloaded)[0], keys)
         except Error as exc:  # nor the start-up copy instead: what it admits may be revoked since
-            said = "the configuration of the last SIGHUP is refused now"
-            log.error("worker %s not started: %s: %s", worker, said, error_line(exc))
-            return 1  # restarted after the back-off: once a SIGHUP reads a good file, it starts
+            # the parent says why (once), and starts it again after the back-off: once a SIGHUP
+            # reads a good file, or what it names is there again, it starts
+            tell_parent(f"the configuration of the last SIGHUP is refused now: {error_line(exc)}")
+            return 1
     else:
         try:
             app = ProxyApp(config, keys)

@@ -2,8 +2,9 @@
 
 The kernel spreads new connections across the workers' listening sockets. Nothing is shared in
 memory: keys and the interception CA live in the data directory (created once, under a lock),
-each worker watches the key store itself, and the parent only forwards signals — SIGHUP (reload)
-and SIGTERM/SIGINT (drain) — and restarts a worker that dies. A port of 0 is resolved once by the
+each worker watches the key store itself, and the parent forwards signals — SIGHUP (reload)
+and SIGTERM/SIGINT (drain) — restarts a worker that dies, and runs its ``tick`` every ``TICK_S``
+(``cli.run``: the revocations no worker it starts may go below). A port of 0 is resolved once by the
 parent, which keeps a bound (not listening) SO_REUSEPORT socket on it so every worker gets the same.
 
 A SIGHUP also has the parent re-read the configuration (``on_sighup``): a worker it restarts later
@@ -16,6 +17,14 @@ group (a terminal's Ctrl-C, systemd stopping the service) reaches every worker d
 so a worker takes SIGTERM/SIGINT only as "drain" however often it comes. A second SIGTERM/SIGINT
 to the parent sends the workers ``CUT_SIGNAL`` (their drain is cut short), and the parent then
 exits 128 + that second signal's number.
+
+A worker restarted later that cannot serve (a refusal, exit 2, or its key store not loaded, exit 1)
+is started again after the back-off while its siblings serve: only a worker of the first start that
+exits 2 stops them all (bad input at start-up). It tells the parent why (``tell_parent``, through a
+pipe of its own), and the parent says it once per reason, not every second
+(``REFUSAL_REPEAT_S``). Two instances on one port never share it: ``refuse_shared``. What the
+parent must know of a worker's build without loading what it loads (private keys, credentials)
+runs in a child of its own (``run_check``).
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ import contextlib
 import ctypes
 import logging
 import os
+import select
 import signal
 import socket
 import sys
@@ -35,10 +45,14 @@ __all__ = [
     "MAX_WORKERS",
     "SIGNALS",
     "hold_sighup",
+    "refuse_shared",
     "reserve_port",
+    "restarted",
+    "run_check",
     "run_workers",
     "start_masked",
     "take_held_sighup",
+    "tell_parent",
 ]
 
 log = logging.getLogger("signing_proxy")
@@ -49,10 +63,78 @@ CUT_SIGNAL = signal.SIGUSR1  # to a worker: a second stop signal reached the par
 # what the parent handles: blocked around each fork, and in every thread the parent starts before one
 # (a signal is delivered to any thread that has it unblocked, and its handler then runs at once)
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, CUT_SIGNAL)
+# our choice: a restart refused for the same reason is said once, then again at most this often
+# (with the number of tries since): every second, it filled the log
+REFUSAL_REPEAT_S = 300.0
+MAX_TOLD_BYTES = 2048  # what the parent reads of a worker's reason: one line, never more
+CHECK_LIMIT_S = 10.0  # our choice: how long the parent waits for a check's child (killed after)
+TICK_S = 1.0  # our choice: how often the parent runs its ``tick`` (as often as a worker checks its keys)
+_CHECK_POLL_S = 0.01
 
 
 class _Held:
     sighup = False  # a SIGHUP came since hold_sighup()
+
+
+class _Worker:
+    """In a worker: what its parent set up for it at the fork."""
+
+    restarted = False  # started again after one of its index exited (not in the first start)
+    told: int | None = None  # the pipe's write end to the parent (tell_parent)
+
+
+def restarted() -> bool:
+    """In a worker: whether the parent started it again after one of its index exited. Its refusal
+    is then the parent's to report (``tell_parent``); in the first start it ends the command (exit 2)."""
+    return _Worker.restarted
+
+
+def tell_parent(reason: str) -> None:
+    """In a worker about to exit without serving: why, for the parent to log (``run_workers``: once
+    per reason, as it is started again every second). One line; nothing outside a worker."""
+    fd = _Worker.told
+    if fd is None:
+        return
+    line = " ".join(reason.split()).encode("utf-8", "backslashreplace")[: MAX_TOLD_BYTES - 1]
+    with contextlib.suppress(OSError):  # the parent has gone: nobody to tell
+        os.write(fd, line + b"\n")
+
+
+def _told(fd: int | None) -> str:
+    """What a worker that has exited told its parent (its last line), '' if nothing; closes ``fd``."""
+    if fd is None:
+        return ""
+    try:
+        os.set_blocking(fd, False)  # a process the worker started may hold the write end still
+        data = os.read(fd, MAX_TOLD_BYTES * 2)
+    except OSError:
+        data = b""
+    finally:
+        os.close(fd)
+    lines = data.decode("utf-8", "backslashreplace").splitlines()
+    return lines[-1].strip() if lines else ""
+
+
+class _Said:
+    """Per worker index, the refusal said last, when, and the tries since: a restart refused for the
+    same reason is logged once, then every ``REFUSAL_REPEAT_S`` (a worker's exit without a reason
+    forgets it: the next refusal is new)."""
+
+    def __init__(self) -> None:
+        self._last: dict[int, tuple[str, float, int]] = {}  # index -> (reason, when said, tries since)
+
+    def due(self, index: int, reason: str) -> int | None:
+        """The tries of ``reason`` since it was last said (this one included) when a line is due."""
+        now = time.monotonic()
+        last = self._last.get(index)
+        if last is not None and last[0] == reason and 0 <= now - last[1] < REFUSAL_REPEAT_S:
+            self._last[index] = (reason, last[1], last[2] + 1)
+            return None
+        self._last[index] = (reason, now, 0)
+        return 1 if last is None or last[0] != reason else last[2] + 1
+
+    def forget(self, index: int) -> None:
+        self._last.pop(index, None)
 
 
 def start_masked(start: Callable[[], None]) -> None:
@@ -87,6 +169,24 @@ def take_held_sighup() -> bool:
     return held
 
 
+def refuse_shared(host: str, port: int) -> None:
+    """Bind ``host:port`` once without SO_REUSEPORT, as a single process does, and let go: OSError
+    (EADDRINUSE) when anything listens there. Another ``run --workers`` instance's sockets carry
+    SO_REUSEPORT, so ours bound beside them without an error, and the kernel balanced clients between
+    two configurations and key stores. SO_REUSEADDR, as every listener here: the connections of an
+    instance stopped a moment ago (TIME_WAIT) hold no port. Port 0 is a new port: nothing to check."""
+    if port == 0:
+        return
+    for family, kind, proto, _name, address in socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    ):
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:  # as asyncio binds it: the IPv6 address only
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(address)
+
+
 def reserve_port(host: str, port: int) -> tuple[socket.socket, int]:
     """Bind (without listening) a SO_REUSEPORT socket; workers bind the same port beside it."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -97,13 +197,26 @@ def reserve_port(host: str, port: int) -> tuple[socket.socket, int]:
     return sock, int(sock.getsockname()[1])
 
 
-def run_workers(count: int, worker: Callable[[int], int], on_sighup: Callable[[], None] | None = None) -> int:
+def run_workers(
+    count: int,
+    worker: Callable[[int], int],
+    on_sighup: Callable[[], None] | None = None,
+    tick: Callable[[], object] | None = None,
+) -> int:
     """Fork ``count`` workers running ``worker(index)``; forward signals; return when all have exited.
 
-    ``on_sighup`` runs in the parent on each SIGHUP, once the workers were sent theirs (and once at
+    ``on_sighup`` runs in the parent on each SIGHUP, before the workers are sent theirs (and once at
     the start when a SIGHUP came before: ``hold_sighup``), so what it reads is there for the workers
-    forked after it."""
+    forked after it, and the child a check of it runs in (``run_check``) has ended once they reload.
+    ``tick`` runs in the parent every ``TICK_S`` (never in a signal handler). A worker of the first
+    start that exits 2 stops the others (exit 2); any other exit is followed by a restart, after the
+    back-off when it comes within ``RESTART_BACKOFF_S`` of the last."""
     children: dict[int, int] = {}  # pid -> worker index
+    first: set[int] = set()  # the pids of the first start: exit 2 from one of them ends the command
+    told: dict[int, int] = {}  # pid -> the read end of the pipe it tells its parent why through
+    pidfds: dict[int, int] = {}  # pid -> its pidfd, readable once it exits: the wait with a tick
+    ticked = [time.monotonic()]
+    said = _Said()
     stopping = False
     asked: list[int] = []  # the stop signals the parent got: the first drains, the second cuts
     last_start: dict[int, float] = {}
@@ -111,21 +224,34 @@ def run_workers(count: int, worker: Callable[[int], int], on_sighup: Callable[[]
     parent = os.getpid()
 
     def spawn(index: int) -> None:
+        again = index in last_start
         now = time.monotonic()
         if now - last_start.get(index, 0.0) < RESTART_BACKOFF_S:
             time.sleep(RESTART_BACKOFF_S)
         last_start[index] = time.monotonic()
+        read_end, write_end = os.pipe()
         signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)  # none lands before the child is recorded
         if stopping:  # a SIGTERM came during the wait, or just before the block: its children were
             signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)  # told, a new one would not be
+            os.close(read_end)
+            os.close(write_end)
             return
         try:
             pid = os.fork()
         except OSError:  # no child: the parent takes its signals again
             signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
+            os.close(read_end)
+            os.close(write_end)
             raise
         if pid:
             children[pid] = index
+            told[pid] = read_end
+            if tick is not None:  # without one, it is reaped at the next tick
+                with contextlib.suppress(OSError, AttributeError):
+                    pidfds[pid] = os.pidfd_open(pid)
+            if not again:
+                first.add(pid)
+            os.close(write_end)
             signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
         else:  # the worker: default signal handling; its own loop installs handlers
             for sig in (signal.SIGTERM, signal.SIGINT, CUT_SIGNAL):
@@ -133,6 +259,9 @@ def run_workers(count: int, worker: Callable[[int], int], on_sighup: Callable[[]
             # a SIGHUP forwarded before the worker's loop takes it ended the worker (default action)
             hold_sighup()  # while the signals are still blocked: nothing of the parent's is inherited
             signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
+            for fd in (read_end, *told.values(), *pidfds.values()):  # its siblings' are not its own
+                os.close(fd)
+            _Worker.restarted, _Worker.told = again, write_end
             _end_with(parent)
             code = 1
             try:
@@ -146,6 +275,27 @@ def run_workers(count: int, worker: Callable[[int], int], on_sighup: Callable[[]
                 sys.stderr.flush()
                 os._exit(code)
 
+    def wait() -> tuple[int, int]:
+        """The next child to exit (pid, status), ``tick`` run every ``TICK_S`` until then."""
+        if tick is None:
+            return os.wait()
+        while True:
+            pid, raw = os.waitpid(-1, os.WNOHANG)  # ChildProcessError when there is none
+            if pid:
+                return pid, raw
+            due = ticked[0] + TICK_S - time.monotonic()
+            if due <= 0:
+                ticked[0] = time.monotonic()
+                try:
+                    tick()
+                except Exception as exc:  # the parent goes on: restarting workers matters more
+                    log.error("the parent's periodic check failed (%s)", type(exc).__name__)
+                continue
+            exits = select.poll()
+            for fd in pidfds.values():
+                exits.register(fd, select.POLLIN)
+            exits.poll(due * 1000)
+
     def send(sig: int) -> None:
         for pid in list(children):
             with contextlib.suppress(ProcessLookupError):
@@ -158,44 +308,138 @@ def run_workers(count: int, worker: Callable[[int], int], on_sighup: Callable[[]
             asked.append(sig)
             if len(asked) >= 2:
                 sig = CUT_SIGNAL  # a worker takes any number of SIGTERM/SIGINT as "drain"
-        send(sig)
         if sig == signal.SIGHUP and on_sighup is not None:
-            on_sighup()
+            on_sighup()  # first: a check it runs in a child is over before the workers reload
+        send(sig)
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, forward)
     if take_held_sighup() and on_sighup is not None:  # it came before the handler above: no worker yet
         on_sighup()
-    for index in range(count):
-        spawn(index)
     status = 0
-    while children:
-        try:
-            pid, raw = os.wait()
-        except ChildProcessError:
-            break
-        except InterruptedError:
-            continue
-        if pid not in children:
-            continue
-        index = children.pop(pid)
-        code = os.waitstatus_to_exitcode(raw)
-        if stopping:
-            status = status or (code if code > 0 else 0)
-            continue
-        if code == 2:  # bad input (config, key): restarting cannot help
-            log.error("worker %d refused to start (exit 2); stopping", index)
-            stopping = True
-            status = 2
-            send(signal.SIGTERM)
-            continue
-        log.error("worker %d exited unexpectedly (status %d); restarting it", index, code)
-        spawn(index)
+    try:
+        for index in range(count):
+            spawn(index)
+        while children:
+            try:
+                pid, raw = wait()
+            except ChildProcessError:
+                break
+            except InterruptedError:
+                continue
+            if pid not in children:
+                continue
+            index = children.pop(pid)
+            at_start = pid in first
+            first.discard(pid)
+            reason = _told(told.pop(pid, None))
+            with contextlib.suppress(KeyError):
+                os.close(pidfds.pop(pid))
+            code = os.waitstatus_to_exitcode(raw)
+            if stopping:
+                status = status or (code if code > 0 else 0)
+                continue
+            if code == 2 and at_start:  # bad input (config, key) at start-up: restarting cannot help
+                log.error("worker %d refused to start (exit 2); stopping", index)
+                stopping = True
+                status = 2
+                send(signal.SIGTERM)
+                continue
+            if not reason:
+                said.forget(index)
+                log.error("worker %d exited unexpectedly (status %d); restarting it", index, code)
+            elif (tries := said.due(index, reason)) is not None:
+                # a restart refused: what it refuses may be mended (a file put back, a SIGHUP); its
+                # siblings serve meanwhile, and the same reason is said once, not every second
+                since = f" ({tries} tries since this was last said)" if tries > 1 else ""
+                log.error(
+                    "worker %d not started (exit %d): %s; trying again every %g s%s",
+                    index,
+                    code,
+                    reason,
+                    RESTART_BACKOFF_S,
+                    since,
+                )
+            spawn(index)
+    finally:
+        for fd in (*told.values(), *pidfds.values()):
+            os.close(fd)
     if len(asked) >= 2:
         second = signal.Signals(asked[1])
         log.warning("%s during the drain: drain cut short, the requests still in flight closed", second.name)
         return 128 + int(second)
     return status
+
+
+def run_check(check: Callable[[], int], limit_s: float = CHECK_LIMIT_S) -> tuple[int | None, str]:
+    """``check()``'s exit status and what it told (``tell_parent``), run in a child of its own forked
+    as a worker is (the parent's signals blocked around the fork, their defaults in the child, ended
+    with its parent): what the parent must know of a worker's build without loading what the build
+    loads (private keys, credentials, a token's module). None when it ends on a signal or runs past
+    ``limit_s`` (killed then)."""
+    parent = os.getpid()
+    read_end, write_end = os.pipe()
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+    try:
+        pid = os.fork()
+    except OSError:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+        os.close(read_end)
+        os.close(write_end)
+        raise
+    if not pid:
+        for sig in SIGNALS:
+            signal.signal(sig, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+        os.close(read_end)
+        _Worker.restarted, _Worker.told = True, write_end
+        _end_with(parent)
+        code = 1
+        try:
+            code = check()
+        except BaseException:  # not known, as a check that could not run
+            code = 1
+        finally:
+            os._exit(code)
+    signal.pthread_sigmask(signal.SIG_SETMASK, before)
+    os.close(write_end)
+    try:
+        raw = _exit_status(pid, limit_s)
+    finally:
+        said = _told(read_end)
+    status = None if raw is None else os.waitstatus_to_exitcode(raw)
+    return (status if status is not None and status >= 0 else None), said
+
+
+def _exit_status(pid: int, limit_s: float) -> int | None:
+    """Child ``pid``'s wait status once it exits within ``limit_s``; else None, and it is killed. It
+    runs in the parent's SIGHUP handler: the wait is bounded, and woken by the child's pidfd as it
+    exits (or looked at every ``_CHECK_POLL_S`` where there is none)."""
+    deadline = time.monotonic() + limit_s
+    try:
+        pidfd: int | None = os.pidfd_open(pid)
+    except (OSError, AttributeError):
+        pidfd = None
+    try:
+        while True:
+            done, raw = os.waitpid(pid, os.WNOHANG)
+            if done:
+                return raw
+            left = deadline - time.monotonic()
+            if left <= 0:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                return None
+            if pidfd is None:
+                time.sleep(min(left, _CHECK_POLL_S))
+            else:
+                exited = select.poll()
+                exited.register(pidfd, select.POLLIN)
+                exited.poll(left * 1000)
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
 
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h

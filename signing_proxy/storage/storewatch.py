@@ -13,6 +13,11 @@ signing at its activation and stops the moment its window closes. Each key not o
 reason until it opens: ``unavailable`` reports one published to sign later as ``next-key-<reason>``
 (a warning ahead for ``/readyz``: requests would get 503 from its activation), while the key
 signing now, if not opened, is no key at all (``current`` None).
+
+A worker of ``run --workers`` holds no copy of its parent's: ``load_afresh`` reads the store from
+disk, keeping nothing of the state before (forked from the parent, that is the parent's start-up copy,
+keys revoked since included), and refuses an index that went back below what the parent read
+(``floor``). The parent, which signs nothing, keeps no private key (``forget_private_keys``).
 """
 
 from __future__ import annotations
@@ -21,11 +26,13 @@ import logging
 import threading
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
+from types import MappingProxyType
 from typing import Final, Protocol
 
 from ..core.jwk import SigningKey
-from ..core.keys import KeyProvider
+from ..core.keys import KeyProvider, RevocationList, format_rfc3339, merge_revocation_lists
 from ..errors import ConfigError, KeyStoreError, TokenError
 from .keyindex import StoreState
 
@@ -33,7 +40,10 @@ __all__ = [
     "KEY_UNOPENED",
     "NEXT_KEY_PREFIX",
     "RELOAD_LOCK_WAIT_S",
+    "START_LOCK_WAIT_S",
     "STORE_BUSY",
+    "STORE_ROLLED_BACK",
+    "RevocationFloor",
     "StoreKeyProvider",
     "StoreWatcher",
     "WatchedStore",
@@ -45,6 +55,10 @@ log = logging.getLogger("signing_proxy.keys")
 # thread blocked in flock cannot be stopped, and an exiting interpreter waits for it: SIGTERM hung)
 RELOAD_LOCK_WAIT_S: Final = 0.25
 STORE_BUSY: Final = "store-busy"  # KeyStoreError's reason: the lock stayed taken for lock_wait_s
+# our choice: how long a worker's start waits for a writer's lock (then it exits, and is started again)
+START_LOCK_WAIT_S: Final = 2.0
+# KeyStoreError's reason: the index revokes less than, or lists revocations as of before, what was read
+STORE_ROLLED_BACK: Final = "store-rolled-back"
 NEXT_KEY_PREFIX: Final = "next-key-"  # /readyz: the key published to sign next cannot sign (its reason)
 # /readyz's reason for a key not opened, unless a token's own says more (token-pin-missing): no
 # signing.pkcs11.module, a URI this configuration cannot use, a key file missing, too open or another key
@@ -135,6 +149,30 @@ class StoreWatcher:
             log.info("reloaded key store %s (agent %s): %s", state.path, state.agent, counts or "unchanged")
         return not unopened
 
+    def load_afresh(self, floor: RevocationList, *, lock_wait_s: float = START_LOCK_WAIT_S) -> None:
+        """Serve the store as it is on disk now, nothing taken from the state before (a worker's: its
+        parent's copy, with keys revoked since). KeyStoreError, the state unchanged, when the index
+        cannot be read, the lock stays taken past ``lock_wait_s``, or the index went back below
+        ``floor``, the revocations the parent read (an older ``keys.json`` put back): it would bring a
+        revoked key back. A key that cannot be opened does not sign, as after a reload (logged)."""
+        with self._reload_lock:
+            seen = self.store.fingerprint()
+            unopened: dict[str, Exception] = {}
+            state = self.store.load(private=self._private, unopened=unopened, lock_wait_s=lock_wait_s)
+            _check_floor(state, floor)
+            self._install(state)
+            self._seen, self._unopened = seen, {t: _reason(exc) for t, exc in unopened.items()}
+            self._reported = seen if unopened else _NOTHING_REPORTED
+            self._force_pending = self._busy_reported = False
+        if unopened:
+            self._report(state, frozenset(), unopened, frozenset())
+
+    def forget_private_keys(self) -> None:
+        """Hold no private key from now on (``run --workers``' parent, which signs nothing: each worker
+        loads the store itself, ``load_afresh``). The public state stays: windows, revocations."""
+        with self._reload_lock:
+            self._install(replace(self._state, private=MappingProxyType({})))
+
     def _wait_for_the_lock(self, force: bool) -> None:
         self._force_pending = force  # a SIGHUP that found the store locked is not lost
         if not self._busy_reported:  # once until a reload gets through
@@ -161,6 +199,55 @@ class StoreWatcher:
     def _install(self, state: StoreState) -> None:
         """Serve ``state`` from now on (under the reload lock; a subclass prepares for it first)."""
         self._state = state
+
+
+class RevocationFloor:
+    """The revocations read in a store so far, never fewer, ``as_of`` never earlier: what ``run
+    --workers``' parent holds for each worker it starts (``StoreWatcher.load_afresh``), refreshed by
+    ``check`` (one ``stat``; the public half read when the index changed). An index that cannot be
+    read leaves it as it was (the workers say why); a writer's lock is waited for at most
+    ``RELOAD_LOCK_WAIT_S``, then the next check tries again."""
+
+    def __init__(self, store: WatchedStore, floor: RevocationList) -> None:
+        self.store = store
+        self.floor = floor
+        self._seen: object = _NOTHING_REPORTED  # the index's fingerprint read last: none yet
+
+    def check(self) -> RevocationList:
+        seen = self.store.fingerprint()
+        if seen == self._seen:
+            return self.floor
+        try:
+            read = self.store.load(private=False, lock_wait_s=RELOAD_LOCK_WAIT_S).revocations
+        except (KeyStoreError, TokenError, ConfigError) as exc:
+            if not (isinstance(exc, KeyStoreError) and exc.reason == STORE_BUSY):
+                self._seen = seen  # read again once it changes
+            return self.floor
+        self._seen = seen
+        self.floor = merge_revocation_lists(self.floor, read)
+        return self.floor
+
+
+def _check_floor(state: StoreState, floor: RevocationList) -> None:
+    """Refuse ``state`` when it revokes less than ``floor``, or as of an earlier time."""
+    revocations = state.revocations
+    lost = sorted(floor.revoked - revocations.revoked)
+    if lost:
+        more = f" (and {len(lost) - 1} more)" if len(lost) > 1 else ""
+        raise KeyStoreError(
+            STORE_ROLLED_BACK,
+            state.path,
+            f"the index no longer lists key {lost[0]}{more} as revoked, which this proxy read revoked "
+            "(an older keys.json put back?); it is not served",
+        )
+    if revocations.as_of < floor.as_of:
+        raise KeyStoreError(
+            STORE_ROLLED_BACK,
+            state.path,
+            f"the revocation list is as of {format_rfc3339(revocations.as_of)}, before "
+            f"{format_rfc3339(floor.as_of)} as this proxy read it (an older keys.json put back?); "
+            "it is not served",
+        )
 
 
 def _reason(exc: Exception) -> str:
