@@ -89,13 +89,13 @@ def restarted() -> bool:
     return _Worker.restarted
 
 
-def tell_parent(reason: str) -> None:
+def tell_parent(why: str) -> None:
     """In a worker about to exit without serving: why, for the parent to log (``run_workers``: once
     per reason, as it is started again every second). One line; nothing outside a worker."""
     fd = _Worker.told
     if fd is None:
         return
-    line = " ".join(reason.split()).encode("utf-8", "backslashreplace")[: MAX_TOLD_BYTES - 1]
+    line = " ".join(why.split()).encode("utf-8", "backslashreplace")[: MAX_TOLD_BYTES - 1]
     with contextlib.suppress(OSError):  # the parent has gone: nobody to tell
         os.write(fd, line + b"\n")
 
@@ -123,15 +123,15 @@ class _Said:
     def __init__(self) -> None:
         self._last: dict[int, tuple[str, float, int]] = {}  # index -> (reason, when said, tries since)
 
-    def due(self, index: int, reason: str) -> int | None:
-        """The tries of ``reason`` since it was last said (this one included) when a line is due."""
+    def due(self, index: int, why: str) -> int | None:
+        """The tries of ``why`` since it was last said (this one included) when a line is due."""
         now = time.monotonic()
         last = self._last.get(index)
-        if last is not None and last[0] == reason and 0 <= now - last[1] < REFUSAL_REPEAT_S:
-            self._last[index] = (reason, last[1], last[2] + 1)
+        if last is not None and last[0] == why and 0 <= now - last[1] < REFUSAL_REPEAT_S:
+            self._last[index] = (why, last[1], last[2] + 1)
             return None
-        self._last[index] = (reason, now, 0)
-        return 1 if last is None or last[0] != reason else last[2] + 1
+        self._last[index] = (why, now, 0)
+        return 1 if last is None or last[0] != why else last[2] + 1
 
     def forget(self, index: int) -> None:
         self._last.pop(index, None)
