@@ -194,7 +194,7 @@ def _build(
     if len(agent_auth) > 1:
         raise ProxyError(400, "duplicate-authorization", "the request has more than one Authorization line")
     fields.remove("authorization", *AGENT_STRIPPED)
-    authorization = agent_auth[0].strip() if agent_auth else ""
+    authorization = agent_auth[0].strip(" \t") if agent_auth else ""  # RFC 9110 5.5: only SP and HTAB
     credential = bearers.for_target(target if sent_to is None else sent_to)  # chosen by where it goes
     if credential is not None and (credential[0].override or not authorization):
         authorization = f"Bearer {credential[1]}"
@@ -334,7 +334,7 @@ def _sign_plain(
         elif lname == "authorization":
             if authorization is not None:
                 return None  # more than one: refused there
-            authorization = line[1].strip()
+            authorization = line[1].strip(" \t")
         elif lname == "connection":
             return None  # it names more fields to drop
     credential = pipeline.bearers.for_target(target)

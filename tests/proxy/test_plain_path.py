@@ -189,3 +189,18 @@ def test_an_exchange_call_with_a_requester_goes_the_general_way(tmp_path: Path) 
     assert _sign_plain(with_requester, "POST", target, JSON_LINES, b"{}", framed=False) is None
     other = parse_absolute_uri("http://api.example/not-an-exchange")
     assert _sign_plain(with_requester, "POST", other, JSON_LINES, b"{}", framed=False) is not None
+
+
+@pytest.mark.parametrize("value", ["Bearer abc\u00a0", "\u0085Bearer abc", "\u00a0"])
+@pytest.mark.parametrize("name", ["default", "bearer"])
+def test_an_authorization_with_non_ascii_at_an_end_is_refused_not_trimmed(name: str, value: str) -> None:
+    """``str.strip()`` also trimmed U+00A0 and U+0085 (bytes 0xA0, 0x85 as Latin-1): ``Bearer abc`` went
+    out signed in place of what the agent sent, and a value of one 0xA0 became empty, so a bearer rule
+    without ``override`` put its token where the agent had sent an Authorization. RFC 9110 section 5.5
+    trims only spaces and tabs; the value then reaches the non-ASCII check whole."""
+    p, target = pipeline(name), parse_absolute_uri("http://api.example/")
+    lines = [("Authorization", value)]
+    assert _sign_plain(p, "GET", target, lines, b"", framed=False) is None
+    with pytest.raises(ProxyError) as refused:
+        general(p, "GET", target, lines, b"", framed=False)
+    assert refused.value.reason == "non-ascii-component"
