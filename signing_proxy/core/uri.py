@@ -228,7 +228,7 @@ def host_authority(values: Sequence[str]) -> str:
     request goes to."""
     if len(values) != 1:
         raise FieldError("malformed-host", "a request carries one Host")
-    authority = values[0].strip()
+    authority = values[0].strip(" \t")  # OWS only: str.strip() also took U+00A0 and U+0085
     if not authority or not valid_host_field(authority):
         raise FieldError("malformed-host", "Host must be host[:port]")
     return authority
@@ -257,7 +257,7 @@ def is_host_name(host: str) -> bool:
 def valid_host_field(value: str) -> bool:
     """Whether a ``Host`` field value is ``uri-host [ ":" port ]``, or empty (RFC 9112 section 3.2:
     what a client sends for a target without an authority); userinfo is no part of it."""
-    value = value.strip()
+    value = value.strip(" \t")
     if not value:
         return True
     if "@" in value:

@@ -11,11 +11,13 @@ from signing_proxy.core.signatures import Component, Message, component_value
 from signing_proxy.core.uri import (
     directory_base,
     forwarded_target,
+    host_authority,
     ipv6_text,
     parse_absolute_uri,
     parse_received_uri,
     received_authority,
     spelled,
+    valid_host_field,
 )
 from signing_proxy.net.framing import serialize_head
 
@@ -258,3 +260,14 @@ def test_a_gateway_keeps_its_request_target_as_received() -> None:
     assert (kept, kept.received) == (target, "http://127.0.0.1:9000/x?")
     assert spelled(target, "/x") is target  # already its normal form
     assert spelled(target, "/x?#f") is target  # a fragment is never sent: the normal form goes
+
+
+@pytest.mark.parametrize("value", ["example.com\u00a0", "\u0085example.com", "example.com:80\u00a0"])
+def test_a_host_with_non_ascii_space_at_an_end_is_malformed_not_trimmed(value: str) -> None:
+    """``str.strip()`` took U+00A0 and U+0085 (bytes 0xA0, 0x85 read as Latin-1) off a Host's ends,
+    so ``example.com\\xa0`` was read as ``example.com``; only spaces and tabs are OWS."""
+    with pytest.raises(FieldError) as refused:
+        host_authority([value])
+    assert refused.value.reason == "malformed-host"
+    assert not valid_host_field(value)
+    assert host_authority([" example.com\t"]) == "example.com"
