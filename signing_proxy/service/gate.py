@@ -72,6 +72,13 @@ class Gate:
         self.arrived(request.transport)
         return await handler(request)
 
+    def sweep(self) -> None:
+        """Forget the first-head timers of connections closed before their head came: each held its
+        transport and handler ``idle_s``, and strangers opening and dropping connections grew the
+        map with their rate, whatever ``max_connections`` said."""
+        for transport in [t for t in self.first_head if t.is_closing()]:
+            self.first_head.pop(transport).cancel()
+
     def _expired(self, transport: asyncio.BaseTransport, handler: web.RequestHandler) -> None:
         self.first_head.pop(transport, None)
         handler.force_close()  # nothing was asked of it: closed (a no-op if it is gone already)
@@ -116,6 +123,8 @@ class _Accepted(asyncio.Protocol):
         handler = server()
         transport.set_protocol(handler)
         handler.connection_made(transport)
+        if len(gate.first_head) >= gate.max_connections:  # more than can be open: some are gone
+            gate.sweep()
         gate.first_head[transport] = asyncio.get_running_loop().call_later(
             gate.idle_s, gate._expired, transport, handler
         )
