@@ -6,9 +6,9 @@ SIGHUP re-reads the key stores and the configuration (a bad one is refused and t
 serving); a SIGHUP during start-up is applied once the proxy is up. With ``--workers N`` the parent
 counts the stop signals (``service.workers``): a worker takes SIGTERM/SIGINT as "drain" however often
 it comes, and the parent's ``CUT_SIGNAL`` as "cut". The parent re-reads the configuration on SIGHUP
-too, and a worker it restarts serves the last copy accepted, as its siblings do: accepted once a
-restarted worker's build passes with it, tried in a child (``service.workers.run_check``), as the
-parent holds no private key nor credential. Every worker loads the key store itself, never below the
+too, and a worker it restarts serves the last copy accepted, as its siblings do: kept back only when
+a restarted worker's build refuses it, tried in a child, as the parent holds no private key nor
+credential (``cli.restart_copy``). Every worker loads the key store itself, never below the
 revocations the parent read. Status lines and the parent's log lines go through a ``LineWriter``: a
 stderr nobody reads drops them, never blocks.
 """
@@ -22,6 +22,7 @@ import ctypes
 import gc
 import logging
 import signal
+import socket
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -29,7 +30,7 @@ from typing import Any
 from .. import __version__
 from ..config import Config, parse_host_port
 from ..config.loading import reloading
-from ..core.keys import KeyProvider, RevocationList
+from ..core.keys import KeyProvider
 from ..errors import CliError, Error
 from ..proxy.connect import load_interception_ca
 from ..proxy.gateway import gateway_upstream
@@ -41,9 +42,9 @@ from ..service.workers import (
     MAX_WORKERS,
     hold_sighup,
     refuse_shared,
+    reserve_addresses,
     reserve_port,
     restarted,
-    run_check,
     run_workers,
     start_masked,
     take_held_sighup,
@@ -61,6 +62,7 @@ from .common import (
     error_line,
     show_host,
 )
+from .restart_copy import RestartCopy
 
 __all__ = ["add_parsers", "cmd_run"]
 
@@ -155,11 +157,8 @@ def _run_workers(config: Config, keys: KeyProvider, args: argparse.Namespace, wo
             raise CliError(f"{name}: with --workers, give a fixed port (every worker binds it)")
     _refuse_shared(config)
     given = config.listen
-    host, port = parse_host_port(given, "listen")
-    try:
-        reserved, port = reserve_port(host, port)
-    except OSError as exc:
-        raise CliError(f"listen: cannot bind {config.listen}: {exc.strerror or exc}") from None
+    host = parse_host_port(given, "listen")[0]
+    reserved, port = _reserve(config)
     resolved = f"{show_host(host)}:{port}"
     config = config.with_overrides(listen=resolved)
     if config.intercept.enabled and config.mode != "gateway":  # a gateway has no CA
@@ -179,52 +178,7 @@ def _run_workers(config: Config, keys: KeyProvider, args: argparse.Namespace, wo
         fresh = config_from(args)
         return fresh.with_overrides(listen=resolved) if fresh.listen == given else fresh
 
-    accepted: Config | None = None  # the last configuration a SIGHUP read that passed, None before any
-    checking = again = False  # a check runs; a SIGHUP came during it (taken once it is done)
-
-    def on_sighup() -> None:
-        """The parent reads what its workers read (each the file itself): a worker restarted later
-        started from the copy read at start, and served clients, credentials and rules revoked since."""
-        nonlocal checking, again
-        again = True
-        if checking:  # a SIGHUP during the check (this handler, nested): read again once it is done
-            return
-        checking = True
-        try:
-            while again:
-                again = False
-                reconsider()
-        finally:
-            checking = False
-
-    def reconsider() -> None:
-        nonlocal accepted
-        if floor is not None:  # the store as the workers re-read it now, for those started later
-            floor.check()
-        try:
-            with reloading():  # a FIFO or a device at the path is refused: this parent restarts workers
-                fresh = reread()
-        except Error:  # each worker says why, and keeps serving what ``accepted`` still holds
-            return
-        except Exception as exc:  # the copy stays as it was, the parent goes on; its text (and a
-            # traceback's) may quote the file, a PIN in it: the type only
-            log.error("SIGHUP: re-reading the configuration for restarted workers failed (%s)", _kind(exc))
-            return
-        # the workers' own checks (files, credentials, delegation) run in their build: accepted only
-        # once that passes, or a worker restarted later was built from a file its siblings refused,
-        # and tried again every second for good
-        at_least = floor.floor if floor is not None else None
-        code, said = run_check(lambda: _check_build(config, fresh, keys, at_least))
-        if code == 0:
-            accepted = fresh
-            logging.getLogger("signing_proxy").setLevel(fresh.log.level.upper())
-            return
-        why = said or "the check did not finish"
-        log.warning(
-            "SIGHUP: a worker restarted later serves the last configuration that passed its build, "
-            "not this one (%s)",
-            why,
-        )
+    copy = RestartCopy(config, keys, floor, reread)  # what a worker started after a SIGHUP serves
 
     # the parent's log lines ("worker 1 exited unexpectedly") through a writer thread, started before
     # the first fork: a stderr nobody reads held the parent in a write, no worker restarted, and
@@ -244,7 +198,7 @@ def _run_workers(config: Config, keys: KeyProvider, args: argparse.Namespace, wo
                 tell_parent(error_line(exc))
                 return 1
         try:
-            serve = _serve(config, keys, reread, reuse_port=True, worker=index, reloaded=accepted)
+            serve = _serve(config, keys, reread, reuse_port=True, worker=index, reloaded=copy.accepted)
             return asyncio.run(serve)
         except REFUSALS as exc:
             if restarted():  # its siblings serve: the parent starts it again, and says why once
@@ -254,9 +208,10 @@ def _run_workers(config: Config, keys: KeyProvider, args: argparse.Namespace, wo
             return 2
 
     try:
-        return run_workers(workers, worker, on_sighup, floor.check if floor is not None else None)
+        return run_workers(workers, worker, copy.on_sighup, floor.check if floor is not None else None)
     finally:
-        reserved.close()
+        for sock in reserved:
+            sock.close()
         unroute()
         writer.close()
 
@@ -282,26 +237,24 @@ def _refuse_shared(config: Config) -> None:
             ) from None
 
 
-def _check_build(config: Config, fresh: Config, keys: KeyProvider, floor: RevocationList | None) -> int:
-    """In a child of the parent (``run_check``): 0 when a worker restarted now builds from ``fresh``
-    (the key store loaded as it would load it), 2 when that build refuses it, 1 when the store cannot
-    be loaded; why goes to the parent (``tell_parent``). Its own log is silent: the workers say it."""
-    logging.disable(logging.CRITICAL)
-    if floor is not None and isinstance(keys, StoreWatcher):
-        try:
-            keys.load_afresh(floor)
-        except Error as exc:
-            tell_parent(f"not checked: {error_line(exc)}")
-            return 1
+def _reserve(config: Config) -> tuple[list[socket.socket], int]:
+    """Each address the workers bind, held by the parent for its life (``service.ports``), and the
+    port of ``listen`` (a port of 0 resolved once): with ``listen`` alone held, and that so another
+    instance's probe bound beside it, a second instance started while no worker of the first
+    listened (starting, or every one restarting) served the same ports."""
+    held: list[socket.socket] = []
+    wanted = [("publish.listen", config.publish.listen), ("admin.listen", config.admin.listen)]
+    name, listen = "listen", config.listen
     try:
-        ProxyApp(restart_merge(config, fresh)[0], keys)
-    except Error as exc:
-        tell_parent(error_line(exc))
-        return 2
-    except Exception as exc:  # its text may quote a file, a PIN in it: the type only
-        tell_parent(f"it could not be built ({_kind(exc)})")
-        return 2
-    return 0
+        sock, port = reserve_port(*parse_host_port(listen, name))
+        held.append(sock)
+        for name, listen in ((n, where) for n, where in wanted if where is not None):
+            held.extend(reserve_addresses(*parse_host_port(listen, name)))
+    except OSError as exc:
+        for sock in held:
+            sock.close()
+        raise CliError(f"{name}: cannot bind {listen}: {exc.strerror or exc}") from None
+    return held, port
 
 
 async def _serve(

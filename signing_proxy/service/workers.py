@@ -5,12 +5,14 @@ memory: keys and the interception CA live in the data directory (created once, u
 each worker watches the key store itself, and the parent forwards signals — SIGHUP (reload)
 and SIGTERM/SIGINT (drain) — restarts a worker that dies, and runs its ``tick`` every ``TICK_S``
 (``cli.run``: the revocations no worker it starts may go below). A port of 0 is resolved once by the
-parent, which keeps a bound (not listening) SO_REUSEPORT socket on it so every worker gets the same.
+parent, which keeps a bound (not listening) SO_REUSEPORT socket on each address for its life, so every
+worker gets the same port and no other instance binds it while none listens (``service.ports``).
 
 A SIGHUP also has the parent re-read the configuration (``on_sighup``): a worker it restarts later
-starts from the last copy accepted, as its siblings serve, not from the one read at start. Until a
-process's event loop takes SIGHUP, one is recorded rather than left to its default action (which
-ends the process without a line): ``hold_sighup``, ``take_held_sighup``.
+starts from the last copy accepted, as its siblings serve, not from the one read at start; whatever
+fails there is one line, and the workers are sent the SIGHUP all the same. Until a process's event
+loop takes SIGHUP, one is recorded rather than left to its default action (which ends the process
+without a line): ``hold_sighup``, ``take_held_sighup``.
 
 The parent counts the stop signals, since it gets each one once: a signal sent to the whole process
 group (a terminal's Ctrl-C, systemd stopping the service) reaches every worker directly as well,
@@ -22,7 +24,7 @@ A worker restarted later that cannot serve (a refusal, exit 2, or its key store 
 is started again after the back-off while its siblings serve: only a worker of the first start that
 exits 2 stops them all (bad input at start-up). It tells the parent why (``tell_parent``, through a
 pipe of its own), and the parent says it once per reason, not every second
-(``REFUSAL_REPEAT_S``). Two instances on one port never share it: ``refuse_shared``. What the
+(``REFUSAL_REPEAT_S``). Two instances on one port never share it: ``service.ports``. What the
 parent must know of a worker's build without loading what it loads (private keys, credentials)
 runs in a child of its own (``run_check``).
 """
@@ -35,10 +37,11 @@ import logging
 import os
 import select
 import signal
-import socket
 import sys
 import time
 from collections.abc import Callable
+
+from .ports import refuse_shared, reserve_addresses, reserve_port
 
 __all__ = [
     "CUT_SIGNAL",
@@ -46,6 +49,7 @@ __all__ = [
     "SIGNALS",
     "hold_sighup",
     "refuse_shared",
+    "reserve_addresses",
     "reserve_port",
     "restarted",
     "run_check",
@@ -169,34 +173,6 @@ def take_held_sighup() -> bool:
     return held
 
 
-def refuse_shared(host: str, port: int) -> None:
-    """Bind ``host:port`` once without SO_REUSEPORT, as a single process does, and let go: OSError
-    (EADDRINUSE) when anything listens there. Another ``run --workers`` instance's sockets carry
-    SO_REUSEPORT, so ours bound beside them without an error, and the kernel balanced clients between
-    two configurations and key stores. SO_REUSEADDR, as every listener here: the connections of an
-    instance stopped a moment ago (TIME_WAIT) hold no port. Port 0 is a new port: nothing to check."""
-    if port == 0:
-        return
-    for family, kind, proto, _name, address in socket.getaddrinfo(
-        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-    ):
-        with socket.socket(family, kind, proto) as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if family == socket.AF_INET6:  # as asyncio binds it: the IPv6 address only
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-            sock.bind(address)
-
-
-def reserve_port(host: str, port: int) -> tuple[socket.socket, int]:
-    """Bind (without listening) a SO_REUSEPORT socket; workers bind the same port beside it."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind((host, port))
-    return sock, int(sock.getsockname()[1])
-
-
 def run_workers(
     count: int,
     worker: Callable[[int], int],
@@ -207,7 +183,8 @@ def run_workers(
 
     ``on_sighup`` runs in the parent on each SIGHUP, before the workers are sent theirs (and once at
     the start when a SIGHUP came before: ``hold_sighup``), so what it reads is there for the workers
-    forked after it, and the child a check of it runs in (``run_check``) has ended once they reload.
+    forked after it, and the child a check of it runs in (``run_check``) has ended once they reload;
+    what it raises is one line, and they are sent the SIGHUP all the same (``_run_on_sighup``).
     ``tick`` runs in the parent every ``TICK_S`` (never in a signal handler). A worker of the first
     start that exits 2 stops the others (exit 2); any other exit is followed by a restart, after the
     back-off when it comes within ``RESTART_BACKOFF_S`` of the last."""
@@ -309,13 +286,13 @@ def run_workers(
             if len(asked) >= 2:
                 sig = CUT_SIGNAL  # a worker takes any number of SIGTERM/SIGINT as "drain"
         if sig == signal.SIGHUP and on_sighup is not None:
-            on_sighup()  # first: a check it runs in a child is over before the workers reload
+            _run_on_sighup(on_sighup)  # first: a check it runs in a child is over before the workers reload
         send(sig)
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, forward)
     if take_held_sighup() and on_sighup is not None:  # it came before the handler above: no worker yet
-        on_sighup()
+        _run_on_sighup(on_sighup)
     status = 0
     try:
         for index in range(count):
@@ -369,6 +346,17 @@ def run_workers(
         log.warning("%s during the drain: drain cut short, the requests still in flight closed", second.name)
         return 128 + int(second)
     return status
+
+
+def _run_on_sighup(on_sighup: Callable[[], None]) -> None:
+    """The parent's ``on_sighup``, whatever it raises logged by its type only (its text may quote the
+    file): raised out of the signal handler, it unwound ``run_workers``, the parent exited and every
+    worker with it (``_end_with``), and the SIGHUP never reached them."""
+    try:
+        on_sighup()
+    except Exception as exc:
+        kind = type(exc).__name__
+        log.error("SIGHUP: the parent's work for restarted workers failed (%s); the workers reload", kind)
 
 
 def run_check(check: Callable[[], int], limit_s: float = CHECK_LIMIT_S) -> tuple[int | None, str]:

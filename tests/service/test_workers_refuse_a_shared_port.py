@@ -9,6 +9,7 @@ an error, and the kernel balanced clients between two configurations and key sto
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.harness import WAIT_S, ProxyProcess, free_port, stop_process, wait_for
+from tests.harness import WAIT_S, ProxyProcess, children, free_port, stop_process, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -88,3 +89,93 @@ def test_the_probe_refuses_a_port_a_socket_listens_on_with_so_reuseport() -> Non
             refuse_shared("127.0.0.1", port)
     refuse_shared("127.0.0.1", port)  # free again: nothing in the way
     refuse_shared("127.0.0.1", 0)  # a new port: nothing to check
+
+
+def test_a_reserved_address_refuses_another_instances_probe_and_takes_its_own_workers() -> None:
+    """The fault: the parent's reserved socket kept SO_REUSEADDR, which the probe sets too: while no
+    worker of the first instance listened (starting, or every one restarting), a second instance's
+    probe bound beside it, and both instances then served the port."""
+    from signing_proxy.service.ports import reserve_addresses
+    from signing_proxy.service.workers import refuse_shared, reserve_port
+
+    reserved, port = reserve_port("127.0.0.1", 0)
+    held = [reserved, *reserve_addresses("127.0.0.1", free_port())]
+    try:
+        for sock in held:
+            where = sock.getsockname()[1]
+            with pytest.raises(OSError, match="in use"):
+                refuse_shared("127.0.0.1", where)  # nothing listens: the reservation alone refuses
+            with socket.socket() as worker:  # as a worker's listener binds: beside it
+                worker.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                worker.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+                worker.bind(("127.0.0.1", where))
+                worker.listen()
+        assert held[0].getsockname()[1] == port
+    finally:
+        for sock in held:
+            sock.close()
+
+
+def listening(proxy: ProxyProcess) -> int:
+    return sum("listening on" in line for line in list(proxy.stderr_lines))
+
+
+def time_wait_on(port: int) -> int:
+    """The connections in TIME_WAIT on local port ``port`` (``/proc/net/tcp``: state 06)."""
+    rows = Path("/proc/net/tcp").read_text().splitlines()[1:]
+    return sum(int(row.split()[1].rsplit(":", 1)[1], 16) == port and row.split()[3] == "06" for row in rows)
+
+
+def close_from_the_server(port: int, path: str) -> None:
+    """One request on its own connection, ``Connection: close``: the server closes first, and the
+    connection waits out TIME_WAIT on the server's side of ``port``."""
+    with socket.create_connection(("127.0.0.1", port), timeout=WAIT_S) as sock:
+        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: agent.example\r\nConnection: close\r\n\r\n".encode())
+        while sock.recv(65536):
+            pass
+
+
+def test_an_instance_on_fixed_ports_starts_again_at_once_after_the_one_before_stopped(tmp_path: Path) -> None:
+    """With the reservation's SO_REUSEADDR cleared once bound, the connections of the instance
+    stopped a moment ago (TIME_WAIT) still hold none of its addresses."""
+    config = config_of(tmp_path, addresses())
+    with ProxyProcess(tmp_path, config, extra_args=("--workers", "2")) as a:
+        wait_for(lambda: listening(a) >= 2, "both workers")
+        for port, path in ((a.port, "/healthz"), (a.publish_port, "/"), (a.admin_port, "/healthz")):
+            close_from_the_server(port, path)
+    assert time_wait_on(a.port) >= 1  # what the instance below must bind beside
+    with ProxyProcess(tmp_path, config, extra_args=("--workers", "2")) as again:
+        wait_for(lambda: listening(again) >= 2, "both workers")
+        assert again.port == a.port
+        close_from_the_server(again.admin_port, "/healthz")
+        assert again.proc is not None
+        assert again.proc.poll() is None
+
+
+@pytest.mark.parametrize("shared", ["listen", "publish.listen", "admin.listen"])
+def test_a_second_instance_is_refused_while_every_worker_of_the_first_is_restarting(
+    tmp_path: Path, shared: str
+) -> None:
+    from signing_proxy.storage.keystore import KeyStore
+
+    first = addresses()
+    (tmp_path / "a").mkdir()
+    with ProxyProcess(tmp_path / "a", config_of(tmp_path / "a", first), extra_args=("--workers", "2")) as a:
+        assert a.proc is not None
+        wait_for(lambda: listening(a) >= 2, "both workers")
+        index = KeyStore(tmp_path / "a" / "data").path / "keys.json"
+        index.chmod(0o640)  # too open: every restart of a worker is refused until it is mended
+        try:
+            for pid in children(a.proc.pid):
+                os.kill(pid, signal.SIGKILL)
+            wait_for(lambda: sum("not started" in line for line in list(a.stderr_lines)) >= 2, "refusals")
+            with pytest.raises(ConnectionRefusedError):  # none of its workers listens
+                socket.create_connection(("127.0.0.1", a.port), timeout=WAIT_S).close()
+            second = {**addresses(), shared: first[shared]}
+            status, stderr = second_instance(tmp_path / "b", config_of(tmp_path / "b", second))
+            assert status == 2, stderr
+            assert f"{shared}: cannot bind {first[shared]}" in stderr
+        finally:
+            index.chmod(0o600)
+        wait_for(lambda: listening(a) >= 4, "its workers back")
+        assert a.proc.poll() is None
