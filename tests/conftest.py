@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -43,3 +44,17 @@ def hsm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> SoftHsm:
     token = SoftHsm(tmp_path / "hsm")
     use_in_this_process(token, monkeypatch)
     return token
+
+
+@pytest.fixture
+def parent_handlers() -> Iterator[None]:
+    """A test that runs ``run_workers`` in this process gets the parent's signal handlers installed
+    here: the test runner's are put back after it."""
+    from signing_proxy.service.workers import SIGNALS
+
+    saved = {sig: signal.getsignal(sig) for sig in SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)

@@ -404,6 +404,14 @@ class ProxyProcess:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    def said(self, text: str) -> int:
+        """How many of the proxy's stderr lines so far hold ``text``."""
+        return sum(text in line for line in list(self.stderr_lines))
+
+    def rewrite_config(self, **sections: Any) -> None:
+        """Its configuration file written again with these sections replaced (then SIGHUP it)."""
+        (self.tmp / "config.yaml").write_text(yaml.safe_dump({**self.config, **sections}))
+
     def __enter__(self) -> ProxyProcess:
         key_path = self.tmp / "agent-key.pem"
         if not key_path.exists():

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from tests.harness import WAIT_S, ProxyProcess, children, free_port, wait_for
 
@@ -20,16 +19,6 @@ pytestmark = pytest.mark.integration
 ADMITTED = {"allow_clients": ["127.0.0.0/8"]}  # the test's own address
 REVOKED = {"allow_clients": ["10.0.0.0/8"]}  # 127.0.0.1 no longer
 PROBES = 20  # connections, each new: the kernel spreads them over the workers
-
-
-def said(proxy: ProxyProcess, text: str) -> int:
-    """How many of the proxy's stderr lines hold ``text``."""
-    return sum(text in line for line in list(proxy.stderr_lines))
-
-
-def write_config(proxy: ProxyProcess, **sections: Any) -> None:
-    """The proxy's configuration file, with these sections replaced."""
-    (proxy.tmp / "config.yaml").write_text(yaml.safe_dump({**proxy.config, **sections}))
 
 
 def status_line(port: int) -> bytes:
@@ -43,9 +32,9 @@ def status_line(port: int) -> bytes:
 def reload(proxy: ProxyProcess, outcome: str) -> None:
     """SIGHUP the parent, and wait until both workers said ``outcome`` once more."""
     assert proxy.proc is not None
-    before = said(proxy, outcome)
+    before = proxy.said(outcome)
     proxy.proc.send_signal(signal.SIGHUP)
-    wait_for(lambda: said(proxy, outcome) >= before + 2, f"both workers saying {outcome!r}")
+    wait_for(lambda: proxy.said(outcome) >= before + 2, f"both workers saying {outcome!r}")
 
 
 def both_workers_restarted(proxy: ProxyProcess) -> None:
@@ -53,10 +42,10 @@ def both_workers_restarted(proxy: ProxyProcess) -> None:
     assert proxy.proc is not None
     first = children(proxy.proc.pid)
     assert len(first) == 2
-    listening = said(proxy, "listening on")
+    listening = proxy.said("listening on")
     for pid in first:
         os.kill(pid, signal.SIGKILL)
-    wait_for(lambda: said(proxy, "listening on") >= listening + 2, "both workers restarted")
+    wait_for(lambda: proxy.said("listening on") >= listening + 2, "both workers restarted")
     assert not children(proxy.proc.pid) & first
 
 
@@ -72,7 +61,7 @@ def after_the_reload_a_bad_file_refused(proxy: ProxyProcess) -> None:
 
 def after_the_reload_an_edit_not_signalled(proxy: ProxyProcess) -> None:
     """The file edited back, no SIGHUP: the running workers do not serve it, nor may one restarted."""
-    write_config(proxy, access=ADMITTED)
+    proxy.rewrite_config(access=ADMITTED)
 
 
 @pytest.mark.parametrize(
@@ -83,9 +72,9 @@ def test_a_restarted_worker_serves_the_configuration_of_the_last_sighup(tmp_path
     """A worker restarted after a SIGHUP started from the configuration the parent read at start:
     127.0.0.1, removed from access.allow_clients, was admitted again by it (it failed open)."""
     with ProxyProcess(tmp_path, {"access": ADMITTED}, extra_args=("--workers", "2")) as proxy:
-        wait_for(lambda: said(proxy, "listening on") >= 2, "both workers listening")
+        wait_for(lambda: proxy.said("listening on") >= 2, "both workers listening")
         assert status_line(proxy.port).startswith(b"HTTP/1.1 200")
-        write_config(proxy, access=REVOKED)
+        proxy.rewrite_config(access=REVOKED)
         reload(proxy, "configuration reloaded")
         assert {status_line(proxy.port)[:12] for _ in range(PROBES)} == {b"HTTP/1.1 403"}
         then(proxy)
@@ -98,12 +87,12 @@ def test_a_sighup_with_listen_at_port_0_unchanged_reports_no_pending_listen(tmp_
     """The parent resolves ``listen: 127.0.0.1:0`` once; each worker compared the file's ``:0`` with
     that port and said "not applied until restart: listen" on every reload."""
     with ProxyProcess(tmp_path, {}, extra_args=("--workers", "2")) as proxy:
-        wait_for(lambda: said(proxy, "listening on") >= 2, "both workers listening")
+        wait_for(lambda: proxy.said("listening on") >= 2, "both workers listening")
         reload(proxy, "configuration reloaded")
-        assert said(proxy, "not applied until restart") == 0, proxy.stderr_lines
-        write_config(proxy, listen=f"127.0.0.1:{free_port()}")  # a real change is still named
+        assert proxy.said("not applied until restart") == 0, proxy.stderr_lines
+        proxy.rewrite_config(listen=f"127.0.0.1:{free_port()}")  # a real change is still named
         reload(proxy, "configuration reloaded")
-        assert said(proxy, "not applied until restart: listen") == 2, proxy.stderr_lines
+        assert proxy.said("not applied until restart: listen") == 2, proxy.stderr_lines
 
 
 def test_a_worker_restarted_after_a_file_of_the_start_up_copy_is_gone_still_starts(tmp_path: Path) -> None:
@@ -119,8 +108,8 @@ def test_a_worker_restarted_after_a_file_of_the_start_up_copy_is_gone_still_star
         return [{"hosts": ["api.example"], "bearer_file": str(path)}]
 
     with ProxyProcess(tmp_path, {"credentials": credentials(old)}, extra_args=("--workers", "2")) as proxy:
-        wait_for(lambda: said(proxy, "listening on") >= 2, "both workers listening")
-        write_config(proxy, credentials=credentials(new))
+        wait_for(lambda: proxy.said("listening on") >= 2, "both workers listening")
+        proxy.rewrite_config(credentials=credentials(new))
         reload(proxy, "configuration reloaded")
         old.unlink()  # the operator retires the old token file: every worker serves bearer-v2
         both_workers_restarted(proxy)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,17 +17,6 @@ from signing_proxy.service.workers import run_workers, start_masked
 pytestmark = pytest.mark.integration
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-
-
-@pytest.fixture
-def parent_handlers() -> Iterator[None]:
-    """run_workers installs the parent's handlers in this process: put the test runner's back."""
-    saved = {sig: signal.getsignal(sig) for sig in SIGNALS}
-    try:
-        yield
-    finally:
-        for sig, handler in saved.items():
-            signal.signal(sig, handler)
 
 
 @pytest.mark.usefixtures("parent_handlers")

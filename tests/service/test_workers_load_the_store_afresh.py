@@ -34,10 +34,6 @@ def signing_now(data: Path) -> str:
     return thumbprint
 
 
-def said(proxy: ProxyProcess, text: str) -> int:
-    return sum(text in line for line in list(proxy.stderr_lines))
-
-
 def announced(proxy: ProxyProcess) -> list[str]:
     """The keyid each worker's "listening on" line names, in order."""
     return [line.split("keyid=")[1].split()[0] for line in list(proxy.stderr_lines) if "listening on" in line]
@@ -62,7 +58,7 @@ def rotate_and_revoke(data: Path, proxy: ProxyProcess) -> tuple[str, str]:
     assert run_cli("keys", "rotate", "--now", "--data-dir", str(data)).returncode == 0
     done = run_cli("keys", "revoke", "--data-dir", str(data), "--", revoked)
     assert done.returncode == 0, done.stderr
-    wait_for(lambda: said(proxy, "1 revoked") >= 2, "both workers reading the revocation")
+    wait_for(lambda: proxy.said("1 revoked") >= 2, "both workers reading the revocation")
     return revoked, signing_now(data)
 
 
@@ -76,7 +72,7 @@ def kill_a_worker(proxy: ProxyProcess) -> set[int]:
 
 def restart_settled(proxy: ProxyProcess) -> None:
     """Until the restarted worker listens, or the parent said why it did not start."""
-    wait_for(lambda: len(announced(proxy)) >= 3 or said(proxy, "not started") >= 1, "the worker's restart")
+    wait_for(lambda: len(announced(proxy)) >= 3 or proxy.said("not started") >= 1, "the worker's restart")
 
 
 def test_a_restarted_worker_never_signs_with_a_key_revoked_while_keys_json_cannot_be_read(
@@ -94,7 +90,7 @@ def test_a_restarted_worker_never_signs_with_a_key_revoked_while_keys_json_canno
         origin.trust(*KeyStore(data).load(private=False).publics.values())
         index = KeyStore(data).index_path
         index.chmod(0o640)  # a backup agent, or configuration management, loosens its mode
-        wait_for(lambda: said(proxy, "key store not reloaded") >= 2, "both workers finding it unreadable")
+        wait_for(lambda: proxy.said("key store not reloaded") >= 2, "both workers finding it unreadable")
         kill_a_worker(proxy)
         restart_settled(proxy)
         assert announced(proxy)[2:] == [], (
@@ -107,7 +103,7 @@ def test_a_restarted_worker_never_signs_with_a_key_revoked_while_keys_json_canno
         wait_for(lambda: len(announced(proxy)) >= 3, "the worker started once the index is readable")
         assert announced(proxy)[2] == current
         assert signed_by(origin, proxy) == {current}
-        assert said(proxy, "not started") == 1  # said once, though tried every second
+        assert proxy.said("not started") == 1  # said once, though tried every second
 
 
 def test_a_restarted_worker_refuses_an_older_keys_json_put_back(tmp_path: Path) -> None:
@@ -123,12 +119,12 @@ def test_a_restarted_worker_refuses_an_older_keys_json_put_back(tmp_path: Path) 
         revoked, current = rotate_and_revoke(data, proxy)
         newer = tmp_path / "newer"
         shutil.copytree(store, newer)
-        reloaded = said(proxy, "configuration reloaded")
+        reloaded = proxy.said("configuration reloaded")
         proxy.proc.send_signal(signal.SIGHUP)  # the parent reads the store too, before the workers reload
-        wait_for(lambda: said(proxy, "configuration reloaded") >= reloaded + 2, "both workers reloading")
+        wait_for(lambda: proxy.said("configuration reloaded") >= reloaded + 2, "both workers reloading")
         shutil.rmtree(store)
         shutil.copytree(older, store)  # the backup put back: K1 listed, not revoked, its key file there
-        wait_for(lambda: said(proxy, "stays revoked in this process") >= 2, "both workers keeping K1 revoked")
+        wait_for(lambda: proxy.said("stays revoked in this process") >= 2, "both workers keeping K1 revoked")
         kill_a_worker(proxy)
         restart_settled(proxy)
         assert announced(proxy)[2:] == [], (

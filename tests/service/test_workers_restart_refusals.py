@@ -14,13 +14,10 @@ import os
 import signal
 import socket
 import threading
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import requests
-import yaml
 
 from signing_proxy.core.jwk import SigningKey
 from signing_proxy.service import workers
@@ -35,20 +32,12 @@ REVOKED = {"allow_clients": ["10.0.0.0/8"]}  # 127.0.0.1 no longer
 PROBES = 12  # connections, each new: the kernel spreads them over the workers
 
 
-def said(proxy: ProxyProcess, text: str) -> int:
-    return sum(text in line for line in list(proxy.stderr_lines))
-
-
-def write_config(proxy: ProxyProcess, **sections: Any) -> None:
-    (proxy.tmp / "config.yaml").write_text(yaml.safe_dump({**proxy.config, **sections}))
-
-
 def reload(proxy: ProxyProcess, outcome: str) -> None:
     """SIGHUP the parent, and wait until both workers said ``outcome`` once more."""
     assert proxy.proc is not None
-    before = said(proxy, outcome)
+    before = proxy.said(outcome)
     proxy.proc.send_signal(signal.SIGHUP)
-    wait_for(lambda: said(proxy, outcome) >= before + 2, f"both workers saying {outcome!r}")
+    wait_for(lambda: proxy.said(outcome) >= before + 2, f"both workers saying {outcome!r}")
 
 
 def status_line(port: int) -> bytes:
@@ -68,21 +57,21 @@ def kill_a_worker(proxy: ProxyProcess) -> None:
 
 def test_a_worker_restarted_after_a_refused_sighup_serves_the_configuration_before(tmp_path: Path) -> None:
     with ProxyProcess(tmp_path, {"access": ADMITTED}, key=KEY, extra_args=("--workers", "2")) as proxy:
-        wait_for(lambda: said(proxy, "listening on") >= 2, "both workers listening")
-        write_config(proxy, access=REVOKED)
+        wait_for(lambda: proxy.said("listening on") >= 2, "both workers listening")
+        proxy.rewrite_config(access=REVOKED)
         reload(proxy, "configuration reloaded")  # accepted: 127.0.0.1 refused from now on
         missing = tmp_path / "missing-auth.txt"
-        write_config(proxy, access={**ADMITTED, "proxy_auth_file": str(missing)})  # valid YAML
+        proxy.rewrite_config(access={**ADMITTED, "proxy_auth_file": str(missing)})  # valid YAML
         reload(proxy, "new configuration refused")  # refused by every worker's checks
         kill_a_worker(proxy)
         wait_for(
-            lambda: said(proxy, "listening on") >= 3 or said(proxy, "not started") >= 1,
+            lambda: proxy.said("listening on") >= 3 or proxy.said("not started") >= 1,
             "the worker's restart",
         )
-        assert said(proxy, "listening on") == 3, proxy.stderr_lines[-6:]
+        assert proxy.said("listening on") == 3, proxy.stderr_lines[-6:]
         assert {status_line(proxy.port) for _ in range(PROBES)} == {b"HTTP/1.1 403"}  # what they serve
         passed = "last configuration that passed"
-        wait_for(lambda: said(proxy, passed) >= 1, "the parent saying restarted workers keep the one before")
+        wait_for(lambda: proxy.said(passed) >= 1, "the parent saying restarted workers keep the one before")
         warned = [line for line in proxy.stderr_lines if passed in line]
         assert len(warned) == 1, warned
         assert str(missing) in warned[0]
@@ -102,10 +91,10 @@ def test_a_killed_worker_whose_restart_is_refused_is_tried_again_while_its_sibli
         origin.trust(KEY)
         parent = proxy.proc
         assert parent is not None
-        wait_for(lambda: said(proxy, "listening on") >= 2, "both workers listening")
+        wait_for(lambda: proxy.said("listening on") >= 2, "both workers listening")
         auth.chmod(0o644)  # an edit nobody signalled: a worker's build refuses the file now
         kill_a_worker(proxy)
-        wait_for(lambda: said(proxy, "not started") >= 1 or parent.poll() is not None, "the refusal")
+        wait_for(lambda: proxy.said("not started") >= 1 or parent.poll() is not None, "the refusal")
         assert parent.poll() is None, proxy.stderr_lines[-6:]
         refusal = [line for line in proxy.stderr_lines if "not started" in line]
         assert "access.proxy_auth_file" in refusal[0]
@@ -117,20 +106,9 @@ def test_a_killed_worker_whose_restart_is_refused_is_tried_again_while_its_sibli
             )
             assert resp.json()["verified"] is True
         auth.chmod(0o600)
-        wait_for(lambda: said(proxy, "listening on") >= 3, "the worker started once the file is mended")
+        wait_for(lambda: proxy.said("listening on") >= 3, "the worker started once the file is mended")
         assert parent.poll() is None
-        assert said(proxy, "not started") == 1  # said once, though tried every second
-
-
-@pytest.fixture
-def parent_handlers() -> Iterator[None]:
-    """run_workers installs the parent's handlers in this process: put the test runner's back."""
-    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for sig, handler in saved.items():
-            signal.signal(sig, handler)
+        assert proxy.said("not started") == 1  # said once, though tried every second
 
 
 @pytest.mark.usefixtures("parent_handlers")

@@ -18,7 +18,7 @@ import os
 import signal
 import threading
 import typing
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -36,9 +36,7 @@ from tests.cli.test_workers_sighup_restart import (
     REVOKED,
     both_workers_restarted,
     reload,
-    said,
     status_line,
-    write_config,
 )
 from tests.harness import WAIT_S, ProxyProcess, run_cli, wait_for
 
@@ -89,10 +87,10 @@ def a_restarted_worker_serves_the_sighup(proxy: ProxyProcess, why: str, during: 
     the parent says once that it could not check the file (``why``), and both workers restarted
     afterwards refuse 127.0.0.1 as their siblings did."""
     assert proxy.proc is not None
-    wait_for(lambda: said(proxy, "listening on") >= 2, "both workers listening")
+    wait_for(lambda: proxy.said("listening on") >= 2, "both workers listening")
     assert len(listening_ports(proxy)) == 1  # the file's port 0, resolved once by the parent
     assert status_line(proxy.port).startswith(b"HTTP/1.1 200")
-    write_config(proxy, access=REVOKED)
+    proxy.rewrite_config(access=REVOKED)
     reload(proxy, "configuration reloaded")
     during()
     assert proxy.proc.poll() is None
@@ -100,10 +98,10 @@ def a_restarted_worker_serves_the_sighup(proxy: ProxyProcess, why: str, during: 
     both_workers_restarted(proxy)
     answers = {status_line(proxy.port)[:12] for _ in range(PROBES)}
     assert answers == {b"HTTP/1.1 403"}, proxy.stderr_lines[-8:]
-    wait_for(lambda: said(proxy, NOT_CHECKED) >= 1, "the parent saying the file was not checked")
+    wait_for(lambda: proxy.said(NOT_CHECKED) >= 1, "the parent saying the file was not checked")
     (line,) = [line for line in proxy.stderr_lines if NOT_CHECKED in line]
     assert why in line
-    assert said(proxy, KEPT_BACK) == 0
+    assert proxy.said(KEPT_BACK) == 0
     assert not any("Traceback" in line for line in proxy.stderr_lines), proxy.stderr_lines
 
 
@@ -184,17 +182,6 @@ def test_the_parent_keeps_a_sighups_file_back_only_when_the_build_refuses_it(
     assert len(lines) == (0 if warned is None else 1), lines
     assert warned is None or warned in lines[0]
     assert SECRET not in "\n".join(lines)
-
-
-@pytest.fixture
-def parent_handlers() -> Iterator[None]:
-    """run_workers installs the parent's handlers in this process: put the test runner's back."""
-    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for sig, handler in saved.items():
-            signal.signal(sig, handler)
 
 
 def appears(path: Path) -> bool:
