@@ -11,8 +11,6 @@ from __future__ import annotations
 import logging
 from typing import Protocol, runtime_checkable
 
-import httptools
-
 from ..errors import ProxyError
 
 __all__ = ["Refusals", "parse_refusal", "tell"]
@@ -31,16 +29,10 @@ class Refusals(Protocol):
 
 def parse_refusal(exc: Exception) -> ProxyError:
     """The answer to what the parser raised: the ``ProxyError`` one of our callbacks raised in it
-    (a limit), ``501 method-not-implemented`` for a method llhttp does not know (RFC 9110 section
-    9.1: a method is any token, and 501 is the answer to one a server does not recognise), or
-    ``400 malformed-request``."""
+    (a limit), or ``400 malformed-request``."""
     cause = exc.__context__ if isinstance(exc.__context__, ProxyError) else exc
     if isinstance(cause, ProxyError):
         return cause
-    if isinstance(exc, httptools.HttpParserInvalidMethodError):
-        return ProxyError(
-            501, "method-not-implemented", "the method is not one this proxy knows (README: methods)"
-        )
     return ProxyError(400, "malformed-request", f"cannot parse the request ({exc})")
 
 
