@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from ..core.jwk import PublicKey
@@ -71,7 +71,9 @@ class IssuerKeys:
         named = (a.directory for a in self.trusted.values() if a.directory is not None)
         self.revocations.configure(directory_url(base) for base in named)
 
-    async def keys_for(self, iss: str, now: float, *, refetch: bool = False) -> tuple[PublicKey, ...]:
+    async def keys_for(
+        self, iss: str, now: float, *, refetch: bool = False, clock: Callable[[], float] | None = None
+    ) -> tuple[PublicKey, ...]:
         """The anchors of ``iss``; empty when it has none (the chain is then refused). Raises
         DirectoryError ``verifier-busy`` when its directory would be fetched but the budget is out,
         ``issuer-directory-unavailable`` when it or its revocation list cannot be fetched now.
@@ -79,7 +81,8 @@ class IssuerKeys:
         ``refetch``: none of the anchors given before verified the token, so its directory, cached,
         may predate a key the issuer rotated in; it is fetched again (at most once per
         ``keyid_refetch_s``, as for an agent's unknown ``keyid``). Empty when it is not fetched again
-        (fixed keys, not cached, fetched again too recently)."""
+        (fixed keys, not cached, fetched again too recently). ``clock``: read again once the
+        directory is here, for its keys' windows (a fetch may take seconds; else ``now``)."""
         anchor = self.trusted.get(iss)
         if anchor is not None and anchor.keys:
             return () if refetch else anchor.keys
@@ -112,8 +115,9 @@ class IssuerKeys:
             if exc.reason in _UNAVAILABLE:  # not fetched now: the caller answers "retry", not "refused"
                 raise DirectoryError(ISSUER_DIRECTORY_UNAVAILABLE, exc.reason) from None
             return ()
+        at = now if clock is None else clock()
         return tuple(
             key.public
             for key in directory.keys
-            if key.not_before <= now < key.not_after + self.grace_s and key.thumbprint not in revoked
+            if key.not_before <= at < key.not_after + self.grace_s and key.thumbprint not in revoked
         )

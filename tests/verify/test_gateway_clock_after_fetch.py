@@ -79,3 +79,19 @@ async def test_a_chain_whose_exp_passed_while_its_issuer_was_fetched_again_is_re
     assert (refusal.status, refusal.reason) == (403, DELEGATION_INVALID)
     assert refusal.detail.startswith("expired: link 1:")
     assert world.fetch.calls.count(OWNER_DIRECTORY) == 2  # cached, then fetched again (slowly)
+
+
+async def test_an_issuer_key_whose_grace_ended_while_its_directory_was_fetched_anchors_nothing(
+    world: World,  # noqa: F811 (the fixture)
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The issuer's keys were filtered by their window (and grace) with the time read before the
+    directory was fetched: a key whose grace ended during the fetch still anchored the chain."""
+    grace = 3600  # the fixture's IssuerKeys(grace_s=3600)
+    world.fetch.answers[OWNER_DIRECTORY] = _directory(
+        DirectoryKey(world.owner.public, NOW - 7200, NOW - grace + 2)
+    )
+    slow_issuer(world, monkeypatch, 4.0)
+    refusal = await world.refused(world.body(world.chain()))
+    assert (refusal.status, refusal.reason) == (403, DELEGATION_INVALID)
+    assert refusal.detail.startswith("untrusted-issuer-key")
