@@ -13,11 +13,15 @@ import contextlib
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from signing_proxy.core.keys import KeyProvider
+from signing_proxy.errors import TokenError
 
 MODULE_CANDIDATES = (
     "/usr/lib/softhsm/libsofthsm2.so",
@@ -114,3 +118,22 @@ def two_tokens(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> SoftHsm:
     hsm.add_token("tok-b")
     use_in_this_process(hsm, monkeypatch)
     return hsm
+
+
+async def signing_outcomes(keys: KeyProvider, thumbprint: str, times: int = 3) -> list[str]:
+    """``times`` signatures by ``keys``' current key, which must be the token key ``thumbprint``:
+    each ``"signed"``, ``"invalid"`` or the reason of the TokenError that refused it."""
+    from signing_proxy.storage.pkcs11 import TokenKey
+
+    outcomes = []
+    for _ in range(times):
+        key = keys.current(time.time())
+        assert isinstance(key, TokenKey)
+        assert key.thumbprint == thumbprint
+        try:
+            signature = await key.sign_async(b"base")
+        except TokenError as exc:
+            outcomes.append(exc.reason)
+        else:
+            outcomes.append("signed" if key.public.verify(signature, b"base") else "invalid")
+    return outcomes

@@ -25,13 +25,12 @@ from signing_proxy.core.directory_proof import WEB_DIRECTORY_MEDIA_TYPE, proven_
 from signing_proxy.core.fields import Fields
 from signing_proxy.core.keys import parse_directory
 from signing_proxy.core.pkcs11_uri import Pkcs11Uri, parse_pkcs11_uri
-from signing_proxy.errors import TokenError
 from signing_proxy.service.keys import key_provider_for
 from signing_proxy.service.publish import PublishServer
 from signing_proxy.service.tokenkeys import token_slot_for
 from signing_proxy.storage.keystore import KeyStore, StoreWatcher
-from signing_proxy.storage.pkcs11 import Pkcs11Module, TokenKey, generate_token_key, module_for
-from tests.softhsm import PIN, two_tokens
+from signing_proxy.storage.pkcs11 import Pkcs11Module, generate_token_key, module_for
+from tests.softhsm import PIN, signing_outcomes, two_tokens
 
 pytestmark = pytest.mark.integration
 
@@ -95,27 +94,14 @@ async def test_a_waiting_key_on_an_unreachable_token_of_the_module_is_served_wit
     with module.lock:
         module.reset()  # no pooled session left: the next call on tok-b opens one
 
-    async def sign_three() -> list[str]:
-        outcomes = []
-        for _ in range(3):
-            key = keys.current(time.time())
-            assert isinstance(key, TokenKey)
-            assert key.thumbprint == signing.thumbprint
-            try:
-                signature = await key.sign_async(b"base")
-            except TokenError as exc:
-                outcomes.append(exc.reason)
-            else:
-                outcomes.append("signed" if key.public.verify(signature, b"base") else "invalid")
-        return outcomes
-
     caplog.set_level(logging.INFO, logger="signing_proxy.publish")
     try:
         # request signatures while the signed directory is asked for, then after its round
         answer, during = await asyncio.wait_for(
-            asyncio.gather(client.get(DIRECTORY, headers=SIGNED), sign_three()), WAIT_S
+            asyncio.gather(client.get(DIRECTORY, headers=SIGNED), signing_outcomes(keys, signing.thumbprint)),
+            WAIT_S,
         )
-        after = await asyncio.wait_for(sign_three(), WAIT_S)
+        after = await asyncio.wait_for(signing_outcomes(keys, signing.thumbprint), WAIT_S)
         assert (during, after) == (["signed"] * 3, ["signed"] * 3)
         assert module.stalled is None
         assert not contacted.is_set()  # the waiting key's token was not called

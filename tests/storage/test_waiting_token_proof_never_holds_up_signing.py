@@ -22,7 +22,6 @@ import pytest
 
 from signing_proxy.core.jwk import PublicKey, SigningKey
 from signing_proxy.core.pkcs11_uri import Pkcs11Uri, parse_pkcs11_uri
-from signing_proxy.errors import TokenError
 from signing_proxy.storage.keystore import KeyStore, TokenKeys
 from signing_proxy.storage.pkcs11 import (
     Pkcs11Module,
@@ -32,7 +31,7 @@ from signing_proxy.storage.pkcs11 import (
     module_for,
 )
 from signing_proxy.storage.tokenstore import TokenStoreKeyProvider
-from tests.softhsm import PIN, SoftHsm, two_tokens
+from tests.softhsm import PIN, SoftHsm, signing_outcomes, two_tokens
 
 p11 = pytest.importorskip("pkcs11", reason="python-pkcs11 (extra 'hsm') is not installed")
 
@@ -97,21 +96,7 @@ def test_a_key_waiting_on_an_unreachable_token_of_the_module_never_holds_up_the_
     try:
         assert settled.wait(WAIT_S)  # the probe is done, or hangs in tok-b holding the module
 
-        async def sign_three() -> list[str]:
-            outcomes = []
-            for _ in range(3):
-                key = provider.current(time.time())
-                assert isinstance(key, TokenKey)
-                assert key.thumbprint == signing.thumbprint
-                try:
-                    signature = await key.sign_async(b"base")
-                except TokenError as exc:
-                    outcomes.append(exc.reason)
-                else:
-                    outcomes.append("signed" if key.public.verify(signature, b"base") else "invalid")
-            return outcomes
-
-        assert asyncio.run(sign_three()) == ["signed", "signed", "signed"]
+        assert asyncio.run(signing_outcomes(provider, signing.thumbprint)) == ["signed", "signed", "signed"]
         assert provider.unavailable() is None  # /readyz: ready, no warning
         assert not contacted.is_set()  # the waiting key's token was not called ahead
         assert module.stalled is None
