@@ -11,6 +11,7 @@ import json
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
+from pathlib import Path
 from typing import Any
 
 from signing_proxy.cli import verify_origin
@@ -139,3 +140,6 @@ async def test_a_smaller_cap_given_holds_too() -> None:
 def test_the_bounds_are_the_ones_checked_and_documented() -> None:
     assert verify_origin.VERIFY_ORIGIN_MAX_CONNECTIONS == CAP
     assert verify_origin.VERIFY_ORIGIN_IDLE_S == 10.0
+    readme = " ".join((Path(__file__).resolve().parents[2] / "README.md").read_text().split())
+    idle = verify_origin.VERIFY_ORIGIN_IDLE_S
+    assert f"cap connections at {CAP} and close any that sends no request head within {idle:g} s" in readme

@@ -120,3 +120,6 @@ async def test_a_smaller_cap_given_holds_too(data: Path) -> None:
 def test_the_bounds_are_the_ones_checked_and_documented() -> None:
     assert publish.PUBLISH_MAX_CONNECTIONS == CAP
     assert publish.PUBLISH_IDLE_S == 10.0
+    readme = " ".join((Path(__file__).resolve().parents[2] / "README.md").read_text().split())
+    idle = publish.PUBLISH_IDLE_S
+    assert f"cap connections at {CAP} and close any that sends no request head within {idle:g} s" in readme
