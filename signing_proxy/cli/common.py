@@ -153,6 +153,12 @@ def error_line(exc: Error) -> str:
     return str(exc)
 
 
+def exception_kind(exc: BaseException) -> str:
+    """An exception that is not ours, for a log line: its type's name, never its text (which may
+    quote a file, and a PIN or a token in it)."""
+    return type(exc).__name__
+
+
 def show_host(host: str) -> str:
     """``host`` as written in a URL: an IPv6 address in brackets."""
     return f"[{host}]" if ":" in host else host

@@ -25,7 +25,7 @@ from ..service.app import ProxyApp, restart_merge
 from ..service.workers import run_check, tell_parent
 from ..storage.keystore import StoreWatcher
 from ..storage.storewatch import RevocationFloor
-from .common import error_line
+from .common import error_line, exception_kind
 
 __all__ = ["RestartCopy"]
 
@@ -62,7 +62,9 @@ class RestartCopy:
                 try:
                     self._reconsider()
                 except Exception as exc:  # a bug of ours must not stop the proxy: the type only
-                    log.error("SIGHUP: the parent's work for restarted workers failed (%s)", _kind(exc))
+                    log.error(
+                        "SIGHUP: the parent's work for restarted workers failed (%s)", exception_kind(exc)
+                    )
         finally:
             self._checking = False
 
@@ -72,7 +74,9 @@ class RestartCopy:
             try:
                 floor.check()
             except Exception as exc:  # the floor stays as it was; the tick tries again
-                log.error("SIGHUP: the key store's revocations could not be re-read (%s)", _kind(exc))
+                log.error(
+                    "SIGHUP: the key store's revocations could not be re-read (%s)", exception_kind(exc)
+                )
         try:
             with reloading():  # a FIFO or a device at the path is refused: this parent restarts workers
                 fresh = self._reread()
@@ -80,15 +84,17 @@ class RestartCopy:
             return
         except Exception as exc:  # the copy stays as it was, the parent goes on; its text (and a
             # traceback's) may quote the file, a PIN in it: the type only
-            log.error("SIGHUP: re-reading the configuration for restarted workers failed (%s)", _kind(exc))
+            log.error(
+                "SIGHUP: re-reading the configuration for restarted workers failed (%s)", exception_kind(exc)
+            )
             return
         config, keys, at_least = self._config, self._keys, floor.floor if floor is not None else None
         try:
             code, said = run_check(lambda: _check_build(config, fresh, keys, at_least))
         except OSError as exc:  # no child (fork: EAGAIN under a pids limit; the pipe: EMFILE)
-            code, said = None, f"the check could not be started: {_kind(exc)}{_errno(exc)}"
+            code, said = None, f"the check could not be started: {exception_kind(exc)}{_errno(exc)}"
         except Exception as exc:
-            code, said = None, f"the check could not be started: {_kind(exc)}"
+            code, said = None, f"the check could not be started: {exception_kind(exc)}"
         if code == REFUSED:  # as every worker's build refuses it: a worker restarted later would too
             log.warning(
                 "SIGHUP: a worker restarted later serves the last configuration that passed its build, "
@@ -124,14 +130,9 @@ def _check_build(config: Config, fresh: Config, keys: KeyProvider, floor: Revoca
         tell_parent(error_line(exc))
         return REFUSED
     except Exception as exc:  # its text may quote a file, a PIN in it: the type only
-        tell_parent(f"it could not be built ({_kind(exc)})")
+        tell_parent(f"it could not be built ({exception_kind(exc)})")
         return REFUSED
     return 0
-
-
-def _kind(exc: BaseException) -> str:
-    """An exception that is not ours, for a log line: its type's name, never its text."""
-    return type(exc).__name__
 
 
 def _errno(exc: OSError) -> str:

@@ -60,6 +60,7 @@ from .common import (
     configure_logging,
     environment_epilog,
     error_line,
+    exception_kind,
     show_host,
 )
 from .restart_copy import RestartCopy
@@ -434,12 +435,7 @@ def _reload_config(app: ProxyApp, reread: Callable[[], Config]) -> None:
         log.error("%s: %s", refused, error_line(exc))
         return
     except Exception as exc:
-        log.error("%s: it could not be read or applied (%s)", refused, _kind(exc))
+        log.error("%s: it could not be read or applied (%s)", refused, exception_kind(exc))
         return
     suffix = f"; not applied until restart: {', '.join(pending)}" if pending else ""
     log.info("SIGHUP: configuration reloaded%s", suffix)
-
-
-def _kind(exc: BaseException) -> str:
-    """An exception that is not ours, for a log line: its type's name, never its text."""
-    return type(exc).__name__
