@@ -260,7 +260,7 @@ class GatewayVerifier:
         iss = root.claims.get("iss")
         if not isinstance(iss, str):
             raise DelegationError("missing-claim", "link 0: iss is required")
-        anchors = await self.issuers.keys_for(iss, self.clock(), clock=self.clock)
+        anchors = await self.issuers.keys_for(iss, self.clock)
         now = self.clock()
         try:
             return (*self._judge(mirror, stack, anchors, now), now)
@@ -268,7 +268,7 @@ class GatewayVerifier:
             if exc.reason != "untrusted-issuer-key":
                 raise
             # under none of the keys its cached directory lists: one the issuer rotated in since?
-            fresh = await self.issuers.keys_for(iss, now, refetch=True, clock=self.clock)
+            fresh = await self.issuers.keys_for(iss, self.clock, refetch=True)
             if not fresh:
                 raise
         now = self.clock()

@@ -72,7 +72,7 @@ class IssuerKeys:
         self.revocations.configure(directory_url(base) for base in named)
 
     async def keys_for(
-        self, iss: str, now: float, *, refetch: bool = False, clock: Callable[[], float] | None = None
+        self, iss: str, clock: Callable[[], float], *, refetch: bool = False
     ) -> tuple[PublicKey, ...]:
         """The anchors of ``iss``; empty when it has none (the chain is then refused). Raises
         DirectoryError ``verifier-busy`` when its directory would be fetched but the budget is out,
@@ -81,8 +81,8 @@ class IssuerKeys:
         ``refetch``: none of the anchors given before verified the token, so its directory, cached,
         may predate a key the issuer rotated in; it is fetched again (at most once per
         ``keyid_refetch_s``, as for an agent's unknown ``keyid``). Empty when it is not fetched again
-        (fixed keys, not cached, fetched again too recently). ``clock``: read again once the
-        directory is here, for its keys' windows (a fetch may take seconds; else ``now``)."""
+        (fixed keys, not cached, fetched again too recently). ``clock`` is read once the directory is
+        here, for its keys' windows: a fetch may take seconds."""
         anchor = self.trusted.get(iss)
         if anchor is not None and anchor.keys:
             return () if refetch else anchor.keys
@@ -115,9 +115,9 @@ class IssuerKeys:
             if exc.reason in _UNAVAILABLE:  # not fetched now: the caller answers "retry", not "refused"
                 raise DirectoryError(ISSUER_DIRECTORY_UNAVAILABLE, exc.reason) from None
             return ()
-        at = now if clock is None else clock()
+        now = clock()
         return tuple(
             key.public
             for key in directory.keys
-            if key.not_before <= at < key.not_after + self.grace_s and key.thumbprint not in revoked
+            if key.not_before <= now < key.not_after + self.grace_s and key.thumbprint not in revoked
         )

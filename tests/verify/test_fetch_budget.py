@@ -164,9 +164,9 @@ async def test_a_configured_issuer_spends_no_budget_and_a_token_named_one_does()
         EgressPolicy(),
         trusted={"https://owner.example": IssuerAnchor(directory=configured)},
     )
-    assert await issuers.keys_for("https://owner.example", NOW) == (KEY.public,)
+    assert await issuers.keys_for("https://owner.example", lambda: NOW) == (KEY.public,)
     with pytest.raises(DirectoryError) as err:  # a stranger's issuer: no fetch without budget
-        await issuers.keys_for(named, NOW)
+        await issuers.keys_for(named, lambda: NOW)
     assert err.value.reason == VERIFIER_BUSY
     assert fetch.calls == [directory_url(configured)]
 
