@@ -156,16 +156,16 @@ class DeliveryVerifier:
         def lookup(entry: SignatureEntry, _index: int) -> VerificationKey | None:
             return key if entry.keyid == presented.thumbprint else None
 
-        verify_checked(checked, lookup, now=now)  # before any fetch: a bad signature costs none
+        # verified before any fetch (a bad signature costs none), its window judged again after
+        fetcher = verify_checked(checked, lookup, now=now).signatures[0]
         source, listed = await self._check_url_signature(bound, now)
         now = self.clock()  # the fetches may take seconds: what is bound in time, again at this time
         _check_url_expires(bound, now)
-        stack = verify_checked(checked, lookup, now=now)  # its window (and, again, one Ed25519 check)
+        if now >= fetcher.expires:  # the window verify_checked judged, at this time
+            raise VerificationError("signature-expired", "the signature's window has ended", fetcher.label)
         if listed is not None:
             _check_key_window(bound, listed, now)
-        return VerifiedRetrieval(
-            target.uri, bound.agent_id, bound.expires, bound.keyid, source, stack.signatures[0]
-        )
+        return VerifiedRetrieval(target.uri, bound.agent_id, bound.expires, bound.keyid, source, fetcher)
 
     async def _check_url_signature(self, bound: RetrievalUrl, now: float) -> tuple[str, DirectoryKey | None]:
         """Verify the URL with the exchange key it names; return where that key came from, and the
