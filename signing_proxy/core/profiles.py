@@ -126,7 +126,6 @@ WEB_BOT_AUTH = SigningProfile(
 PROFILES = {SVC.name: SVC, WEB_BOT_AUTH.name: WEB_BOT_AUTH}
 
 
-@lru_cache(maxsize=8)  # one configured URL (a few across reloads), asked per web-bot-auth request
 def member_refusal(url: str) -> str | None:
     """Why ``url`` cannot be sent as a Signature-Agent Dictionary member, or None (it can; "" sends none).
 
@@ -150,6 +149,11 @@ def member_refusal(url: str) -> str | None:
     )
 
 
+# The signer asks per web-bot-auth request about its one configured URL (a few across reloads); the
+# verifier asks ``member_refusal`` itself about strangers' members, which must not evict it.
+_configured_refusal = lru_cache(maxsize=8)(member_refusal)
+
+
 def signature_agent_field(
     profile: SigningProfile, label: str, url: str
 ) -> tuple[str | None, Component | None]:
@@ -161,7 +165,7 @@ def signature_agent_field(
     if not url:
         return None, None
     if profile.signature_agent == "dictionary":
-        refusal = member_refusal(url)
+        refusal = _configured_refusal(url)
         if refusal is not None:
             raise FieldError("signature-agent-not-origin", refusal)
         return f"{label}={serialize_sf_string(url)}", Component("signature-agent", key=label)

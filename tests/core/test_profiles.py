@@ -582,3 +582,23 @@ def test_an_exchange_call_signed_under_web_bot_auth_is_refused_before_any_key() 
         verify_stack(call, b'{"ver":"1.0"}', lambda *_: pytest.fail("no key is looked up"), now=NOW + 1)
     assert err.value.reason == "exchange-call-profile"
     assert _verify(signed_get).profile == "web-bot-auth"  # the same label elsewhere: the profile's rules
+
+
+def test_strangers_members_do_not_evict_the_signers_cached_url() -> None:
+    """The signer asks about its configured Signature-Agent URL per web-bot-auth request (cached);
+    the verifier asked the same cached function about every stranger's member, so twenty strangers
+    evicted the signer's URL and each of its requests parsed it again."""
+    from signing_proxy.core import profiles
+
+    configured = "https://agent.example"
+    profiles._configured_refusal.cache_clear()
+    signature_agent_field(WEB_BOT_AUTH, "sig1", configured)
+    for n in range(20):
+        member = f"https://stranger{n}.example"
+        fields = Fields([("Signature-Agent", f'sig1="{member}"')])
+        covered = [("sig1", [Component("signature-agent", key="sig1")])]
+        assert profiles.web_signature_agent(fields, covered) == (f'sig1="{member}"', member)
+    before = profiles._configured_refusal.cache_info()
+    signature_agent_field(WEB_BOT_AUTH, "sig1", configured)
+    after = profiles._configured_refusal.cache_info()
+    assert (after.hits, after.misses) == (before.hits + 1, before.misses)
