@@ -73,9 +73,10 @@ class Engine:
         """Client connections open: served here, or taken over by a tunnel, a pipe or a handshake."""
         return len(self.connections) + sum(count() for count in self.taken_over)
 
-    def protocol(self, tunnel: Target | None = None) -> ClientConnection:
-        """A new connection protocol; ``tunnel`` is the scheme, host and port of an intercepted CONNECT."""
-        return ClientConnection(self, tunnel)
+    def protocol(self, tunnel: Target | None = None, credentials: str | None = None) -> ClientConnection:
+        """A new connection; inside an intercepted CONNECT, ``tunnel`` is its scheme, host and port and
+        ``credentials`` its ``Proxy-Authorization`` (checked again against a reload's rules)."""
+        return ClientConnection(self, tunnel, credentials)
 
     def busy(self) -> bool:
         return any(c.busy for c in self.connections)
@@ -88,13 +89,13 @@ class Engine:
 class ClientConnection(asyncio.Protocol):
     """One client connection: parse, queue, serve through the handler, write."""
 
-    def __init__(self, engine: Engine, tunnel: Target | None = None) -> None:
+    def __init__(self, engine: Engine, tunnel: Target | None = None, credentials: str | None = None) -> None:
         self.engine = engine
         self.tunnel = tunnel  # inside an intercepted CONNECT: scheme, host and port of the tunnel
         self.client_ip = "-"
         self.client_allowed = False  # set by the handler, for the access rules in ``access_of``
         self.access_of: object = None  # the handler's access rules client_allowed was decided by
-        self.tunnel_credentials: str | None = None  # inside a tunnel: the CONNECT's, for those rules
+        self.tunnel_credentials = credentials  # inside a tunnel: the CONNECT's, for those rules
         self.keep_alive = True
         self.request_version = "1.1"
         self.upstream: Any = None  # the upstream connection of the exchange in flight (flow control)

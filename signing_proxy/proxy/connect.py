@@ -92,7 +92,8 @@ class ConnectHandler:
     """Answers CONNECT: owns the CA, the leaf cache and the open tunnels.
 
     Given the restart-only configuration, the live ``Policy`` (access, timeouts, access log), the
-    factory of inner connections (``inner(tunnel)``) and the outcome counter; never the app.
+    factory of inner connections (``inner(tunnel, proxy_authorization)``) and the outcome counter;
+    never the app.
     """
 
     def __init__(
@@ -100,7 +101,7 @@ class ConnectHandler:
         config: Config,
         *,
         policy: Callable[[], Policy],
-        inner: Callable[[Target], asyncio.Protocol],
+        inner: Callable[[Target, str | None], asyncio.Protocol],
         count: Callable[[str], None],
     ) -> None:
         self.config = config.intercept
@@ -187,7 +188,7 @@ class ConnectHandler:
             context=context,
             client_ip=conn.client_ip,
             handshake_timeout_s=self.config.handshake_timeout_s,
-            inner=lambda scheme: _with_credentials(self._inner(Target(scheme, host, port, "/")), credentials),
+            inner=lambda scheme: self._inner(Target(scheme, host, port, "/"), credentials),
             on_failed=self._tls_failed,
             handshakes=self._handshakes,
             starting=self._starting,
@@ -323,12 +324,3 @@ class ConnectHandler:
             tunnel.close()
         if self.leaves is not None:
             self.leaves.close()
-
-
-def _with_credentials(inner: asyncio.Protocol, credentials: str | None) -> asyncio.Protocol:
-    """The tunnel's inner connection, holding the CONNECT's ``Proxy-Authorization``: the handler
-    checks it again against the rules of a reload (a user removed from ``access.proxy_auth_file``
-    kept an open tunnel signing)."""
-    if isinstance(inner, ClientConnection):
-        inner.tunnel_credentials = credentials
-    return inner

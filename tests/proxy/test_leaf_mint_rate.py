@@ -28,7 +28,7 @@ def handler(tmp_path: Path) -> ConnectHandler:
     made = ConnectHandler(
         parse_config({"data_dir": str(tmp_path / "data")}),
         policy=lambda: pytest.fail("no policy is asked for a leaf"),
-        inner=lambda _target: pytest.fail("no tunnel is made"),
+        inner=lambda _target, _credentials: pytest.fail("no tunnel is made"),
         count=lambda _outcome: None,
     )
     assert made.leaves is not None
