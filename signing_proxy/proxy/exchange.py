@@ -333,6 +333,12 @@ class ProxyHandler:
             if route is None:
                 raise ProxyError(404, "no-route", f"{path} is not a proxied URL or a configured route")
             return route, None
+        if policy.mode == "gateway":  # RFC 9421 2.2.2: an absolute-form target is the target URI signed
+            raise ProxyError(
+                400,
+                "malformed-target",
+                "a gateway takes origin-form targets (its clients sign its Host or external origin)",
+            )
         policy.access.check_proxy_auth(req.header("proxy-authorization"))
         if req.upgrade == "websocket":
             raw = _websocket_as_http(raw)

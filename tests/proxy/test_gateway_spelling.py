@@ -102,3 +102,31 @@ def test_a_third_partys_signature_over_the_target_it_sent_passes_and_the_backend
             answer = get(gateway.port, request_target, host, signed)
     assert answer.startswith(b"HTTP/1.1 200"), answer
     assert seen == [f"GET {request_target} HTTP/1.1".encode()]
+
+
+@pytest.mark.integration
+def test_an_absolute_form_target_is_refused_not_checked_against_the_host(tmp_path: Path) -> None:
+    """RFC 9112 section 3.3: an absolute-form request target is the target URI (Host is ignored), and
+    RFC 9421 signs that. The gateway checked the signature over ``http://`` + Host + path instead:
+    a request naming the backend's own address passed, signed over a URI it did not target. It is
+    refused as the middleware and ``verify-origin`` refuse a target not in origin form."""
+    agent = SigningKey.generate()
+    with recording_backend() as (backend_port, seen), served_directory(agent) as base:
+        config: dict[str, Any] = {
+            "mode": "gateway",
+            "log": {"format": "json", "access_log": False},
+            "egress": {"allow_private": ["127.0.0.1/32"]},
+            "gateway": {"upstream": f"http://127.0.0.1:{backend_port}"},
+        }
+        with ProxyProcess(tmp_path, config) as gateway:
+            host = f"127.0.0.1:{gateway.port}"
+            by_host = oracle_agent_sign("GET", f"http://{host}/feed", b"", agent, signature_agent=base)
+            absolute = f"http://127.0.0.1:{backend_port}/feed"
+            as_targeted = oracle_agent_sign("GET", absolute, b"", agent, signature_agent=base)
+            answers = [get(gateway.port, absolute, host, signed) for signed in (by_host, as_targeted)]
+            control = get(gateway.port, "/feed", host, by_host)
+    for answer in answers:
+        assert answer.startswith(b"HTTP/1.1 400"), answer
+        assert b"malformed-target" in answer
+    assert control.startswith(b"HTTP/1.1 200"), control  # the same signature, origin-form: passes
+    assert seen == [b"GET /feed HTTP/1.1"]
