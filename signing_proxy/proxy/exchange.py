@@ -190,7 +190,7 @@ class ProxyHandler:
                 return conn.keep_alive
             assert target is not None
             if req.upgrade is not None:
-                status, outcome, keyid, sent_out = await self._websocket(conn, req, target, policy)
+                status, outcome, keyid, profile, sent_out = await self._websocket(conn, req, target, policy)
                 return False
             body = await conn.read_body(req)
 
@@ -235,7 +235,7 @@ class ProxyHandler:
             if stream.held is not None:
                 await self._answer_refusal(conn, stream)
             status, sent_out = stream.status, stream.bytes_out
-            outcome = ("verified" if policy.mode == "gateway" else "signed") if keyid else "unsigned"
+            outcome = _forwarded(policy, keyid)
             self.count(outcome)
             return conn.keep_alive and not stream.close_after and not self.draining()
         except ProxyError as error:
@@ -347,8 +347,9 @@ class ProxyHandler:
 
     async def _websocket(
         self, conn: ClientConnection, req: Request, target: Target, policy: Policy
-    ) -> tuple[int, str, str | None, int]:
-        """Sign the handshake like any request, then let the engine switch protocols (RFC 6455)."""
+    ) -> tuple[int, str, str | None, str | None, int]:
+        """Sign (or verify) the handshake like any request, then let the engine switch protocols
+        (RFC 6455): status, outcome, keyid, profile, bytes sent to the client."""
         conn.keep_alive = False  # after a handshake the connection is a pipe, or it closes
         early = b"".join(req.body)  # frames the client sent before our 101: the upstream's, not a body
         outgoing = await policy.prepare(req.method, target, req.headers, b"", framed=False)
@@ -362,9 +363,9 @@ class ProxyHandler:
             pipes=self.pipes,
             max_head_bytes=self.pool.max_head_bytes,
         )
-        outcome = "websocket" if switched.piped else ("signed" if outgoing.keyid else "unsigned")
+        outcome = "websocket" if switched.piped else _forwarded(policy, outgoing.keyid)
         self.count(outcome)
-        return switched.status, outcome, outgoing.keyid, switched.bytes_out
+        return switched.status, outcome, outgoing.keyid, outgoing.profile, switched.bytes_out
 
     def _websocket_finished(self, pipe: BlindTunnel) -> None:
         self.pipes.discard(pipe)
@@ -402,3 +403,9 @@ def _target(build: Callable[[], T]) -> T:
         return build()
     except FieldError as exc:
         raise ProxyError.of(exc) from None
+
+
+def _forwarded(policy: Policy, keyid: str | None) -> str:
+    """The outcome of a request that went upstream: ``verified`` at a gateway (it signs nothing),
+    else ``signed``, or ``unsigned`` (no key: a ``hosts.unsigned`` host, or no label verified)."""
+    return ("verified" if policy.mode == "gateway" else "signed") if keyid else "unsigned"
