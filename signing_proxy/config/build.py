@@ -31,7 +31,13 @@ def build(tp: Any, value: Any, path: str) -> Any:
                 return build(candidate, value, path)
             except ConfigError:
                 continue
-        return build(inner[-1], value, path)
+        try:
+            return build(inner[-1], value, path)
+        except ConfigError:
+            if len(inner) == 1 or not all(a is bool or typing.get_origin(a) is Literal for a in inner):
+                raise
+            # bool | Literal["auto"]: every value it takes, not the last type's alone
+            raise ConfigError(f"{path}: must be {' or '.join(map(_shown, inner))}, got {value!r}") from None
     if origin is Literal:
         if value is False and "off" in args:
             value = "off"  # YAML 1.1 reads a bare `off` as false
@@ -107,6 +113,11 @@ def _check_keys(value: Mapping[Any, Any], path: str) -> None:
                 f"{path or 'config'}: the key {shown}is not a string (YAML read it as {kind}); "
                 "quote it or remove it"
             )
+
+
+def _shown(tp: Any) -> str:
+    """What a bool or a Literal of a union takes, as an error says it."""
+    return "true or false" if tp is bool else " or ".join(map(str, typing.get_args(tp)))
 
 
 def check_json(value: Any, path: str) -> None:

@@ -96,7 +96,7 @@ class GatewayPipeline:
             VerifierPolicy(
                 skew_s=config.verify.skew_s,
                 max_validity_s=config.verify.max_validity_s,
-                web_bot_auth=config.verify.web_bot_auth,
+                web_bot_auth=config.verify.accepts_web_bot_auth(gateway=True),
                 max_hops=section.max_hops,
                 broker_directories=section.broker_directories,
                 pinned_agent_keys=pinned_agents,

@@ -313,5 +313,5 @@ def _live_policy(policy: VerifierPolicy, config: Config) -> VerifierPolicy:
         # two keys name the tolerance (relay.skew_s, verify.skew_s): the stricter one applies
         skew_s=min(config.relay.skew_s, verify.skew_s),
         max_validity_s=verify.max_validity_s,
-        web_bot_auth=verify.web_bot_auth,
+        web_bot_auth=verify.accepts_web_bot_auth(gateway=False),
     )

@@ -30,11 +30,13 @@ from .verifier import RequestVerifier, VerifierPolicy
 __all__ = ["build_verifier", "load_pinned_keys", "policy_from_config"]
 
 
-def policy_from_config(limits: VerifyConfig) -> VerifierPolicy:
+def policy_from_config(limits: VerifyConfig, *, gateway: bool = False) -> VerifierPolicy:
     """A policy with ``verify.skew_s``, ``verify.max_validity_s`` and ``verify.web_bot_auth`` (no
-    pinned keys, no brokers)."""
+    pinned keys, no brokers); ``gateway``: for a gateway, whose default is the spec's profile only."""
     return VerifierPolicy(
-        skew_s=limits.skew_s, max_validity_s=limits.max_validity_s, web_bot_auth=limits.web_bot_auth
+        skew_s=limits.skew_s,
+        max_validity_s=limits.max_validity_s,
+        web_bot_auth=limits.accepts_web_bot_auth(gateway=gateway),
     )
 
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from ..config import GatewayConfig, VerifyConfig
 from ..net.client import HttpClient
 from ..net.egress import EgressPolicy
-from .build import build_verifier, load_pinned_keys
+from .build import build_verifier, load_pinned_keys, policy_from_config
 from .counters import CounterStore
 from .directory import FETCH_TIMEOUT_S
 from .gateway import GatewayPolicy, GatewayVerifier
@@ -42,8 +42,12 @@ def build_gateway_verifier(
     fetch_timeout_s: float = FETCH_TIMEOUT_S,
     clock: Callable[[], float] = time.time,
 ) -> GatewayVerifier:
-    """Steps 1-5 over one resolver; ``store`` None refuses capped chains and replay checks (503)."""
+    """Steps 1-5 over one resolver; ``store`` None refuses capped chains and replay checks (503).
+    ``policy`` defaults to ``limits``' as a gateway takes them (web-bot-auth labels only when
+    ``verify.web_bot_auth`` is true)."""
     egress = egress if egress is not None else EgressPolicy()
+    if policy is None:
+        policy = policy_from_config(limits if limits is not None else VerifyConfig(), gateway=True)
     verifier = build_verifier(
         policy, client=client, egress=egress, limits=limits, fetch_timeout_s=fetch_timeout_s, clock=clock
     )

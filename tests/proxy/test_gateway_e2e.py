@@ -71,6 +71,11 @@ def gateway_config(backend: Backend, relay_publish: str, **gateway: Any) -> dict
     }
 
 
+def web_too(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` accepting web-bot-auth labels too (a gateway's default is the spec's profile only)."""
+    return {**config, "verify": {"web_bot_auth": True}}
+
+
 def signing_key(data_dir: Path) -> SigningKey:
     key = KeyStore(data_dir).load(private=True).signing_key(time.time())
     assert key is not None
@@ -142,9 +147,12 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         web_pem.write_bytes(web_key.to_pem())
         web_pem.chmod(0o600)
         pinned = {"pinned_agent_keys": [str(web_pem)]}
+        # web-bot-auth labels: accepted by "gw" (told so), refused by "capped" (the default)
+        gw = web_too(gateway_config(backend, relay_publish, max_hops=2, **pinned))
+        capped_config = gateway_config(backend, relay_publish, max_hops=1, **pinned)
         with (
-            ProxyProcess(tmp / "gw", gateway_config(backend, relay_publish, max_hops=2, **pinned)) as gateway,
-            ProxyProcess(tmp / "capped", gateway_config(backend, relay_publish, max_hops=1)) as capped,
+            ProxyProcess(tmp / "gw", gw) as gateway,
+            ProxyProcess(tmp / "capped", capped_config) as capped,
             ProxyProcess(tmp / "relay", relay_config),
             ProxyProcess(tmp / "agent", agent_config) as agent,
         ):  # fmt: skip
@@ -283,6 +291,20 @@ def test_a_web_label_covering_host_or_content_length_verifies(
     assert answer.startswith(b"HTTP/1.1 200 "), answer[:400]
 
 
+@pytest.mark.parametrize("method", ["GET", "POST"])
+def test_a_gateway_refuses_web_bot_auth_labels_unless_told(world: World, method: str) -> None:
+    """A web-bot-auth label binds the authority only: accepted by default, any method, target and
+    body the gateway's backend received passed on one captured signature. ``verify.web_bot_auth``
+    defaults to ``auto``: the spec's five components only at a gateway, both profiles elsewhere."""
+    before = len(world.backend.arrivals)
+    answer = send_web_signed(world, method, "host", gateway=world.capped)
+    assert answer.startswith(b"HTTP/1.1 401 "), answer[:400]
+    assert b'"reason":"unsupported-tag"' in answer.replace(b" ", b""), answer
+    assert len(world.backend.arrivals) == before
+    told = send_web_signed(world, method, "host")  # the same request to the gateway told to accept it
+    assert told.startswith(b"HTTP/1.1 200 "), told[:400]
+
+
 @pytest.mark.parametrize(
     ("covered", "extra"),
     [("content-type", [("Connection", "content-type")]), ("keep-alive", [("Keep-Alive", "timeout=5")])],
@@ -309,14 +331,19 @@ def test_a_request_target_with_a_fragment_is_refused(world: World) -> None:
     assert len(world.backend.arrivals) == before
 
 
-def send_web_signed(
-    world: World, method: str, covered: str, extra: Sequence[tuple[str, str]] = (), target: str = "/feed"
+def send_web_signed(  # noqa: PLR0917
+    world: World,
+    method: str,
+    covered: str,
+    extra: Sequence[tuple[str, str]] = (),
+    target: str = "/feed",
+    gateway: ProxyProcess | None = None,
 ) -> bytes:
     """A web-bot-auth request to the gateway covering ``@authority``, ``signature-agent`` and
     ``covered`` (signed for ``/feed``), sent with ``extra`` lines and ``target``; the whole answer.
     Its member names the agent's directory over http, which protocol-02 has a verifier ignore: the
     key is the one pinned at the gateway (``gateway.pinned_agent_keys``)."""
-    port = int(world.gateway.url.rsplit(":", 1)[1])
+    port = (gateway or world.gateway).port
     url = f"http://127.0.0.1:{port}/feed"
     body = b"hi" if method == "POST" else b""
     lines = [("Host", f"127.0.0.1:{port}"), ("Signature-Agent", f'agent="{world.agent_directory}"')]
