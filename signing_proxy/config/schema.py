@@ -152,13 +152,12 @@ class VerifyConfig:
     # burst; past them a request is refused 503 verifier-busy. 0: unbounded (strangers set the rate)
     fetches_per_s: float = 20
     fetch_burst: int = 100
-    # also accept the IETF web-bot-auth profile (its own rules: a label binds the authority only, not
-    # the method, target or body); "auto": yes, but not in mode gateway; false: the spec's only
-    web_bot_auth: bool | Literal["auto"] = "auto"
+    web_bot_auth: bool | Literal["auto"] = "auto"  # also accept the IETF web-bot-auth profile
 
     def accepts_web_bot_auth(self, *, gateway: bool) -> bool:
-        """Whether a verifier accepts web-bot-auth labels (``web_bot_auth``; ``"auto"``: all but the
-        gateway mode, whose backends rely on what it checked: its default is the spec's five)."""
+        """Whether a verifier accepts web-bot-auth labels, which bind the authority only, not the
+        method, target or body (``web_bot_auth``; ``"auto"``: all but the gateway mode, whose
+        backends rely on what it checked: its default is the spec's five components)."""
         return not gateway if self.web_bot_auth == "auto" else self.web_bot_auth
 
     def _check(self, path: str) -> None:
