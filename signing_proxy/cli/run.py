@@ -199,7 +199,8 @@ def _run_workers(config: Config, keys: KeyProvider, args: argparse.Namespace, wo
                 tell_parent(error_line(exc))
                 return 1
         try:
-            serve = _serve(config, keys, reread, reuse_port=True, worker=index, reloaded=copy.accepted)
+            slot = (index, workers)
+            serve = _serve(config, keys, reread, reuse_port=True, worker=slot, reloaded=copy.accepted)
             return asyncio.run(serve)
         except REFUSALS as exc:
             if restarted():  # its siblings serve: the parent starts it again, and says why once
@@ -264,12 +265,12 @@ async def _serve(
     reread: Callable[[], Config] | None = None,
     *,
     reuse_port: bool = False,
-    worker: int | None = None,
+    worker: tuple[int, int] | None = None,
     reloaded: Config | None = None,
 ) -> int:
-    """Serve until SIGTERM/SIGINT. ``reloaded``: a worker (re)started after a SIGHUP is built from
-    that configuration, as its siblings run it (what applies only at a restart as ``config`` has it:
-    ``restart_merge``), before it serves anything."""
+    """Serve until SIGTERM/SIGINT. ``worker``: its index and the number of workers. ``reloaded``: a
+    worker (re)started after a SIGHUP is built from that configuration, as its siblings run it (what
+    applies only at a restart as ``config`` has it: ``restart_merge``), before it serves anything."""
     if reloaded is not None:  # built from it (restart-only parts as at start), never the start-up copy
         try:
             app = ProxyApp(restart_merge(config, reloaded)[0], keys)
@@ -284,6 +285,8 @@ async def _serve(
         except Error as exc:  # a delegation, CA, pinned key or credentials file refused at start-up
             raise CliError(error_line(exc)) from None
     app.reuse_port = reuse_port
+    if worker is not None:  # no two workers sign the same base in one second
+        app.repeats.spread(*worker)
     try:
         addresses = await app.start()
     except OSError as exc:
@@ -339,7 +342,7 @@ async def _serve(
         _announce(
             app,
             f"signing-proxy {__version__} {role}listening on http://{show_host(host)}:{port} {after}"
-            + (f" worker={worker}" if worker is not None else ""),
+            + (f" worker={worker[0]}" if worker is not None else ""),
         )
     await stop.wait()
     return await _drain(app, services, cut_asked)

@@ -349,9 +349,13 @@ def _sign_plain(
     digest = content_digest(body)
     try:
         agent = _signature_agent(config.signing.signature_agent)
-        expires = signer.expires(key, created, signer.validity_s)
-        params = signing_params_value(SPEC_COMPONENTS, key.thumbprint, created, expires)
-        base = base_of(SPEC_COMPONENTS, (method, target.uri, digest, authorization, agent), params)
+        values = (method, target.uri, digest, authorization, agent)
+
+        def build(expires: int) -> tuple[str, bytes]:
+            params = signing_params_value(SPEC_COMPONENTS, key.thumbprint, created, expires)
+            return params, base_of(SPEC_COMPONENTS, values, params)
+
+        params, base = signer.unrepeated(created, signer.expires(key, created, signer.validity_s), build)
     except (SigningError, FieldError):
         return None
     member = signer.member(key, signer.label, params, base)

@@ -7,7 +7,7 @@ that hangs refuses the request, it never holds its caller (a thread, or a loop s
 longer. A signature never outlives its key: ``expires`` is ``signing.validity_s`` after
 ``created``, or the key's ``not_after`` when that comes first (the spec refuses a signature from
 then on). Every failure is a ``ProxyError`` (503 no key, 400 a request no base can be built from):
-nothing goes out unsigned.
+nothing goes out unsigned. No signature base is made twice in one second (``Repeats``).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from ..storage.pkcs11 import TokenKey
 if TYPE_CHECKING:
     from ..metrics import Metrics
 
-__all__ = ["SignOptions", "Signer"]
+__all__ = ["Repeats", "SignOptions", "Signer"]
 
 
 class SignOptions(TypedDict, total=False):
@@ -43,9 +43,43 @@ class SignOptions(TypedDict, total=False):
     max_validity_s: int | None  # caps signing.validity_s (a profile's longest validity)
 
 
+class Repeats:
+    """The signature bases made in the current second (their hashes), so that none is made twice.
+
+    The spec's profile has no nonce and Ed25519 is deterministic: two identical requests in one
+    second (a retry, a poll) went out with the same signature, and a verifier refusing replays
+    (``gateway.replay_protection``) refused the second. A repeat is signed with ``expires`` earlier
+    by ``step`` seconds (a shorter window is always acceptable), again until its base is new.
+    ``run --workers N`` spreads its processes apart (``spread``): worker i starts ``i`` seconds
+    earlier and steps by N, so two workers never make the same base either. A hash that collides
+    costs a second of window, nothing else.
+    """
+
+    __slots__ = ("_second", "_seen", "offset", "step")
+
+    def __init__(self) -> None:
+        self.offset, self.step = 0, 1
+        self._second = -1
+        self._seen: set[int] = set()
+
+    def spread(self, index: int, count: int) -> None:
+        """This process is worker ``index`` of ``count`` sharing one key store."""
+        self.offset, self.step = index, count
+
+    def first(self, created: int, base: bytes) -> bool:
+        """Whether ``base`` (made at ``created``) is new this second; it is remembered."""
+        if created != self._second:
+            self._second, self._seen = created, set()
+        digest = hash(base)
+        if digest in self._seen:
+            return False
+        self._seen.add(digest)
+        return True
+
+
 class Signer:
     """Signs messages with the current key, or a named one; the window is ``[now, now + validity_s)``,
-    cut at the key's ``not_after``."""
+    cut at the key's ``not_after``, and earlier for a repeat (``Repeats``)."""
 
     def __init__(
         self,
@@ -55,9 +89,11 @@ class Signer:
         validity_s: int,
         clock: Callable[[], float] = time.time,
         metrics: Metrics | None = None,
+        repeats: Repeats | None = None,
     ):
         self.keys = keys
         self.label = label
+        self.repeats = Repeats() if repeats is None else repeats  # a reload's signer keeps the app's
         self.validity_s = validity_s
         self.clock = clock
         self.metrics = metrics
@@ -115,10 +151,13 @@ class Signer:
         try:
             if validity <= 0:
                 raise SigningError("bad-signature-window", "expires must be after created")
-            expires = self.expires(key, created, validity)
             extra = how.get("extra_params", ())
-            params = signing_params_value(components, key.thumbprint, created, expires, extra)
-            base = signature_base(message, components, params)
+
+            def build(expires: int) -> tuple[str, bytes]:
+                params = signing_params_value(components, key.thumbprint, created, expires, extra)
+                return params, signature_base(message, components, params)
+
+            params, base = self.unrepeated(created, self.expires(key, created, validity), build)
         except SigningError as exc:  # a field the base cannot be built from (component_value says why)
             if self.metrics is not None:
                 self.metrics.signing_failure(exc.reason)
@@ -132,6 +171,20 @@ class Signer:
         expires = created + validity_s
         ends = self.keys.not_after_of(key.thumbprint)
         return expires if ends is None or ends >= expires else max(created + 1, int(ends))
+
+    def unrepeated(
+        self, created: int, expires: int, build: Callable[[int], tuple[str, bytes]]
+    ) -> tuple[str, bytes]:
+        """``build(e)``'s ``@signature-params`` value and signature base for the latest ``e`` up to
+        ``expires`` (this worker's first, ``Repeats``) whose base was not made this second, or for
+        ``created + 1`` when every earlier second was taken."""
+        repeats = self.repeats
+        expires = max(created + 1, expires - repeats.offset)
+        params, base = build(expires)
+        while not repeats.first(created, base) and expires - repeats.step > created:
+            expires -= repeats.step
+            params, base = build(expires)
+        return params, base
 
     def _attach(self, message: Message, key: SigningKey, member: SignedMember) -> str:
         attach_signature(message.fields, member)

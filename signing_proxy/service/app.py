@@ -35,15 +35,11 @@ from ..proxy.connect import ConnectHandler
 from ..proxy.discovery import Discovery
 from ..proxy.exchange import Policy, ProxyHandler, Routes
 from ..proxy.gateway import GatewayPipeline, gateway_upstream
-from ..proxy.pipeline import (
-    BearerStore,
-    Signer,
-    SigningPipeline,
-    next_hop_target,
-)
+from ..proxy.pipeline import BearerStore, SigningPipeline, next_hop_target
 from ..proxy.profiles import ProfileSelector
 from ..proxy.relay import RelayPipeline
 from ..proxy.requester import RELOAD_CHECK_INTERVAL_S, RequesterInjector, injector_for
+from ..proxy.signer import Repeats, Signer
 from ..proxy.transactions import TransactionKeys
 from ..storage.storewatch import NEXT_KEY_PREFIX
 from .admin import local_endpoints
@@ -113,6 +109,7 @@ class ProxyApp:
         self._admin_runner: AppRunner | None = None
         self.admin_address: tuple[str, int] | None = None
         self.reuse_port = False  # set by `run --workers N`: N processes share the listening ports
+        self.repeats = Repeats()  # bases signed this second, across reloads (``spread`` by --workers)
         self.draining = False  # set on SIGTERM: finish what is in flight, keep no connection alive
         self._cut = asyncio.Event()  # cut_drain: stop() waits no longer for what is in flight
         self._waited = False  # stop()'s wait for what is in flight is over
@@ -184,6 +181,7 @@ class ProxyApp:
             validity_s=config.signing.validity_s,
             clock=self.clock,
             metrics=self.metrics,
+            repeats=self.repeats,
         )
 
     def _policy(self, config: Config) -> Policy:

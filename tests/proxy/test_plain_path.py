@@ -21,6 +21,7 @@ from signing_proxy.metrics import Metrics
 from signing_proxy.net.framing import Outgoing
 from signing_proxy.proxy.pipeline import BearerStore, Signer, SigningPipeline, _sign_plain
 from signing_proxy.proxy.profiles import ProfileSelector
+from signing_proxy.proxy.signer import Repeats
 from signing_proxy.proxy.transactions import TransactionKeys
 from tests.oracle import oracle_verify
 
@@ -111,7 +112,9 @@ def general(
     *,
     framed: bool,
 ) -> Outgoing:
-    """The general path: ``prepare`` minus the one-pass path."""
+    """The general path: ``prepare`` minus the one-pass path, signing as a first signature of the
+    request this second (the one-pass path's, made before, would move its ``expires``: ``Repeats``)."""
+    p.signer.repeats = Repeats()
     return p._serialized(method, target, p.sign_fields(method, target, lines, body), framed)
 
 
@@ -152,6 +155,7 @@ def test_the_common_request_takes_the_one_pass_path_and_verifies() -> None:
     plain = _sign_plain(p, "POST", target, lines, b"body", framed=False)
     assert plain is not None
     assert plain == general(pipeline("signature-agent"), "POST", target, lines, b"body", framed=False)
+    p.signer.repeats = Repeats()  # as a first signature of the request this second
     assert p.prepare("POST", target, lines, b"body", framed=False) == plain
     assert metrics._signatures == {"agent": 2}  # _sign_plain, then prepare: one each
     head_lines = plain.head.decode("latin-1").split("\r\n")[1:]
