@@ -30,6 +30,10 @@ __all__ = ["build_verify_origin"]
 _VERIFIER = web.AppKey("verifier", RequestVerifier)
 # a body is held whole to be digested: limits.max_body_bytes's default, the most the proxy signs
 MAX_BODY_BYTES = LimitsConfig.max_body_bytes
+# and the bodies of all connections at once, as the proxy's limits.max_buffered_bytes (default):
+# 256 connections (the gate's cap) each one byte short of 10 MiB held 2.5 GB
+MAX_HELD_BYTES = LimitsConfig.max_buffered_bytes
+RETRY_AFTER_S = 1
 
 
 def build_verify_origin(
@@ -42,14 +46,18 @@ def build_verify_origin(
     clock: Callable[[], float] = time.time,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     rand: Callable[[], float] = random.random,
+    max_held_bytes: int = MAX_HELD_BYTES,
 ) -> web.Application:
     """An aiohttp app answering every path with the verification verdict of the request.
 
     Directories and revocation lists are fetched through ``client`` (default: a standalone one,
     closed with the app) under ``egress`` (default: public https only); revocation lists are polled
     every 300 s +/-10 % and fail closed until first fetched (``clock``/``sleep``/``rand``: for tests).
+    A request whose body would take the bodies held at once past ``max_held_bytes`` (its
+    ``Content-Length``, or ``MAX_BODY_BYTES`` when chunked) is answered 503 ``server-busy`` unread.
     """
     app = web.Application(client_max_size=MAX_BODY_BYTES)
+    held = 0  # bytes reserved by the requests in flight
 
     async def on_startup(app: web.Application) -> None:
         app[_VERIFIER] = build_verifier(
@@ -60,6 +68,23 @@ def build_verify_origin(
         await app[_VERIFIER].close()  # stops the pollers; closes the client only if it is ours
 
     async def verdict(request: web.Request) -> web.Response:
+        nonlocal held
+        size = request.content_length if request.content_length is not None else MAX_BODY_BYTES
+        size = min(size, MAX_BODY_BYTES) if request.body_exists else 0  # more is refused 413 unread
+        if held + size > max_held_bytes:
+            return web.Response(
+                status=503,
+                body=problem_body(503, "server-busy", "verify-origin holds its most of request bodies"),
+                content_type="application/problem+json",
+                headers={"Retry-After": str(RETRY_AFTER_S)},
+            )
+        held += size
+        try:
+            return await _verdict(request)
+        finally:
+            held -= size
+
+    async def _verdict(request: web.Request) -> web.Response:
         try:
             stack = await verify_aiohttp_request(
                 app[_VERIFIER], request, external_origin=external_origin, hosts=None
