@@ -11,9 +11,10 @@
    components and ``signature-key``, inside its window, with the body's ``Content-Digest``;
 4. the URL's signature verifies with the exchange key ``keyid``: a pinned key, or one found in a
    configured exchange directory (cached, re-fetched for an unknown ``keyid``, its window and the
-   directory's revocation list checked). Every configured directory is looked at: a ``keyid`` that
-   more than one lists is refused ``ambiguous-key`` (as a broker's is), since the first to list it
-   would otherwise hide another's revocation of it.
+   directory's revocation list checked). Every configured directory is looked at, all at once: a
+   ``keyid`` that more than one lists is refused ``ambiguous-key`` (as a broker's is), since the
+   first to list it would otherwise hide another's revocation of it (one still fetching is waited
+   for only where its answer can change that: ``verifier.ConfiguredDirectories``).
 
 The fetches of 4 may take seconds: then the clock is read again and what is bound in time is
 judged again at that time (the URL's ``expires``, the fetcher signature's window through
@@ -57,7 +58,7 @@ from ..net.egress import EgressPolicy
 from .build import build_verifier
 from .directory import DirectoryError, directory_url
 from .middleware import Hosts, as_received, served_hosts
-from .verifier import PINNED, RequestVerifier, VerifierPolicy
+from .verifier import PINNED, ConfiguredDirectories, RequestVerifier, VerifierPolicy
 
 __all__ = [
     "PRESENTED",
@@ -114,6 +115,7 @@ class DeliveryVerifier:
         self.clock: Callable[[], float] = verifier.clock
         assert verifier.revocations is not None  # RequestVerifier makes one when none is given
         verifier.revocations.configure(directory_url(base) for base in policy.exchange_directories)
+        self._exchanges = ConfiguredDirectories(verifier.resolver, _unavailable)
 
     async def close(self) -> None:
         await self.verifier.close()
@@ -201,19 +203,15 @@ class DeliveryVerifier:
 
     async def _listings(self, keyid: str) -> tuple[list[tuple[str, Directory, DirectoryKey]], bool]:
         """Every configured exchange directory that lists ``keyid`` (base, directory, key), each
-        directory looked at once whatever its spellings, and whether none could be fetched. Only when
-        none lists it are they re-fetched for it (a key rotated in since we cached them; rate-limited
-        per directory)."""
+        directory looked at once whatever its spellings (one still fetching only where its answer
+        can change the verdict: ``ConfiguredDirectories``), and whether none could be fetched. Only
+        when none lists it are they re-fetched for it (a key rotated in since we cached them;
+        rate-limited per directory)."""
         resolver = self.verifier.resolver
         bases: dict[str, str] = {}  # directory URL -> the first spelling configured
         for base in self.policy.exchange_directories:
             bases.setdefault(directory_url(base), base)
-        directories: list[tuple[str, Directory]] = []
-        for base in bases.values():
-            try:
-                directories.append((base, await resolver.get(base, budgeted=False)))  # configured
-            except DirectoryError as exc:
-                log.debug("exchange directory %.200r unavailable: %s", base, exc.reason)
+        directories = await self._exchanges.answers(tuple(bases.values()), (keyid,))
         none_fetched = bool(bases) and not directories
         found = [(base, d, key) for base, d in directories if (key := d.lookup(keyid)) is not None]
         if found:
@@ -235,6 +233,10 @@ class DeliveryVerifier:
         if not bound.verify(key):
             raise VerificationError("retrieval-url-bad-signature", "the URL's signature does not verify")
         return source
+
+
+def _unavailable(base: str, reason: str) -> None:
+    log.debug("exchange directory %.200r unavailable: %s", base, reason)
 
 
 def _check_url_expires(bound: RetrievalUrl, now: float) -> None:

@@ -93,6 +93,7 @@ class _State:
     failures: int = 0
     loop: asyncio.Task[None] | None = None  # the periodic poller
     inflight: asyncio.Task[bool] | None = None  # the poll in progress, shared by its waiters
+    inflight_url: str | None = None  # the list ``inflight`` fetches: a moved list's is not this one's
 
     @property
     def revoked(self) -> frozenset[str]:
@@ -120,6 +121,8 @@ class RevocationPoller:
     configured: set[str] = field(default_factory=set)  # directory URLs the operator named
     _kept: dict[str, RevocationList] = field(default_factory=dict)  # theirs, never dropped
     _closed: bool = False  # by ``close``: no poller starts any more
+    # every poll in flight, also one of a list its directory no longer names (``close`` stops them)
+    _polling: set[asyncio.Task[bool]] = field(default_factory=set, init=False, repr=False)
     monotonic: Callable[[], float] | None = None  # None: ``duration_clock(clock, None)``
     _elapsed: Callable[[], float] = field(init=False, repr=False)
 
@@ -240,7 +243,8 @@ class RevocationPoller:
         """Stop every poller and every poll in flight; none starts afterwards (a verification whose
         directory arrives meanwhile would have started one, polling through a closed client)."""
         self._closed = True
-        tasks = [t for s in self._states.values() for t in (s.loop, s.inflight) if t is not None]
+        loops = [s.loop for s in self._states.values() if s.loop is not None]
+        tasks = [*loops, *self._polling]
         self._states.clear()
         for task in tasks:
             task.cancel()
@@ -262,11 +266,16 @@ class RevocationPoller:
             raise
 
     async def _poll_shared(self, directory_url: str, state: _State) -> bool:
+        """Join the poll in flight of the list the directory names now, or start one. A poll of the
+        list it named before is not joined: the directory moved its list (its old host died, likely),
+        and waiting for the old one's fetch refused every request until it timed out, the new list
+        untried; it runs on, bounded by ``fetch_timeout_s``, its answer not applied (``_poll``)."""
         task = state.inflight
-        if task is None:
-            task = asyncio.get_running_loop().create_task(self._poll(directory_url, state))
-            state.inflight = task
-            task.add_done_callback(lambda _t: setattr(state, "inflight", None))
+        if task is None or state.inflight_url != state.url:
+            task = asyncio.get_running_loop().create_task(self._poll(directory_url, state, state.url))
+            state.inflight, state.inflight_url = task, state.url
+            self._polling.add(task)
+            task.add_done_callback(lambda done: self._polled(state, done))
         try:
             return await asyncio.shield(task)
         except asyncio.CancelledError:
@@ -275,8 +284,12 @@ class RevocationPoller:
                 return False  # the poller is closing: the waiter gets a refusal, not a hang
             raise
 
-    async def _poll(self, directory_url: str, state: _State) -> bool:
-        url = state.url
+    def _polled(self, state: _State, task: asyncio.Task[bool]) -> None:
+        self._polling.discard(task)
+        if state.inflight is task:  # not the poll of the list named now, started after this one
+            state.inflight = state.inflight_url = None
+
+    async def _poll(self, directory_url: str, state: _State, url: str) -> bool:
         self.polls += 1
         state.last_attempt = self._elapsed()
         try:
@@ -287,7 +300,8 @@ class RevocationPoller:
                 url,
             )
         except DirectoryError as exc:
-            state.failures += 1
+            if state.url == url:  # a moved list's failure is no failure of the list named now
+                state.failures += 1
             log.warning(
                 "revocation poll of %s failed (%s: %s); keeping the last set", url, exc.reason, exc.detail
             )

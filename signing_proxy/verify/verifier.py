@@ -5,7 +5,8 @@ check_stack``: parse, hop cap, components, ``alg``, ``keyid`` shape, window, lif
 vets the ``Signature-Agent`` URL against the egress policy, so a request that fails them causes no
 network traffic. Then it resolves each label's key — the first label's in the directory named by
 ``Signature-Agent`` (or pinned keys when it is empty), later labels' in the directories of known
-brokers — re-fetching a cached directory once for an unknown ``keyid`` (rotation), checks the key
+brokers, asked at once (``ConfiguredDirectories``: one that hangs holds no request another broker
+relayed) — re-fetching a cached directory once for an unknown ``keyid`` (rotation), checks the key
 against the revoked set of the directory that published it (and only that one), and hands
 everything to ``verify_checked`` with the current time. The result is a frozen ``VerifiedStack``; a
 refusal is a ``VerificationError`` with a stable reason and a generic detail (causes go to the log).
@@ -14,9 +15,10 @@ No aiohttp here: ``verify.middleware`` mounts it on an aiohttp application in on
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from http import HTTPStatus
 
@@ -91,6 +93,92 @@ class VerifierPolicy:
     web_bot_auth: bool = True  # also accept stacks signed under the web-bot-auth profile (their rules)
 
 
+class ConfiguredDirectories:
+    """The key directories the configuration names (brokers', exchanges'), asked together for one
+    request's ``keyid`` values, each one's last answer remembered (bounded by the configuration).
+
+    All are asked at once, not one after another: one that hung held a request signed by another's
+    key for its whole fetch timeout, and again each time its failure memory ran out. A request waits
+    for a fetch in flight only where its answer can change the verdict: that directory never answered
+    (nothing to judge it by), its last answer lists one of the ``keyid`` values (is it still listed? a
+    key two list is refused ``ambiguous-key``), or some ``keyid`` is listed by none that answered
+    (is it there?). Otherwise its word is still its last answer (a failure, or a copy without those
+    keys), as a directory that failed recently is no one's to wait for; its fetch goes on in the
+    resolver (shared, bounded by ``fetch_timeout_s``, cancelled by its ``close``) for later requests.
+    """
+
+    def __init__(self, resolver: DirectoryResolver, on_failure: Callable[[str, str], None]) -> None:
+        self.resolver = resolver
+        self.on_failure = on_failure  # (base, reason) of a directory that could not be fetched
+        self._last: dict[str, Directory | None] = {}  # base -> its last answer (None: it failed)
+
+    async def answers(
+        self,
+        bases: Sequence[str],
+        keyids: Collection[str],
+        *,
+        web: bool = False,
+        known: Directory | None = None,
+    ) -> list[tuple[str, Directory]]:
+        """(base, directory) of each of ``bases`` (the policy's, read per request) that answered, in
+        their order, once the others cannot change what ``keyids`` resolve to; ``known``: keys held
+        without a fetch (pinned), found like a directory's; ``web``: ``Directory.lookup``'s."""
+        if any(base not in bases for base in self._last):  # a policy replaced: only what it names
+            self._last = {base: last for base, last in self._last.items() if base in bases}
+        loop = asyncio.get_running_loop()
+        asked = [(base, loop.create_task(self._ask(base))) for base in bases]
+        pending = {task for _base, task in asked}
+        try:
+            # the first wait also lets every directory answer that answers without a fetch
+            while pending:
+                _done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                if self._settled(asked, keyids, web, known):
+                    break
+        finally:
+            for task in pending:  # a waiter only: the fetch it waits for is the resolver's
+                task.cancel()
+            if pending:
+                await asyncio.wait(pending)
+        return [
+            (base, directory)
+            for base, task in asked
+            if task.done() and not task.cancelled() and (directory := task.result()) is not None
+        ]
+
+    async def _ask(self, base: str) -> Directory | None:
+        try:
+            directory = await self.resolver.get(base, budgeted=False)  # configured, not a stranger's
+        except DirectoryError as exc:
+            self._last[base] = None
+            self.on_failure(base, exc.reason)
+            return None
+        self._last[base] = directory
+        return directory
+
+    def _settled(
+        self,
+        asked: list[tuple[str, asyncio.Task[Directory | None]]],
+        keyids: Collection[str],
+        web: bool,
+        known: Directory | None,
+    ) -> bool:
+        """Whether the directories still fetching can no longer change what ``keyids`` resolve to."""
+        answered = [d for _base, task in asked if task.done() and (d := task.result()) is not None]
+        if known is not None:
+            answered.append(known)
+        if not all(any(d.lookup(k, web=web) is not None for d in answered) for k in keyids):
+            return False
+        for base, task in asked:
+            if task.done():
+                continue
+            if base not in self._last:
+                return False
+            last = self._last[base]
+            if last is not None and any(last.lookup(k, web=web) is not None for k in keyids):
+                return False
+        return True
+
+
 @dataclass(frozen=True, slots=True)
 class _Source:
     base: str  # the key source reported: a directory base, or PINNED
@@ -116,6 +204,7 @@ class RequestVerifier:
     _broker_lines: RateGate = field(
         default_factory=lambda: RateGate(BROKER_WARN_EVERY_S), init=False, repr=False
     )
+    _brokers: ConfiguredDirectories = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.revocations is None:
@@ -123,6 +212,7 @@ class RequestVerifier:
         self._poller = self.revocations
         self._poller.attach(self.resolver)
         self._poller.configure(directory_url(base) for base in self.policy.broker_directories)
+        self._brokers = ConfiguredDirectories(self.resolver, self._warn_broker_unavailable)
 
     async def verify(
         self,
@@ -182,7 +272,8 @@ class RequestVerifier:
         entry, keyid, *_ = checked.entries[0]  # the agent's directory is a stranger's word: budgeted
         keys = [await self._key_for(entry, keyid, agent, budgeted=True, web=web)]
         if keys[0] is not None and len(checked.entries) > 1:  # without it the first label refuses:
-            brokers = await self._broker_sources()  # no broker directory is looked at for a stranger
+            later = {keyid for _entry, keyid, *_rest in checked.entries[1:]}  # no broker directory
+            brokers = await self._broker_sources(later, web)  # is looked at for a stranger
             keys += [
                 await self._key_for(entry, keyid, brokers, budgeted=False, web=web)  # configured
                 for entry, keyid, *_rest in checked.entries[1:]
@@ -228,17 +319,16 @@ class RequestVerifier:
             ) from None
         return [_Source(base, directory_url(base), directory)]
 
-    async def _broker_sources(self) -> list[_Source]:
+    async def _broker_sources(self, keyids: set[str], web: bool) -> list[_Source]:
+        """Pinned broker keys, then every broker directory that answered for ``keyids``."""
         found = []
+        pinned = None
         if self.policy.pinned_broker_keys:
-            pinned = tuple(DirectoryKey(k, *_FOREVER) for k in self.policy.pinned_broker_keys)
-            found.append(_Source(PINNED, None, Directory(pinned)))
-        for base in self.policy.broker_directories:
-            try:
-                directory = await self.resolver.get(base, budgeted=False)  # configured, not a stranger's
-                found.append(_Source(base, directory_url(base), directory))
-            except DirectoryError as exc:
-                self._warn_broker_unavailable(base, exc.reason)
+            pinned = Directory(tuple(DirectoryKey(k, *_FOREVER) for k in self.policy.pinned_broker_keys))
+            found.append(_Source(PINNED, None, pinned))
+        bases = self.policy.broker_directories
+        answered = await self._brokers.answers(bases, keyids, web=web, known=pinned)
+        found += [_Source(base, directory_url(base), directory) for base, directory in answered]
         return found
 
     def _warn_broker_unavailable(self, base: str, reason: str) -> None:
