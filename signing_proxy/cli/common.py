@@ -90,7 +90,8 @@ def _naming_variables(message: str) -> str:
 
 
 def configure_logging(level: str, fmt: str) -> None:
-    """Log ``signing_proxy.*`` to stderr at ``level``, as text or one JSON object a line."""
+    """Log ``signing_proxy.*`` to stderr at ``level``, as text or one JSON object a line, and what
+    asyncio and aiohttp log (``LIBRARY_LOGGERS``) through the same handlers, one line each."""
     handler = logging.StreamHandler(sys.stderr)
     if fmt == "json":
         handler.setFormatter(_JsonFormatter())
@@ -101,6 +102,49 @@ def configure_logging(level: str, fmt: str) -> None:
     root.setLevel(level.upper())
     root.propagate = False
     sys.unraisablehook = _log_unraisable
+    for name in LIBRARY_LOGGERS:  # their records reach our handlers too, one line each
+        library = logging.getLogger(name)
+        library.handlers[:] = [h for h in library.handlers if not isinstance(h, _Forwarded)]
+        library.addHandler(_Forwarded(root))
+
+
+# The libraries under us that log: asyncio ("Task exception was never retrieved", "Exception in
+# callback ..."), aiohttp (a listener of its own, a client). Nobody configured their loggers, so
+# Python's last-resort handler wrote their records to stderr: tracebacks over many lines, past
+# ``log.format: json``, quoting an exception's text (a stranger's bytes, a token in a header line),
+# in a blocking write that a stderr nobody reads held, the event loop with it.
+LIBRARY_LOGGERS = ("asyncio", "aiohttp")
+_QUOTED = re.compile(r"[(<\[{'\"=]")  # where a library's line starts to quote a value (a repr, arguments)
+
+
+class _Forwarded(logging.Handler):
+    """A library's record handed to ``target``'s handlers (read as they are then: routed through the
+    app's writer while it runs) as one line: its first line up to any quoted value, then the type of
+    the exception it carries; no traceback, no exception text. At ``target``'s level, not the
+    library's. Its own propagation is left alone: a handler set on the root logger still sees it."""
+
+    def __init__(self, target: logging.Logger) -> None:
+        super().__init__()
+        self.target = target
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.levelno < self.target.getEffectiveLevel():
+            return
+        try:
+            text = record.getMessage()
+        except Exception:  # a library's bad format arguments: its format alone
+            text = str(record.msg)
+        text = _QUOTED.split(text.split("\n", 1)[0], 1)[0].strip()[:200] or "(details not shown)"
+        exc = record.exc_info[1] if record.exc_info else None
+        if exc is not None:
+            text += f": {exception_kind(exc)}"
+        line = logging.makeLogRecord(
+            {**record.__dict__, "msg": text, "args": None, "exc_info": None, "exc_text": None}
+        )
+        line.stack_info = None
+        for handler in self.target.handlers:
+            if line.levelno >= handler.level:
+                handler.handle(line)
 
 
 def _log_unraisable(unraisable: sys.UnraisableHookArgs) -> None:
@@ -150,6 +194,8 @@ def error_line(exc: Error) -> str:
         return f"key store: {exc}"
     if isinstance(exc, ProxyError):
         return exc.detail or exc.reason
+    if isinstance(exc, KeyFileError):  # a mistyped pkcs11: URI taken for a key path: its PIN not shown
+        return exc.shown()
     return str(exc)
 
 
@@ -224,5 +270,5 @@ def public_key_file(path: Path, flag: str) -> PublicKey:
     half is taken (``storage.keyfile.load_public_key_file``)."""
     try:
         return load_public_key_file(path)
-    except KeyFileError as exc:
-        raise CliError(f"{flag}: {exc}") from None
+    except KeyFileError as exc:  # a pkcs11: URI given where a file is read: its PIN is not shown
+        raise CliError(f"{flag}: {exc.shown()}") from None

@@ -200,8 +200,8 @@ def read_owner_keys(path: Path, now: float, grace_s: int, notes: list[str]) -> l
     refused, never "last wins")."""
     try:
         data = read_public_file(path, max_bytes=MAX_DIRECTORY_BYTES, what="JWK Set")
-    except KeyFileError as exc:
-        raise CliError(f"--owner-jwks: {exc}") from None
+    except KeyFileError as exc:  # a pkcs11: URI given for the file: its PIN is not shown
+        raise CliError(f"--owner-jwks: {exc.shown()}") from None
     try:
         doc = loads_strict(data)
     except ValueError as exc:

@@ -73,8 +73,8 @@ def cmd_keys_show(args: argparse.Namespace) -> int:
     path = Path(args.path).expanduser()
     try:
         key = load_key_file(path)
-    except KeyFileError as exc:
-        raise CliError(str(exc)) from None
+    except KeyFileError as exc:  # a pkcs11: URI without --pkcs11 is taken for a path: its PIN not shown
+        raise CliError(exc.shown()) from None
     _print_key(key, path)
     return 0
 

@@ -16,13 +16,15 @@ proxy's YAML (or the same mapping) and picks the key source it names, like ``sig
 
 A request that cannot be signed raises ``NotSigned`` (a ``ProxyError``: the status and ``reason``
 the proxy would answer with) and is never sent: no valid key (503), a body above
-``limits.max_body_bytes`` (413), a value the spec cannot sign (400), a key's token that fails or
-does not sign within ``signing.pkcs11.timeout_s`` (503).
+``limits.max_body_bytes`` (413), a value the spec cannot sign (400), an ``Authorization`` value
+holding a control character (400 ``malformed-request``, as the proxy's parser refuses it), a key's
+token that fails or does not sign within ``signing.pkcs11.timeout_s`` (503).
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import AsyncIterable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -69,6 +71,9 @@ CREDENTIAL_FIELDS: Final = frozenset({"authorization", "proxy-authorization"})
 REDACTED: Final = "<redacted>"
 # The signing profiles this signer knows (``profile=`` forces one for every host).
 PROFILES: Final = tuple(SIGNING_PROFILES)
+# RFC 9110 section 5.5: a field value holds no control character but HTAB (no NUL, CR, LF, DEL). The
+# proxy's HTTP/1.1 parser refuses such a request, 400 malformed-request, before signing anything.
+_CONTROL: Final = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 
 
 class NotSigned(ProxyError):
@@ -249,6 +254,14 @@ class Signer:
     ) -> SignedRequest | None:
         """Sign ``method url`` with the request's field ``lines`` and whole ``body``; None for a
         ``hosts.unsigned`` host (send it as it is). Raises ``NotSigned`` instead of skipping."""
+        # the caller's Authorization is the one value sent as given (the other fields we own are
+        # ours, Host is parsed): it is refused as the proxy refuses it, never signed and sent on
+        if any(name.lower() == "authorization" and _CONTROL.search(value) for name, value in lines):
+            raise NotSigned(
+                400,
+                "malformed-request",
+                "an Authorization value holds a control character (RFC 9110 section 5.5): not sent",
+            )
         if len(body) > self.max_body_bytes:
             raise too_large(self.max_body_bytes)
         try:

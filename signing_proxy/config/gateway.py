@@ -2,20 +2,64 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from urllib.parse import unquote_plus
 
 from ..core.errors import FieldError
+from ..core.pkcs11_uri import mask_pin_value
 from ..core.signature_verify import MAX_HOPS
 from ..core.uri import LOOPBACK_HOSTS, is_host_name, parse_authority
 from ..errors import ConfigError
 from .checks import check_origin, check_url, positive, shown
 
-__all__ = ["GatewayConfig", "TrustedIssuer"]
+__all__ = ["GatewayConfig", "TrustedIssuer", "store_shown"]
 
 MAX_ISSUER_KEY_GRACE_S = 30 * 86_400  # our bound: a rotated issuer key trusted at most 30 days more
 MAX_STRANGER_QUOTA_ROWS = 10_000_000  # our bound on the bound: a few GB of counters
 MAX_STRANGER_REPLAY_ROWS = 10_000_000  # our bound on the bound: a few GB of replay rows
+
+
+_REDIS_SCHEMES = ("redis://", "rediss://", "unix://")  # gateway.store's URLs that may carry a password
+
+
+def store_shown(store: str) -> str:
+    """``gateway.store`` for display: a Redis URL's userinfo (``redis://:PASSWORD@host``, up to the
+    last ``@``, since a password may hold ``/`` or ``@`` unencoded) and every query value whose name
+    holds ``password`` masked: redis-py reads ``password`` there too, and ``ssl_password`` (the TLS
+    client key's passphrase), each name percent-decoded; host, port and database stay. Its other query
+    parameters carry no secret (``ssl_ca_data`` is public certificates, ``ssl_keyfile`` a path)."""
+    if not store.lower().startswith(_REDIS_SCHEMES):
+        return store
+    return _masked(store, _pair_shown)
+
+
+def _refused_store_shown(store: str) -> str:
+    """A ``gateway.store`` refused, as its refusal quotes it: whatever it is (``REDIS://``, the typo
+    ``redis:/``), masked as a Redis URL, every query value with it (a misspelt name holds a password
+    too). ``shown`` hid only a value with an ``@``: ``?password=`` was printed by ``config check``
+    and ``run``."""
+    return _masked(store, lambda pair: f"{pair.group(1)}=(not shown)")
+
+
+def _masked(store: str, pair_shown: Callable[[re.Match[str]], str]) -> str:
+    scheme, sep, rest = store.partition("://")
+    if not sep:  # no "://": all of it may be userinfo and query
+        scheme, rest = "", store
+    if "@" in rest:
+        rest = "(not shown)@" + rest.rsplit("@", 1)[1]
+    # every pair after a ? or an &: an @ in the query (``?db=1@x&password=...``) put its ? in the
+    # userinfo masked above, and the password after it was shown
+    return f"{scheme}{sep}{_QUERY_PAIR.sub(pair_shown, rest)}"
+
+
+_QUERY_PAIR = re.compile(r"(?<=[?&])([^?&=]*)=[^&]*")
+
+
+def _pair_shown(pair: re.Match[str]) -> str:
+    name = pair.group(1)
+    return f"{name}=(not shown)" if "password" in unquote_plus(name).lower() else pair.group(0)
 
 
 def _check_provider(provider: str, path: str) -> None:
@@ -90,6 +134,19 @@ class GatewayConfig:
     manifest_min_refresh_s: int = 60  # a manifest's max-age is clamped to [min, max]
     manifest_max_refresh_s: int = 86_400
 
+    def __repr__(self) -> str:
+        """The dataclass's, ``store`` as ``config check`` shows it (a Redis password masked) and a
+        pinned key entry's ``pin-value`` masked (a ``pkcs11:`` URI given for a file)."""
+        shown = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "store":
+                value = store_shown(value)
+            elif f.name in ("pinned_agent_keys", "pinned_broker_keys"):
+                value = tuple(mask_pin_value(entry) for entry in value)
+            shown.append(f"{f.name}={value!r}")
+        return f"{type(self).__name__}({', '.join(shown)})"
+
     def _check(self, path: str) -> None:
         check_url(self.upstream, f"{path}.upstream")
         if self.max_hops is not None:
@@ -106,7 +163,9 @@ class GatewayConfig:
             )
         store = self.store
         if store != "sqlite" and not store.startswith(("sqlite:///", "redis://", "rediss://", "unix://")):
-            raise ConfigError(f"{path}.store: sqlite, sqlite:///PATH or a redis:// URL, got {shown(store)}")
+            raise ConfigError(
+                f"{path}.store: sqlite, sqlite:///PATH or a redis:// URL, got {_refused_store_shown(store)!r}"
+            )
         check_origin(self.external_origin, f"{path}.external_origin")
         for i, host in enumerate(self.hosts):
             if not is_host_name(host):

@@ -17,13 +17,13 @@ from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Final
-from urllib.parse import unquote_plus
 
 import yaml
 
 from ..core.pkcs11_uri import mask_pin_value
 from ..errors import ConfigError
 from .build import build, to_plain
+from .gateway import store_shown
 from .schema import Config
 
 __all__ = [
@@ -240,33 +240,6 @@ def apply_env_overrides(config: Config, environ: Mapping[str, str]) -> Config:
         raise ConfigError(f"{names} ({message})") from None
 
 
-_REDIS_SCHEMES = ("redis://", "rediss://", "unix://")  # gateway.store's URLs that may carry a password
-
-
-def _store_shown(store: str) -> str:
-    """``gateway.store`` for display: a Redis URL's userinfo (``redis://:PASSWORD@host``, up to the
-    last ``@``, since a password may hold ``/`` or ``@`` unencoded) and every query value whose name
-    holds ``password`` masked: redis-py reads ``password`` there too, and ``ssl_password`` (the TLS
-    client key's passphrase), each name percent-decoded; host, port and database stay. Its other query
-    parameters carry no secret (``ssl_ca_data`` is public certificates, ``ssl_keyfile`` a path)."""
-    if not store.lower().startswith(_REDIS_SCHEMES):
-        return store
-    scheme, _, rest = store.partition("://")
-    if "@" in rest:
-        rest = "(not shown)@" + rest.rsplit("@", 1)[1]
-    # every pair after a ? or an &: an @ in the query (``?db=1@x&password=...``) put its ? in the
-    # userinfo masked above, and the password after it was shown
-    return f"{scheme}://{_QUERY_PAIR.sub(_pair_shown, rest)}"
-
-
-_QUERY_PAIR = re.compile(r"(?<=[?&])([^?&=]*)=[^&]*")
-
-
-def _pair_shown(pair: re.Match[str]) -> str:
-    name = pair.group(1)
-    return f"{name}=(not shown)" if "password" in unquote_plus(name).lower() else pair.group(0)
-
-
 def redacted(config: Config) -> dict[str, Any]:
     """The effective configuration with secret-bearing values masked (for ``config check``)."""
     plain: dict[str, Any] = to_plain(config)
@@ -283,5 +256,20 @@ def redacted(config: Config) -> dict[str, Any]:
         plain["signing"]["key"] = mask_pin_value(key)
     gateway = plain.get("gateway")
     if isinstance(gateway, dict) and isinstance(gateway.get("store"), str):  # a Redis URL's password
-        gateway["store"] = _store_shown(gateway["store"])
+        gateway["store"] = store_shown(gateway["store"])
+    # key files, where a pkcs11: URI may be given by mistake (a token key is never pinned by URI),
+    # its PIN with it: the entries as they are read, each with its pin-value masked
+    for section in ("relay", "gateway"):
+        keys = plain.get(section)
+        for name in ("pinned_agent_keys", "pinned_broker_keys"):
+            if isinstance(keys, dict) and isinstance(keys.get(name), list):
+                keys[name] = [_key_shown(entry) for entry in keys[name]]
+    issuers = gateway.get("trusted_issuers") if isinstance(gateway, dict) else None
+    for issuer in issuers.values() if isinstance(issuers, dict) else ():
+        if isinstance(issuer, dict) and isinstance(issuer.get("keys"), list):
+            issuer["keys"] = [_key_shown(entry) for entry in issuer["keys"]]
     return plain
+
+
+def _key_shown(entry: object) -> object:
+    return mask_pin_value(entry) if isinstance(entry, str) else entry

@@ -69,9 +69,9 @@ def _anchors(section: GatewayConfig) -> dict[str, IssuerAnchor]:
         for path in entry.keys:
             try:
                 keys.append(load_public_key_file(Path(path).expanduser()))
-            except KeyFileError as exc:
+            except KeyFileError as exc:  # a pkcs11: URI given for a file: its PIN is not shown
                 raise ConfigError(
-                    f"gateway.trusted_issuers.{iss}: {exc}", reason="pinned-key-unusable"
+                    f"gateway.trusted_issuers.{iss}: {exc.shown()}", reason="pinned-key-unusable"
                 ) from None
         anchors[iss] = IssuerAnchor(tuple(keys), entry.directory)
     return anchors

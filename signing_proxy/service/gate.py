@@ -11,17 +11,27 @@ answers leaving at once, the excess closed unanswered); no more than ``max_conne
 connections are open at once (the excess is closed unanswered: refused clients never count against
 it); and a request head must arrive within ``idle_s`` of connecting (this gate's timer) or of the
 last answer (aiohttp's keep-alive timeout, set to the same).
+
+What aiohttp logs of these connections goes to ``signing_proxy.http`` (:data:`HTTP_LOGGER`), through
+the handlers the process configured, one line a record: never its own ``aiohttp.server``, which
+nobody configures, and whose records Python's last-resort handler wrote to stderr (a traceback quoting
+a malformed request's header line, a token with it, in a blocking write: :class:`_OneLine`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any, cast
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
-__all__ = ["Gate", "GatedSite", "start_gated"]
+__all__ = ["HTTP_LOGGER", "Gate", "GatedSite", "start_gated"]
+
+HTTP_LOGGER = "signing_proxy.http"  # aiohttp's lines about our listeners' connections and requests
 
 REFUSAL_LINGER_S = 1.0  # a refused client's request, sent as we answered, is discarded this long at most
 REFUSING_MAX = 16  # our choice: refused connections answered at once; more are closed unanswered
@@ -175,6 +185,41 @@ class _Refused(asyncio.Protocol):
             self.transport.close()
 
 
+class _OneLine(logging.Filter):
+    """aiohttp's record of a request it could not read or serve, as one line: its own text (``Error
+    handling request from CLIENT``), the exception's type and, for one raised in our handler, where.
+    Its traceback and the exception's text quote the request (``BadHttpMessage`` shows the offending
+    header line: ``Authorization: Bearer ...``) and ran over many lines past ``log.format: json``. A
+    request aiohttp could not parse is the client's doing, not ours: ``info``, not ``error``."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        text = record.getMessage().split("\n", 1)[0]  # aiohttp's own words (and the client's address)
+        if exc is not None:
+            text += f": {type(exc).__name__}"
+            if isinstance(exc, HttpProcessingError):  # aiohttp's parser refusing a stranger's bytes
+                record.levelno, record.levelname = logging.INFO, "INFO"
+            elif (where := _raised_at(exc)) is not None:  # a bug of ours
+                text += f" at {where}"
+        record.msg, record.args = text, None
+        record.exc_info = record.exc_text = record.stack_info = None
+        return record.levelno >= logging.getLogger(HTTP_LOGGER).getEffectiveLevel()
+
+
+def _raised_at(exc: BaseException) -> str | None:
+    """Where ``exc`` was raised: file name, line and function, no value (no source read either)."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None:
+        return None
+    code = tb.tb_frame.f_code
+    return f"{Path(code.co_filename).name}:{tb.tb_lineno} in {code.co_name}"
+
+
+logging.getLogger(HTTP_LOGGER).addFilter(_OneLine())
+
+
 class GatedSite(web.BaseSite):
     """aiohttp's ``TCPSite``, its connections accepted through the gate's protocol factory."""
 
@@ -227,7 +272,12 @@ async def start_gated(
     app.on_shutdown.append(gate.close_all)
     # the keep-alive timeout bounds the wait for each head after the first (the gate bounds the first)
     runner = web.AppRunner(
-        app, access_log=None, handle_signals=False, keepalive_timeout=gate.idle_s, **runner_options
+        app,
+        access_log=None,
+        handle_signals=False,
+        keepalive_timeout=gate.idle_s,
+        logger=logging.getLogger(HTTP_LOGGER),
+        **runner_options,
     )
     await runner.setup()
     gate.server = runner.server

@@ -46,8 +46,8 @@ def load_pinned_keys(paths: Sequence[str], where: str) -> tuple[PublicKey, ...]:
     ``pinned-key-unusable``, for one that cannot be read."""
     try:
         return tuple(load_public_key_file(Path(p).expanduser()) for p in paths)
-    except KeyFileError as exc:
-        raise ConfigError(f"{where}: {exc}", reason="pinned-key-unusable") from None
+    except KeyFileError as exc:  # a pkcs11: URI given for a file (a token key is never pinned): PIN masked
+        raise ConfigError(f"{where}: {exc.shown()}", reason="pinned-key-unusable") from None
 
 
 def build_verifier(
