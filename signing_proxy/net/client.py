@@ -15,7 +15,7 @@ import asyncio
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from ..config import TimeoutsConfig, UpstreamConfig
 from ..core.errors import FieldError
@@ -27,6 +27,8 @@ from .framing import BODY_METHODS, Outgoing, drop_hop_by_hop, keep_piece, outgoi
 from .upstream import ResponseHead, UpstreamConnection, UpstreamPool
 
 __all__ = ["FetchedResponse", "HttpClient", "Prepare"]
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,7 +170,7 @@ class HttpClient:
         if egress is not None:
             target = egress.check_url(url)
             try:
-                address = await asyncio.wait_for(egress.vet(target), deadline - loop.time())
+                address = await _within(egress.vet(target), deadline - loop.time())
             except TimeoutError:
                 raise ProxyError(
                     504, "upstream-connect-timeout", f"{url}: no address resolved within {limit_s:g} s"
@@ -198,7 +200,7 @@ class HttpClient:
                     pool.connect(wire.connect_to) if vetted is None else pool.connect_vetted(target, vetted)
                 )
                 try:
-                    conn = await asyncio.wait_for(opening, deadline - loop.time())
+                    conn = await _within(opening, deadline - loop.time())
                 except TimeoutError:
                     raise ProxyError(
                         504, "upstream-connect-timeout", f"{url}: no connection within {limit_s:g} s"
@@ -214,13 +216,18 @@ class HttpClient:
             try:
                 await sink.done
             except ProxyError as error:
-                if attempt == 1 and reused and error.reason == "upstream-reset" and sink.head is None:
+                answered = sink.head is not None
+                # the sink's future keeps ``error``, whose traceback keeps this frame: were the frame
+                # to keep the sink too, its body so far would wait in that cycle for a full pass of
+                # the collector (start-up frozen, it rarely comes)
+                del sink
+                if attempt == 1 and reused and error.reason == "upstream-reset" and not answered:
                     continue
                 raise
             except asyncio.CancelledError:
                 conn.sink = None
                 conn.reusable = False
-                conn.close()
+                conn.abort()  # given up: nothing of it is owed to the upstream
                 raise
             finally:
                 timer.cancel()
@@ -253,6 +260,18 @@ class HttpClient:
         self, _type: type[BaseException] | None, _exc: BaseException | None, _tb: TracebackType | None
     ) -> None:
         await self.close()
+
+
+async def _within(step: Awaitable[T], limit_s: float) -> T:
+    """``asyncio.wait_for(step, limit_s)``, but a failure of ``step`` is raised without wait_for's
+    frame in its traceback: in Python 3.11 that frame holds the task that holds the failure, a cycle
+    that keeps the caller's frame (its request body with it) until a full pass of the collector."""
+    try:
+        return await asyncio.wait_for(step, limit_s)
+    except TimeoutError:
+        raise
+    except Exception as exc:
+        raise exc.with_traceback(None) from exc.__cause__  # the same exception, a new traceback
 
 
 def _expire(conn: UpstreamConnection, sink: _BufferingSink, limit_s: float) -> None:

@@ -21,7 +21,15 @@ from .request import AbortConnection
 from .server import ClientConnection
 from .upstream import ResponseHead, UpstreamConnection, UpstreamPool
 
-__all__ = ["HELD_BODY_MAX_BYTES", "BodyTap", "DrainSink", "ResponseStream", "forward"]
+__all__ = [
+    "HELD_BODY_MAX_BYTES",
+    "BodyTap",
+    "DrainSink",
+    "ResponseStream",
+    "cut_off",
+    "forward",
+    "sent_before",
+]
 
 HELD_BODY_MAX_BYTES = 1024 * 1024  # our choice: a held response's body is drained unread up to this, then cut
 # RFC 9110 section 9.2.2: only these may be retried automatically (a POST may buy something twice)
@@ -222,11 +230,12 @@ async def forward(
     tap: BodyTap | None = None,
 ) -> ResponseStream:
     """Send ``outgoing`` and stream the answer to ``client``; ``ProxyError`` before anything was written,
-    ``AbortConnection`` after, or once the client has gone. A held response is returned with ``held``
-    set and nothing written; ``tap`` keeps a bounded copy of the body (of the last attempt). An
-    idempotent request whose pooled connection was reset before any answer is sent again once: made
-    anew by ``rebuild`` (a request signed here is signed again), or as it was when there is none (a
-    request whose signature is the client's); never for a client that has gone."""
+    ``AbortConnection`` after (``sent_before`` tells what was sent), or once the client has gone. A
+    held response is returned with ``held`` set and nothing written; ``tap`` keeps a bounded copy of
+    the body (of the last attempt). An idempotent request whose pooled connection was reset before
+    any answer is sent again once: made anew by ``rebuild`` (a request signed here is signed again),
+    or as it was when there is none (a request whose signature is the client's); never for a client
+    that has gone."""
     head_only = outgoing.method == "HEAD"
     for attempt in (1, 2):
         conn = pool.take_idle(outgoing.connect_to)
@@ -238,15 +247,27 @@ async def forward(
         stream = ResponseStream(
             client, conn, outgoing.target, head_only=head_only, hold=hold, on_latency=on_latency, tap=tap
         )
-        client.upstream = conn  # reads what the client can take: paused while its writes are
-        conn.start(outgoing.head, outgoing.body, stream, head_only=head_only)
+        client.upstream = conn  # reads what the client can take: paused while its writes are, and
+        # then a client that reads nothing for client_idle_s is cut off (the upstream's read_s waits)
+        conn.start(
+            outgoing.head,
+            outgoing.body,
+            stream,
+            head_only=head_only,
+            stall=(client.engine.limits.client_idle_s, client.abort),
+        )
         if client.write_paused:  # already: our earlier answers wait unread (pause_writing came before)
             conn.pause_reading()
         try:
             await stream.done
         except ProxyError as error:
-            if stream.head_written:
-                raise AbortConnection from error
+            # The stream's future keeps ``error``, whose traceback keeps this frame: were the frame
+            # to keep the stream too, the request, its body and both connections would wait in that
+            # cycle for a full pass of the collector (which, start-up frozen, rarely comes).
+            head_written, status, bytes_out = stream.head_written, stream.status, stream.bytes_out
+            del stream  # (nor may it keep what it raises: no local holds the exception)
+            if head_written:
+                raise cut_off(status, bytes_out) from error
             if client.closed:  # it went (its connection_lost closed this upstream): nobody to answer,
                 raise AbortConnection from error  # and a resend would fetch it again for nobody
             if attempt == 1 and reused and error.reason == "upstream-reset" and outgoing.method in IDEMPOTENT:
@@ -260,6 +281,24 @@ async def forward(
             conn.reusable = False
         pool.release(conn)
         if stream.held is None:
-            await client.drain()
+            try:
+                await client.drain()  # a client that reads nothing for client_idle_s is cut off
+            except AbortConnection:
+                raise cut_off(stream.status, stream.bytes_out) from None
         return stream
     raise AssertionError("unreachable")
+
+
+def cut_off(status: int, bytes_out: int) -> AbortConnection:
+    """The ``AbortConnection`` of a response cut off after its head: it carries the status and the
+    body bytes the client was sent, which its access line and byte count report (``sent_before``)."""
+    return AbortConnection(status, bytes_out)
+
+
+def sent_before(cut: AbortConnection) -> tuple[int, int]:
+    """The status and body bytes a response sent before ``cut`` (``cut_off``); (0, 0) without a head."""
+    match cut.args:
+        case (int(status), int(bytes_out)):
+            return status, bytes_out
+        case _:
+            return 0, 0

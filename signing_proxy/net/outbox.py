@@ -97,6 +97,15 @@ class Outbox:
         if self.transport is not None:
             close_within(self.transport, limit_s)
 
+    def abort(self) -> None:
+        """Drop what is held and what the transport still buffers, and close it now (a connection
+        given up: nothing of it is owed to the peer, and its buffer is memory no budget counts)."""
+        self._held.clear()
+        self._size = 0
+        self._ended = True
+        if self.transport is not None:
+            self.transport.abort()
+
     def write_eof(self) -> None:
         """Half-close after what is held."""
         self.flush()

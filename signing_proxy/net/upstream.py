@@ -3,7 +3,9 @@
 A request goes out as the bytes the pipeline serialized (nothing re-encodes the URL or adds a
 header after signing). The response is parsed with llhttp (httptools) and handed, chunk by chunk,
 to a ``ResponseSink`` — the client connection — which writes it on at once. When the client
-cannot keep up, the sink pauses this connection's reading, so memory stays flat for any size.
+cannot keep up, the sink pauses this connection's reading, so memory stays flat for any size; the
+client's idle limit, not the upstream's read timeout, then runs. A failed exchange's connection is
+aborted: nothing of it (the unsent rest of a request body included) is owed to the upstream.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from .timers import Deadline
 __all__ = [
     "ResponseHead",
     "ResponseSink",
+    "Stall",
     "UpstreamConnection",
     "UpstreamPool",
 ]
@@ -76,6 +79,11 @@ class ResponseSink(Protocol):
     def on_fail(self, error: ProxyError) -> None: ...
 
 
+# How long reading may stay paused for a client that reads nothing (its client_idle_s), and the
+# callback that then cuts that client off.
+Stall = tuple[float, Callable[[], None]]
+
+
 class _HeadTooLarge(Exception):
     """The upstream's response head passed ``max_head_bytes`` before it ended."""
 
@@ -103,6 +111,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._got_bytes = False
         self._close_delimited = False
         self._paused = False  # reading paused for a client that is not reading (its backpressure)
+        self._stall: Stall | None = None  # what times such a client instead (``start``)
         # One deadline serves the read timeout while an exchange is in flight, then the pool's expiry.
         self._loop = asyncio.get_running_loop()  # once (made by the loop's factory): each call is a getpid(2)
         self._timer = Deadline(self._loop)
@@ -119,7 +128,7 @@ class UpstreamConnection(asyncio.Protocol):
         self.outbox.attach(transport)
 
     def data_received(self, data: bytes) -> None:
-        if self.sink is not None:  # the read timeout counts from now
+        if self.sink is not None and not self._paused:  # the read timeout counts from now
             self._timer.push(self._loop.time() + self.read_timeout_s)
         self._got_bytes = True
         self.bytes_in += len(data)
@@ -248,10 +257,15 @@ class UpstreamConnection(asyncio.Protocol):
             self._complete()
 
     # --- driving one exchange ---
-    def start(self, head: bytes, body: bytes, sink: ResponseSink, *, head_only: bool) -> None:
-        """Send one request (head, then body); the response goes to ``sink``."""
+    def start(
+        self, head: bytes, body: bytes, sink: ResponseSink, *, head_only: bool, stall: Stall | None = None
+    ) -> None:
+        """Send one request (head, then body); the response goes to ``sink``. ``stall``: how long
+        reading may stay paused for a client that reads nothing, and what then cuts that client off
+        (without it the read timeout keeps running while paused)."""
         assert self.transport is not None
         self.sink = sink
+        self._stall = stall
         self._parser = httptools.HttpResponseParser(self)
         self._head_only = head_only
         self._status_reason = b""
@@ -273,7 +287,7 @@ class UpstreamConnection(asyncio.Protocol):
 
     def _complete(self) -> None:
         sink, self.sink = self.sink, None
-        self._parser = None
+        self._parser, self._stall = None, None  # the stall's callback holds the client
         # an idle pooled connection holds nothing of the answer (a head of up to 64 KiB of short
         # lines is nearly a megabyte parsed, and the pool keeps up to 1,024 connections)
         self._headers, self._status_reason = [], b""
@@ -282,13 +296,16 @@ class UpstreamConnection(asyncio.Protocol):
             sink.on_complete()
 
     def _fail(self, error: ProxyError) -> None:
+        """End the exchange in ``error``, and the connection at once: nothing of a failed exchange is
+        owed to the upstream (the request body it has not read yet included, whose budget, from
+        ``limits.max_buffered_bytes``, the engine gives back now)."""
         sink, self.sink = self.sink, None
-        self._parser = None
+        self._parser, self._stall = None, None
         self.reusable = False
         self._timer.cancel()
         if sink is not None:
             sink.on_fail(error)
-        self.close()
+        self.abort()
 
     def pooled(self, idle_s: float, on_expire: Callable[[UpstreamConnection], None]) -> None:
         """Idle in a pool from now: ``on_expire(self)`` after ``idle_s`` unless taken first."""
@@ -300,18 +317,34 @@ class UpstreamConnection(asyncio.Protocol):
             self._on_expire(self)
 
     def pause_reading(self) -> None:
+        """Stop reading for a client that cannot keep up. The upstream is not silent then, we do not
+        listen: its read timeout stands down until ``resume_reading``, and the client's own limit
+        (``start``'s ``stall``) runs instead."""
         if self.transport is not None and not self.transport.is_closing():
             self.transport.pause_reading()
             self._paused = True
+            if self.sink is not None and self._stall is not None:
+                limit_s, cut_off = self._stall
+                self._timer.set(self._loop.time() + limit_s, cut_off)
 
     def resume_reading(self) -> None:
         if self._paused and self.transport is not None and not self.transport.is_closing():
             self.transport.resume_reading()
+            if self.sink is not None and self._stall is not None:  # the upstream's silence counts again
+                self._timer.set(self._loop.time() + self.read_timeout_s, self._timed_out)
         self._paused = False
 
     def close(self) -> None:
+        """Close after what is written; abort instead when an exchange is in flight (its client went)."""
         if self.transport is not None and not self.transport.is_closing():
-            self.outbox.close()
+            if self.sink is not None:
+                self.abort()
+            else:
+                self.outbox.close()
+
+    def abort(self) -> None:
+        """Drop the connection now, with whatever it still holds unsent."""
+        self.outbox.abort()
 
     @property
     def is_usable(self) -> bool:

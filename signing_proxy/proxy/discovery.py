@@ -184,7 +184,7 @@ class Discovery:
         self.clock = clock
         # keyed by (egress, url): what the agent's origin served is not an answer for a stranger's naming
         self.cache = ManifestCache()
-        self._inflight: dict[tuple[bool, str], asyncio.Future[WellKnownManifest]] = {}
+        self._inflight: dict[tuple[bool, str], asyncio.Future[WellKnownManifest | ManifestError]] = {}
         self.fetches = 0  # manifest fetches sent (cache misses)
 
     @property
@@ -252,18 +252,19 @@ class Discovery:
             raise ManifestError(entry.error.reason, entry.error.detail)
         inflight = self._inflight.get(key)
         if inflight is not None:  # one fetch per URL at a time; concurrent refusals share it
-            return await asyncio.shield(inflight)
-        future: asyncio.Future[WellKnownManifest] = asyncio.get_running_loop().create_future()
+            shared = await asyncio.shield(inflight)  # a failure comes as a value: one error raised
+            if isinstance(shared, ManifestError):  # by all, its traceback would tie their frames to
+                raise ManifestError(shared.reason, shared.detail)  # the future they hold, a cycle
+            return shared
+        future: asyncio.Future[WellKnownManifest | ManifestError] = asyncio.get_running_loop().create_future()
         self._inflight[key] = future
         try:
             manifest = await self._fetch(url, egress=not same_origin)
         except ManifestError as exc:
-            future.set_exception(exc)
-            future.exception()  # retrieved: waiters get it too, no "never retrieved" warning
+            future.set_result(ManifestError(exc.reason, exc.detail))
             raise
         except BaseException:
-            future.set_exception(ManifestError("manifest-fetch-failed", f"{url}: the fetch was cancelled"))
-            future.exception()
+            future.set_result(ManifestError("manifest-fetch-failed", f"{url}: the fetch was cancelled"))
             raise
         else:
             future.set_result(manifest)
@@ -304,8 +305,8 @@ class Discovery:
                         raise ManifestError(
                             "manifest-not-publisher", f"{url} is a {manifest.role.name} manifest"
                         )
-                except ManifestError as exc:
-                    error = exc
+                except ManifestError as exc:  # a copy: its traceback holds this frame, which would hold it
+                    error = ManifestError(exc.reason, exc.detail)
                 else:
                     ttl = ttl_from_cache_control(
                         answer.header("cache-control"), self.config.cache_min_s, self.config.cache_max_s
@@ -318,7 +319,7 @@ class Discovery:
         log.info("manifest %s refused: %s", url, error.reason)
         negative_ttl = min(NEGATIVE_TTL_S, float(self.config.cache_min_s))
         self.cache.refuse((egress, url), error, self.clock() + negative_ttl)
-        raise error
+        raise ManifestError(error.reason, error.detail)  # not ``error``: this frame holds it (a cycle)
 
     async def discover_resources(self, manifest: WellKnownManifest, uri: str) -> dict[str, object]:
         """POST DiscoverResources for ``uri`` at the first DIRECT exchange; its answer or why not.

@@ -26,7 +26,7 @@ from ..core.errors import FieldError
 from ..core.uri import Target, forwarded_target, parse_absolute_uri, spelled, valid_host_field
 from ..errors import ProxyError
 from ..metrics import Metrics
-from ..net.forward import ResponseStream, forward
+from ..net.forward import ResponseStream, cut_off, forward, sent_before
 from ..net.framing import Outgoing
 from ..net.request import AbortConnection, Request
 from ..net.server import ClientConnection
@@ -250,8 +250,9 @@ class ProxyHandler:
             conn.keep_alive = keep
             conn.write_problem(error)
             return keep
-        except AbortConnection:
+        except AbortConnection as cut:
             outcome = "aborted"
+            status, sent_out = sent_before(cut)  # after its head: logged and counted as it was sent
             if req.refusal is None:
                 conn.abort()
             else:  # its body could not be parsed: the engine answered so, and closes after its answer
@@ -387,7 +388,10 @@ class ProxyHandler:
         conn.write(head if stream.head_only else head + body)
         stream.head_written = True
         stream.bytes_out = 0 if stream.head_only else len(body)
-        await conn.drain()
+        try:
+            await conn.drain()
+        except AbortConnection:
+            raise cut_off(stream.held.status, stream.bytes_out) from None
 
 
 def _websocket_as_http(uri: str) -> str:
