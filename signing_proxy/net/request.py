@@ -139,9 +139,26 @@ class Request:
             self.keep_alive = False  # RFC 9112 section 6.1: its framing is faulty; close after the answer
 
     def upgrades_to_websocket(self) -> bool:
-        """``Upgrade: websocket`` (the only upgrade we proxy) with no body of its own."""
-        value = self.header("upgrade")
-        return value is not None and list_tokens(value) == ["websocket"] and not self.framed
+        """``Upgrade: websocket`` (the only upgrade we proxy) on an HTTP/1.1 request with exactly one
+        ``Sec-WebSocket-Key`` and no body of its own.
+
+        Every ``Upgrade`` line counts, joined as RFC 9110 section 5.3 combines them: ``websocket`` and
+        a second line ``h2c`` are refused as ``websocket, h2c`` on one line is. An HTTP/1.0 request's
+        ``Upgrade`` is never honoured (RFC 9110 section 7.8: a server MUST ignore it). The key is what
+        the upstream's ``Sec-WebSocket-Accept`` is checked against (``net.websocket``): none, or two,
+        and no answer could be told from one that never switched.
+        """
+        return (
+            self.version == "1.1"
+            and not self.framed
+            and list_tokens(", ".join(self.values("upgrade"))) == ["websocket"]
+            and len(self.values("sec-websocket-key")) == 1
+        )
+
+    def values(self, name: str) -> list[str]:
+        """The values of every field line called ``name``, in order (a field may be split over lines)."""
+        lname = name.lower()
+        return [v for n, v in self.headers if n.lower() == lname]
 
     def header(self, name: str) -> str | None:
         lname = name.lower()

@@ -192,8 +192,14 @@ class _PipeEnd(asyncio.Protocol):
         if peer is None or peer.eof or peer.transport is None:
             self.tunnel.close()
             return None
-        if not peer.transport.is_closing() and peer.transport.can_write_eof():
-            peer.transport.write_eof()  # half-close: the other direction keeps flowing
+        if peer.transport.is_closing():
+            return True  # its connection_lost closes us (end_lost)
+        if not peer.transport.can_write_eof():
+            # TLS cannot half-close: kept open, the other side would never hear of this end and both
+            # sockets would wait for idle_s. Both close (what is buffered is still written first).
+            peer.close()
+            return None
+        peer.transport.write_eof()  # half-close: the other direction keeps flowing
         return True
 
     def connection_lost(self, exc: Exception | None) -> None:

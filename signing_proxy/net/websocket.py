@@ -5,17 +5,22 @@ The handshake is an ordinary GET that the policy has prepared (signed: ``@target
 ``Upgrade: websocket`` it needs on this hop (never covered by a signature), sends it on a fresh
 connection, and reads the answer with the same bounds as any response head. A ``101`` switches
 both sides to a byte pipe (``tunnel.BlindTunnel``: backpressure, half-close, idle timeout); a
-``101`` without ``Upgrade: websocket`` and ``Connection: upgrade`` is a 502 ``upstream-bad-response``,
-and one whose connection ended before the pipe could take it over is relayed with the frames that
-came with it and then closed (a 502 ``upstream-reset`` when none came). Any other answer is relayed
-as a small response (a body over ``REFUSAL_BODY_MAX_BYTES`` is a 502 ``response-too-large`` instead,
-one the upstream cut short a 502 ``upstream-reset``: never part of a body relayed as whole) and the
-client connection closes. Frames are never read or changed.
+``101`` without ``Upgrade: websocket`` and ``Connection: upgrade``, or without the one
+``Sec-WebSocket-Accept`` the handshake's key asks for, is a 502 ``upstream-bad-response``, its
+connection aborted and nothing piped (a server that never switched would read what the client sends
+next as a request that no one signed or checked); one whose connection ended before the pipe could
+take it over is relayed with the frames that came with it and then closed (a 502 ``upstream-reset``
+when none came). Any other answer is relayed as a small response (a body over
+``REFUSAL_BODY_MAX_BYTES`` is a 502 ``response-too-large`` instead, one the upstream cut short a 502
+``upstream-reset``: never part of a body relayed as whole) and the client connection closes. Frames
+are never read or changed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,9 +41,10 @@ from .server import ClientConnection
 from .tunnel import BlindTunnel
 from .upstream import MAX_RESPONSE_HEAD_BYTES, UpstreamPool, ended_by_close_notify
 
-__all__ = ["UPGRADE_FIELDS", "Switched", "switch"]
+__all__ = ["UPGRADE_FIELDS", "Switched", "accept_for", "switch"]
 
 UPGRADE_FIELDS = b"Connection: Upgrade\r\nUpgrade: websocket\r\n"  # RFC 6455 section 4.1, this hop only
+WEBSOCKET_GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"  # RFC 6455 section 1.3
 REFUSAL_BODY_MAX_BYTES = 64 * 1024  # our choice: a refused handshake's body is relayed up to this, or 502
 _DROPPED = frozenset(name.encode() for name in HOP_BY_HOP - {"upgrade"}) | {b"content-length"}
 
@@ -62,7 +68,7 @@ class _Handshake(asyncio.Protocol):
         self.headers: list[tuple[bytes, bytes]] = []
         self.body: list[bytes | bytearray] = []
         self.rest = b""  # frames that came with the 101, for the client
-        self._parser = httptools.HttpResponseParser(self)
+        self._parser: httptools.HttpResponseParser | None = httptools.HttpResponseParser(self)
         self._fed = 0
         self._size = 0
         self._max_head = max_head_bytes
@@ -79,7 +85,8 @@ class _Handshake(asyncio.Protocol):
         if self.done.done():  # frames read before the pipe took over: kept for the client, in order
             self.rest += data
             return
-        chunk = b""
+        chunk, parser = b"", self._parser
+        assert parser is not None  # dropped only once done
         try:
             while data and not self.done.done():  # fed in pieces, like any response head: a body that
                 room = self._max_head - self._fed  # came in the same read is never counted as head
@@ -98,7 +105,7 @@ class _Handshake(asyncio.Protocol):
                         room = end + 1
                 chunk, data = data[:room], data[room:]
                 self._fed += len(chunk)  # since the head began or its body last moved: heads and trailers
-                self._parser.feed_data(chunk)
+                parser.feed_data(chunk)
         except httptools.HttpParserUpgrade as exc:
             self._switched((chunk[exc.args[0] :] if exc.args else b"") + data)
         except httptools.HttpParserError as exc:
@@ -130,6 +137,7 @@ class _Handshake(asyncio.Protocol):
             self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
+        assert self._parser is not None  # while it feeds us
         self.status = self._parser.get_status_code()
         if 100 <= self.status < 200 and self.status != 101:  # an interim answer: the final one follows
             if framed_interim(self.status, self.headers):
@@ -186,7 +194,8 @@ class _Handshake(asyncio.Protocol):
             self.transport.pause_reading()
 
     def _fail(self, error: ProxyError) -> None:
-        if not self.done.done():
+        self._parser = None  # it holds us (its callbacks); we hold the error, and the error the frames
+        if not self.done.done():  # it is raised through: the request, both connections (a cycle)
             self.done.set_exception(error)
             self.done.exception()  # retrieved here: the waiter re-raises it
         if self.transport is not None:
@@ -208,9 +217,18 @@ async def switch(
     A pipe stays in ``pipes`` until it has finished (``on_finished`` takes it out).
 
     ``ProxyError`` when the upstream cannot be reached, answers garbage (a ``101`` without its
-    RFC 6455 fields included), refuses at too great a length, or closes right after a ``101`` that
-    nothing followed (nothing written yet).
+    RFC 6455 fields or the ``Sec-WebSocket-Accept`` its key asks for included), refuses at too great
+    a length, or closes right after a ``101`` that nothing followed (nothing written yet); a 400 when
+    the handshake carries no single ``Sec-WebSocket-Key`` to check that answer against.
     """
+    keys = _values(_head_fields(outgoing.head), b"sec-websocket-key")
+    if len(keys) != 1:  # net.request checked the client's; a Connection token may have dropped it since
+        raise ProxyError(
+            400,
+            "upgrade-not-supported",
+            "a WebSocket handshake carries exactly one Sec-WebSocket-Key (RFC 6455 section 4.1)",
+        )
+    accept = accept_for(keys[0])
     handshake = await pool.open(outgoing.connect_to, lambda: _Handshake(max_head_bytes))
     assert handshake.transport is not None
     upstream = handshake.transport
@@ -220,9 +238,17 @@ async def switch(
     except TimeoutError:
         upstream.abort()
         raise ProxyError(504, "upstream-timeout", "no answer to the WebSocket handshake in time") from None
-    except ProxyError:
-        upstream.abort()
-        raise
+    except ProxyError as error:  # raised with no frame of ours: the handshake (and its transport, whose
+        upstream.abort()  # protocol it is) holds the error, which would hold the request through them
+        del handshake, upstream
+        raise error.with_traceback(None)  # noqa: B904 - nor wait_for's frame, which holds it too (3.11)
+    if handshake.status == 101 and _values(handshake.headers, b"sec-websocket-accept") != [accept]:
+        upstream.abort()  # RFC 6455 section 4.1: the client MUST fail it; before a frame is relayed
+        raise ProxyError(
+            502,
+            "upstream-bad-response",
+            "a 101 without the one Sec-WebSocket-Accept its key asks for (RFC 6455 section 4.1)",
+        )
     fields = _end_to_end(handshake.headers)
     if handshake.status == 101 and (handshake.lost or upstream.is_closing()):
         # it ended while we woke (a reset, a FIN, TLS without close_notify): a pipe built on it now
@@ -268,6 +294,23 @@ def _switches_to_websocket(headers: list[tuple[bytes, bytes]]) -> bool:
         elif lowered == b"connection":
             connection.update(list_tokens_bytes(value))
     return upgrade == [b"websocket"] and b"upgrade" in connection
+
+
+def accept_for(key: bytes) -> bytes:
+    """The ``Sec-WebSocket-Accept`` a ``101`` owes a handshake sent with ``key`` (RFC 6455 section
+    4.2.2): base64 of the SHA-1 of the key and the GUID. Proof it read this handshake, not a secret."""
+    return base64.b64encode(hashlib.sha1(key + WEBSOCKET_GUID, usedforsecurity=False).digest())
+
+
+def _head_fields(head: bytes) -> list[tuple[bytes, bytes]]:
+    """The field lines of a head we built for the wire (``Outgoing.head``), as name and value."""
+    pairs = (line.partition(b":") for line in head.split(b"\r\n")[1:])
+    return [(name, value) for name, colon, value in pairs if colon]
+
+
+def _values(headers: list[tuple[bytes, bytes]], name: bytes) -> list[bytes]:
+    """The values of every field line called ``name`` (lower case), without surrounding whitespace."""
+    return [value.strip(b" \t") for field, value in headers if field.lower() == name]
 
 
 def _end_to_end(headers: list[tuple[bytes, bytes]]) -> list[tuple[str, str]]:

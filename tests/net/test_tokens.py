@@ -32,7 +32,7 @@ def test_the_fields_a_connection_line_names_are_dropped_and_an_empty_member_name
 def request(*headers: tuple[str, str], framed: bool = False) -> Request:
     req = Request()
     req.method = "GET"
-    req.headers = list(headers)
+    req.headers = [*headers, ("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ==")]  # one, as a handshake must
     req.framed = framed
     return req
 

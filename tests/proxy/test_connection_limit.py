@@ -27,7 +27,10 @@ async def upgrading(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) 
     """An origin that accepts every WebSocket handshake and then holds the pipe open."""
     with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
         await reader.readuntil(b"\r\n\r\n")
-        writer.write(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+        writer.write(
+            b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            b"Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\n"  # the handshake's key's
+        )
         await reader.read()
     writer.close()
 

@@ -34,7 +34,10 @@ KEY = SigningKey.generate()
 MAX_CONNECTIONS = 2
 HANDSHAKES = MAX_CONNECTIONS + 2  # any place kept would refuse the last ones, and the client after
 FRAME = b"\x81\x05hello"  # an unmasked text frame, as a server sends it
-GOOD_101 = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n"
+GOOD_101 = (  # Sec-WebSocket-Accept: the one the handshakes' key asks for (RFC 6455 section 4.1)
+    b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+    b"Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\n"
+)
 
 
 def read_head(conn: socket.socket) -> bytes:
