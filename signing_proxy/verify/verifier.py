@@ -342,33 +342,27 @@ class RequestVerifier:
     ) -> VerificationKey | None:
         """The key for ``keyid`` in ``sources``; one published in the drafts' form (no spec window)
         only for a web-bot-auth label (``web``)."""
-        found = [
-            (source, key)
-            for source in sources
-            if (key := source.directory.lookup(keyid, web=web)) is not None
-        ]
-        if sum(1 for source, _ in found if source.url is not None) > 1:
-            # spec: a broker's key is found "in the broker's own directory"; one that two directories
-            # list is no one's own, and either could hide the other's revocation of it
-            raise VerificationError(
-                "ambiguous-key", "more than one broker directory lists this keyid", entry.label
-            )
-        if found:
-            keys = [await self._verification_key(entry, key, source) for source, key in found]
-            return next((key for key in keys if key.revoked), keys[0])  # revoked where it is listed
-        for source in sources:  # a key rotated in since we cached the directory: re-fetch, rate-limited
-            if source.url is None:
-                continue
-            try:
-                fresh = await self.resolver.refetch_for_keyid(source.base, budgeted=budgeted)
-            except DirectoryError as exc:
-                if exc.reason == VERIFIER_BUSY:
-                    raise _busy(entry.label) from None
-                continue
-            key = fresh.lookup(keyid, web=web) if fresh is not None else None
-            if fresh is not None and key is not None:
-                return await self._verification_key(entry, key, _Source(source.base, source.url, fresh))
-        return None
+        found = _listing(sources, keyid, web, entry.label)
+        if not found:  # a key rotated in since we cached the directories: each re-fetched, rate-limited
+            fresh = [await self._refetched(source, budgeted, entry.label) for source in sources]
+            found = _listing([source for source in fresh if source is not None], keyid, web, entry.label)
+        if not found:
+            return None
+        keys = [await self._verification_key(entry, key, source) for source, key in found]
+        return next((key for key in keys if key.revoked), keys[0])  # revoked where it is listed
+
+    async def _refetched(self, source: _Source, budgeted: bool, label: str | None) -> _Source | None:
+        """``source``'s directory fetched again for a keyid it did not list, or None (pinned, failed,
+        or fetched too recently: ``verify.keyid_refetch_s``)."""
+        if source.url is None:
+            return None
+        try:
+            fresh = await self.resolver.refetch_for_keyid(source.base, budgeted=budgeted)
+        except DirectoryError as exc:
+            if exc.reason == VERIFIER_BUSY:
+                raise _busy(label) from None
+            return None
+        return None if fresh is None else _Source(source.base, source.url, fresh)
 
     async def _verification_key(
         self, entry: SignatureEntry, key: DirectoryKey, source: _Source
@@ -385,6 +379,20 @@ class RequestVerifier:
                 ) from None
             revoked = key.thumbprint in revoked_set
         return VerificationKey(key.public, key.not_before, key.not_after, revoked, source.base)
+
+
+def _listing(
+    sources: Sequence[_Source], keyid: str, web: bool, label: str | None
+) -> list[tuple[_Source, DirectoryKey]]:
+    """Each of ``sources`` listing ``keyid``, with its key. ``ambiguous-key`` when two directories
+    do: the spec finds a broker's key "in the broker's own directory"; one two list is no one's
+    own, and either could hide the other's revocation of it (cached, or both just fetched again)."""
+    found = [
+        (source, key) for source in sources if (key := source.directory.lookup(keyid, web=web)) is not None
+    ]
+    if sum(1 for source, _ in found if source.url is not None) > 1:
+        raise VerificationError("ambiguous-key", "more than one broker directory lists this keyid", label)
+    return found
 
 
 def _busy(label: str | None = None) -> VerificationError:

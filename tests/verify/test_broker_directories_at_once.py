@@ -235,3 +235,19 @@ async def test_a_key_no_directory_that_answered_lists_waits_for_those_still_fetc
     setup.monotonic.now += NEGATIVE_TTL_S + 1
     # B2's last answer was a failure, but only its answer can hold B2's key: it is waited for
     assert await verify(setup, B2_KEY) == [hosts.url("agent"), hosts.url("b2")]
+
+
+async def test_a_key_rotated_into_two_directories_at_once_is_still_ambiguous(setup: Setup) -> None:
+    """A keyid no cached copy lists has each directory fetched again (rotation): the first whose
+    fresh copy listed it was taken without asking the others, so a key two directories had just
+    listed passed as the first one's, where the same two cached are refused ``ambiguous-key``."""
+    hosts = setup.hosts
+    rotated = SigningKey.from_seed(bytes([14]) * 32)
+    hosts.served["b1"] = Served(directory_doc(B1_KEY, now=NOW))
+    hosts.served["b2"] = Served(directory_doc(B2_KEY, now=NOW))
+    assert await verify(setup, B1_KEY) == [hosts.url("agent"), hosts.url("b1")]  # both cached
+    hosts.served["b1"] = Served(directory_doc(B1_KEY, rotated, now=NOW))
+    hosts.served["b2"] = Served(directory_doc(B2_KEY, rotated, now=NOW))
+    setup.monotonic.now += 31  # past verify.keyid_refetch_s; both copies live an hour
+    assert await refused(setup, rotated) == "ambiguous-key"
+    assert (hosts.served["b1"].hits, hosts.served["b2"].hits) == (1, 1)  # each fetched again, once
