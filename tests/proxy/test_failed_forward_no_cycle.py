@@ -57,6 +57,17 @@ def read_then_reset(conn: socket.socket) -> None:
 
 
 async def upload_answered_502(tmp: Path, origin_port: int) -> bytes:
+    authority = f"127.0.0.1:{origin_port}"
+    return await answered(
+        tmp,
+        f"POST http://{authority}/upload HTTP/1.1\r\nHost: {authority}\r\n"
+        f"Content-Length: {len(BODY)}\r\nConnection: close\r\n\r\n".encode()
+        + BODY,
+    )
+
+
+async def answered(tmp: Path, request: bytes) -> bytes:
+    """What an in-process proxy (signing with ``KEY``) answers ``request``, read to its close."""
     config = parse_config(
         {"listen": "127.0.0.1:0", "data_dir": str(tmp / "data"), "intercept": {"enabled": False}}
     )
@@ -64,12 +75,7 @@ async def upload_answered_502(tmp: Path, origin_port: int) -> bytes:
     [(_host, port)] = await app.start()
     try:
         reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), WAIT_S)
-        authority = f"127.0.0.1:{origin_port}"
-        writer.write(
-            f"POST http://{authority}/upload HTTP/1.1\r\nHost: {authority}\r\n"
-            f"Content-Length: {len(BODY)}\r\nConnection: close\r\n\r\n".encode()
-            + BODY
-        )
+        writer.write(request)
         answer = await asyncio.wait_for(reader.read(-1), WAIT_S)  # to the close: the handler is done
         writer.close()
         with contextlib.suppress(ConnectionError):

@@ -13,13 +13,11 @@ import contextlib
 import socket
 from pathlib import Path
 
-from signing_proxy.config import parse_config
 from signing_proxy.core.jwk import SigningKey
-from signing_proxy.core.keys import StaticKeyProvider
-from signing_proxy.service.app import ProxyApp
 from tests.harness import WAIT_S
 from tests.net.test_failed_fetch_no_cycle import left_in_cycles, no_cycle_collector
 from tests.proxy.raw_upstream import raw_backend
+from tests.proxy.test_failed_forward_no_cycle import answered
 
 __all__ = ["no_cycle_collector"]  # the fixture, used by name
 
@@ -37,26 +35,13 @@ def answer_garbage(conn: socket.socket) -> None:
 
 
 async def handshake_answered_502(tmp: Path, origin_port: int) -> bytes:
-    config = parse_config(
-        {"listen": "127.0.0.1:0", "data_dir": str(tmp / "data"), "intercept": {"enabled": False}}
+    authority = f"127.0.0.1:{origin_port}"
+    return await answered(
+        tmp,
+        f"GET ws://{authority}/chat HTTP/1.1\r\nHost: {authority}\r\nConnection: Upgrade\r\n"
+        "Upgrade: websocket\r\nSec-WebSocket-Version: 13\r\n"
+        "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n".encode(),
     )
-    app = ProxyApp(config, StaticKeyProvider(KEY))
-    [(_host, port)] = await app.start()
-    try:
-        reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), WAIT_S)
-        authority = f"127.0.0.1:{origin_port}"
-        writer.write(
-            f"GET ws://{authority}/chat HTTP/1.1\r\nHost: {authority}\r\nConnection: Upgrade\r\n"
-            "Upgrade: websocket\r\nSec-WebSocket-Version: 13\r\n"
-            "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n".encode()
-        )
-        answer = await asyncio.wait_for(reader.read(-1), WAIT_S)  # to the close: the handler is done
-        writer.close()
-        with contextlib.suppress(ConnectionError):
-            await asyncio.wait_for(writer.wait_closed(), WAIT_S)
-        return answer
-    finally:
-        await app.stop()
 
 
 def test_a_failed_handshake_is_freed_without_the_cycle_collector(
