@@ -13,15 +13,12 @@ import contextlib
 import socket
 from pathlib import Path
 
-from signing_proxy.core.jwk import SigningKey
 from tests.harness import WAIT_S
 from tests.net.test_failed_fetch_no_cycle import left_in_cycles, no_cycle_collector
 from tests.proxy.raw_upstream import raw_backend
 from tests.proxy.test_failed_forward_no_cycle import answered
 
 __all__ = ["no_cycle_collector"]  # the fixture, used by name
-
-KEY = SigningKey.generate()
 
 
 def answer_garbage(conn: socket.socket) -> None:
