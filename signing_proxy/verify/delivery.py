@@ -28,6 +28,7 @@ thing a handler should trust.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -216,16 +217,32 @@ class DeliveryVerifier:
         found = [(base, d, key) for base, d in directories if (key := d.lookup(keyid)) is not None]
         if found:
             return found, none_fetched
-        for base, _ in directories:
+
+        async def refetched(base: str) -> Directory | None:
             try:
-                fresh = await resolver.refetch_for_keyid(base, budgeted=False)
+                return await resolver.refetch_for_keyid(base, budgeted=False)
             except DirectoryError as exc:
                 log.debug("exchange directory %.200r unavailable: %s", base, exc.reason)
-                continue
-            key = fresh.lookup(keyid) if fresh is not None else None
-            if key is not None:
-                assert fresh is not None
-                found.append((base, fresh, key))
+                return None
+
+        # at once, and the first listing it taken with any other back by then: one after the other,
+        # a key rotated into one exchange's directory waited for another's hanging re-fetch (whose
+        # cached copy did not list it: ``ConfiguredDirectories``' rule)
+        asked = {asyncio.ensure_future(refetched(base)): base for base, _ in directories}
+        pending = set(asked)
+        try:
+            while pending and not found:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                found = [
+                    (asked[task], directory, key)
+                    for task in done
+                    if (directory := task.result()) is not None and (key := directory.lookup(keyid))
+                ] + found
+        finally:
+            for task in pending:  # a waiter only: the fetch is the resolver's, shared and bounded
+                task.cancel()
+            if pending:
+                await asyncio.wait(pending)
         return found, none_fetched
 
     @staticmethod

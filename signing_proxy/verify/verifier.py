@@ -344,18 +344,38 @@ class RequestVerifier:
         only for a web-bot-auth label (``web``)."""
         found = _listing(sources, keyid, web, entry.label)
         if not found:  # a key rotated in since we cached the directories: each re-fetched, rate-limited
-            fresh = [await self._refetched(source, budgeted, entry.label) for source in sources]
-            found = _listing([source for source in fresh if source is not None], keyid, web, entry.label)
+            found = await self._refetched_listing(sources, keyid, budgeted, web, entry.label)
         if not found:
             return None
         keys = [await self._verification_key(entry, key, source) for source, key in found]
         return next((key for key in keys if key.revoked), keys[0])  # revoked where it is listed
 
+    async def _refetched_listing(
+        self, sources: list[_Source], keyid: str, budgeted: bool, web: bool, label: str | None
+    ) -> list[tuple[_Source, DirectoryKey]]:
+        """``_listing`` of ``sources`` fetched again, at once: the first fresh copies listing ``keyid``
+        (two: ``ambiguous-key``). One still fetching then is not waited for, its cached copy having
+        listed no such key (``ConfiguredDirectories``' rule): one after the other, a broker's rotated
+        key waited for another broker's hanging directory."""
+        asked = [self._refetched(source, budgeted, label) for source in sources if source.url is not None]
+        pending = {asyncio.ensure_future(refetch) for refetch in asked}
+        fresh: list[_Source] = []
+        try:
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                fresh += [source for task in done if (source := task.result()) is not None]
+                if found := _listing(fresh, keyid, web, label):
+                    return found
+            return []
+        finally:
+            for task in pending:  # a waiter only: the fetch is the resolver's, shared and bounded
+                task.cancel()
+            if pending:
+                await asyncio.wait(pending)
+
     async def _refetched(self, source: _Source, budgeted: bool, label: str | None) -> _Source | None:
-        """``source``'s directory fetched again for a keyid it did not list, or None (pinned, failed,
-        or fetched too recently: ``verify.keyid_refetch_s``)."""
-        if source.url is None:
-            return None
+        """``source``'s directory fetched again for a keyid it did not list, or None (failed, or
+        fetched too recently: ``verify.keyid_refetch_s``)."""
         try:
             fresh = await self.resolver.refetch_for_keyid(source.base, budgeted=budgeted)
         except DirectoryError as exc:

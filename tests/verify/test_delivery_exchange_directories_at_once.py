@@ -103,3 +103,25 @@ async def test_exchange_directories_never_fetched_are_fetched_at_once(
     fake.meet = {directory_url(E1): directory_url(E2), directory_url(E2): directory_url(E1)}
     assert await retrieved(verifier, EXCHANGE) == E1
     assert await retrieved(verifier, OTHER) == E2
+
+
+async def test_a_key_rotated_into_one_exchanges_directory_does_not_wait_for_anothers_refetch(
+    made: tuple[DeliveryVerifier, Exchanges, Clock],
+) -> None:
+    """No cached copy lists the key: every exchange directory is fetched again, at once, and the
+    first listing it is taken (one after the other, E2's hanging re-fetch, asked first, held it)."""
+    verifier, fake, clock = made
+    rotated = SigningKey.from_seed(bytes([21]) * 32)
+    fake.answers[directory_url(E2)] = listing(OTHER)
+    fake.answers[directory_url(E1)] = listing(EXCHANGE)
+    verifier.policy = DeliveryPolicy(exchange_directories=(E2, E1))  # E2 asked first
+    assert await retrieved(verifier, EXCHANGE) == E1  # both cached
+    fake.hanging.add(directory_url(E2))
+    fake.asked.pop(directory_url(E2))
+    body = render_directory(
+        Directory(tuple(DirectoryKey(k.public, NOW - 60, NOW + 3600) for k in (EXCHANGE, rotated)))
+    )
+    fake.answers[directory_url(E1)] = FetchResult(200, body, "max-age=3600")  # E1 rotates a key in
+    clock.now += 31  # past verify.keyid_refetch_s; both copies live an hour
+    assert await retrieved(verifier, rotated) == E1
+    await asyncio.wait_for(fake.arrival(directory_url(E2)).wait(), WAIT_S)  # asked again too
