@@ -44,15 +44,17 @@ class SignOptions(TypedDict, total=False):
 
 
 class Repeats:
-    """The signature bases made in the current second (their hashes), so that none is made twice.
+    """How often each signature base was made in the current second (by its hash), so that none is
+    made twice.
 
     The spec's profile has no nonce and Ed25519 is deterministic: two identical requests in one
     second (a retry, a poll) went out with the same signature, and a verifier refusing replays
-    (``gateway.replay_protection``) refused the second. A repeat is signed with ``expires`` earlier
-    by ``step`` seconds (a shorter window is always acceptable), again until its base is new.
-    ``run --workers N`` spreads its processes apart (``spread``): worker i starts ``i`` seconds
-    earlier and steps by N, so two workers never make the same base either. A hash that collides
-    costs a second of window, nothing else.
+    (``gateway.replay_protection``) refused the second. The k-th repeat is signed with ``expires``
+    k * ``step`` seconds earlier (a shorter window is always acceptable), down to ``created + 1``,
+    where repeats share a signature again. ``run --workers N`` spreads its processes apart
+    (``spread``): worker i starts ``i`` seconds earlier and steps by N, so two workers never make
+    the same base either (while ``signing.validity_s`` leaves room). A hash that collides costs a
+    second of window, nothing else; each request costs one lookup, whatever came before it.
     """
 
     __slots__ = ("_second", "_seen", "offset", "step")
@@ -60,21 +62,21 @@ class Repeats:
     def __init__(self) -> None:
         self.offset, self.step = 0, 1
         self._second = -1
-        self._seen: set[int] = set()
+        self._seen: dict[int, int] = {}
 
     def spread(self, index: int, count: int) -> None:
         """This process is worker ``index`` of ``count`` sharing one key store."""
         self.offset, self.step = index, count
 
-    def first(self, created: int, base: bytes) -> bool:
-        """Whether ``base`` (made at ``created``) is new this second; it is remembered."""
+    def earlier(self, created: int, base: bytes) -> int:
+        """How many seconds before its latest ``expires`` the signature whose base at that latest
+        ``expires`` is ``base`` ends: 0 the first time this second, then ``step``, 2 * ``step``..."""
         if created != self._second:
-            self._second, self._seen = created, set()
+            self._second, self._seen = created, {}
         digest = hash(base)
-        if digest in self._seen:
-            return False
-        self._seen.add(digest)
-        return True
+        made = self._seen.get(digest, 0)
+        self._seen[digest] = made + 1
+        return made * self.step
 
 
 class Signer:
@@ -175,15 +177,15 @@ class Signer:
     def unrepeated(
         self, created: int, expires: int, build: Callable[[int], tuple[str, bytes]]
     ) -> tuple[str, bytes]:
-        """``build(e)``'s ``@signature-params`` value and signature base for the latest ``e`` up to
-        ``expires`` (this worker's first, ``Repeats``) whose base was not made this second, or for
-        ``created + 1`` when every earlier second was taken."""
+        """``build(e)``'s ``@signature-params`` value and signature base for this worker's latest
+        ``e`` up to ``expires``, moved earlier for a repeat this second (``Repeats``): one build,
+        two for a repeat."""
         repeats = self.repeats
         expires = max(created + 1, expires - repeats.offset)
         params, base = build(expires)
-        while not repeats.first(created, base) and expires - repeats.step > created:
-            expires -= repeats.step
-            params, base = build(expires)
+        earlier = repeats.earlier(created, base)
+        if earlier:
+            params, base = build(max(created + 1, expires - earlier))
         return params, base
 
     def _attach(self, message: Message, key: SigningKey, member: SignedMember) -> str:
