@@ -101,14 +101,17 @@ async def as_received(
 
 
 async def received(
-    request: web.Request, external_origin: str | None, hosts: frozenset[str] | None
+    request: web.Request,
+    external_origin: str | None,
+    hosts: frozenset[str] | None,
+    read: Callable[[web.Request], Awaitable[bytes]] | None = None,
 ) -> tuple[str, str, Fields, bytes, tuple[SignatureEntry, ...]]:
     """Method, target URI, header field lines, body and parsed stack of ``request`` as they arrived
     (raw lines, raw path, the bytes read): what every aiohttp face of the verifier checks.
 
-    The whole body is read here (within aiohttp's ``client_max_size``: 413 above it), before any
-    handler runs; the request then replays those very bytes to whatever reads it next (``read``,
-    ``text``, ``json``, ``post``, ``multipart`` or streaming ``content``).
+    The whole body is read here (within aiohttp's ``client_max_size``: 413 above it; by ``read``
+    when given), before any handler runs; the request then replays those very bytes to whatever
+    reads it next (``read``, ``text``, ``json``, ``post``, ``multipart`` or streaming ``content``).
 
     The field lines are the end-to-end ones (``net.framing.drop_hop_by_hop``, as the gateway and the
     relay verify them): without ``Connection``, the other hop-by-hop fields and every field a
@@ -140,7 +143,7 @@ async def received(
     lines = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.raw_headers]
     fields = drop_hop_by_hop(lines)
     entries = parse_signature_stack(fields)  # no stack, or one that cannot be read: refused here,
-    body = await request.read()  # before the body is read
+    body = await (request.read() if read is None else read(request))  # before the body is read
     _replay(request, body)
     return request.method, origin + request.raw_path, fields, body, entries
 

@@ -22,7 +22,7 @@ from ..errors import problem_body
 from ..net.client import HttpClient
 from ..net.egress import EgressPolicy
 from .build import build_verifier
-from .middleware import verify_aiohttp_request
+from .middleware import received
 from .verifier import RequestVerifier, VerifierPolicy, refusal_answer, stack_summary
 
 __all__ = ["build_verify_origin"]
@@ -53,8 +53,8 @@ def build_verify_origin(
     Directories and revocation lists are fetched through ``client`` (default: a standalone one,
     closed with the app) under ``egress`` (default: public https only); revocation lists are polled
     every 300 s +/-10 % and fail closed until first fetched (``clock``/``sleep``/``rand``: for tests).
-    A request whose body would take the bodies held at once past ``max_held_bytes`` (its
-    ``Content-Length``, or ``MAX_BODY_BYTES`` when chunked) is answered 503 ``server-busy`` unread.
+    A request whose body would take the bodies held at once past ``max_held_bytes`` (counted as
+    they arrive: a head alone holds none) is answered 503 ``server-busy``.
     """
     app = web.Application(client_max_size=MAX_BODY_BYTES)
     held = 0  # bytes reserved by the requests in flight
@@ -69,26 +69,30 @@ def build_verify_origin(
 
     async def verdict(request: web.Request) -> web.Response:
         nonlocal held
-        size = request.content_length if request.content_length is not None else MAX_BODY_BYTES
-        size = min(size, MAX_BODY_BYTES) if request.body_exists else 0  # more is refused 413 unread
-        if held + size > max_held_bytes:
-            return web.Response(
-                status=503,
-                body=problem_body(503, "server-busy", "verify-origin holds its most of request bodies"),
-                content_type="application/problem+json",
-                headers={"Retry-After": str(RETRY_AFTER_S)},
-            )
-        held += size
-        try:
-            return await _verdict(request)
-        finally:
-            held -= size
+        taken = 0  # this request's bytes, charged as they arrive: a head alone holds nothing
 
-    async def _verdict(request: web.Request) -> web.Response:
+        async def read(request: web.Request) -> bytes:
+            nonlocal held, taken
+            parts = []
+            while chunk := await request.content.readany():
+                size = taken + len(chunk)
+                if size > MAX_BODY_BYTES:  # as aiohttp's client_max_size answers it
+                    raise web.HTTPRequestEntityTooLarge(max_size=MAX_BODY_BYTES, actual_size=size)
+                if held + len(chunk) > max_held_bytes:
+                    raise web.HTTPServiceUnavailable(
+                        text=problem_body(
+                            503, "server-busy", "verify-origin holds its most of request bodies"
+                        ).decode(),
+                        content_type="application/problem+json",
+                        headers={"Retry-After": str(RETRY_AFTER_S)},
+                    )
+                held, taken = held + len(chunk), taken + len(chunk)
+                parts.append(chunk)
+            return b"".join(parts)
+
         try:
-            stack = await verify_aiohttp_request(
-                app[_VERIFIER], request, external_origin=external_origin, hosts=None
-            )
+            method, uri, fields, body, entries = await received(request, external_origin, None, read)
+            stack = await app[_VERIFIER].verify(method, uri, fields, body, entries=entries)
         except VerificationError as exc:
             extra: dict[str, object] = {"verified": False, "method": request.method, "path": request.raw_path}
             if exc.label:
@@ -100,6 +104,8 @@ def build_verify_origin(
                 content_type="application/problem+json",
                 headers=dict(headers),
             )
+        finally:
+            held -= taken
         return web.json_response({**stack_summary(stack), "method": request.method, "path": request.raw_path})
 
     app.on_startup.append(on_startup)

@@ -1,7 +1,8 @@
 """``verify-origin`` holds bodies whole to digest them: at most ``MAX_BODY_BYTES`` each, and now at
-most ``max_held_bytes`` of them at once (the proxy's ``limits.max_buffered_bytes``). Without the
-second bound 256 connections, each one byte short of 10 MiB, held 2.5 GB; past it a request is
-answered ``503 server-busy`` with ``Retry-After`` before its body is read."""
+most ``max_held_bytes`` of them at once (the proxy's ``limits.max_buffered_bytes``), charged as they
+arrive. Without the second bound 256 connections, each one byte short of 10 MiB, held 2.5 GB; past
+it a request is answered ``503 server-busy`` with ``Retry-After``. Reserved from ``Content-Length``
+before a byte came, strangers' heads alone held the budget: now a head holds nothing."""
 
 from __future__ import annotations
 
@@ -21,6 +22,13 @@ from tests.oracle import oracle_agent_sign
 AGENT = SigningKey.generate()
 
 
+def signed_head(port: int, path: str, body: bytes) -> bytes:
+    """A request head for ``path`` carrying the agent's signature over ``body`` (pinned key)."""
+    signed = oracle_agent_sign("POST", f"http://127.0.0.1:{port}{path}", body, AGENT, signature_agent="")
+    head = f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: {len(body)}\r\n"
+    return (head + "".join(f"{n}: {v}\r\n" for n, v in signed) + "\r\n").encode()
+
+
 async def answer(port: int, head: bytes, body: bytes = b"") -> tuple[int, dict[str, str]]:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
@@ -37,22 +45,22 @@ async def answer(port: int, head: bytes, body: bytes = b"") -> tuple[int, dict[s
         writer.close()
 
 
-async def test_bodies_past_the_budget_are_refused_unread_while_others_are_held() -> None:
+def origin(max_held_bytes: int) -> TestServer:
     policy = VerifierPolicy(pinned_agent_keys=(AGENT.public,))
-    async with TestServer(build_verify_origin(policy, max_held_bytes=1000), host="127.0.0.1") as server:
+    return TestServer(build_verify_origin(policy, max_held_bytes=max_held_bytes), host="127.0.0.1")
+
+
+async def test_bodies_past_the_budget_are_refused_while_others_are_held() -> None:
+    async with origin(1000) as server:
         port = server.port
         assert port is not None
-        url = f"http://127.0.0.1:{port}/upload"
         body = b"x" * 800
-        signed = oracle_agent_sign("POST", url, body, AGENT, signature_agent="")
-        head = f"POST /upload HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: {len(body)}\r\n"
-        head += "".join(f"{n}: {v}\r\n" for n, v in signed) + "\r\n"
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(head.encode() + body[:-1])  # held: one byte short
-        other = b"POST /other HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 300\r\n\r\n"
+        writer.write(signed_head(port, "/upload", body) + body[:-1])  # held: one byte short
+        other = b"y" * 300
         deadline = time.monotonic() + WAIT_S
-        while True:  # until the first request's handler has reserved its 800 bytes
-            status, fields = await answer(port, other, b"y" * 300)
+        while True:  # until the first request's 799 bytes are held
+            status, fields = await answer(port, signed_head(port, "/other", other), other)
             if status == 503 or time.monotonic() > deadline:
                 break
             await asyncio.sleep(0.05)
@@ -62,8 +70,26 @@ async def test_bodies_past_the_budget_are_refused_unread_while_others_are_held()
         first = await asyncio.wait_for(reader.readline(), WAIT_S)
         writer.close()
         assert first.startswith(b"HTTP/1.1 200"), first
-        status, _ = await answer(port, other, b"y" * 300)  # its bytes given back
-        assert status == 401
+        status, _ = await answer(port, signed_head(port, "/other", other), other)  # given back
+        assert status == 200
+
+
+async def test_a_head_alone_holds_nothing_of_the_budget() -> None:
+    async with origin(1000) as server:
+        port = server.port
+        assert port is not None
+        heads = []
+        for _ in range(5):  # 5 x 800 declared, with a signature to check: none of the body sent
+            _reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(signed_head(port, "/x", b"z" * 800))
+            await writer.drain()
+            heads.append(writer)
+        await asyncio.sleep(0.2)  # the server's loop is this one: it reads the heads meanwhile
+        other = b"y" * 300
+        status, fields = await answer(port, signed_head(port, "/other", other), other)
+        for writer in heads:
+            writer.close()
+    assert status == 200, fields
 
 
 def test_the_default_budget_is_the_proxys() -> None:
