@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
+from typing import Any
 from urllib.parse import unquote_plus
 
 from ..core.errors import FieldError
@@ -83,12 +84,31 @@ def _check_provider(provider: str, path: str) -> None:
         raise ConfigError(f"{path}: {shape}, got {shown(provider)}")
 
 
+def masked_repr(config: Any) -> str:
+    """A configuration dataclass's repr as ``config check`` shows it: ``store`` with a Redis
+    password masked, and a ``pin-value`` masked in any string (a ``pkcs11:`` URI given for a file)."""
+    shown = []
+    for f in fields(config):
+        value = getattr(config, f.name)
+        if f.name == "store":
+            value = store_shown(value)
+        elif isinstance(value, str):
+            value = mask_pin_value(value)
+        elif isinstance(value, tuple) and all(isinstance(entry, str) for entry in value):
+            value = tuple(mask_pin_value(entry) for entry in value)
+        shown.append(f"{f.name}={value!r}")
+    return f"{type(config).__name__}({', '.join(shown)})"
+
+
 @dataclass(frozen=True)
 class TrustedIssuer:
     """One delegation issuer (keyed by its ``iss``): pinned public key files, or its directory base."""
 
     keys: tuple[str, ...] = ()  # public key files (PEM or JWK), always valid
     directory: str | None = None  # e.g. http://127.0.0.1:8443 (fetched through the egress policy)
+
+    def __repr__(self) -> str:
+        return masked_repr(self)
 
     def _check(self, path: str) -> None:
         if bool(self.keys) == (self.directory is not None):
@@ -135,17 +155,7 @@ class GatewayConfig:
     manifest_max_refresh_s: int = 86_400
 
     def __repr__(self) -> str:
-        """The dataclass's, ``store`` as ``config check`` shows it (a Redis password masked) and a
-        pinned key entry's ``pin-value`` masked (a ``pkcs11:`` URI given for a file)."""
-        shown = []
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name == "store":
-                value = store_shown(value)
-            elif f.name in ("pinned_agent_keys", "pinned_broker_keys"):
-                value = tuple(mask_pin_value(entry) for entry in value)
-            shown.append(f"{f.name}={value!r}")
-        return f"{type(self).__name__}({', '.join(shown)})"
+        return masked_repr(self)
 
     def _check(self, path: str) -> None:
         check_url(self.upstream, f"{path}.upstream")

@@ -23,7 +23,7 @@ from ..core.uri import parse_authority
 from ..errors import ConfigError, FieldError
 from .build import build, to_plain
 from .checks import check_host_pattern, check_url, host_form, is_loopback, parse_host_port, positive, shown
-from .gateway import GatewayConfig, TrustedIssuer
+from .gateway import GatewayConfig, TrustedIssuer, masked_repr
 from .identity import DelegationConfig, PublishConfig, RequesterConfig, SigningConfig
 from .profiles import ProfilesConfig
 
@@ -195,10 +195,10 @@ class RelayConfig:
     verify: bool = True  # never add our label to a stack we did not verify (off only for trusted meshes)
     max_hops: int | None = None  # signatures in the stack including ours; None: no cap of our own
     broker_directories: tuple[str, ...] = ()  # directory bases of brokers before us (their keys live there)
-    # public key files (PEM or JWK): agents with an empty Signature-Agent; brokers known by key
-    pinned_agent_keys: tuple[str, ...] = ()
-    pinned_broker_keys: tuple[str, ...] = ()
+    pinned_agent_keys: tuple[str, ...] = ()  # key files (PEM, JWK): agents with an empty Signature-Agent
+    pinned_broker_keys: tuple[str, ...] = ()  # and brokers known by key
     skew_s: int = 5
+    __repr__ = masked_repr  # a pkcs11: URI's pin-value masked, as config check shows it
 
     def _check(self, path: str) -> None:
         if self.max_hops is not None:

@@ -62,3 +62,21 @@ def test_repr_of_the_configuration_masks_the_store_password() -> None:
     assert SECRET not in repr(config)
     assert "store='redis://(not shown)@redis.example:6379/0?password=(not shown)'" in repr(config.gateway)
     assert "upstream='http://127.0.0.1:9'" in repr(config.gateway)  # the other fields as the dataclass's
+
+
+def test_repr_of_the_configuration_masks_every_pin_value() -> None:
+    """The gateway's own repr masked its pinned keys, but ``trusted_issuers.*.keys`` inside it and
+    ``relay.pinned_*_keys`` were shown as written: a ``pkcs11:`` URI given for a file, PIN and all."""
+    uri = "pkcs11:token=agent-keys;object=agent-1?pin-value=SECRETPIN-4711"
+    config = parse_config(
+        {
+            "relay": {"pinned_agent_keys": [uri], "pinned_broker_keys": [uri]},
+            "gateway": {
+                "upstream": "http://127.0.0.1:9000",
+                "trusted_issuers": {"urn:owner": {"keys": [uri]}},
+            },
+        }
+    )
+    shown = repr(config)
+    assert "SECRETPIN-4711" not in shown
+    assert shown.count("pin-value=(not shown)") == 3
