@@ -197,13 +197,18 @@ class _OneLine(logging.Filter):
         text = record.getMessage().split("\n", 1)[0]  # aiohttp's own words (and the client's address)
         if exc is not None:
             text += f": {type(exc).__name__}"
-            if isinstance(exc, HttpProcessingError):  # aiohttp's parser refusing a stranger's bytes
+            if isinstance(exc, _THE_CLIENTS):  # a stranger's bytes refused, or the stranger gone
                 record.levelno, record.levelname = logging.INFO, "INFO"
             elif (where := _raised_at(exc)) is not None:  # a bug of ours
                 text += f" at {where}"
         record.msg, record.args = text, None
         record.exc_info = record.exc_text = record.stack_info = None
         return record.levelno >= logging.getLogger(HTTP_LOGGER).getEffectiveLevel()
+
+
+# aiohttp's parser refusing a client's bytes; a client that reset or left mid-body (read by our
+# handler: it read as our bug, with a location, at error, for anyone to write into the log)
+_THE_CLIENTS = (HttpProcessingError, ConnectionError, asyncio.IncompleteReadError)
 
 
 def _raised_at(exc: BaseException) -> str | None:

@@ -18,6 +18,7 @@ import re
 import select
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -41,21 +42,31 @@ class Records(logging.Handler):
     def __init__(self) -> None:
         super().__init__()
         self.records: list[logging.LogRecord] = []
+        self.http = asyncio.Event()  # a record under HTTP_LOGGER came
 
     def emit(self, record: logging.LogRecord) -> None:
         self.records.append(record)
+        if record.name == HTTP_LOGGER:
+            self.http.set()
 
 
 @contextlib.contextmanager
 def recording(name: str) -> Iterator[list[logging.LogRecord]]:
     """The records logged under ``name`` (at any level), the logger put back after."""
+    with recorder(name) as handler:
+        yield handler.records
+
+
+@contextlib.contextmanager
+def recorder(name: str) -> Iterator[Records]:
+    """``recording``'s handler itself (its ``http`` event)."""
     logger = logging.getLogger(name)
     saved = logger.level
     handler = Records()
     logger.addHandler(handler)
     logger.setLevel(logging.DEBUG)
     try:
-        yield handler.records
+        yield handler
     finally:
         logger.removeHandler(handler)
         logger.setLevel(saved)
@@ -69,11 +80,16 @@ async def broken(_request: web.Request) -> web.Response:
     raise KeyError(f"a value from the request: {SECRET}")
 
 
+async def reads(request: web.Request) -> web.Response:
+    return web.Response(text=str(len(await request.read())))
+
+
 @contextlib.asynccontextmanager
 async def gated_listener() -> AsyncIterator[int]:
     app = web.Application()
     app.router.add_get("/hello", hello)
     app.router.add_get("/broken", broken)
+    app.router.add_post("/reads", reads)
     runner = await start_gated(app, Gate(max_connections=8, idle_s=WAIT_S), "127.0.0.1", 0, reuse_port=False)
     try:
         yield runner.addresses[0][1]
@@ -121,6 +137,22 @@ async def test_an_exception_in_a_handler_is_one_error_line_naming_where_without_
     assert message.endswith(" in broken")
     assert SECRET not in message
     assert "\n" not in message
+
+
+async def test_a_client_that_resets_mid_body_is_an_info_line_not_our_bug() -> None:
+    """A stranger that sent part of a body and reset was logged at error with a location, as an
+    exception of ours: anyone could write such lines into the log."""
+    with recorder("signing_proxy") as handler:
+        ours = handler.records
+        async with gated_listener() as port:
+            sock = socket.create_connection(("127.0.0.1", port), timeout=WAIT_S)
+            sock.sendall(b"POST /reads HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n" + b"b" * 10)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            sock.close()  # a reset
+            await asyncio.wait_for(handler.http.wait(), WAIT_S)
+    said = [r for r in ours if r.name == HTTP_LOGGER]
+    assert [r.levelno for r in said] == [logging.INFO], [r.getMessage() for r in said]
+    assert " at " not in said[0].getMessage()
 
 
 # --- the proxy's publication listener, a real process ---------------------------------------------------
