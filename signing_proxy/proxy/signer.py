@@ -50,11 +50,13 @@ class Repeats:
     The spec's profile has no nonce and Ed25519 is deterministic: two identical requests in one
     second (a retry, a poll) went out with the same signature, and a verifier refusing replays
     (``gateway.replay_protection``) refused the second. The k-th repeat is signed with ``expires``
-    k * ``step`` seconds earlier (a shorter window is always acceptable), down to ``created + 1``,
-    where repeats share a signature again. ``run --workers N`` spreads its processes apart
-    (``spread``): worker i starts ``i`` seconds earlier and steps by N, so two workers never make
-    the same base either (while ``signing.validity_s`` leaves room). A hash that collides costs a
-    second of window, nothing else; each request costs one lookup, whatever came before it.
+    k * ``step`` seconds earlier (a shorter window is always acceptable) while at least half the
+    window is left (``Signer.unrepeated``); past that, repeats share the first one's signature, as
+    they did before: a window cut to its last second expired on its way (a flood of identical
+    requests, 6,000 a second, had samples refused ``signature-expired``). ``run --workers N``
+    spreads its processes apart (``spread``): worker i starts ``i`` seconds earlier and steps by N,
+    so two workers never make the same base either. A hash that collides costs a second of window,
+    nothing else; each request costs one lookup, whatever came before it.
     """
 
     __slots__ = ("_second", "_seen", "offset", "step")
@@ -178,14 +180,14 @@ class Signer:
         self, created: int, expires: int, build: Callable[[int], tuple[str, bytes]]
     ) -> tuple[str, bytes]:
         """``build(e)``'s ``@signature-params`` value and signature base for this worker's latest
-        ``e`` up to ``expires``, moved earlier for a repeat this second (``Repeats``): one build,
-        two for a repeat."""
+        ``e`` up to ``expires``, moved earlier for a repeat this second while half the window is
+        left (``Repeats``): one build, two for such a repeat."""
         repeats = self.repeats
         expires = max(created + 1, expires - repeats.offset)
         params, base = build(expires)
         earlier = repeats.earlier(created, base)
-        if earlier:
-            params, base = build(max(created + 1, expires - earlier))
+        if 0 < earlier <= (expires - created) // 2:
+            params, base = build(expires - earlier)
         return params, base
 
     def _attach(self, message: Message, key: SigningKey, member: SignedMember) -> str:
