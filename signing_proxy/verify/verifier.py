@@ -326,8 +326,12 @@ class RequestVerifier:
         if self.policy.pinned_broker_keys:
             pinned = Directory(tuple(DirectoryKey(k, *_FOREVER) for k in self.policy.pinned_broker_keys))
             found.append(_Source(PINNED, None, pinned))
-        bases = self.policy.broker_directories
-        answered = await self._brokers.answers(bases, keyids, web=web, known=pinned)
+        # each directory once, whatever its spellings (``https://b.example`` and ``https://b.example/``
+        # were two sources: the broker's own key read as listed twice, ambiguous-key)
+        bases: dict[str, str] = {}
+        for base in self.policy.broker_directories:
+            bases.setdefault(directory_url(base), base)
+        answered = await self._brokers.answers(tuple(bases.values()), keyids, web=web, known=pinned)
         found += [_Source(base, directory_url(base), directory) for base, directory in answered]
         return found
 

@@ -78,3 +78,23 @@ async def test_a_later_label_signed_with_a_key_only_the_agents_directory_lists_i
     with pytest.raises(VerificationError) as caught:
         await verifier.verify("POST", TARGET, relayed(AGENT), BODY)
     assert (caught.value.reason, caught.value.label) == ("unknown-keyid", "broker")
+
+
+@pytest.mark.parametrize("other", [BROKER_DIR + "/", "HTTPS://Broker.example"], ids=["slash", "case"])
+async def test_one_broker_directory_under_two_spellings_is_one_directory(other: str) -> None:
+    """Configured as ``https://broker.example`` and ``https://broker.example/`` (``config check`` takes
+    both), it was two sources: the broker's own key read as listed twice, refused ambiguous-key."""
+    clock, fetch = Clock(), FakeFetch()
+    fetch.answers[directory_url(AGENT_DIR)] = _directory(AGENT)
+    fetch.answers[directory_url(BROKER_DIR)] = _directory(BROKER)
+    made = RequestVerifier(
+        DirectoryResolver(fetch, clock=clock),
+        VerifierPolicy(broker_directories=(BROKER_DIR, other)),
+        revocations=RevocationPoller(fetch, clock=clock),
+        clock=clock,
+    )
+    try:
+        stack = await made.verify("POST", TARGET, relayed(BROKER), BODY)
+    finally:
+        await made.close()
+    assert [s.key_source for s in stack.signatures] == [AGENT_DIR, BROKER_DIR]
