@@ -34,6 +34,9 @@ MAX_BODY_BYTES = LimitsConfig.max_body_bytes
 # 256 connections (the gate's cap) each one byte short of 10 MiB held 2.5 GB
 MAX_HELD_BYTES = LimitsConfig.max_buffered_bytes
 RETRY_AFTER_S = 1
+# a body silent this long is answered 408 and its bytes given back: bodies stopped short of their
+# end held the budget for as long as their sockets stayed open (13 of them locked every body out)
+BODY_SILENCE_S = 10.0
 
 
 def build_verify_origin(
@@ -47,6 +50,7 @@ def build_verify_origin(
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     rand: Callable[[], float] = random.random,
     max_held_bytes: int = MAX_HELD_BYTES,
+    body_silence_s: float = BODY_SILENCE_S,
 ) -> web.Application:
     """An aiohttp app answering every path with the verification verdict of the request.
 
@@ -54,7 +58,8 @@ def build_verify_origin(
     closed with the app) under ``egress`` (default: public https only); revocation lists are polled
     every 300 s +/-10 % and fail closed until first fetched (``clock``/``sleep``/``rand``: for tests).
     A request whose body would take the bodies held at once past ``max_held_bytes`` (counted as
-    they arrive: a head alone holds none) is answered 503 ``server-busy``.
+    they arrive: a head alone holds none) is answered 503 ``server-busy``; one whose body goes
+    silent for ``body_silence_s`` 408 ``request-timeout``.
     """
     app = web.Application(client_max_size=MAX_BODY_BYTES)
     held = 0  # bytes reserved by the requests in flight
@@ -74,7 +79,7 @@ def build_verify_origin(
         async def read(request: web.Request) -> bytes:
             nonlocal held, taken
             parts = []
-            while chunk := await request.content.readany():
+            while chunk := await _within(body_silence_s, request.content.readany()):
                 size = taken + len(chunk)
                 if size > MAX_BODY_BYTES:  # as aiohttp's client_max_size answers it
                     raise web.HTTPRequestEntityTooLarge(max_size=MAX_BODY_BYTES, actual_size=size)
@@ -112,3 +117,15 @@ def build_verify_origin(
     app.on_cleanup.append(on_cleanup)
     app.router.add_route("*", "/{tail:.*}", verdict)
     return app
+
+
+async def _within(seconds: float, read: Awaitable[bytes]) -> bytes:
+    """``read``'s bytes, or 408 ``request-timeout`` when none came for ``seconds``."""
+    try:
+        async with asyncio.timeout(seconds):
+            return await read
+    except TimeoutError:
+        raise web.HTTPRequestTimeout(
+            text=problem_body(408, "request-timeout", "no byte of the body came in time").decode(),
+            content_type="application/problem+json",
+        ) from None
