@@ -12,6 +12,7 @@ nothing goes out unsigned. No signature base is made twice in one second (``Repe
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, TypedDict, Unpack
@@ -59,12 +60,13 @@ class Repeats:
     nothing else; each request costs one lookup, whatever came before it.
     """
 
-    __slots__ = ("_second", "_seen", "offset", "step")
+    __slots__ = ("_lock", "_second", "_seen", "offset", "step")
 
     def __init__(self) -> None:
         self.offset, self.step = 0, 1
         self._second = -1
         self._seen: dict[int, int] = {}
+        self._lock = threading.Lock()  # the in-process client signs from several threads
 
     def spread(self, index: int, count: int) -> None:
         """This process is worker ``index`` of ``count`` sharing one key store."""
@@ -73,11 +75,14 @@ class Repeats:
     def earlier(self, created: int, base: bytes) -> int:
         """How many seconds before its latest ``expires`` the signature whose base at that latest
         ``expires`` is ``base`` ends: 0 the first time this second, then ``step``, 2 * ``step``..."""
-        if created != self._second:
-            self._second, self._seen = created, {}
         digest = hash(base)
-        made = self._seen.get(digest, 0)
-        self._seen[digest] = made + 1
+        with self._lock:
+            if created < self._second:  # a thread that read the clock before another's new second:
+                return 0  # its second is forgotten (and was not to be reset to, wiping the new one's)
+            if created > self._second:
+                self._second, self._seen = created, {}
+            made = self._seen.get(digest, 0)
+            self._seen[digest] = made + 1
         return made * self.step
 
 

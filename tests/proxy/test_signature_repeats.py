@@ -112,6 +112,16 @@ def test_a_repeat_costs_two_builds_whatever_came_before_it() -> None:
     assert set(ends[151:]) == {created + 300}  # past half the window: the first one's signature
 
 
+def test_a_late_thread_of_the_last_second_does_not_wipe_this_seconds_memory() -> None:
+    """The in-process client signs from several threads: one that read the clock in the second
+    before another's reset the memory to its own second, and the next identical request of the new
+    second got the first one's signature again."""
+    repeats = Repeats()
+    assert repeats.earlier(101, b"X") == 0
+    assert repeats.earlier(100, b"Y") == 0  # late: its second is gone, nothing remembered for it
+    assert repeats.earlier(101, b"X") == 1
+
+
 @pytest.mark.integration
 def test_identical_requests_through_the_proxy_all_pass_a_replay_checking_gateway(tmp_path: Path) -> None:
     agent = SigningKey.generate()
