@@ -251,14 +251,11 @@ class ClientConnection(asyncio.Protocol):
         req.keep_alive = parser.should_keep_alive()
         req.read_framing()
         engine = self.engine
-        budget = engine.limits.max_buffered_bytes
+        # a declared length is checked, not reserved: strangers' heads alone held the budget (each
+        # body is charged as it arrives, so concurrent uploads still never pass it together)
         declared = req.content_length
-        if declared is not None and 0 < declared <= engine.limits.max_body_bytes:
-            if engine.buffered + declared > budget:
-                req.over_budget = True  # known at once: answered 503 without waiting for the body
-            else:
-                req.held = declared  # reserved now, so concurrent uploads cannot overrun the budget together
-                engine.buffered += declared
+        if declared is not None and engine.buffered + declared > engine.limits.max_buffered_bytes:
+            req.over_budget = declared <= engine.limits.max_body_bytes  # 503 at once (larger: 413)
         self._ready.append(req)
         if (self.busy or len(self._ready) > 1) and self.transport is not None and not self._reading_paused:
             self.transport.pause_reading()  # at most one request read ahead of the one in flight
@@ -273,7 +270,7 @@ class ClientConnection(asyncio.Protocol):
         req.body_size += len(body)
         if req.too_large or req.over_budget or req.released:  # counted, not kept
             return
-        extra = max(req.body_size - req.held, 0)  # beyond what the declared length reserved
+        extra = max(req.body_size - req.held, 0)  # what came since it was last charged
         if req.body_size > engine.limits.max_body_bytes:
             req.too_large = True
         elif extra and engine.buffered + extra > engine.limits.max_buffered_bytes:
