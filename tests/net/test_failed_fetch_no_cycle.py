@@ -16,7 +16,6 @@ import gc
 import socket
 import types
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -24,19 +23,12 @@ import pytest
 from signing_proxy.errors import ProxyError
 from signing_proxy.net.client import HttpClient
 from tests.harness import WAIT_S
+from tests.net.test_connection_memory import no_cycle_collector
 from tests.proxy.raw_upstream import loop_factories
 
+__all__ = ["left_in_cycles", "no_cycle_collector"]  # the fixture, shared by name
+
 BODY_BYTES = 4 * 1024 * 1024 - 1  # what the upstream sends of the BODY_BYTES + 1 it announces
-
-
-@pytest.fixture
-def no_cycle_collector() -> Iterator[None]:
-    gc.collect()
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
 
 
 def left_in_cycles() -> Counter[str]:

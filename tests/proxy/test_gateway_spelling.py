@@ -51,6 +51,17 @@ async def test_the_gateways_routes_keep_the_request_target_as_received(tmp_path:
         await pipeline.close()
 
 
+def gateway_before(backend_port: int, *, access_log: bool = False) -> dict[str, Any]:
+    """A gateway's configuration in front of the backend on ``backend_port`` (loopback directories
+    allowed), its log in JSON."""
+    return {
+        "mode": "gateway",
+        "log": {"format": "json", "access_log": access_log},
+        "egress": {"allow_private": ["127.0.0.1/32"]},
+        "gateway": {"upstream": f"http://127.0.0.1:{backend_port}"},
+    }
+
+
 @contextmanager
 def recording_backend() -> Iterator[tuple[int, list[bytes]]]:
     """Answers 200 to every request; records each request line."""
@@ -87,19 +98,14 @@ def test_a_third_partys_signature_over_the_target_it_sent_passes_and_the_backend
     tmp_path: Path, request_target: str
 ) -> None:
     agent = SigningKey.generate()
-    with recording_backend() as (backend_port, seen), served_directory(agent) as base:
-        config: dict[str, Any] = {
-            "mode": "gateway",
-            "log": {"format": "json", "access_log": False},
-            "egress": {"allow_private": ["127.0.0.1/32"]},
-            "gateway": {"upstream": f"http://127.0.0.1:{backend_port}"},
-        }
-        with ProxyProcess(tmp_path, config) as gateway:
-            host = f"127.0.0.1:{gateway.port}"
-            signed = oracle_agent_sign(
-                "GET", f"http://{host}{request_target}", b"", agent, signature_agent=base
-            )
-            answer = get(gateway.port, request_target, host, signed)
+    with (
+        recording_backend() as (backend_port, seen),
+        served_directory(agent) as base,
+        ProxyProcess(tmp_path, gateway_before(backend_port)) as gateway,
+    ):
+        host = f"127.0.0.1:{gateway.port}"
+        signed = oracle_agent_sign("GET", f"http://{host}{request_target}", b"", agent, signature_agent=base)
+        answer = get(gateway.port, request_target, host, signed)
     assert answer.startswith(b"HTTP/1.1 200"), answer
     assert seen == [f"GET {request_target} HTTP/1.1".encode()]
 
@@ -111,20 +117,17 @@ def test_an_absolute_form_target_is_refused_not_checked_against_the_host(tmp_pat
     a request naming the backend's own address passed, signed over a URI it did not target. It is
     refused as the middleware and ``verify-origin`` refuse a target not in origin form."""
     agent = SigningKey.generate()
-    with recording_backend() as (backend_port, seen), served_directory(agent) as base:
-        config: dict[str, Any] = {
-            "mode": "gateway",
-            "log": {"format": "json", "access_log": False},
-            "egress": {"allow_private": ["127.0.0.1/32"]},
-            "gateway": {"upstream": f"http://127.0.0.1:{backend_port}"},
-        }
-        with ProxyProcess(tmp_path, config) as gateway:
-            host = f"127.0.0.1:{gateway.port}"
-            by_host = oracle_agent_sign("GET", f"http://{host}/feed", b"", agent, signature_agent=base)
-            absolute = f"http://127.0.0.1:{backend_port}/feed"
-            as_targeted = oracle_agent_sign("GET", absolute, b"", agent, signature_agent=base)
-            answers = [get(gateway.port, absolute, host, signed) for signed in (by_host, as_targeted)]
-            control = get(gateway.port, "/feed", host, by_host)
+    with (
+        recording_backend() as (backend_port, seen),
+        served_directory(agent) as base,
+        ProxyProcess(tmp_path, gateway_before(backend_port)) as gateway,
+    ):
+        host = f"127.0.0.1:{gateway.port}"
+        by_host = oracle_agent_sign("GET", f"http://{host}/feed", b"", agent, signature_agent=base)
+        absolute = f"http://127.0.0.1:{backend_port}/feed"
+        as_targeted = oracle_agent_sign("GET", absolute, b"", agent, signature_agent=base)
+        answers = [get(gateway.port, absolute, host, signed) for signed in (by_host, as_targeted)]
+        control = get(gateway.port, "/feed", host, by_host)
     for answer in answers:
         assert answer.startswith(b"HTTP/1.1 400"), answer
         assert b"malformed-target" in answer

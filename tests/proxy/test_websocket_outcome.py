@@ -19,6 +19,7 @@ from signing_proxy.core.jwk import SigningKey
 from tests.harness import WAIT_S, ProxyProcess
 from tests.oracle import oracle_agent_sign
 from tests.proxy.raw_upstream import raw_backend, websocket_handshake
+from tests.proxy.test_gateway_spelling import gateway_before
 from tests.verify.directory_host import served_directory
 
 REFUSED = b"HTTP/1.1 426 Upgrade Required\r\nSec-WebSocket-Version: 13\r\nContent-Length: 0\r\n\r\n"
@@ -63,26 +64,23 @@ def test_a_gateways_refused_handshake_is_verified_as_any_request(tmp_path: Path)
                 head += chunk
             conn.sendall(REFUSED)
 
-    with raw_backend(refuse) as backend_port, served_directory(agent) as base:
-        config: dict[str, Any] = {
-            "mode": "gateway",
-            "log": {"format": "json", "access_log": True},
-            "egress": {"allow_private": ["127.0.0.1/32"]},
-            "gateway": {"upstream": f"http://127.0.0.1:{backend_port}"},
-        }
-        with ProxyProcess(tmp_path, config) as gateway:
-            host = f"127.0.0.1:{gateway.port}"
-            answers = []
-            for path, extra in (("/ws", HANDSHAKE), ("/plain", [])):
-                head = [("Host", host), *extra]
-                signed = oracle_agent_sign(
-                    "GET", f"http://{host}{path}", b"", agent, signature_agent=base, head=head
-                )
-                request = f"GET {path} HTTP/1.1\r\n" + "".join(f"{n}: {v}\r\n" for n, v in signed) + "\r\n"
-                with socket.create_connection(("127.0.0.1", gateway.port), timeout=WAIT_S) as sock:
-                    sock.sendall(request.encode("latin-1"))
-                    answers.append(sock.recv(65536))
-            handshake, plain = request_lines(gateway, 2)
+    with (
+        raw_backend(refuse) as backend_port,
+        served_directory(agent) as base,
+        ProxyProcess(tmp_path, gateway_before(backend_port, access_log=True)) as gateway,
+    ):
+        host = f"127.0.0.1:{gateway.port}"
+        answers = []
+        for path, extra in (("/ws", HANDSHAKE), ("/plain", [])):
+            head = [("Host", host), *extra]
+            signed = oracle_agent_sign(
+                "GET", f"http://{host}{path}", b"", agent, signature_agent=base, head=head
+            )
+            request = f"GET {path} HTTP/1.1\r\n" + "".join(f"{n}: {v}\r\n" for n, v in signed) + "\r\n"
+            with socket.create_connection(("127.0.0.1", gateway.port), timeout=WAIT_S) as sock:
+                sock.sendall(request.encode("latin-1"))
+                answers.append(sock.recv(65536))
+        handshake, plain = request_lines(gateway, 2)
     assert all(answer.startswith(b"HTTP/1.1 426 ") for answer in answers), answers
     assert (handshake["outcome"], handshake["profile"]) == ("verified", plain["profile"])
     assert plain["outcome"] == "verified"
