@@ -28,7 +28,6 @@ thing a handler should trust.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -59,7 +58,7 @@ from ..net.egress import EgressPolicy
 from .build import build_verifier
 from .directory import DirectoryError, directory_url
 from .middleware import Hosts, as_received, served_hosts
-from .verifier import PINNED, ConfiguredDirectories, RequestVerifier, VerifierPolicy
+from .verifier import PINNED, ConfiguredDirectories, RequestVerifier, VerifierPolicy, at_once
 
 __all__ = [
     "PRESENTED",
@@ -225,25 +224,18 @@ class DeliveryVerifier:
                 log.debug("exchange directory %.200r unavailable: %s", base, exc.reason)
                 return None
 
+        def listing(answers: list[object]) -> list[tuple[str, Directory, DirectoryKey]]:
+            return [
+                (base, d, key)
+                for (base, _), d in zip(directories, answers, strict=True)
+                if isinstance(d, Directory) and (key := d.lookup(keyid)) is not None
+            ]
+
         # at once, and the first listing it taken with any other back by then: one after the other,
         # a key rotated into one exchange's directory waited for another's hanging re-fetch (whose
         # cached copy did not list it: ``ConfiguredDirectories``' rule)
-        asked = {asyncio.ensure_future(refetched(base)): base for base, _ in directories}
-        pending = set(asked)
-        try:
-            while pending and not found:
-                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                found = [
-                    (asked[task], directory, key)
-                    for task in done
-                    if (directory := task.result()) is not None and (key := directory.lookup(keyid))
-                ] + found
-        finally:
-            for task in pending:  # a waiter only: the fetch is the resolver's, shared and bounded
-                task.cancel()
-            if pending:
-                await asyncio.wait(pending)
-        return found, none_fetched
+        asked = [refetched(base) for base, _ in directories]
+        return listing(await at_once(asked, lambda answers: bool(listing(answers)))), none_fetched
 
     @staticmethod
     def _verified(bound: RetrievalUrl, key: PublicKey, source: str) -> str:

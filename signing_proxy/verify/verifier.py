@@ -18,9 +18,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from http import HTTPStatus
+from typing import TypeVar
 
 from ..core.errors import FieldError, VerificationError
 from ..core.fields import Fields
@@ -125,25 +126,11 @@ class ConfiguredDirectories:
         without a fetch (pinned), found like a directory's; ``web``: ``Directory.lookup``'s."""
         if any(base not in bases for base in self._last):  # a policy replaced: only what it names
             self._last = {base: last for base, last in self._last.items() if base in bases}
-        loop = asyncio.get_running_loop()
-        asked = [(base, loop.create_task(self._ask(base))) for base in bases]
-        pending = {task for _base, task in asked}
-        try:
-            # the first wait also lets every directory answer that answers without a fetch
-            while pending:
-                _done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                if self._settled(asked, keyids, web, known):
-                    break
-        finally:
-            for task in pending:  # a waiter only: the fetch it waits for is the resolver's
-                task.cancel()
-            if pending:
-                await asyncio.wait(pending)
-        return [
-            (base, directory)
-            for base, task in asked
-            if task.done() and not task.cancelled() and (directory := task.result()) is not None
-        ]
+        answers = await at_once(  # the first wait also lets a directory without a fetch answer
+            [self._ask(base) for base in bases],
+            lambda answers: self._settled(zip(bases, answers, strict=True), keyids, web, known),
+        )
+        return [(base, d) for base, d in zip(bases, answers, strict=True) if isinstance(d, Directory)]
 
     async def _ask(self, base: str) -> Directory | None:
         try:
@@ -157,19 +144,21 @@ class ConfiguredDirectories:
 
     def _settled(
         self,
-        asked: list[tuple[str, asyncio.Task[Directory | None]]],
+        answers: Iterable[tuple[str, object]],
         keyids: Collection[str],
         web: bool,
         known: Directory | None,
     ) -> bool:
-        """Whether the directories still fetching can no longer change what ``keyids`` resolve to."""
-        answered = [d for _base, task in asked if task.done() and (d := task.result()) is not None]
+        """Whether the directories still fetching (``PENDING``) can no longer change what ``keyids``
+        resolve to."""
+        answers = list(answers)
+        answered = [d for _base, d in answers if isinstance(d, Directory)]
         if known is not None:
             answered.append(known)
         if not all(any(d.lookup(k, web=web) is not None for d in answered) for k in keyids):
             return False
-        for base, task in asked:
-            if task.done():
+        for base, answer in answers:
+            if answer is not PENDING:
                 continue
             if base not in self._last:
                 return False
@@ -177,6 +166,36 @@ class ConfiguredDirectories:
             if last is not None and any(last.lookup(k, web=web) is not None for k in keyids):
                 return False
         return True
+
+
+PENDING = object()  # ``at_once``: still running when the others settled it
+T = TypeVar("T")
+
+
+async def at_once(
+    asked: Sequence[Awaitable[T]], settled: Callable[[list[T | object]], bool]
+) -> list[T | object]:
+    """``asked`` run at once, waited for until ``settled`` (given each one's result so far, or
+    ``PENDING``) holds or all are done: their results in order, ``PENDING`` for those not done. Those
+    are waiters only, cancelled (the fetches they wait for are the resolver's, shared and bounded):
+    one after the other, a configured directory that hung held every request for its fetch timeout."""
+    tasks = [asyncio.ensure_future(one) for one in asked]
+    pending = set(tasks)
+    try:
+        while pending:
+            _done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            if settled(_results(tasks)):
+                break
+    finally:
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending)
+    return _results(tasks)
+
+
+def _results(tasks: Sequence[asyncio.Future[T]]) -> list[T | object]:
+    return [task.result() if task.done() and not task.cancelled() else PENDING for task in tasks]
 
 
 @dataclass(frozen=True, slots=True)
@@ -361,21 +380,12 @@ class RequestVerifier:
         (two: ``ambiguous-key``). One still fetching then is not waited for, its cached copy having
         listed no such key (``ConfiguredDirectories``' rule): one after the other, a broker's rotated
         key waited for another broker's hanging directory."""
+
+        def fresh(answers: list[object]) -> list[tuple[_Source, DirectoryKey]]:
+            return _listing([a for a in answers if isinstance(a, _Source)], keyid, web, label)
+
         asked = [self._refetched(source, budgeted, label) for source in sources if source.url is not None]
-        pending = {asyncio.ensure_future(refetch) for refetch in asked}
-        fresh: list[_Source] = []
-        try:
-            while pending:
-                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                fresh += [source for task in done if (source := task.result()) is not None]
-                if found := _listing(fresh, keyid, web, label):
-                    return found
-            return []
-        finally:
-            for task in pending:  # a waiter only: the fetch is the resolver's, shared and bounded
-                task.cancel()
-            if pending:
-                await asyncio.wait(pending)
+        return fresh(await at_once(asked, lambda answers: bool(fresh(answers))))
 
     async def _refetched(self, source: _Source, budgeted: bool, label: str | None) -> _Source | None:
         """``source``'s directory fetched again for a keyid it did not list, or None (failed, or
