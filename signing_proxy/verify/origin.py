@@ -18,9 +18,10 @@ from aiohttp import web
 
 from ..config import LimitsConfig, VerifyConfig
 from ..core.errors import VerificationError
-from ..errors import problem_body
+from ..errors import ProxyError, problem_body
 from ..net.client import HttpClient
 from ..net.egress import EgressPolicy
+from ..net.request import busy
 from .build import build_verifier
 from .middleware import received
 from .verifier import RequestVerifier, VerifierPolicy, refusal_answer, stack_summary
@@ -33,7 +34,6 @@ MAX_BODY_BYTES = LimitsConfig.max_body_bytes
 # and the bodies of all connections at once, as the proxy's limits.max_buffered_bytes (default):
 # 256 connections (the gate's cap) each one byte short of 10 MiB held 2.5 GB
 MAX_HELD_BYTES = LimitsConfig.max_buffered_bytes
-RETRY_AFTER_S = 1
 # a body silent this long is answered 408 and its bytes given back: bodies stopped short of their
 # end held the budget for as long as their sockets stayed open (13 of them locked every body out)
 BODY_SILENCE_S = 10.0
@@ -84,13 +84,7 @@ def build_verify_origin(
                 if size > MAX_BODY_BYTES:  # as aiohttp's client_max_size answers it
                     raise web.HTTPRequestEntityTooLarge(max_size=MAX_BODY_BYTES, actual_size=size)
                 if held + len(chunk) > max_held_bytes:
-                    raise web.HTTPServiceUnavailable(
-                        text=problem_body(
-                            503, "server-busy", "verify-origin holds its most of request bodies"
-                        ).decode(),
-                        content_type="application/problem+json",
-                        headers={"Retry-After": str(RETRY_AFTER_S)},
-                    )
+                    raise busy()  # the proxy's answer, Retry-After and all
                 held, taken = held + len(chunk), taken + len(chunk)
                 parts.append(chunk)
             return b"".join(parts)
@@ -98,6 +92,13 @@ def build_verify_origin(
         try:
             method, uri, fields, body, entries = await received(request, external_origin, None, read)
             stack = await app[_VERIFIER].verify(method, uri, fields, body, entries=entries)
+        except ProxyError as exc:  # the body: past the budget, or silent
+            return web.Response(
+                status=exc.status,
+                body=problem_body(exc.status, exc.reason, exc.detail),
+                content_type="application/problem+json",
+                headers=dict(exc.headers),
+            )
         except VerificationError as exc:
             extra: dict[str, object] = {"verified": False, "method": request.method, "path": request.raw_path}
             if exc.label:
@@ -125,7 +126,4 @@ async def _within(seconds: float, read: Awaitable[bytes]) -> bytes:
         async with asyncio.timeout(seconds):
             return await read
     except TimeoutError:
-        raise web.HTTPRequestTimeout(
-            text=problem_body(408, "request-timeout", "no byte of the body came in time").decode(),
-            content_type="application/problem+json",
-        ) from None
+        raise ProxyError(408, "request-timeout", "no byte of the body came in time") from None
