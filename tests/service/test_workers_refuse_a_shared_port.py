@@ -67,7 +67,7 @@ def test_a_second_workers_instance_on_an_address_in_use_exits_2_naming_it(
     first = addresses()
     (tmp_path / "a").mkdir()
     with ProxyProcess(tmp_path / "a", config_of(tmp_path / "a", first), extra_args=("--workers", "2")) as a:
-        wait_for(lambda: sum("listening on" in line for line in list(a.stderr_lines)) >= 2, "both workers")
+        wait_for(lambda: a.said("listening on") >= 2, "both workers")
         second = {**addresses(), shared: first[shared]}  # the other two: free ports of its own
         status, stderr = second_instance(tmp_path / "b", config_of(tmp_path / "b", second))
         assert status == 2, stderr
@@ -116,10 +116,6 @@ def test_a_reserved_address_refuses_another_instances_probe_and_takes_its_own_wo
             sock.close()
 
 
-def listening(proxy: ProxyProcess) -> int:
-    return sum("listening on" in line for line in list(proxy.stderr_lines))
-
-
 def time_wait_on(port: int) -> int:
     """The connections in TIME_WAIT on local port ``port`` (``/proc/net/tcp``: state 06)."""
     rows = Path("/proc/net/tcp").read_text().splitlines()[1:]
@@ -140,12 +136,12 @@ def test_an_instance_on_fixed_ports_starts_again_at_once_after_the_one_before_st
     stopped a moment ago (TIME_WAIT) still hold none of its addresses."""
     config = config_of(tmp_path, addresses())
     with ProxyProcess(tmp_path, config, extra_args=("--workers", "2")) as a:
-        wait_for(lambda: listening(a) >= 2, "both workers")
+        wait_for(lambda: a.said("listening on") >= 2, "both workers")
         for port, path in ((a.port, "/healthz"), (a.publish_port, "/"), (a.admin_port, "/healthz")):
             close_from_the_server(port, path)
     assert time_wait_on(a.port) >= 1  # what the instance below must bind beside
     with ProxyProcess(tmp_path, config, extra_args=("--workers", "2")) as again:
-        wait_for(lambda: listening(again) >= 2, "both workers")
+        wait_for(lambda: again.said("listening on") >= 2, "both workers")
         assert again.port == a.port
         close_from_the_server(again.admin_port, "/healthz")
         assert again.proc is not None
@@ -162,13 +158,13 @@ def test_a_second_instance_is_refused_while_every_worker_of_the_first_is_restart
     (tmp_path / "a").mkdir()
     with ProxyProcess(tmp_path / "a", config_of(tmp_path / "a", first), extra_args=("--workers", "2")) as a:
         assert a.proc is not None
-        wait_for(lambda: listening(a) >= 2, "both workers")
+        wait_for(lambda: a.said("listening on") >= 2, "both workers")
         index = KeyStore(tmp_path / "a" / "data").path / "keys.json"
         index.chmod(0o640)  # too open: every restart of a worker is refused until it is mended
         try:
             for pid in children(a.proc.pid):
                 os.kill(pid, signal.SIGKILL)
-            wait_for(lambda: sum("not started" in line for line in list(a.stderr_lines)) >= 2, "refusals")
+            wait_for(lambda: a.said("not started") >= 2, "refusals")
             with pytest.raises(ConnectionRefusedError):  # none of its workers listens
                 socket.create_connection(("127.0.0.1", a.port), timeout=WAIT_S).close()
             second = {**addresses(), shared: first[shared]}
@@ -177,5 +173,5 @@ def test_a_second_instance_is_refused_while_every_worker_of_the_first_is_restart
             assert f"{shared}: cannot bind {first[shared]}" in stderr
         finally:
             index.chmod(0o600)
-        wait_for(lambda: listening(a) >= 4, "its workers back")
+        wait_for(lambda: a.said("listening on") >= 4, "its workers back")
         assert a.proc.poll() is None

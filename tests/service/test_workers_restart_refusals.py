@@ -22,22 +22,14 @@ import requests
 from signing_proxy.core.jwk import SigningKey
 from signing_proxy.service import workers
 from signing_proxy.service.workers import run_workers
-from tests.harness import WAIT_S, ProxyProcess, VerifyingOrigin, children, wait_for
+from tests.cli.test_workers_sighup_restart import ADMITTED, REVOKED, reload
+from tests.harness import WAIT_S, ProxyProcess, VerifyingOrigin, wait_for
+from tests.service.test_workers_load_the_store_afresh import kill_a_worker
 
 pytestmark = pytest.mark.integration
 
 KEY = SigningKey.generate()
-ADMITTED = {"allow_clients": ["127.0.0.0/8"]}  # the test's own address
-REVOKED = {"allow_clients": ["10.0.0.0/8"]}  # 127.0.0.1 no longer
 PROBES = 12  # connections, each new: the kernel spreads them over the workers
-
-
-def reload(proxy: ProxyProcess, outcome: str) -> None:
-    """SIGHUP the parent, and wait until both workers said ``outcome`` once more."""
-    assert proxy.proc is not None
-    before = proxy.said(outcome)
-    proxy.proc.send_signal(signal.SIGHUP)
-    wait_for(lambda: proxy.said(outcome) >= before + 2, f"both workers saying {outcome!r}")
 
 
 def status_line(port: int) -> bytes:
@@ -46,13 +38,6 @@ def status_line(port: int) -> bytes:
         sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: proxy\r\nConnection: close\r\n\r\n")
         with sock.makefile("rb") as answer:
             return answer.readline().rstrip()[:12]
-
-
-def kill_a_worker(proxy: ProxyProcess) -> None:
-    assert proxy.proc is not None
-    first = children(proxy.proc.pid)
-    assert len(first) == 2
-    os.kill(min(first), signal.SIGKILL)
 
 
 def test_a_worker_restarted_after_a_refused_sighup_serves_the_configuration_before(tmp_path: Path) -> None:
@@ -116,7 +101,7 @@ def test_a_refused_restart_is_tried_again_said_once_per_reason_and_its_sibling_i
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setattr(workers, "RESTART_BACKOFF_S", 0.05)
-    tell = getattr(workers, "tell_parent", lambda _reason: None)
+    tell = workers.tell_parent
     tries = tmp_path / "tries"
     tries.mkdir()
     sibling = tmp_path / "sibling-ended"
