@@ -26,9 +26,7 @@ __all__ = [
     "BodyTap",
     "DrainSink",
     "ResponseStream",
-    "cut_off",
     "forward",
-    "sent_before",
 ]
 
 HELD_BODY_MAX_BYTES = 1024 * 1024  # our choice: a held response's body is drained unread up to this, then cut
@@ -230,7 +228,7 @@ async def forward(
     tap: BodyTap | None = None,
 ) -> ResponseStream:
     """Send ``outgoing`` and stream the answer to ``client``; ``ProxyError`` before anything was written,
-    ``AbortConnection`` after (``sent_before`` tells what was sent), or once the client has gone. A
+    ``AbortConnection`` after (with what was sent), or once the client has gone. A
     held response is returned with ``held`` set and nothing written; ``tap`` keeps a bounded copy of
     the body (of the last attempt). An idempotent request whose pooled connection was reset before
     any answer is sent again once: made anew by ``rebuild`` (a request signed here is signed again),
@@ -267,7 +265,7 @@ async def forward(
             head_written, status, bytes_out = stream.head_written, stream.status, stream.bytes_out
             del stream  # (nor may it keep what it raises: no local holds the exception)
             if head_written:
-                raise cut_off(status, bytes_out) from error
+                raise AbortConnection(status, bytes_out) from error
             if client.closed:  # it went (its connection_lost closed this upstream): nobody to answer,
                 raise AbortConnection from error  # and a resend would fetch it again for nobody
             if attempt == 1 and reused and error.reason == "upstream-reset" and outgoing.method in IDEMPOTENT:
@@ -284,21 +282,6 @@ async def forward(
             try:
                 await client.drain()  # a client that reads nothing for client_idle_s is cut off
             except AbortConnection:
-                raise cut_off(stream.status, stream.bytes_out) from None
+                raise AbortConnection(stream.status, stream.bytes_out) from None
         return stream
     raise AssertionError("unreachable")
-
-
-def cut_off(status: int, bytes_out: int) -> AbortConnection:
-    """The ``AbortConnection`` of a response cut off after its head: it carries the status and the
-    body bytes the client was sent, which its access line and byte count report (``sent_before``)."""
-    return AbortConnection(status, bytes_out)
-
-
-def sent_before(cut: AbortConnection) -> tuple[int, int]:
-    """The status and body bytes a response sent before ``cut`` (``cut_off``); (0, 0) without a head."""
-    match cut.args:
-        case (int(status), int(bytes_out)):
-            return status, bytes_out
-        case _:
-            return 0, 0

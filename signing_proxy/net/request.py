@@ -169,7 +169,13 @@ class Request:
 
 
 class AbortConnection(Exception):
-    """The response already started; the only honest signal left is closing the connection."""
+    """The response already started; the only honest signal left is closing the connection.
+    ``status`` and ``bytes_out``: what a response cut off after its head had sent (its access line
+    and byte count report them); 0 without a head."""
+
+    def __init__(self, status: int = 0, bytes_out: int = 0) -> None:
+        super().__init__(status, bytes_out)
+        self.status, self.bytes_out = status, bytes_out
 
 
 def full() -> ProxyError:

@@ -26,7 +26,7 @@ from ..core.errors import FieldError
 from ..core.uri import Target, forwarded_target, parse_absolute_uri, spelled, valid_host_field
 from ..errors import ProxyError
 from ..metrics import Metrics
-from ..net.forward import ResponseStream, cut_off, forward, sent_before
+from ..net.forward import ResponseStream, forward
 from ..net.framing import Outgoing
 from ..net.request import AbortConnection, Request
 from ..net.server import ClientConnection
@@ -252,7 +252,7 @@ class ProxyHandler:
             return keep
         except AbortConnection as cut:
             outcome = "aborted"
-            status, sent_out = sent_before(cut)  # after its head: logged and counted as it was sent
+            status, sent_out = cut.status, cut.bytes_out  # after its head: logged and counted as sent
             if req.refusal is None:
                 conn.abort()
             else:  # its body could not be parsed: the engine answered so, and closes after its answer
@@ -391,7 +391,7 @@ class ProxyHandler:
         try:
             await conn.drain()
         except AbortConnection:
-            raise cut_off(stream.held.status, stream.bytes_out) from None
+            raise AbortConnection(stream.held.status, stream.bytes_out) from None
 
 
 def _websocket_as_http(uri: str) -> str:
