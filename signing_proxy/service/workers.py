@@ -380,7 +380,7 @@ def run_check(check: Callable[[], int], limit_s: float = CHECK_LIMIT_S) -> tuple
             signal.signal(sig, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_SETMASK, before)
         os.close(read_end)
-        _Worker.restarted, _Worker.told = True, write_end
+        _Worker.told = write_end  # what it refuses, told as a worker tells it
         _end_with(parent)
         code = 1
         try:
