@@ -54,6 +54,7 @@ __all__ = [
     "VerificationKey",
     "VerifiedSignature",
     "VerifiedStack",
+    "check_not_expired",
     "check_stack",
     "parse_signature_agent",
     "parse_signature_stack",
@@ -214,9 +215,15 @@ def _check_params(
     # (spec: "a signature outside that window is refused"), half-open like a key's window
     if created > now + skew_s:
         raise VerificationError("signature-not-yet-valid", "created is in the future", label)
+    check_not_expired(expires, now, label)
+    return keyid, created, expires
+
+
+def check_not_expired(expires: int, now: float, label: str | None) -> None:
+    """``signature-expired`` from ``expires`` on: the window is half-open, as a key's is. Judged
+    before a signature's keys are fetched and again once they are here (the fetches take time)."""
     if now >= expires:
         raise VerificationError("signature-expired", "the signature's window has ended", label)
-    return keyid, created, expires
 
 
 def _check_key(entry: SignatureEntry, key: VerificationKey | None, now: float) -> VerificationKey:
@@ -354,8 +361,7 @@ def verify_checked(checked: CheckedStack, lookup: KeyLookup, *, now: float) -> V
     message = checked.message
     verified = []
     for index, (entry, keyid, created, expires) in enumerate(checked.entries):
-        if now >= expires:
-            raise VerificationError("signature-expired", "the signature's window has ended", entry.label)
+        check_not_expired(expires, now, entry.label)
         key = _check_key(entry, lookup(entry, index), now)
         if index == 0:
             base = checked.base

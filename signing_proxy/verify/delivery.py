@@ -43,7 +43,7 @@ from ..core.jwk import PublicKey
 from ..core.keys import Directory, DirectoryKey
 from ..core.retrieval import RetrievalUrl, parse_retrieval_url
 from ..core.signature_key import RETRIEVAL_COMPONENTS, SIGNATURE_KEY, parse_presented_key
-from ..core.signature_verify import DEFAULT_MAX_VALIDITY_S, check_stack, verify_checked
+from ..core.signature_verify import DEFAULT_MAX_VALIDITY_S, check_not_expired, check_stack, verify_checked
 from ..core.signatures import (
     DEFAULT_SKEW_S,
     Message,
@@ -163,8 +163,7 @@ class DeliveryVerifier:
         source, listed = await self._check_url_signature(bound, now)
         now = self.clock()  # the fetches may take seconds: what is bound in time, again at this time
         _check_url_expires(bound, now)
-        if now >= fetcher.expires:  # the window verify_checked judged, at this time
-            raise VerificationError("signature-expired", "the signature's window has ended", fetcher.label)
+        check_not_expired(fetcher.expires, now, fetcher.label)  # the window verify_checked judged, now
         if listed is not None:
             _check_key_window(bound, listed, now)
         return VerifiedRetrieval(target.uri, bound.agent_id, bound.expires, bound.keyid, source, fetcher)
