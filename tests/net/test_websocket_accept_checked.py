@@ -21,7 +21,6 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -29,6 +28,7 @@ from signing_proxy.core.jwk import SigningKey
 from tests.harness import WAIT_S, ProxyProcess, wait_for
 from tests.oracle import oracle_agent_sign
 from tests.proxy.raw_upstream import raw_backend
+from tests.proxy.test_gateway_spelling import gateway_before
 from tests.verify.directory_host import served_directory
 
 pytestmark = pytest.mark.integration
@@ -164,6 +164,14 @@ def reason(answer: bytes) -> str:
     return f"{int(head.split(b' ')[1])} {json.loads(body)['reason']}"
 
 
+def judged(sock: socket.socket, head: bytes, seen: Seen, *, piped: bool) -> None:
+    """``assert_piped`` when the upstream's answer is the one its key asks for, else refused."""
+    if piped:
+        assert_piped(sock, head, seen)
+    else:
+        assert_refused_and_nothing_piped(sock, head, seen)
+
+
 def assert_refused_and_nothing_piped(sock: socket.socket, head: bytes, seen: Seen) -> None:
     assert head.startswith(b"HTTP/1.1 502 "), head  # not the upstream's 101
     assert reason(read_to_end(sock, head)) == "502 upstream-bad-response"
@@ -190,10 +198,7 @@ def test_an_agents_plain_handshake_is_piped_only_on_the_accept_its_key_asks_for(
         sock.sendall(handshake(f"ws://127.0.0.1:{port}{path}", f"127.0.0.1:{port}") + SMUGGLED)
         head = read_head(sock)
         seen = backend.connection_for(path)
-        if case == "good":
-            assert_piped(sock, head, seen)
-        else:
-            assert_refused_and_nothing_piped(sock, head, seen)
+        judged(sock, head, seen, piped=case == "good")
 
 
 @pytest.mark.parametrize("case", ["wrong", "missing", "good"])
@@ -211,10 +216,7 @@ def test_an_agents_handshake_inside_an_intercepted_connect_is_checked_the_same(
             tls.sendall(handshake(path, authority) + SMUGGLED)
             head = read_head(tls)
             seen = backend.connection_for(path)
-            if case == "good":
-                assert_piped(tls, head, seen)
-            else:
-                assert_refused_and_nothing_piped(tls, head, seen)
+            judged(tls, head, seen, piped=case == "good")
 
 
 @pytest.mark.parametrize("case", ["wrong", "other-key", "good"])
@@ -223,35 +225,28 @@ def test_a_gateways_handshake_is_piped_only_on_the_accept_its_key_asks_for(
 ) -> None:
     backend, port = upstream
     signer = SigningKey.generate()
-    with served_directory(signer) as directory:
-        config: dict[str, Any] = {
-            "mode": "gateway",
-            "log": {"format": "json"},
-            "egress": {"allow_private": ["127.0.0.1/32"]},
-            "gateway": {"upstream": f"http://127.0.0.1:{port}"},
-        }
-        with ProxyProcess(tmp_path, config) as gateway:
-            host = f"127.0.0.1:{gateway.port}"
-            path = f"/{case}/gateway"
-            fields = [
-                ("Host", host),
-                ("Connection", "Upgrade"),
-                ("Upgrade", "websocket"),
-                ("Sec-WebSocket-Key", WS_KEY),
-                ("Sec-WebSocket-Version", "13"),
-            ]
-            signed = oracle_agent_sign(
-                "GET", f"http://{host}{path}", b"", signer, signature_agent=directory, head=fields
-            )
-            request = f"GET {path} HTTP/1.1\r\n" + "".join(f"{n}: {v}\r\n" for n, v in signed) + "\r\n"
-            with socket.create_connection(("127.0.0.1", gateway.port), timeout=WAIT_S) as sock:
-                sock.sendall(request.encode("latin-1") + SMUGGLED)
-                head = read_head(sock)
-                seen = backend.connection_for(path)
-                if case == "good":
-                    assert_piped(sock, head, seen)
-                else:
-                    assert_refused_and_nothing_piped(sock, head, seen)
+    with (
+        served_directory(signer) as directory,
+        ProxyProcess(tmp_path, gateway_before(port, access_log=True)) as gateway,
+    ):
+        host = f"127.0.0.1:{gateway.port}"
+        path = f"/{case}/gateway"
+        fields = [
+            ("Host", host),
+            ("Connection", "Upgrade"),
+            ("Upgrade", "websocket"),
+            ("Sec-WebSocket-Key", WS_KEY),
+            ("Sec-WebSocket-Version", "13"),
+        ]
+        signed = oracle_agent_sign(
+            "GET", f"http://{host}{path}", b"", signer, signature_agent=directory, head=fields
+        )
+        request = f"GET {path} HTTP/1.1\r\n" + "".join(f"{n}: {v}\r\n" for n, v in signed) + "\r\n"
+        with socket.create_connection(("127.0.0.1", gateway.port), timeout=WAIT_S) as sock:
+            sock.sendall(request.encode("latin-1") + SMUGGLED)
+            head = read_head(sock)
+            seen = backend.connection_for(path)
+            judged(sock, head, seen, piped=case == "good")
 
 
 @pytest.mark.parametrize(
