@@ -9,8 +9,9 @@ buffered line writer): no ``logging`` record and no system call per request (iss
 A request only records its fields (and the time): the exchange appends its record to ``records``
 itself, the body of ``request`` written out, since the call alone cost about 1.3 us per request in
 place (issue 21). ``later`` (the writer's: before its next flush or close) has ``flush`` format what
-gathered in one loop and write it as one block: formatted between two requests, a line cost about
-five times what it costs in that loop. Without ``later`` each line is formatted and written at once.
+gathered in one loop and write it as one block (at once when ``MAX_PENDING`` records wait): formatted
+between two requests, a line cost about five times what it costs in that loop. Without ``later`` each
+line is formatted and written at once.
 """
 
 from __future__ import annotations
@@ -34,11 +35,13 @@ _HUNDREDTHS = tuple(f".{c:02d}".rstrip("0") if c else ".0" for c in range(100))
 # Below it a double's spacing is under 0.005, so no shorter decimal reads back as d / 100 (above
 # 10**15 repr() may: 99999999999999.98 for d = 10**16 - 1). Three centuries: the general path past it.
 _EXACT = 10**15
-# lines waiting to be formatted: past this, formatted at once. About the writer's interval of the
-# fastest traffic (12,000 requests/s): a batch that large costs the least per line. A host is at most
-# 253 characters (core.uri.MAX_HOST_CHARS; a CONNECT target is cut to 259), the other fields are
-# shorter: what waits stays under a megabyte whatever strangers send.
-MAX_PENDING = 1024
+# lines waiting to be formatted: past this, formatted at once (the flush timer formats fewer). A batch
+# this size still formats in one loop, and what waits (~128 tuples, their floats and hosts: ~40 KB)
+# stays in the core's cache until formatted; 1,024 (one batch per ~100 ms at 12,000 requests/s, ~300
+# KB of records kept alive) cost 0.5 us more per request in place (issue 21: 30 paired rounds, two
+# runs). A host is at most 253 characters (core.uri.MAX_HOST_CHARS; a CONNECT target is cut to 259),
+# the other fields are shorter: what waits stays small whatever strangers send.
+MAX_PENDING = 128
 # (whether its log writes JSON, time, client, method, host, status, duration in hundredths of a
 #  millisecond, bytes_in, bytes_out, keyid, profile, outcome). Atoms only, not the log itself: the
 # cycle collector untracks such a tuple at its first pass. One holding the log stayed tracked, was
