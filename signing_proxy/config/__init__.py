@@ -23,8 +23,8 @@ from .loading import (
     apply_env_overrides,
     load_config,
     parse_config,
-    redacted,
 )
+from .masking import redacted
 from .profiles import ProfileRule, ProfilesConfig
 from .schema import (
     DISCOVERY_CACHE_MAX_S,

@@ -2,65 +2,21 @@
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
-from typing import Any
-from urllib.parse import unquote_plus
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from ..core.errors import FieldError
-from ..core.pkcs11_uri import mask_pin_value
 from ..core.signature_verify import MAX_HOPS
 from ..core.uri import LOOPBACK_HOSTS, is_host_name, parse_authority
 from ..errors import ConfigError
 from .checks import check_origin, check_url, positive, shown
+from .masking import PIN_IN, STORE_URL, masked_repr, quoted, secret
 
-__all__ = ["GatewayConfig", "TrustedIssuer", "store_shown"]
+__all__ = ["GatewayConfig", "TrustedIssuer"]
 
 MAX_ISSUER_KEY_GRACE_S = 30 * 86_400  # our bound: a rotated issuer key trusted at most 30 days more
 MAX_STRANGER_QUOTA_ROWS = 10_000_000  # our bound on the bound: a few GB of counters
 MAX_STRANGER_REPLAY_ROWS = 10_000_000  # our bound on the bound: a few GB of replay rows
-
-
-_REDIS_SCHEMES = ("redis://", "rediss://", "unix://")  # gateway.store's URLs that may carry a password
-
-
-def store_shown(store: str) -> str:
-    """``gateway.store`` for display: a Redis URL's userinfo (``redis://:PASSWORD@host``, up to the
-    last ``@``, since a password may hold ``/`` or ``@`` unencoded) and every query value whose name
-    holds ``password`` masked: redis-py reads ``password`` there too, and ``ssl_password`` (the TLS
-    client key's passphrase), each name percent-decoded; host, port and database stay. Its other query
-    parameters carry no secret (``ssl_ca_data`` is public certificates, ``ssl_keyfile`` a path)."""
-    if not store.lower().startswith(_REDIS_SCHEMES):
-        return store
-    return _masked(store, _pair_shown)
-
-
-def _refused_store_shown(store: str) -> str:
-    """A ``gateway.store`` refused, as its refusal quotes it: whatever it is (``REDIS://``, the typo
-    ``redis:/``), masked as a Redis URL, every query value with it (a misspelt name holds a password
-    too). ``shown`` hid only a value with an ``@``: ``?password=`` was printed by ``config check``
-    and ``run``."""
-    return _masked(store, lambda pair: f"{pair.group(1)}=(not shown)")
-
-
-def _masked(store: str, pair_shown: Callable[[re.Match[str]], str]) -> str:
-    scheme, sep, rest = store.partition("://")
-    if not sep:  # no "://": all of it may be userinfo and query
-        scheme, rest = "", store
-    if "@" in rest:
-        rest = "(not shown)@" + rest.rsplit("@", 1)[1]
-    # every pair after a ? or an &: an @ in the query (``?db=1@x&password=...``) put its ? in the
-    # userinfo masked above, and the password after it was shown
-    return f"{scheme}{sep}{_QUERY_PAIR.sub(pair_shown, rest)}"
-
-
-_QUERY_PAIR = re.compile(r"(?<=[?&])([^?&=]*)=[^&]*")
-
-
-def _pair_shown(pair: re.Match[str]) -> str:
-    name = pair.group(1)
-    return f"{name}=(not shown)" if "password" in unquote_plus(name).lower() else pair.group(0)
 
 
 def _check_provider(provider: str, path: str) -> None:
@@ -84,31 +40,13 @@ def _check_provider(provider: str, path: str) -> None:
         raise ConfigError(f"{path}: {shape}, got {shown(provider)}")
 
 
-def masked_repr(config: Any) -> str:
-    """A configuration dataclass's repr as ``config check`` shows it: ``store`` with a Redis
-    password masked, and a ``pin-value`` masked in any string (a ``pkcs11:`` URI given for a file)."""
-    shown = []
-    for f in fields(config):
-        value = getattr(config, f.name)
-        if f.name == "store":
-            value = store_shown(value)
-        elif isinstance(value, str):
-            value = mask_pin_value(value)
-        elif isinstance(value, tuple) and all(isinstance(entry, str) for entry in value):
-            value = tuple(mask_pin_value(entry) for entry in value)
-        shown.append(f"{f.name}={value!r}")
-    return f"{type(config).__name__}({', '.join(shown)})"
-
-
 @dataclass(frozen=True)
 class TrustedIssuer:
     """One delegation issuer (keyed by its ``iss``): pinned public key files, or its directory base."""
 
-    keys: tuple[str, ...] = ()  # public key files (PEM or JWK), always valid
+    keys: tuple[str, ...] = secret(PIN_IN, ())  # public key files (PEM or JWK), always valid
     directory: str | None = None  # e.g. http://127.0.0.1:8443 (fetched through the egress policy)
-
-    def __repr__(self) -> str:
-        return masked_repr(self)
+    __repr__ = masked_repr  # secrets as config check shows them (masking.py)
 
     def _check(self, path: str) -> None:
         if bool(self.keys) == (self.directory is not None):
@@ -127,7 +65,8 @@ class GatewayConfig:
     issuer_key_grace_s: int = 86_400
     understood_extensions: tuple[str, ...] = ()  # ext_critical keys this exchange evaluates
     replay_protection: bool = False  # refuse a signature seen before within its validity
-    store: str = "sqlite"  # counters: sqlite (in data_dir), sqlite:///PATH, redis://host:6379/0
+    # counters: sqlite (in data_dir), sqlite:///PATH, redis://host:6379/0 (a password: never shown)
+    store: str = secret(STORE_URL, "sqlite")
     # live counters of chains whose issuer is not in trusted_issuers (measured: ~180 bytes each in
     # SQLite, ~350 in Redis: 100,000 is ~18 MB and ~35 MB); a new one past it: 503 quota-store-full
     max_stranger_quota_rows: int = 100_000
@@ -146,16 +85,14 @@ class GatewayConfig:
     broker_directories: tuple[str, ...] = ()  # directory bases of the brokers whose labels we accept
     # public key files (PEM or JWK), read as relay.pinned_*_keys are: agents that send an empty
     # Signature-Agent (no key directory: DESIGN 5); brokers known by key, no directory fetch
-    pinned_agent_keys: tuple[str, ...] = ()
-    pinned_broker_keys: tuple[str, ...] = ()
+    pinned_agent_keys: tuple[str, ...] = secret(PIN_IN, ())
+    pinned_broker_keys: tuple[str, ...] = secret(PIN_IN, ())
     # spec rule 7: providers whose svc.json must keep listing exchange_domain (domains, or base URLs)
     providers: tuple[str, ...] = ()
     exchange_domain: str | None = None
     manifest_min_refresh_s: int = 60  # a manifest's max-age is clamped to [min, max]
     manifest_max_refresh_s: int = 86_400
-
-    def __repr__(self) -> str:
-        return masked_repr(self)
+    __repr__ = masked_repr  # secrets as config check shows them (masking.py)
 
     def _check(self, path: str) -> None:
         check_url(self.upstream, f"{path}.upstream")
@@ -174,7 +111,7 @@ class GatewayConfig:
         store = self.store
         if store != "sqlite" and not store.startswith(("sqlite:///", "redis://", "rediss://", "unix://")):
             raise ConfigError(
-                f"{path}.store: sqlite, sqlite:///PATH or a redis:// URL, got {_refused_store_shown(store)!r}"
+                f"{path}.store: sqlite, sqlite:///PATH or a redis:// URL, got {quoted(self, 'store')}"
             )
         check_origin(self.external_origin, f"{path}.external_origin")
         for i, host in enumerate(self.hosts):

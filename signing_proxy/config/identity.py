@@ -7,13 +7,12 @@ value with a ConfigError naming its key path (``config/build.py`` calls it once 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..core.errors import FieldError, KeyFormatError, ManifestError
 from ..core.keys import parse_rfc3339
 from ..core.manifest import render_agent_manifest
-from ..core.pkcs11_uri import mask_pin_value
 from ..core.requester import (
     REQUESTER_TYPE_DELEGATED,
     TOKEN_FORMAT_JWT,
@@ -32,6 +31,7 @@ from .checks import (
     parse_host_port,
     positive,
 )
+from .masking import PIN_IN, masked_repr, secret
 from .pkcs11 import Pkcs11Config, check_pkcs11_key
 
 __all__ = [
@@ -49,22 +49,15 @@ DIRECTORY_MAX_AGE_RANGE_S = (60, 86_400)  # spec: Limits ("minutes to hours")
 
 @dataclass(frozen=True)
 class SigningConfig:
-    key: str | None = (
-        None  # PEM or private JWK file, or a pkcs11: URI; None: the key store <data_dir>/keys/<agent>/
-    )
+    # PEM or private JWK file, or a pkcs11: URI; None: the key store <data_dir>/keys/<agent>/
+    key: str | None = secret(PIN_IN, None)
     label: str = "agent"
     signature_agent: str = ""  # directory base URL; "" sends an empty Signature-Agent
     validity_s: int = 300
     agent: str = "default"  # whose key store signs (and is published at the root of publish.listen)
     key_lifetime_s: int = 90 * 86_400  # window of a key the store creates (first run, `keys rotate`)
     pkcs11: Pkcs11Config = field(default_factory=Pkcs11Config)  # module and PIN of token-held keys
-
-    def __repr__(self) -> str:
-        """The dataclass's own, but a PIN the key's URI carries (``pin-value``) is not shown."""
-        shown = {f.name: getattr(self, f.name) for f in fields(self)}
-        if self.key is not None:
-            shown["key"] = mask_pin_value(self.key)
-        return f"SigningConfig({', '.join(f'{name}={value!r}' for name, value in shown.items())})"
+    __repr__ = masked_repr  # the dataclass's own, but a PIN the key's URI carries is not shown
 
     def _check(self, path: str) -> None:
         check_pkcs11_key(self.key, f"{path}.key")

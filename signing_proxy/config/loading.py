@@ -1,4 +1,4 @@
-"""Loading a configuration: YAML text, then ``SIGNING_PROXY_*`` environment overrides; and its redacted view.
+"""Loading a configuration: YAML text, then ``SIGNING_PROXY_*`` environment overrides.
 
 Precedence: the YAML file, then the environment variables, then command-line flags. A bad variable
 is refused with both names, the variable's and the key path's (``SIGNING_PROXY_LISTEN (listen):
@@ -20,10 +20,8 @@ from typing import Any, Final
 
 import yaml
 
-from ..core.pkcs11_uri import mask_pin_value
 from ..errors import ConfigError
-from .build import build, to_plain
-from .gateway import store_shown
+from .build import build
 from .schema import Config
 
 __all__ = [
@@ -33,7 +31,6 @@ __all__ = [
     "apply_env_overrides",
     "load_config",
     "parse_config",
-    "redacted",
     "reloading",
 ]
 
@@ -238,38 +235,3 @@ def apply_env_overrides(config: Config, environ: Mapping[str, str]) -> Config:
         culprit = next((var for path, var in by_path.items() if message.startswith(path)), None)
         names = culprit or ", ".join(by_path.values())
         raise ConfigError(f"{names} ({message})") from None
-
-
-def redacted(config: Config) -> dict[str, Any]:
-    """The effective configuration with secret-bearing values masked (for ``config check``)."""
-    plain: dict[str, Any] = to_plain(config)
-    for rule in plain["credentials"]:
-        if rule.get("bearer_env"):
-            rule["bearer_env"] = f"{rule['bearer_env']} (value not shown)"
-    token = plain["signing"]["pkcs11"]
-    if token.get("pin") is not None:
-        token["pin"] = "(not shown)"
-    if token.get("pin_env"):
-        token["pin_env"] = f"{token['pin_env']} (value not shown)"
-    key = plain["signing"].get("key")
-    if isinstance(key, str) and "pin-value=" in key.lower():  # RFC 7512 lets a URI carry the PIN
-        plain["signing"]["key"] = mask_pin_value(key)
-    gateway = plain.get("gateway")
-    if isinstance(gateway, dict) and isinstance(gateway.get("store"), str):  # a Redis URL's password
-        gateway["store"] = store_shown(gateway["store"])
-    # key files, where a pkcs11: URI may be given by mistake (a token key is never pinned by URI),
-    # its PIN with it: the entries as they are read, each with its pin-value masked
-    for section in ("relay", "gateway"):
-        keys = plain.get(section)
-        for name in ("pinned_agent_keys", "pinned_broker_keys"):
-            if isinstance(keys, dict) and isinstance(keys.get(name), list):
-                keys[name] = [_key_shown(entry) for entry in keys[name]]
-    issuers = gateway.get("trusted_issuers") if isinstance(gateway, dict) else None
-    for issuer in issuers.values() if isinstance(issuers, dict) else ():
-        if isinstance(issuer, dict) and isinstance(issuer.get("keys"), list):
-            issuer["keys"] = [_key_shown(entry) for entry in issuer["keys"]]
-    return plain
-
-
-def _key_shown(entry: object) -> object:
-    return mask_pin_value(entry) if isinstance(entry, str) else entry

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from ..core.profiles import member_refusal
 from ..core.rotation import ROTATION_MARGIN_S
@@ -23,8 +22,9 @@ from ..core.uri import parse_authority
 from ..errors import ConfigError, FieldError
 from .build import build, to_plain
 from .checks import check_host_pattern, check_url, host_form, is_loopback, parse_host_port, positive, shown
-from .gateway import GatewayConfig, TrustedIssuer, masked_repr
+from .gateway import GatewayConfig, TrustedIssuer
 from .identity import DelegationConfig, PublishConfig, RequesterConfig, SigningConfig
+from .masking import ENV_NAME, PIN_IN, masked_repr, secret
 from .profiles import ProfilesConfig
 
 __all__ = [
@@ -195,8 +195,8 @@ class RelayConfig:
     verify: bool = True  # never add our label to a stack we did not verify (off only for trusted meshes)
     max_hops: int | None = None  # signatures in the stack including ours; None: no cap of our own
     broker_directories: tuple[str, ...] = ()  # directory bases of brokers before us (their keys live there)
-    pinned_agent_keys: tuple[str, ...] = ()  # key files (PEM, JWK): agents with an empty Signature-Agent
-    pinned_broker_keys: tuple[str, ...] = ()  # and brokers known by key
+    pinned_agent_keys: tuple[str, ...] = secret(PIN_IN, ())  # key files: agents with empty Signature-Agent
+    pinned_broker_keys: tuple[str, ...] = secret(PIN_IN, ())  # and brokers known by key (PEM, JWK)
     skew_s: int = 5
     __repr__ = masked_repr  # a pkcs11: URI's pin-value masked, as config check shows it
 
@@ -225,7 +225,7 @@ class CredentialRule:
 
     hosts: tuple[str, ...]
     bearer_file: str | None = None  # owner-only (0600), like key files
-    bearer_env: str | None = None
+    bearer_env: str | None = secret(ENV_NAME, None)
     override: bool = False  # replace an Authorization the agent sent (default: keep the agent's)
     allow_plaintext: bool = False  # also send the token to http:// targets (in clear text)
     ports: tuple[int, ...] = ()  # only to these ports (explicit or the scheme's default); empty: any
@@ -474,7 +474,7 @@ class Config:
             for part in parents:
                 node = node[part]
             node[leaf] = value
-        return typing.cast(Config, build(Config, raw, ""))
+        return cast(Config, build(Config, raw, ""))
 
 
 def _web_member_chooser(profiles: ProfilesConfig) -> tuple[str, str] | None:
