@@ -27,6 +27,7 @@ from ..errors import (
     ProxyError,
     StorageError,
 )
+from ..logline import line_of, say_only
 from ..storage.keyfile import load_key_file, load_public_key_file
 
 __all__ = [
@@ -117,6 +118,11 @@ LIBRARY_LOGGERS = ("asyncio", "aiohttp")
 _QUOTED = re.compile(r"[(<\[{'\"=]")  # where a library's line starts to quote a value (a repr, arguments)
 
 
+def _unquoted(text: str) -> str:
+    """A library's first line up to any quoted value (at most 200 characters), never empty."""
+    return _QUOTED.split(text, 1)[0].strip()[:200] or "(details not shown)"
+
+
 class _Forwarded(logging.Handler):
     """A library's record handed to ``target``'s handlers (read as they are then: routed through the
     app's writer while it runs) as one line: its first line up to any quoted value, then the type of
@@ -130,18 +136,8 @@ class _Forwarded(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         if record.levelno < self.target.getEffectiveLevel():
             return
-        try:
-            text = record.getMessage()
-        except Exception:  # a library's bad format arguments: its format alone
-            text = str(record.msg)
-        text = _QUOTED.split(text.split("\n", 1)[0], 1)[0].strip()[:200] or "(details not shown)"
-        exc = record.exc_info[1] if record.exc_info else None
-        if exc is not None:
-            text += f": {exception_kind(exc)}"
-        line = logging.makeLogRecord(
-            {**record.__dict__, "msg": text, "args": None, "exc_info": None, "exc_text": None}
-        )
-        line.stack_info = None
+        line = logging.makeLogRecord(record.__dict__)  # a copy: the library's own handlers see theirs
+        say_only(line, line_of(record, _unquoted))
         for handler in self.target.handlers:
             if line.levelno >= handler.level:
                 handler.handle(line)
@@ -197,12 +193,6 @@ def error_line(exc: Error) -> str:
     if isinstance(exc, KeyFileError):  # a mistyped pkcs11: URI taken for a key path: its PIN not shown
         return exc.shown()
     return str(exc)
-
-
-def exception_kind(exc: BaseException) -> str:
-    """An exception that is not ours, for a log line: its type's name, never its text (which may
-    quote a file, and a PIN or a token in it)."""
-    return type(exc).__name__
 
 
 def show_host(host: str) -> str:

@@ -21,11 +21,12 @@ from ..config import Config
 from ..config.loading import reloading
 from ..core.keys import KeyProvider, RevocationList
 from ..errors import Error
+from ..logline import exception_kind
 from ..service.app import ProxyApp, restart_merge
 from ..service.workers import run_check, tell_parent
 from ..storage.keystore import StoreWatcher
 from ..storage.storewatch import RevocationFloor
-from .common import error_line, exception_kind
+from .common import error_line
 
 __all__ = ["RestartCopy"]
 

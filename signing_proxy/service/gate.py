@@ -29,6 +29,8 @@ from typing import Any, cast
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
+from ..logline import carried, line_of, say_only
+
 __all__ = ["HTTP_LOGGER", "Gate", "GatedSite", "start_gated"]
 
 HTTP_LOGGER = "signing_proxy.http"  # aiohttp's lines about our listeners' connections and requests
@@ -193,16 +195,13 @@ class _OneLine(logging.Filter):
     request aiohttp could not parse is the client's doing, not ours: ``info``, not ``error``."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        exc = record.exc_info[1] if record.exc_info else None
-        text = record.getMessage().split("\n", 1)[0]  # aiohttp's own words (and the client's address)
-        if exc is not None:
-            text += f": {type(exc).__name__}"
-            if isinstance(exc, _THE_CLIENTS):  # a stranger's bytes refused, or the stranger gone
-                record.levelno, record.levelname = logging.INFO, "INFO"
-            elif (where := _raised_at(exc)) is not None:  # a bug of ours
-                text += f" at {where}"
-        record.msg, record.args = text, None
-        record.exc_info = record.exc_text = record.stack_info = None
+        exc = carried(record)
+        text = line_of(record)  # aiohttp's own words (and the client's address), the exception's kind
+        if isinstance(exc, _THE_CLIENTS):  # a stranger's bytes refused, or the stranger gone
+            record.levelno, record.levelname = logging.INFO, "INFO"
+        elif exc is not None and (where := _raised_at(exc)) is not None:  # a bug of ours
+            text += f" at {where}"
+        say_only(record, text)
         return record.levelno >= logging.getLogger(HTTP_LOGGER).getEffectiveLevel()
 
 
