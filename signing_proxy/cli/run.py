@@ -32,6 +32,7 @@ from ..config import Config, parse_host_port
 from ..config.loading import reloading
 from ..core.keys import KeyProvider
 from ..errors import CliError, Error
+from ..logline import exception_kind
 from ..proxy.connect import load_interception_ca
 from ..proxy.gateway import gateway_upstream
 from ..service.app import STDERR_FD, ProxyApp, restart_merge
@@ -60,7 +61,6 @@ from .common import (
     configure_logging,
     environment_epilog,
     error_line,
-    exception_kind,
     show_host,
 )
 from .restart_copy import RestartCopy
@@ -153,13 +153,14 @@ def _run_workers(config: Config, keys: KeyProvider, args: argparse.Namespace, wo
     """``--workers N``: resolve the port once, create the CA once, then fork N event loops."""
     if not 1 < workers <= MAX_WORKERS:
         raise CliError(f"--workers: must be from 1 to {MAX_WORKERS}")
-    for name, listen in (("publish.listen", config.publish.listen), ("admin.listen", config.admin.listen)):
-        if listen is not None and listen.endswith(":0"):
+    addresses = _addresses(config)
+    for name, listen in addresses:
+        if name != "listen" and listen.endswith(":0"):
             raise CliError(f"{name}: with --workers, give a fixed port (every worker binds it)")
-    _refuse_shared(config)
+    _refuse_shared(addresses)
     given = config.listen
     host = parse_host_port(given, "listen")[0]
-    reserved, port = _reserve(config)
+    reserved, port = _reserve(addresses)
     resolved = f"{show_host(host)}:{port}"
     config = config.with_overrides(listen=resolved)
     if config.intercept.enabled and config.mode != "gateway":  # a gateway has no CA
@@ -218,17 +219,22 @@ def _run_workers(config: Config, keys: KeyProvider, args: argparse.Namespace, wo
         writer.close()
 
 
-def _refuse_shared(config: Config) -> None:
-    """Each address the workers will bind, once without SO_REUSEPORT: with it, a second ``--workers``
-    instance bound beside the first without an error, and the kernel balanced clients between two
-    configurations and key stores (a single process was refused EADDRINUSE)."""
-    for name, listen in (
+def _addresses(config: Config) -> list[tuple[str, str]]:
+    """The addresses the workers bind, each with the name of its setting: ``listen`` first, then
+    ``publish.listen`` and ``admin.listen`` where set."""
+    named = (
         ("listen", config.listen),
         ("publish.listen", config.publish.listen),
         ("admin.listen", config.admin.listen),
-    ):
-        if listen is None:
-            continue
+    )
+    return [(name, listen) for name, listen in named if listen is not None]
+
+
+def _refuse_shared(addresses: list[tuple[str, str]]) -> None:
+    """Each address the workers will bind (``_addresses``), once without SO_REUSEPORT: with it, a
+    second ``--workers`` instance bound beside the first without an error, and the kernel balanced
+    clients between two configurations and key stores (a single process was refused EADDRINUSE)."""
+    for name, listen in addresses:
         host, port = parse_host_port(listen, name)
         try:
             refuse_shared(host, port)
@@ -239,18 +245,18 @@ def _refuse_shared(config: Config) -> None:
             ) from None
 
 
-def _reserve(config: Config) -> tuple[list[socket.socket], int]:
-    """Each address the workers bind, held by the parent for its life (``service.ports``), and the
-    port of ``listen`` (a port of 0 resolved once): with ``listen`` alone held, and that so another
-    instance's probe bound beside it, a second instance started while no worker of the first
-    listened (starting, or every one restarting) served the same ports."""
+def _reserve(addresses: list[tuple[str, str]]) -> tuple[list[socket.socket], int]:
+    """Each address the workers bind (``_addresses``), held by the parent for its life
+    (``service.ports``), and the port of ``listen``, the first (a port of 0 resolved once): with
+    ``listen`` alone held, and that so another instance's probe bound beside it, a second instance
+    started while no worker of the first listened (starting, or every one restarting) served the
+    same ports."""
     held: list[socket.socket] = []
-    wanted = [("publish.listen", config.publish.listen), ("admin.listen", config.admin.listen)]
-    name, listen = "listen", config.listen
+    (name, listen), wanted = addresses[0], addresses[1:]
     try:
         sock, port = reserve_port(*parse_host_port(listen, name))
         held.append(sock)
-        for name, listen in ((n, where) for n, where in wanted if where is not None):
+        for name, listen in wanted:
             held.extend(reserve_addresses(*parse_host_port(listen, name)))
     except OSError as exc:
         for sock in held:

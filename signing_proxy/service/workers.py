@@ -39,7 +39,7 @@ import select
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from .ports import refuse_shared, reserve_addresses, reserve_port
 
@@ -206,72 +206,60 @@ def run_workers(
         if now - last_start.get(index, 0.0) < RESTART_BACKOFF_S:
             time.sleep(RESTART_BACKOFF_S)
         last_start[index] = time.monotonic()
-        read_end, write_end = os.pipe()
         signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)  # none lands before the child is recorded
         if stopping:  # a SIGTERM came during the wait, or just before the block: its children were
             signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)  # told, a new one would not be
-            os.close(read_end)
-            os.close(write_end)
             return
         try:
-            pid = os.fork()
+            pid, read_end = _fork_child(lambda write_end: in_worker(index, again, write_end))
         except OSError:  # no child: the parent takes its signals again
             signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
-            os.close(read_end)
-            os.close(write_end)
             raise
-        if pid:
-            children[pid] = index
-            told[pid] = read_end
-            if tick is not None:  # without one, it is reaped at the next tick
-                with contextlib.suppress(OSError, AttributeError):
-                    pidfds[pid] = os.pidfd_open(pid)
-            if not again:
-                first.add(pid)
-            os.close(write_end)
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
-        else:  # the worker: default signal handling; its own loop installs handlers
-            for sig in (signal.SIGTERM, signal.SIGINT, CUT_SIGNAL):
-                signal.signal(sig, signal.SIG_DFL)
-            # a SIGHUP forwarded before the worker's loop takes it ended the worker (default action)
-            hold_sighup()  # while the signals are still blocked: nothing of the parent's is inherited
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
-            for fd in (read_end, *told.values(), *pidfds.values()):  # its siblings' are not its own
-                os.close(fd)
-            _Worker.restarted, _Worker.told = again, write_end
-            _end_with(parent)
-            code = 1
-            try:
-                code = worker(index)
-            except SystemExit as exc:
-                code = exc.code if isinstance(exc.code, int) else 1
-            except BaseException:
-                log.exception("worker %d failed", index)
-            finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(code)
+        children[pid] = index
+        told[pid] = read_end
+        if tick is not None:  # without one, it is reaped at the next tick
+            with contextlib.suppress(OSError, AttributeError):
+                pidfds[pid] = os.pidfd_open(pid)
+        if not again:
+            first.add(pid)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
+
+    def in_worker(index: int, again: bool, write_end: int) -> int:
+        """In the worker (``_fork_child``): default signal handling; its own loop installs handlers."""
+        for sig in (signal.SIGTERM, signal.SIGINT, CUT_SIGNAL):
+            signal.signal(sig, signal.SIG_DFL)
+        # a SIGHUP forwarded before the worker's loop takes it ended the worker (default action)
+        hold_sighup()  # while the signals are still blocked: nothing of the parent's is inherited
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
+        for fd in (*told.values(), *pidfds.values()):  # its siblings' are not its own
+            os.close(fd)
+        _Worker.restarted, _Worker.told = again, write_end
+        _end_with(parent)
+        code = 1
+        try:
+            code = worker(index)
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+        except BaseException:
+            log.exception("worker %d failed", index)
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        return code
 
     def wait() -> tuple[int, int]:
         """The next child to exit (pid, status), ``tick`` run every ``TICK_S`` until then."""
         if tick is None:
             return os.wait()
         while True:
-            pid, raw = os.waitpid(-1, os.WNOHANG)  # ChildProcessError when there is none
-            if pid:
-                return pid, raw
-            due = ticked[0] + TICK_S - time.monotonic()
-            if due <= 0:
-                ticked[0] = time.monotonic()
-                try:
-                    tick()
-                except Exception as exc:  # the parent goes on: restarting workers matters more
-                    log.error("the parent's periodic check failed (%s)", type(exc).__name__)
-                continue
-            exits = select.poll()
-            for fd in pidfds.values():
-                exits.register(fd, select.POLLIN)
-            exits.poll(due * 1000)
+            exited = _wait_exit(-1, pidfds.values(), ticked[0] + TICK_S)  # no pidfd: not before the tick
+            if exited is not None:
+                return exited
+            ticked[0] = time.monotonic()
+            try:
+                tick()
+            except Exception as exc:  # the parent goes on: restarting workers matters more
+                log.error("the parent's periodic check failed (%s)", type(exc).__name__)
 
     def send(sig: int) -> None:
         for pid in list(children):
@@ -366,31 +354,25 @@ def run_check(check: Callable[[], int], limit_s: float = CHECK_LIMIT_S) -> tuple
     loads (private keys, credentials, a token's module). None when it ends on a signal or runs past
     ``limit_s`` (killed then)."""
     parent = os.getpid()
-    read_end, write_end = os.pipe()
-    before = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
-    try:
-        pid = os.fork()
-    except OSError:
-        signal.pthread_sigmask(signal.SIG_SETMASK, before)
-        os.close(read_end)
-        os.close(write_end)
-        raise
-    if not pid:
+
+    def child(write_end: int) -> int:
         for sig in SIGNALS:
             signal.signal(sig, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_SETMASK, before)
-        os.close(read_end)
         _Worker.told = write_end  # what it refuses, told as a worker tells it
         _end_with(parent)
-        code = 1
         try:
-            code = check()
+            return check()
         except BaseException:  # not known, as a check that could not run
-            code = 1
-        finally:
-            os._exit(code)
+            return 1
+
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+    try:
+        pid, read_end = _fork_child(child)
+    except OSError:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+        raise
     signal.pthread_sigmask(signal.SIG_SETMASK, before)
-    os.close(write_end)
     try:
         raw = _exit_status(pid, limit_s)
     finally:
@@ -409,25 +391,65 @@ def _exit_status(pid: int, limit_s: float) -> int | None:
     except (OSError, AttributeError):
         pidfd = None
     try:
-        while True:
-            done, raw = os.waitpid(pid, os.WNOHANG)
-            if done:
-                return raw
-            left = deadline - time.monotonic()
-            if left <= 0:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-                return None
-            if pidfd is None:
-                time.sleep(min(left, _CHECK_POLL_S))
-            else:
-                exited = select.poll()
-                exited.register(pidfd, select.POLLIN)
-                exited.poll(left * 1000)
+        exited = _wait_exit(pid, () if pidfd is None else (pidfd,), deadline, _CHECK_POLL_S)
+        if exited is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return None
+        return exited[1]
     finally:
         if pidfd is not None:
             os.close(pidfd)
+
+
+def _fork_child(run: Callable[[int], int]) -> tuple[int, int]:
+    """Fork a child that runs ``run(write_end)`` (the write end of a pipe to the parent) and exits
+    with what it returns, always through ``os._exit``: nothing escapes the child into its parent's
+    code (what it raises, or a return that is no exit status, exits 1 without a line: ``run`` logs
+    what it logs). In the parent: (the child's pid, the pipe's read end), the write end closed; a
+    fork that fails closes both ends and raises. The signals are the caller's: it blocks its own."""
+    read_end, write_end = os.pipe()
+    try:
+        pid = os.fork()
+    except OSError:
+        os.close(read_end)
+        os.close(write_end)
+        raise
+    if not pid:
+        code = 1
+        try:
+            os.close(read_end)
+            code = run(write_end)
+        finally:
+            with contextlib.suppress(Exception):  # not an exit status: TypeError, OverflowError
+                os._exit(code)
+            os._exit(1)
+    os.close(write_end)
+    return pid, read_end
+
+
+def _wait_exit(
+    pid: int, pidfds: Collection[int], deadline: float, poll_s: float | None = None
+) -> tuple[int, int] | None:
+    """The child ``pid`` names (as ``os.waitpid`` does: -1 is any) that exits by ``deadline`` (of
+    ``time.monotonic``): (its pid, wait status), reaped; else None, the child left as it is. Woken
+    as it exits by ``pidfds`` (any one's exit wakes it), without one looked at every ``poll_s``
+    (None: at the deadline only). ``ChildProcessError`` when there is no such child."""
+    while True:
+        done, raw = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return done, raw
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        if pidfds:
+            exited = select.poll()
+            for fd in pidfds:
+                exited.register(fd, select.POLLIN)
+            exited.poll(left * 1000)
+        else:
+            time.sleep(left if poll_s is None else min(left, poll_s))
 
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
