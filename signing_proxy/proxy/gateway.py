@@ -29,6 +29,7 @@ from ..core.jwk import PublicKey
 from ..core.manifest import MANIFEST_MAX_BYTES
 from ..core.uri import Target, parse_absolute_uri, served_authority
 from ..errors import ConfigError, KeyFileError, ProxyError, http_status
+from ..logline import exception_kind
 from ..net.client import HttpClient
 from ..net.egress import EgressPolicy
 from ..net.framing import Outgoing, drop_hop_by_hop, outgoing
@@ -188,7 +189,7 @@ class GatewayPipeline:
                 await asyncio.wait_for(self.store.ping(), STORE_PROBE_TIMEOUT_S)
             except Exception as exc:  # the store's client errors, or the timeout
                 if self.store_state != "unavailable":
-                    log.warning("counter store unreachable: %s", type(exc).__name__)
+                    log.warning("counter store unreachable: %s", exception_kind(exc))
                 self.store_state = "unavailable"
             else:
                 if self.store_state == "unavailable":

@@ -41,6 +41,7 @@ import sys
 import time
 from collections.abc import Callable, Collection
 
+from ..logline import exception_kind
 from .ports import refuse_shared, reserve_addresses, reserve_port
 
 __all__ = [
@@ -259,7 +260,7 @@ def run_workers(
             try:
                 tick()
             except Exception as exc:  # the parent goes on: restarting workers matters more
-                log.error("the parent's periodic check failed (%s)", type(exc).__name__)
+                log.error("the parent's periodic check failed (%s)", exception_kind(exc))
 
     def send(sig: int) -> None:
         for pid in list(children):
@@ -343,7 +344,7 @@ def _run_on_sighup(on_sighup: Callable[[], None]) -> None:
     try:
         on_sighup()
     except Exception as exc:
-        kind = type(exc).__name__
+        kind = exception_kind(exc)
         log.error("SIGHUP: the parent's work for restarted workers failed (%s); the workers reload", kind)
 
 

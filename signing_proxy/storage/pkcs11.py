@@ -40,6 +40,7 @@ from ..core.jwk import PublicKey, SigningKey
 from ..core.keys import KeyProvider
 from ..core.pkcs11_uri import Pkcs11Uri
 from ..errors import TokenError
+from ..logline import exception_kind
 from .tokenpin import read_pin
 from .worker import DaemonWorker
 
@@ -236,7 +237,7 @@ class Pkcs11Module:
                     self.reset()
                     if attempt == 2:
                         raise TokenError(
-                            "token-unavailable", f"the token failed: {type(exc).__name__}"
+                            "token-unavailable", f"the token failed: {exception_kind(exc)}"
                         ) from None
                 except TokenError as exc:
                     if exc.reason in _FINAL:  # the token answered: trying again changes nothing

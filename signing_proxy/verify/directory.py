@@ -38,6 +38,7 @@ from ..core.keys import DIRECTORY_PATH, MAX_DIRECTORY_BYTES, Directory, parse_di
 from ..core.signature_verify import DEFAULT_SKEW_S
 from ..core.uri import directory_base, parse_absolute_uri
 from ..errors import VERIFIER_BUSY, DirectoryError, EgressError, Error, ProxyError
+from ..logline import exception_kind
 from ..net.client import HttpClient
 from ..net.egress import EgressPolicy
 from .cache import LruCache, TokenBucket
@@ -225,8 +226,8 @@ async def settle(work: Awaitable[_T], timeout_s: float, kind: str, url: str) -> 
     except TimeoutError:
         raise DirectoryError(f"{kind}-fetch-timeout", f"{url} did not answer in {timeout_s:g} s") from None
     except Exception as exc:  # a parser or fetcher bug on hostile input must still settle the fetch
-        log.warning("%s %s unusable: %s", kind, url, type(exc).__name__, exc_info=True)
-        raise DirectoryError(f"{kind}-unusable", f"{url}: {type(exc).__name__}") from None
+        log.warning("%s %s unusable: %s", kind, url, exception_kind(exc), exc_info=True)
+        raise DirectoryError(f"{kind}-unusable", f"{url}: {exception_kind(exc)}") from None
 
 
 @dataclass(slots=True)

@@ -63,6 +63,7 @@ from ..core.requester import REQUESTER_TYPE_DELEGATED
 from ..core.scopes import format_scope_list
 from ..core.signatures import SignatureEntry, VerifiedStack
 from ..errors import VERIFIER_BUSY, DirectoryError
+from ..logline import exception_kind
 from ..ratelog import RateGate
 from .counters import CounterStore, ReplayRowsFull, StrangerRowsFull
 from .issuers import ISSUER_DIRECTORY_UNAVAILABLE, IssuerKeys
@@ -354,7 +355,7 @@ class GatewayVerifier:
         self._warn_at_most(
             "store-failed",
             "counter store failed: %s (requests that need it are answered 503; logged at most once a minute)",
-            type(exc).__name__,
+            exception_kind(exc),
         )
 
     def _log_replay_full(self, exc: ReplayRowsFull) -> None:
