@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import asyncio
 
-from signing_proxy.errors import ProxyError
 from signing_proxy.net.request import Limits, Request
 from signing_proxy.net.server import ClientConnection
 from tests.harness import WAIT_S
-from tests.net.test_engine import running
+from tests.net.test_engine import body_or_refused, running
 
 HEAD = b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 60\r\nConnection: close\r\n\r\n"
 LIMITS = Limits(max_header_bytes=4096, max_body_bytes=64, client_idle_s=5, read_s=5, max_buffered_bytes=100)
@@ -35,11 +34,8 @@ class Reading:
         self.entered += 1
         if self.entered == 2:
             self.two_in.set()
-        try:
-            body = await conn.read_body(req)
-        except ProxyError as error:
-            conn.keep_alive = False
-            conn.write_problem(error)
+        body = await body_or_refused(conn, req)
+        if body is None:
             return False
         conn.local_response(200, "text/plain", str(len(body)).encode())
         return conn.keep_alive

@@ -20,6 +20,17 @@ LIMITS = Limits(max_header_bytes=1024, max_body_bytes=64, client_idle_s=5.0, rea
 WAIT_S = 5.0
 
 
+async def body_or_refused(conn: ClientConnection, req: Request) -> bytes | None:
+    """``req``'s body; None once a body the engine refuses (413, 400, 408) is answered with its
+    problem and the connection set to close, as the proxy's handler does."""
+    try:
+        return await conn.read_body(req)
+    except ProxyError as error:
+        conn.keep_alive = False
+        conn.write_problem(error)
+        return None
+
+
 class Echo:
     """A handler that answers each request with its method, target and body."""
 
@@ -31,11 +42,8 @@ class Echo:
         self.connected.append(conn.client_ip)
 
     async def serve(self, conn: ClientConnection, req: Request) -> bool:
-        try:
-            body = await conn.read_body(req)
-        except ProxyError as error:
-            conn.keep_alive = False
-            conn.write_problem(error)
+        body = await body_or_refused(conn, req)
+        if body is None:
             return False
         self.seen.append((req.method, req.url, body))
         conn.local_response(200, "text/plain", b"%s %s %s" % (req.method.encode(), req.url, body))

@@ -31,7 +31,7 @@ from signing_proxy.net.upstream import UpstreamPool
 from signing_proxy.net.websocket import _Handshake
 from tests.harness import WAIT_S, ProxyProcess, VerifyingOrigin, until, wait_for
 from tests.memory import held_after
-from tests.net.test_engine import exchange, running
+from tests.net.test_engine import body_or_refused, exchange, running
 from tests.proxy.raw_upstream import raw_backend
 
 KEY = SigningKey.generate()
@@ -50,11 +50,8 @@ class Holding:
         pass
 
     async def serve(self, conn: ClientConnection, req: Request) -> bool:
-        try:
-            body = await conn.read_body(req)
-        except ProxyError as error:
-            conn.keep_alive = False
-            conn.write_problem(error)
+        body = await body_or_refused(conn, req)
+        if body is None:
             return False
         self.headers.append(list(req.headers))
         if len(self.headers) == 1:

@@ -80,6 +80,18 @@ def recording_backend() -> Iterator[tuple[int, list[bytes]]]:
         yield port, seen
 
 
+@contextmanager
+def gateway_for(agent: SigningKey, tmp_path: Path) -> Iterator[tuple[ProxyProcess, str, int, list[bytes]]]:
+    """A gateway (``gateway_before``) in front of a ``recording_backend``, ``agent``'s directory
+    served: (the gateway, the directory's base URL, the backend's port, the request lines it got)."""
+    with (
+        recording_backend() as (backend_port, seen),
+        served_directory(agent) as base,
+        ProxyProcess(tmp_path, gateway_before(backend_port)) as gateway,
+    ):
+        yield gateway, base, backend_port, seen
+
+
 def get(port: int, request_target: str, host: str, lines: list[tuple[str, str]]) -> bytes:
     """One GET on its own connection (no client library respells the target); the whole answer."""
     head = f"GET {request_target} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n"
@@ -98,11 +110,7 @@ def test_a_third_partys_signature_over_the_target_it_sent_passes_and_the_backend
     tmp_path: Path, request_target: str
 ) -> None:
     agent = SigningKey.generate()
-    with (
-        recording_backend() as (backend_port, seen),
-        served_directory(agent) as base,
-        ProxyProcess(tmp_path, gateway_before(backend_port)) as gateway,
-    ):
+    with gateway_for(agent, tmp_path) as (gateway, base, _, seen):
         host = f"127.0.0.1:{gateway.port}"
         signed = oracle_agent_sign("GET", f"http://{host}{request_target}", b"", agent, signature_agent=base)
         answer = get(gateway.port, request_target, host, signed)
@@ -117,11 +125,7 @@ def test_an_absolute_form_target_is_refused_not_checked_against_the_host(tmp_pat
     a request naming the backend's own address passed, signed over a URI it did not target. It is
     refused as the middleware and ``verify-origin`` refuse a target not in origin form."""
     agent = SigningKey.generate()
-    with (
-        recording_backend() as (backend_port, seen),
-        served_directory(agent) as base,
-        ProxyProcess(tmp_path, gateway_before(backend_port)) as gateway,
-    ):
+    with gateway_for(agent, tmp_path) as (gateway, base, backend_port, seen):
         host = f"127.0.0.1:{gateway.port}"
         by_host = oracle_agent_sign("GET", f"http://{host}/feed", b"", agent, signature_agent=base)
         absolute = f"http://127.0.0.1:{backend_port}/feed"
