@@ -253,9 +253,9 @@ class ClientConnection(asyncio.Protocol):
         engine = self.engine
         # a declared length is checked, not reserved: strangers' heads alone held the budget (each
         # body is charged as it arrives, so concurrent uploads still never pass it together)
-        declared = req.content_length
-        if declared is not None and engine.buffered + declared > engine.limits.max_buffered_bytes:
-            req.over_budget = declared <= engine.limits.max_body_bytes  # 503 at once (larger: 413)
+        declared, limits = req.content_length, engine.limits
+        if declared is not None and declared <= limits.max_body_bytes:  # larger: 413 as it arrives
+            req.over_budget = engine.buffered + declared > limits.max_buffered_bytes  # 503 at once
         self._ready.append(req)
         if (self.busy or len(self._ready) > 1) and self.transport is not None and not self._reading_paused:
             self.transport.pause_reading()  # at most one request read ahead of the one in flight
@@ -270,15 +270,15 @@ class ClientConnection(asyncio.Protocol):
         req.body_size += len(body)
         if req.too_large or req.over_budget or req.released:  # counted, not kept
             return
-        extra = max(req.body_size - req.held, 0)  # what came since it was last charged
+        size = len(body)  # every byte kept so far is charged: this piece is what is new
         if req.body_size > engine.limits.max_body_bytes:
             req.too_large = True
-        elif extra and engine.buffered + extra > engine.limits.max_buffered_bytes:
+        elif engine.buffered + size > engine.limits.max_buffered_bytes:
             req.over_budget = True
         else:
             keep_piece(req.body, body)
-            req.held += extra
-            engine.buffered += extra
+            req.held += size
+            engine.buffered += size
             return
         req.body.clear()  # stop buffering; the handler answers 413 or 503 and closes
         engine.release(req)
