@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any, Final
 
+from ..config.masking import NOT_SHOWN
 from ..core.delegation import (
     NUMERIC_DATE_MAX,
     NUMERIC_DATE_MIN,
@@ -61,7 +62,6 @@ RULES: Final = {
 }
 # What a NumericDate may be (core: delegation_claims), as the operator writes it.
 DATE_RANGE: Final = "0001-01-01T00:00:00Z to 9999-12-31T23:59:59Z"
-NOT_SHOWN: Final = "(not shown)"
 FAILED: Final = frozenset({"bad", "broken", "no-key", "expired", "bad-type", "out-of-range"})  # exit 1
 
 

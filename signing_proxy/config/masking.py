@@ -30,7 +30,6 @@ __all__ = [
     "redacted",
     "secret",
     "secret_kind",
-    "store_shown",
 ]
 
 NOT_SHOWN: Final = "(not shown)"

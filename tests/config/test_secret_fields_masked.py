@@ -185,3 +185,13 @@ def test_a_mistyped_pin_value_in_signing_key_is_masked_in_config_check_too() -> 
     config = parse_config({"signing": {"key": key}})
     assert redacted(config)["signing"]["key"] == "pkcs11;token=t;object=k?pin_value=(not shown)"
     assert SECRET not in repr(config.signing)
+
+
+def test_a_pin_value_in_a_field_not_declared_secret_is_masked_by_repr_and_the_view() -> None:
+    """RFC 7512 lets any URI carry a ``pin-value``: one written into a field that holds no secret (a
+    module path given as a URI) is masked by the section's repr and by ``config check`` all the same."""
+    module = f"/opt/hsm/lib.so?pin-value={SECRET}"
+    config = parse_config({"signing": {"key": "pkcs11:token=t;object=k", "pkcs11": {"module": module}}})
+    assert SECRET not in repr(config.signing.pkcs11)
+    assert SECRET not in repr(config.signing)
+    assert redacted(config)["signing"]["pkcs11"]["module"] == "/opt/hsm/lib.so?pin-value=(not shown)"
