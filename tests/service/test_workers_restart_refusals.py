@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import socket
 import threading
 from pathlib import Path
 
@@ -22,7 +21,7 @@ import requests
 from signing_proxy.core.jwk import SigningKey
 from signing_proxy.service import workers
 from signing_proxy.service.workers import run_workers
-from tests.cli.test_workers_sighup_restart import ADMITTED, REVOKED, reload
+from tests.cli.test_workers_sighup_restart import ADMITTED, REVOKED, reload, status_line
 from tests.harness import WAIT_S, ProxyProcess, VerifyingOrigin, wait_for
 from tests.service.test_workers_load_the_store_afresh import kill_a_worker
 
@@ -30,14 +29,6 @@ pytestmark = pytest.mark.integration
 
 KEY = SigningKey.generate()
 PROBES = 12  # connections, each new: the kernel spreads them over the workers
-
-
-def status_line(port: int) -> bytes:
-    """The status line of ``GET /healthz`` on a new connection from 127.0.0.1."""
-    with socket.create_connection(("127.0.0.1", port), timeout=WAIT_S) as sock:
-        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: proxy\r\nConnection: close\r\n\r\n")
-        with sock.makefile("rb") as answer:
-            return answer.readline().rstrip()[:12]
 
 
 def test_a_worker_restarted_after_a_refused_sighup_serves_the_configuration_before(tmp_path: Path) -> None:
@@ -54,7 +45,7 @@ def test_a_worker_restarted_after_a_refused_sighup_serves_the_configuration_befo
             "the worker's restart",
         )
         assert proxy.said("listening on") == 3, proxy.stderr_lines[-6:]
-        assert {status_line(proxy.port) for _ in range(PROBES)} == {b"HTTP/1.1 403"}  # what they serve
+        assert {status_line(proxy.port)[:12] for _ in range(PROBES)} == {b"HTTP/1.1 403"}  # what they serve
         passed = "last configuration that passed"
         wait_for(lambda: proxy.said(passed) >= 1, "the parent saying restarted workers keep the one before")
         warned = [line for line in proxy.stderr_lines if passed in line]
