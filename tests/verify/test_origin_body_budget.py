@@ -10,11 +10,13 @@ import asyncio
 import json
 import time
 
+import pytest
 from aiohttp.test_utils import TestServer
 
 from signing_proxy.config import LimitsConfig
 from signing_proxy.core.jwk import SigningKey
 from signing_proxy.verify import VerifierPolicy, build_verify_origin
+from signing_proxy.verify import origin as origin_module
 from signing_proxy.verify.origin import MAX_HELD_BYTES
 from tests.harness import WAIT_S
 from tests.oracle import oracle_agent_sign
@@ -113,3 +115,17 @@ async def test_a_body_stopped_short_gives_its_bytes_back_after_its_silence() -> 
 
 def test_the_default_budget_is_the_proxys() -> None:
     assert LimitsConfig.max_buffered_bytes == MAX_HELD_BYTES
+
+
+async def test_a_body_past_max_body_bytes_is_413_whatever_the_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The body is read chunk by chunk, not by aiohttp's ``request.read()``: its ``client_max_size``
+    no longer applies, and this bound is the only one on a single body."""
+    monkeypatch.setattr(origin_module, "MAX_BODY_BYTES", 500)
+    async with origin(1 << 20) as server:
+        port = server.port
+        assert port is not None
+        large, small = b"x" * 501, b"y" * 500
+        status, fields = await answer(port, signed_head(port, "/large", large), large)
+        assert status == 413, fields
+        status, fields = await answer(port, signed_head(port, "/small", small), small)
+    assert status == 200, fields
