@@ -207,11 +207,8 @@ class DeliveryVerifier:
         when none lists it are they re-fetched for it (a key rotated in since we cached them;
         rate-limited per directory)."""
         resolver = self.verifier.resolver
-        bases: dict[str, str] = {}  # directory URL -> the first spelling configured
-        for base in self.policy.exchange_directories:
-            bases.setdefault(directory_url(base), base)
-        directories = await self._exchanges.answers(tuple(bases.values()), (keyid,))
-        none_fetched = bool(bases) and not directories
+        directories = await self._exchanges.answers(self.policy.exchange_directories, (keyid,))
+        none_fetched = bool(self.policy.exchange_directories) and not directories
         found = [(base, d, key) for base, d in directories if (key := d.lookup(keyid)) is not None]
         if found:
             return found, none_fetched

@@ -24,6 +24,7 @@ only judges what carries dates of its own (a directory proof's ``created``).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import re
 import time
@@ -100,6 +101,17 @@ def directory_url(base: str) -> str:
     """``{base}/.well-known/http-message-signatures-directory`` for ``base`` in its one spelling
     (``directory_base``), which keys the directory's cache entry and its revocation state."""
     return base_key(base) + DIRECTORY_PATH
+
+
+@functools.lru_cache(maxsize=64)
+def each_directory_once(bases: tuple[str, ...]) -> tuple[str, ...]:
+    """``bases`` (a configuration's) with each directory once, in its first spelling:
+    ``https://b.example`` and ``https://b.example/`` are one directory (read twice, the broker's own
+    key was listed twice: ``ambiguous-key``). Cached: a policy's bases are asked for per request."""
+    first: dict[str, str] = {}
+    for base in bases:
+        first.setdefault(directory_url(base), base)
+    return tuple(first.values())
 
 
 def base_key(base: str) -> str:

@@ -44,7 +44,7 @@ from ..core.uri import parse_received_uri
 from ..errors import VERIFIER_BUSY, EgressError, Error, http_status
 from ..net.egress import EgressPolicy
 from ..ratelog import RateGate
-from .directory import DirectoryError, DirectoryResolver, directory_url
+from .directory import DirectoryError, DirectoryResolver, directory_url, each_directory_once
 from .revocation import RevocationPoller
 
 __all__ = [
@@ -121,9 +121,11 @@ class ConfiguredDirectories:
         web: bool = False,
         known: Directory | None = None,
     ) -> list[tuple[str, Directory]]:
-        """(base, directory) of each of ``bases`` (the policy's, read per request) that answered, in
-        their order, once the others cannot change what ``keyids`` resolve to; ``known``: keys held
-        without a fetch (pinned), found like a directory's; ``web``: ``Directory.lookup``'s."""
+        """(base, directory) of each of ``bases`` (the policy's, read per request; each directory
+        once, whatever its spellings: ``each_directory_once``) that answered, in their order, once
+        the others cannot change what ``keyids`` resolve to; ``known``: keys held without a fetch
+        (pinned), found like a directory's; ``web``: ``Directory.lookup``'s."""
+        bases = each_directory_once(tuple(bases))
         if any(base not in bases for base in self._last):  # a policy replaced: only what it names
             self._last = {base: last for base, last in self._last.items() if base in bases}
         answers = await at_once(  # the first wait also lets a directory without a fetch answer
@@ -345,12 +347,7 @@ class RequestVerifier:
         if self.policy.pinned_broker_keys:
             pinned = Directory(tuple(DirectoryKey(k, *_FOREVER) for k in self.policy.pinned_broker_keys))
             found.append(_Source(PINNED, None, pinned))
-        # each directory once, whatever its spellings (``https://b.example`` and ``https://b.example/``
-        # were two sources: the broker's own key read as listed twice, ambiguous-key)
-        bases: dict[str, str] = {}
-        for base in self.policy.broker_directories:
-            bases.setdefault(directory_url(base), base)
-        answered = await self._brokers.answers(tuple(bases.values()), keyids, web=web, known=pinned)
+        answered = await self._brokers.answers(self.policy.broker_directories, keyids, web=web, known=pinned)
         found += [_Source(base, directory_url(base), directory) for base, directory in answered]
         return found
 
