@@ -8,6 +8,7 @@ non-canonical keys and ``R``, ``S`` not reduced) are each checked against OpenSS
 from __future__ import annotations
 
 import itertools
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from cryptography.exceptions import InvalidSignature
@@ -168,6 +169,27 @@ def test_wrong_lengths_are_refused() -> None:
     for bad in (b"", signature[:63], signature + b"\x00"):
         assert not key.public.verify(bad, b"m")
     assert len(signature) == ed25519.SIGNATURE_BYTES
+
+
+def test_a_secret_of_another_length_is_refused_before_libsodium_reads_it() -> None:
+    """libsodium reads 64 bytes from the secret's address whatever was passed: a shorter one would be
+    read past its end, a longer one cut silently."""
+    secret = ed25519.secret_from_seed(bytes(32))
+    assert len(secret) == ed25519.SECRET_BYTES
+    for bad in (secret[:32], secret[:63], secret + b"\x00"):
+        with pytest.raises(ValueError, match="64 bytes"):
+            ed25519.sign(bad, b"m")
+
+
+def test_threads_signing_at_once_each_get_their_own_signature() -> None:
+    """The in-process client signs from several threads: each call writes into its own buffer."""
+    keys = [SigningKey.from_seed(bytes([i]) * 32) for i in range(8)]
+    messages = [bytes([i]) * (100 + i) for i in range(8)]
+    expected = [Ed25519PrivateKey.from_private_bytes(bytes([i]) * 32).sign(messages[i]) for i in range(8)]
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        for _ in range(50):
+            got = list(pool.map(lambda i: keys[i].sign(messages[i]), range(8)))
+            assert got == expected
 
 
 class _OpenSSLNotAsked:
