@@ -15,9 +15,7 @@ import gc
 import socket
 import ssl
 import weakref
-from collections.abc import Callable, Iterator
-
-import pytest
+from collections.abc import Callable
 
 from signing_proxy.net.leaves import LeafContextCache
 from signing_proxy.net.request import Limits, Request
@@ -40,16 +38,6 @@ class Refuse:
 
     async def serve(self, conn: ClientConnection, req: Request) -> bool:
         return False
-
-
-@pytest.fixture
-def no_cycle_collector() -> Iterator[None]:
-    gc.collect()
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
 
 
 async def freed(ref: Callable[[], object]) -> bool:

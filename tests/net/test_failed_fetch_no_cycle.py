@@ -12,10 +12,7 @@ the error). Both event loops: their timer handles let go of their arguments diff
 from __future__ import annotations
 
 import asyncio
-import gc
 import socket
-import types
-from collections import Counter
 from typing import Any
 
 import pytest
@@ -23,26 +20,10 @@ import pytest
 from signing_proxy.errors import ProxyError
 from signing_proxy.net.client import HttpClient
 from tests.harness import WAIT_S
-from tests.net.test_connection_memory import no_cycle_collector
+from tests.memory import left_in_cycles
 from tests.proxy.raw_upstream import loop_factories
 
-__all__ = ["left_in_cycles", "no_cycle_collector"]  # the fixture, shared by name
-
 BODY_BYTES = 4 * 1024 * 1024 - 1  # what the upstream sends of the BODY_BYTES + 1 it announces
-
-
-def left_in_cycles() -> Counter[str]:
-    """What only the cycle collector would free now, by function (frames) or type name; then freed."""
-    gc.set_debug(gc.DEBUG_SAVEALL)
-    try:
-        gc.collect()
-        return Counter(
-            o.f_code.co_qualname if isinstance(o, types.FrameType) else type(o).__name__ for o in gc.garbage
-        )
-    finally:
-        gc.set_debug(0)
-        gc.garbage.clear()
-        gc.collect()  # what was saved is freed now
 
 
 async def cut_one_byte_short(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -28,10 +28,8 @@ from signing_proxy.net.client import FetchedResponse
 from signing_proxy.proxy.discovery import Discovery
 from signing_proxy.service.app import ProxyApp
 from tests.harness import WAIT_S
-from tests.net.test_failed_fetch_no_cycle import left_in_cycles, no_cycle_collector
+from tests.memory import left_in_cycles
 from tests.proxy.raw_upstream import raw_backend
-
-__all__ = ["no_cycle_collector"]  # the fixture, used by name
 
 KEY = SigningKey.generate()
 BODY = b"u" * (1024 * 1024)

@@ -14,11 +14,9 @@ import socket
 from pathlib import Path
 
 from tests.harness import WAIT_S
-from tests.net.test_failed_fetch_no_cycle import left_in_cycles, no_cycle_collector
+from tests.memory import left_in_cycles
 from tests.proxy.raw_upstream import raw_backend
 from tests.proxy.test_failed_forward_no_cycle import answered
-
-__all__ = ["no_cycle_collector"]  # the fixture, used by name
 
 
 def answer_garbage(conn: socket.socket) -> None:
