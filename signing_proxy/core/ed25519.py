@@ -26,7 +26,7 @@ from nacl._sodium import ffi, lib  # type: ignore[import-not-found]  # PyNaCl's 
 from nacl.bindings import crypto_sign_open, crypto_sign_seed_keypair
 from nacl.exceptions import BadSignatureError
 
-__all__ = ["SIGNATURE_BYTES", "secret_from_seed", "sign", "verify"]
+__all__ = ["SECRET_BYTES", "SIGNATURE_BYTES", "secret_from_seed", "sign", "verify"]
 
 SIGNATURE_BYTES = 64  # RFC 8032 section 5.1.6
 SECRET_BYTES = 64  # libsodium's secret key: the RFC 8032 seed, then the public key
