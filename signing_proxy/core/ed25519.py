@@ -15,7 +15,7 @@ Signing calls libsodium through PyNaCl's own cffi binding (``nacl._sodium``, wha
 (signature and a copy of the data) as a new bytes object, sliced again to the signature, and checks
 its return code through a Python helper; the agent hop spent 1.4 us per request more that way
 (issue 21: two proxies under the same load, 16 paired rounds). The bytes are the same
-(tests/core/test_ed25519.py compares both with OpenSSL's).
+(tests/core/test_ed25519.py compares ours with OpenSSL's).
 """
 
 from __future__ import annotations
