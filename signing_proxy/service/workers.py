@@ -39,7 +39,7 @@ import select
 import signal
 import sys
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
 
 from ..logline import exception_kind
 from .ports import refuse_shared, reserve_addresses, reserve_port
@@ -142,15 +142,23 @@ class _Said:
         self._last.pop(index, None)
 
 
+@contextlib.contextmanager
+def _signals_blocked() -> Iterator[set[int | signal.Signals]]:
+    """``SIGNALS`` blocked inside, the mask before (what the ``with`` gives) put back after. A child
+    forked inside never leaves it: ``_fork_child`` ends it through ``os._exit``."""
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+    try:
+        yield before
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
 def start_masked(start: Callable[[], None]) -> None:
     """``start()`` (a thread's start) with ``SIGNALS`` blocked, so the thread never takes the parent's
     signals: one landing there during a fork ran the handler before the child was recorded (a SIGTERM
     the new worker never got, a SIGHUP it never applied)."""
-    before = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
-    try:
+    with _signals_blocked():
         start()
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
 def hold_sighup() -> None:
@@ -193,13 +201,11 @@ def run_workers(
     first: set[int] = set()  # the pids of the first start: exit 2 from one of them ends the command
     told: dict[int, int] = {}  # pid -> the read end of the pipe it tells its parent why through
     pidfds: dict[int, int] = {}  # pid -> its pidfd, readable once it exits: the wait with a tick
-    ticked = [time.monotonic()]
+    ticked = time.monotonic()
     said = _Said()
     stopping = False
     asked: list[int] = []  # the stop signals the parent got: the first drains, the second cuts
     last_start: dict[int, float] = {}
-
-    parent = os.getpid()
 
     def spawn(index: int) -> None:
         again = index in last_start
@@ -207,25 +213,19 @@ def run_workers(
         if now - last_start.get(index, 0.0) < RESTART_BACKOFF_S:
             time.sleep(RESTART_BACKOFF_S)
         last_start[index] = time.monotonic()
-        signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)  # none lands before the child is recorded
-        if stopping:  # a SIGTERM came during the wait, or just before the block: its children were
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)  # told, a new one would not be
-            return
-        try:
-            pid, read_end = _fork_child(lambda write_end: in_worker(index, again, write_end))
-        except OSError:  # no child: the parent takes its signals again
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
-            raise
-        children[pid] = index
-        told[pid] = read_end
-        if tick is not None:  # without one, it is reaped at the next tick
-            with contextlib.suppress(OSError, AttributeError):
-                pidfds[pid] = os.pidfd_open(pid)
-        if not again:
-            first.add(pid)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
+        with _signals_blocked():  # none lands before the child is recorded
+            if stopping:  # a SIGTERM came during the wait, or just before the block: its children
+                return  # were told, a new one would not be
+            pid, read_end = _fork_child(lambda: in_worker(index, again))
+            children[pid] = index
+            told[pid] = read_end
+            # without a pidfd (or a tick), it is reaped at the next tick
+            if tick is not None and (pidfd := _pidfd(pid)) is not None:
+                pidfds[pid] = pidfd
+            if not again:
+                first.add(pid)
 
-    def in_worker(index: int, again: bool, write_end: int) -> int:
+    def in_worker(index: int, again: bool) -> int:
         """In the worker (``_fork_child``): default signal handling; its own loop installs handlers."""
         for sig in (signal.SIGTERM, signal.SIGINT, CUT_SIGNAL):
             signal.signal(sig, signal.SIG_DFL)
@@ -234,29 +234,25 @@ def run_workers(
         signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
         for fd in (*told.values(), *pidfds.values()):  # its siblings' are not its own
             os.close(fd)
-        _Worker.restarted, _Worker.told = again, write_end
-        _end_with(parent)
-        code = 1
+        _Worker.restarted = again
         try:
-            code = worker(index)
+            return worker(index)
         except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 1
+            return exc.code if isinstance(exc.code, int) else 1
         except BaseException:
             log.exception("worker %d failed", index)
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        return code
+            return 1
 
     def wait() -> tuple[int, int]:
         """The next child to exit (pid, status), ``tick`` run every ``TICK_S`` until then."""
+        nonlocal ticked
         if tick is None:
             return os.wait()
         while True:
-            exited = _wait_exit(-1, pidfds.values(), ticked[0] + TICK_S)  # no pidfd: not before the tick
+            exited = _wait_exit(-1, pidfds.values(), ticked + TICK_S)  # no pidfd: not before the tick
             if exited is not None:
                 return exited
-            ticked[0] = time.monotonic()
+            ticked = time.monotonic()
             try:
                 tick()
             except Exception as exc:  # the parent goes on: restarting workers matters more
@@ -353,27 +349,16 @@ def run_check(check: Callable[[], int], limit_s: float = CHECK_LIMIT_S) -> tuple
     as a worker is (the parent's signals blocked around the fork, their defaults in the child, ended
     with its parent): what the parent must know of a worker's build without loading what the build
     loads (private keys, credentials, a token's module). None when it ends on a signal or runs past
-    ``limit_s`` (killed then)."""
-    parent = os.getpid()
+    ``limit_s`` (killed then). What it raises exits 1 (``_fork_child``)."""
 
-    def child(write_end: int) -> int:
+    def child() -> int:
         for sig in SIGNALS:
             signal.signal(sig, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_SETMASK, before)
-        _Worker.told = write_end  # what it refuses, told as a worker tells it
-        _end_with(parent)
-        try:
-            return check()
-        except BaseException:  # not known, as a check that could not run
-            return 1
+        return check()
 
-    before = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
-    try:
+    with _signals_blocked() as before:
         pid, read_end = _fork_child(child)
-    except OSError:
-        signal.pthread_sigmask(signal.SIG_SETMASK, before)
-        raise
-    signal.pthread_sigmask(signal.SIG_SETMASK, before)
     try:
         raw = _exit_status(pid, limit_s)
     finally:
@@ -387,10 +372,7 @@ def _exit_status(pid: int, limit_s: float) -> int | None:
     runs in the parent's SIGHUP handler: the wait is bounded, and woken by the child's pidfd as it
     exits (or looked at every ``_CHECK_POLL_S`` where there is none)."""
     deadline = time.monotonic() + limit_s
-    try:
-        pidfd: int | None = os.pidfd_open(pid)
-    except (OSError, AttributeError):
-        pidfd = None
+    pidfd = _pidfd(pid)
     try:
         exited = _wait_exit(pid, () if pidfd is None else (pidfd,), deadline, _CHECK_POLL_S)
         if exited is None:
@@ -404,12 +386,14 @@ def _exit_status(pid: int, limit_s: float) -> int | None:
             os.close(pidfd)
 
 
-def _fork_child(run: Callable[[int], int]) -> tuple[int, int]:
-    """Fork a child that runs ``run(write_end)`` (the write end of a pipe to the parent) and exits
-    with what it returns, always through ``os._exit``: nothing escapes the child into its parent's
-    code (what it raises, or a return that is no exit status, exits 1 without a line: ``run`` logs
-    what it logs). In the parent: (the child's pid, the pipe's read end), the write end closed; a
-    fork that fails closes both ends and raises. The signals are the caller's: it blocks its own."""
+def _fork_child(run: Callable[[], int]) -> tuple[int, int]:
+    """Fork a child that runs ``run()`` and exits with what it returns, always through ``os._exit``
+    (its stdout and stderr flushed first): nothing escapes the child into its parent's code (what it
+    raises, or a return that is no exit status, exits 1 without a line: ``run`` logs what it logs).
+    The child tells its parent through a pipe (``tell_parent``) and ends with it (``_end_with``). In
+    the parent: (the child's pid, the pipe's read end), the write end closed; a fork that fails closes
+    both ends and raises. The signals are the caller's: it blocks its own."""
+    parent = os.getpid()
     read_end, write_end = os.pipe()
     try:
         pid = os.fork()
@@ -421,13 +405,26 @@ def _fork_child(run: Callable[[int], int]) -> tuple[int, int]:
         code = 1
         try:
             os.close(read_end)
-            code = run(write_end)
+            _Worker.told = write_end
+            _end_with(parent)
+            code = run()
         finally:
+            for stream in (sys.stdout, sys.stderr):  # os._exit skips the interpreter's flush
+                with contextlib.suppress(Exception):
+                    stream.flush()
             with contextlib.suppress(Exception):  # not an exit status: TypeError, OverflowError
                 os._exit(code)
             os._exit(1)
     os.close(write_end)
     return pid, read_end
+
+
+def _pidfd(pid: int) -> int | None:
+    """A pidfd of child ``pid`` (readable once it exits), or None where the system has none."""
+    try:
+        return os.pidfd_open(pid)
+    except (OSError, AttributeError):
+        return None
 
 
 def _wait_exit(

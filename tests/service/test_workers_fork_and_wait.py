@@ -5,6 +5,7 @@ its caller."""
 from __future__ import annotations
 
 import os
+import select
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -19,7 +20,7 @@ LONG_S = 60.0  # a deadline no healthy child comes near
 
 
 @contextmanager
-def forked(run: Callable[[int], int]) -> Iterator[tuple[int, int]]:
+def forked(run: Callable[[], int]) -> Iterator[tuple[int, int]]:
     """``_fork_child(run)``; a child that got out of it ends at once (status 99, what the test fails
     on), and a child still running afterwards is killed and reaped."""
     parent = os.getpid()
@@ -45,8 +46,8 @@ def exit_code(pid: int) -> int:
 
 
 def test_a_child_that_raises_exits_1_and_what_it_told_before_reaches_the_parent() -> None:
-    def run(write_end: int) -> int:
-        os.write(write_end, b"before the error\n")
+    def run() -> int:
+        tell_parent("before the error")
         raise RuntimeError("a bug")
 
     with forked(run) as (pid, read_end):
@@ -60,7 +61,7 @@ def test_a_child_that_raises_exits_1_and_what_it_told_before_reaches_the_parent(
     ids=["system-exit-0", "keyboard-interrupt", "returns-3"],
 )
 def test_a_child_exits_with_what_it_returns_else_1(raised: BaseException | None, expected: int) -> None:
-    def run(_write_end: int) -> int:
+    def run() -> int:
         if raised is not None:
             raise raised
         return 3
@@ -71,14 +72,14 @@ def test_a_child_exits_with_what_it_returns_else_1(raised: BaseException | None,
 
 
 def test_a_child_that_returns_no_exit_status_exits_1() -> None:
-    with forked(lambda _write_end: cast(int, "not a status")) as (pid, read_end):
+    with forked(lambda: cast(int, "not a status")) as (pid, read_end):
         assert exit_code(pid) == 1
         os.close(read_end)
 
 
 @pytest.mark.parametrize("by_pidfd", [True, False], ids=["pidfd", "polled"])
 def test_the_wait_returns_none_at_its_deadline_and_leaves_the_child_running(by_pidfd: bool) -> None:
-    def run(_write_end: int) -> int:
+    def run() -> int:
         time.sleep(LONG_S)
         return 0
 
@@ -101,7 +102,7 @@ def test_the_wait_returns_none_at_its_deadline_and_leaves_the_child_running(by_p
 
 
 def test_the_wait_is_woken_by_the_pidfd_as_the_child_exits() -> None:
-    def run(_write_end: int) -> int:
+    def run() -> int:
         time.sleep(0.2)
         return 5
 
@@ -136,3 +137,26 @@ def test_run_check_reports_the_status_and_the_reason_and_a_hung_check_is_killed(
     started = time.monotonic()
     assert run_check(hangs, 0.3) == (None, "")
     assert time.monotonic() - started < LONG_S / 2
+
+
+def test_the_parent_holds_no_write_end_so_a_childs_exit_reads_as_the_pipes_end() -> None:
+    """Each fork's write end is closed in the parent: kept, it leaked a descriptor per worker restart
+    (every second for a refused one), and a read of the pipe would never see its end."""
+    with forked(lambda: 0) as (pid, read_end):
+        try:
+            assert exit_code(pid) == 0
+            readable, _, _ = select.select([read_end], [], [], 5.0)
+            assert readable
+            assert os.read(read_end, 1) == b""
+        finally:
+            os.close(read_end)
+
+
+def test_run_check_of_a_check_that_ends_on_a_signal_is_none() -> None:
+    """A check killed by a signal has no exit status: not known, as one that ran past its limit."""
+
+    def killed() -> int:
+        os.kill(os.getpid(), signal.SIGKILL)
+        return 0
+
+    assert run_check(killed) == (None, "")
