@@ -25,7 +25,7 @@ import signal
 import socket
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from .. import __version__
 from ..config import Config, parse_host_port
@@ -154,12 +154,11 @@ def _run_workers(config: Config, keys: KeyProvider, args: argparse.Namespace, wo
     if not 1 < workers <= MAX_WORKERS:
         raise CliError(f"--workers: must be from 1 to {MAX_WORKERS}")
     addresses = _addresses(config)
-    for name, listen in addresses:
-        if name != "listen" and listen.endswith(":0"):
-            raise CliError(f"{name}: with --workers, give a fixed port (every worker binds it)")
+    for other in addresses[1:]:  # listen's port 0 is resolved once, below; another's would not be
+        if other.port == 0:
+            raise CliError(f"{other.name}: with --workers, give a fixed port (every worker binds it)")
     _refuse_shared(addresses)
-    given = config.listen
-    host = parse_host_port(given, "listen")[0]
+    given, host = config.listen, addresses[0].host
     reserved, port = _reserve(addresses)
     resolved = f"{show_host(host)}:{port}"
     config = config.with_overrides(listen=resolved)
@@ -219,23 +218,31 @@ def _run_workers(config: Config, keys: KeyProvider, args: argparse.Namespace, wo
         writer.close()
 
 
-def _addresses(config: Config) -> list[tuple[str, str]]:
-    """The addresses the workers bind, each with the name of its setting: ``listen`` first, then
-    ``publish.listen`` and ``admin.listen`` where set."""
+class _Address(NamedTuple):
+    """An address the workers bind: the name of its setting, its value, and the value read."""
+
+    name: str
+    listen: str
+    host: str
+    port: int
+
+
+def _addresses(config: Config) -> list[_Address]:
+    """The addresses the workers bind, each read once: ``listen`` first, then ``publish.listen`` and
+    ``admin.listen`` where set."""
     named = (
         ("listen", config.listen),
         ("publish.listen", config.publish.listen),
         ("admin.listen", config.admin.listen),
     )
-    return [(name, listen) for name, listen in named if listen is not None]
+    return [_Address(name, listen, *parse_host_port(listen, name)) for name, listen in named if listen]
 
 
-def _refuse_shared(addresses: list[tuple[str, str]]) -> None:
+def _refuse_shared(addresses: list[_Address]) -> None:
     """Each address the workers will bind (``_addresses``), once without SO_REUSEPORT: with it, a
     second ``--workers`` instance bound beside the first without an error, and the kernel balanced
     clients between two configurations and key stores (a single process was refused EADDRINUSE)."""
-    for name, listen in addresses:
-        host, port = parse_host_port(listen, name)
+    for name, listen, host, port in addresses:
         try:
             refuse_shared(host, port)
         except OSError as exc:
@@ -245,23 +252,23 @@ def _refuse_shared(addresses: list[tuple[str, str]]) -> None:
             ) from None
 
 
-def _reserve(addresses: list[tuple[str, str]]) -> tuple[list[socket.socket], int]:
+def _reserve(addresses: list[_Address]) -> tuple[list[socket.socket], int]:
     """Each address the workers bind (``_addresses``), held by the parent for its life
     (``service.ports``), and the port of ``listen``, the first (a port of 0 resolved once): with
     ``listen`` alone held, and that so another instance's probe bound beside it, a second instance
     started while no worker of the first listened (starting, or every one restarting) served the
     same ports."""
     held: list[socket.socket] = []
-    (name, listen), wanted = addresses[0], addresses[1:]
+    at = addresses[0]  # the address being bound: named if it fails
     try:
-        sock, port = reserve_port(*parse_host_port(listen, name))
+        sock, port = reserve_port(at.host, at.port)
         held.append(sock)
-        for name, listen in wanted:
-            held.extend(reserve_addresses(*parse_host_port(listen, name)))
+        for at in addresses[1:]:
+            held.extend(reserve_addresses(at.host, at.port))
     except OSError as exc:
         for sock in held:
             sock.close()
-        raise CliError(f"{name}: cannot bind {listen}: {exc.strerror or exc}") from None
+        raise CliError(f"{at.name}: cannot bind {at.listen}: {exc.strerror or exc}") from None
     return held, port
 
 

@@ -76,6 +76,19 @@ def test_a_second_workers_instance_on_an_address_in_use_exits_2_naming_it(
         assert a.proc.poll() is None  # the first serves on
 
 
+@pytest.mark.parametrize("spelled", [":0", ":00"])
+@pytest.mark.parametrize("other", ["publish.listen", "admin.listen"])
+def test_another_address_on_port_0_is_refused_however_spelled(
+    tmp_path: Path, other: str, spelled: str
+) -> None:
+    """Every worker binds publish.listen and admin.listen itself: on port 0 each would take a port of
+    its own. The port is read as a number: ``:00`` is port 0 too."""
+    where = {**addresses(), other: "127.0.0.1" + spelled}
+    status, stderr = second_instance(tmp_path / "b", config_of(tmp_path, where))
+    assert status == 2, stderr
+    assert f"{other}: with --workers, give a fixed port (every worker binds it)" in stderr
+
+
 def test_the_probe_refuses_a_port_a_socket_listens_on_with_so_reuseport() -> None:
     from signing_proxy.service.workers import refuse_shared
 
