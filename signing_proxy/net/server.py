@@ -253,9 +253,9 @@ class ClientConnection(asyncio.Protocol):
         engine = self.engine
         # a declared length is checked, not reserved: strangers' heads alone held the budget (each
         # body is charged as it arrives, so concurrent uploads still never pass it together)
-        declared, limits = req.content_length, engine.limits
-        if declared is not None and declared <= limits.max_body_bytes:  # larger: 413 as it arrives
-            req.over_budget = engine.buffered + declared > limits.max_buffered_bytes  # 503 at once
+        declared = req.content_length  # past max_body_bytes, read_body answers 413 before this
+        if declared is not None and engine.buffered + declared > engine.limits.max_buffered_bytes:
+            req.over_budget = True  # 503 at once, not once the body has arrived
         self._ready.append(req)
         if (self.busy or len(self._ready) > 1) and self.transport is not None and not self._reading_paused:
             self.transport.pause_reading()  # at most one request read ahead of the one in flight
@@ -267,10 +267,10 @@ class ClientConnection(asyncio.Protocol):
         req = self._current
         assert req is not None
         engine = self.engine
-        req.body_size += len(body)
+        size = len(body)  # every byte kept so far is charged: this piece is what is new
+        req.body_size += size
         if req.too_large or req.over_budget or req.released:  # counted, not kept
             return
-        size = len(body)  # every byte kept so far is charged: this piece is what is new
         if req.body_size > engine.limits.max_body_bytes:
             req.too_large = True
         elif engine.buffered + size > engine.limits.max_buffered_bytes:

@@ -75,3 +75,18 @@ async def test_bodies_arriving_together_never_pass_the_budget() -> None:
         assert engine.buffered == 0  # every byte charged was given back
     statuses = sorted(answer.split(b" ", 2)[1] for answer in answers)
     assert statuses == [b"200", b"503"], answers  # one fits; the other's bytes would pass it
+
+
+async def test_a_head_declaring_more_than_the_budget_left_is_answered_503_at_once() -> None:
+    """Not after ``read_s`` waiting for a body that could not be kept: the declared length is checked
+    as the head completes."""
+    limits = Limits(
+        max_header_bytes=4096, max_body_bytes=200, client_idle_s=5, read_s=5, max_buffered_bytes=100
+    )
+    async with running(Reading(), limits) as (engine, port):
+        reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), WAIT_S)
+        writer.write(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 101\r\n\r\n")  # no body yet
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 1.0)  # under read_s
+        writer.close()
+        assert engine.buffered == 0
+    assert head.startswith(b"HTTP/1.1 503 "), head

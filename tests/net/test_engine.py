@@ -21,7 +21,7 @@ WAIT_S = 5.0
 
 
 async def body_or_refused(conn: ClientConnection, req: Request) -> bytes | None:
-    """``req``'s body; None once a body the engine refuses (413, 400, 408) is answered with its
+    """``req``'s body; None once a body the engine refuses (413, 503, 408) is answered with its
     problem and the connection set to close, as the proxy's handler does."""
     try:
         return await conn.read_body(req)
