@@ -28,6 +28,8 @@ def test_a_multi_line_record_with_a_traceback_is_one_line_naming_the_exceptions_
     assert carried(record) is raised
     text = line_of(record)
     assert text == "Error handling request from 127.0.0.1: KeyError"
+    record.exc_text = f"Traceback (most recent call last):\n  KeyError: {SECRET}"  # a handler's cache
+    record.stack_info = f"Stack (most recent call last):\n  {SECRET}"  # stack_info=True
     say_only(record, text)
     shown = logging.Formatter("%(levelname)s %(name)s: %(message)s").format(record)
     assert shown == "ERROR aiohttp.server: Error handling request from 127.0.0.1: KeyError"

@@ -27,7 +27,7 @@ from ..errors import (
     ProxyError,
     StorageError,
 )
-from ..logline import line_of, say_only
+from ..logline import exception_kind, line_of, say_only
 from ..storage.keyfile import load_key_file, load_public_key_file
 
 __all__ = [
@@ -153,7 +153,11 @@ def _log_unraisable(unraisable: sys.UnraisableHookArgs) -> None:
         # handshake then fails, and is logged as that (proxy.connect)
         log.debug("a TLS server name that is not ASCII: %.80r", where)
         return
-    log.warning("%s: %s: %.300s", unraisable.err_msg or "Exception ignored", f"{where!r}"[:120], repr(exc))
+    # where it happened by name (a function's, a coroutine's) or type, the exception by its kind: their
+    # reprs may quote what they hold (a stranger's bytes, a token)
+    place = getattr(where, "__qualname__", None) or type(where).__name__
+    kind = exception_kind(exc) if exc is not None else "-"
+    log.warning("%s: %.120s: %s", unraisable.err_msg or "Exception ignored", place, kind)
 
 
 class _JsonFormatter(logging.Formatter):

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from signing_proxy.cli.common import LIBRARY_LOGGERS, configure_logging
+from signing_proxy.cli.common import LIBRARY_LOGGERS, _unquoted, configure_logging
 
 SECRET = "SECRET-XYZ"
 
@@ -75,6 +75,34 @@ def test_an_aiohttp_record_with_a_traceback_is_one_line(lines: io.StringIO) -> N
     assert line["logger"] == "aiohttp.server"
     assert line["message"] == "Error handling request from 127.0.0.1: ValueError"
     assert "exc" not in line
+    assert SECRET not in lines.getvalue()
+
+
+def test_a_line_that_quotes_at_once_says_so_and_a_long_one_is_cut_at_200_characters(
+    lines: io.StringIO,
+) -> None:
+    logging.getLogger("asyncio").error("%r was never awaited", f"Bearer {SECRET}")
+    logging.getLogger("asyncio").error("x" * 300 + " %s", SECRET)
+    assert [line["message"] for line in _objects(lines)] == ["(details not shown)", "x" * 200]
+    assert SECRET not in lines.getvalue()
+    assert (
+        _unquoted("Task exception was never retrieved future=<Task>")
+        == "Task exception was never retrieved future"
+    )
+
+
+class _FailsOnDelete:
+    def __del__(self) -> None:
+        raise ValueError(f"Authorization: Bearer {SECRET}")
+
+
+def test_an_error_python_cannot_raise_is_one_line_naming_where_and_the_kind_not_its_text(
+    lines: io.StringIO,
+) -> None:
+    _FailsOnDelete()  # freed at once: its finalizer's error goes to sys.unraisablehook
+    [line] = _objects(lines)
+    assert line["level"] == "warning"
+    assert line["message"] == "Exception ignored: _FailsOnDelete.__del__: ValueError"
     assert SECRET not in lines.getvalue()
 
 
