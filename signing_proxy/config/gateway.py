@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from ..core.errors import FieldError
 from ..core.signature_verify import MAX_HOPS
 from ..core.uri import LOOPBACK_HOSTS, is_host_name, parse_authority
 from ..errors import ConfigError
 from .checks import check_origin, check_url, positive, shown
-from .masking import PIN_IN, STORE_URL, masked_repr, quoted, secret
+from .masking import STORE_URL, quoted, secret, section
 
 __all__ = ["GatewayConfig", "TrustedIssuer"]
 
@@ -40,13 +40,12 @@ def _check_provider(provider: str, path: str) -> None:
         raise ConfigError(f"{path}: {shape}, got {shown(provider)}")
 
 
-@dataclass(frozen=True)
+@section
 class TrustedIssuer:
     """One delegation issuer (keyed by its ``iss``): pinned public key files, or its directory base."""
 
-    keys: tuple[str, ...] = secret(PIN_IN, ())  # public key files (PEM or JWK), always valid
+    keys: tuple[str, ...] = ()  # public key files (PEM or JWK), always valid
     directory: str | None = None  # e.g. http://127.0.0.1:8443 (fetched through the egress policy)
-    __repr__ = masked_repr  # secrets as config check shows them (masking.py)
 
     def _check(self, path: str) -> None:
         if bool(self.keys) == (self.directory is not None):
@@ -54,7 +53,7 @@ class TrustedIssuer:
         check_url(self.directory, f"{path}.directory")
 
 
-@dataclass(frozen=True)
+@section
 class GatewayConfig:
     upstream: str | None = None  # the backend every verified request goes to: http://127.0.0.1:9000
     max_hops: int | None = None  # signatures in the stack (manifest max_intermediary_hops); None: no cap
@@ -85,14 +84,13 @@ class GatewayConfig:
     broker_directories: tuple[str, ...] = ()  # directory bases of the brokers whose labels we accept
     # public key files (PEM or JWK), read as relay.pinned_*_keys are: agents that send an empty
     # Signature-Agent (no key directory: DESIGN 5); brokers known by key, no directory fetch
-    pinned_agent_keys: tuple[str, ...] = secret(PIN_IN, ())
-    pinned_broker_keys: tuple[str, ...] = secret(PIN_IN, ())
+    pinned_agent_keys: tuple[str, ...] = ()
+    pinned_broker_keys: tuple[str, ...] = ()
     # spec rule 7: providers whose svc.json must keep listing exchange_domain (domains, or base URLs)
     providers: tuple[str, ...] = ()
     exchange_domain: str | None = None
     manifest_min_refresh_s: int = 60  # a manifest's max-age is clamped to [min, max]
     manifest_max_refresh_s: int = 86_400
-    __repr__ = masked_repr  # secrets as config check shows them (masking.py)
 
     def _check(self, path: str) -> None:
         check_url(self.upstream, f"{path}.upstream")

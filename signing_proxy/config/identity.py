@@ -7,7 +7,7 @@ value with a ConfigError naming its key path (``config/build.py`` calls it once 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from ..core.errors import FieldError, KeyFormatError, ManifestError
@@ -31,7 +31,7 @@ from .checks import (
     parse_host_port,
     positive,
 )
-from .masking import PIN_IN, masked_repr, secret
+from .masking import section
 from .pkcs11 import Pkcs11Config, check_pkcs11_key
 
 __all__ = [
@@ -47,17 +47,16 @@ DEFAULT_REVOCATION_PATH = "/.well-known/http-message-signatures-revocations.json
 DIRECTORY_MAX_AGE_RANGE_S = (60, 86_400)  # spec: Limits ("minutes to hours")
 
 
-@dataclass(frozen=True)
+@section
 class SigningConfig:
     # PEM or private JWK file, or a pkcs11: URI; None: the key store <data_dir>/keys/<agent>/
-    key: str | None = secret(PIN_IN, None)
+    key: str | None = None
     label: str = "agent"
     signature_agent: str = ""  # directory base URL; "" sends an empty Signature-Agent
     validity_s: int = 300
     agent: str = "default"  # whose key store signs (and is published at the root of publish.listen)
     key_lifetime_s: int = 90 * 86_400  # window of a key the store creates (first run, `keys rotate`)
     pkcs11: Pkcs11Config = field(default_factory=Pkcs11Config)  # module and PIN of token-held keys
-    __repr__ = masked_repr  # the dataclass's own, but a PIN the key's URI carries is not shown
 
     def _check(self, path: str) -> None:
         check_pkcs11_key(self.key, f"{path}.key")
@@ -82,7 +81,7 @@ class SigningConfig:
             raise ConfigError(f"{path}.key_lifetime_s: must be at least 3600 (one hour)")
 
 
-@dataclass(frozen=True)
+@section
 class PublishConfig:
     """The publication listener (directory, svc.json, revocation list); see ``service/publish.py``."""
 
@@ -131,7 +130,7 @@ class PublishConfig:
             raise ConfigError(f"{path}.agents: an agent is listed twice")
 
 
-@dataclass(frozen=True)
+@section
 class DelegationConfig:
     """The Delegation carried in the requester (spec "Delegation"); checked against the chain at start."""
 
@@ -181,7 +180,7 @@ class DelegationConfig:
             raise ConfigError(f"{path}.issuer: must be non-empty when set")
 
 
-@dataclass(frozen=True)
+@section
 class RequesterConfig:
     """The Requester the proxy inserts into exchange calls that lack one; see ``proxy/requester.py``."""
 

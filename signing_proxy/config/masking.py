@@ -1,11 +1,11 @@
 """Secrets in the configuration: declared once, on the field, and masked alike wherever one is shown.
 
 A field whose value is, or may carry, a secret is declared ``secret(KIND, default)``: ``PIN`` (the
-value is the secret), ``ENV_NAME`` (it names the environment variable holding one), ``STORE_URL`` (a
-Redis URL and its password) or ``PIN_IN`` (a key reference: a ``pkcs11:`` URI given for it may carry
-its ``pin-value``). ``masked_repr`` (a section's ``__repr__``), ``redacted`` (the view ``config
-check`` prints) and ``quoted`` (a value as a refusal quotes it) all read that one declaration, and
-mask a ``pin-value`` in every other string they show as well: RFC 7512 lets any URI carry one.
+value is the secret), ``ENV_NAME`` (it names the environment variable holding one) or ``STORE_URL``
+(a Redis URL and its password). ``masked_repr`` (the ``__repr__`` of every section: ``section``),
+``redacted`` (the view ``config check`` prints) and ``quoted`` (a value as a refusal quotes it) all
+read that one declaration, and mask a ``pin-value`` in every other string they show: RFC 7512 lets
+any URI carry one (a key reference, a module path).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import Field, dataclass, field, fields, is_dataclass
-from typing import Any, Final, TypeVar
+from typing import Any, Final, TypeVar, cast, dataclass_transform
 from urllib.parse import unquote_plus
 
 from ..core.pkcs11_uri import mask_pin_value
@@ -22,7 +22,6 @@ __all__ = [
     "ENV_NAME",
     "NOT_SHOWN",
     "PIN",
-    "PIN_IN",
     "STORE_URL",
     "Secret",
     "masked_repr",
@@ -30,11 +29,21 @@ __all__ = [
     "redacted",
     "secret",
     "secret_kind",
+    "section",
 ]
 
 NOT_SHOWN: Final = "(not shown)"
 _METADATA_KEY: Final = "signing_proxy.secret"
 _T = TypeVar("_T")
+_S = TypeVar("_S", bound=type[Any])
+
+
+@dataclass_transform(frozen_default=True, field_specifiers=(field,))
+def section(cls: _S) -> _S:
+    """A configuration section: a frozen dataclass whose repr is ``masked_repr`` (kept by
+    ``dataclass``, which writes no ``__repr__`` a class defines itself)."""
+    cls.__repr__ = masked_repr  # type: ignore[assignment]  # a function of the section, as a method is
+    return cast(_S, dataclass(frozen=True)(cls))
 
 
 @dataclass(frozen=True)
@@ -115,8 +124,6 @@ def _value_not_shown(name: str) -> str:
 PIN: Final = Secret("pin", None, _not_shown, _not_shown)
 # the name of the environment variable holding a secret: the name shown, said to be no value
 ENV_NAME: Final = Secret("env-name", _as_is, _value_not_shown, _as_is)
-# a key file, or a pkcs11: URI, given where its pin-value would be shown
-PIN_IN: Final = Secret("pin-in", mask_pin_value, mask_pin_value, mask_pin_value)
 # gateway.store: a Redis URL's password; refused, every query value (whatever the scheme)
 STORE_URL: Final = Secret("store-url", store_shown, store_shown, _refused_store_shown)
 

@@ -8,18 +8,16 @@ by ``config check``, left out of repr(), see ``masking.py``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from ..core.errors import KeyFormatError
 from ..core.pkcs11_uri import is_pkcs11_uri, parse_pkcs11_uri
 from ..errors import ConfigError
 from .checks import positive
-from .masking import ENV_NAME, PIN, masked_repr, secret
+from .masking import ENV_NAME, PIN, secret, section
 
 __all__ = ["Pkcs11Config", "check_pkcs11_key"]
 
 
-@dataclass(frozen=True)
+@section
 class Pkcs11Config:
     """Where the PKCS#11 module and the token's user PIN come from (``signing.key: pkcs11:...``)."""
 
@@ -29,7 +27,6 @@ class Pkcs11Config:
     # the PIN itself (prefer pin_env or pin_file); masked by `config check`, left out of repr()
     pin: str | None = secret(PIN, None)
     timeout_s: float = 5.0  # one signature on the token; slower: 503 signing-token-unavailable
-    __repr__ = masked_repr
 
     def _check(self, path: str) -> None:
         given = [name for name in ("pin_env", "pin_file", "pin") if getattr(self, name) is not None]

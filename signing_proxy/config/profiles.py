@@ -9,18 +9,18 @@ to be an https origin or empty (``Config._check``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal
 
 from ..errors import ConfigError
 from .checks import check_host_pattern, host_matches, positive
+from .masking import section
 
 __all__ = ["ProfileName", "ProfileRule", "ProfilesConfig"]
 
 ProfileName = Literal["svc", "web-bot-auth"]
 
 
-@dataclass(frozen=True)
+@section
 class ProfileRule:
     """Destinations (host patterns) signed under ``profile``."""
 
@@ -40,7 +40,7 @@ class ProfileRule:
             )
 
 
-@dataclass(frozen=True)
+@section
 class ProfilesConfig:
     default: ProfileName = "svc"  # destinations no rule names
     rules: tuple[ProfileRule, ...] = ()

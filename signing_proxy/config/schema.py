@@ -11,7 +11,7 @@ from __future__ import annotations
 import ipaddress
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import Any, Literal, cast
 
@@ -24,7 +24,7 @@ from .build import build, to_plain
 from .checks import check_host_pattern, check_url, host_form, is_loopback, parse_host_port, positive, shown
 from .gateway import GatewayConfig, TrustedIssuer
 from .identity import DelegationConfig, PublishConfig, RequesterConfig, SigningConfig
-from .masking import ENV_NAME, PIN_IN, masked_repr, secret
+from .masking import ENV_NAME, secret, section
 from .profiles import ProfilesConfig
 
 __all__ = [
@@ -54,7 +54,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
+@section
 class LimitsConfig:
     """Bounds on what a stranger can make the proxy hold (checked while reading, never after)."""
 
@@ -84,7 +84,7 @@ class LimitsConfig:
 MAX_TIMEOUT_S = 86_400  # our choice: a day; a drain or a silence longer than that is a typo
 
 
-@dataclass(frozen=True)
+@section
 class TimeoutsConfig:
     connect_s: float = 10.0
     read_s: float = 60.0
@@ -96,7 +96,7 @@ class TimeoutsConfig:
             positive(getattr(self, name), f"{path}.{name}", maximum=MAX_TIMEOUT_S)  # transfer's length
 
 
-@dataclass(frozen=True)
+@section
 class UpstreamConfig:
     ca_file: str | None = None  # extra CAs trusted for upstream TLS, on top of the system store
     pin_ca_files: Mapping[str, str] = field(default_factory=dict)  # host -> only this CA (``pinned``)
@@ -138,7 +138,7 @@ class UpstreamConfig:
         return {host: self.pin_ca_files[key] for host, key in named.items()}
 
 
-@dataclass(frozen=True)
+@section
 class VerifyConfig:
     """How every verifier of the package (relay, verify-origin, middleware, gateway) treats strangers."""
 
@@ -171,7 +171,7 @@ class VerifyConfig:
         positive(self.fetch_burst, f"{path}.fetch_burst")
 
 
-@dataclass(frozen=True)
+@section
 class EgressConfig:
     """Fetches made on a remote party's word: directories, revocation lists, manifests, exchange endpoints."""
 
@@ -188,17 +188,16 @@ class EgressConfig:
         positive(self.fetch_timeout_s, f"{path}.fetch_timeout_s", maximum=MAX_TIMEOUT_S)
 
 
-@dataclass(frozen=True)
+@section
 class RelayConfig:
     """A broker hop: verify what arrives, cap the hops, stack our label (spec "Multi-hop forwarding")."""
 
     verify: bool = True  # never add our label to a stack we did not verify (off only for trusted meshes)
     max_hops: int | None = None  # signatures in the stack including ours; None: no cap of our own
     broker_directories: tuple[str, ...] = ()  # directory bases of brokers before us (their keys live there)
-    pinned_agent_keys: tuple[str, ...] = secret(PIN_IN, ())  # key files: agents with empty Signature-Agent
-    pinned_broker_keys: tuple[str, ...] = secret(PIN_IN, ())  # and brokers known by key (PEM, JWK)
+    pinned_agent_keys: tuple[str, ...] = ()  # key files: agents with empty Signature-Agent
+    pinned_broker_keys: tuple[str, ...] = ()  # and brokers known by key (PEM, JWK)
     skew_s: int = 5
-    __repr__ = masked_repr  # a pkcs11: URI's pin-value masked, as config check shows it
 
     def _check(self, path: str) -> None:
         if self.max_hops is not None:
@@ -215,7 +214,7 @@ def _check_skew(skew_s: object, path: str) -> None:
         raise ConfigError(f"{path}: must be an integer from 0 to {MAX_SKEW_S}")
 
 
-@dataclass(frozen=True)
+@section
 class CredentialRule:
     """Inject a bearer credential for matching targets; the secret comes from a file or the environment.
 
@@ -250,7 +249,7 @@ class CredentialRule:
         return None
 
 
-@dataclass(frozen=True)
+@section
 class HostsConfig:
     unsigned: tuple[str, ...] = ()  # host patterns forwarded without signing (internal services)
 
@@ -259,7 +258,7 @@ class HostsConfig:
             check_host_pattern(pattern, f"{path}.unsigned[{i}]")
 
 
-@dataclass(frozen=True)
+@section
 class Route:
     """A sidecar route: ``prefix`` on the proxy port maps to ``upstream`` (a base URL)."""
 
@@ -282,7 +281,7 @@ def _check_cidrs(cidrs: tuple[str, ...], path: str) -> None:
             raise ConfigError(f"{path}[{i}]: not a CIDR: {cidr!r}") from None
 
 
-@dataclass(frozen=True)
+@section
 class AccessConfig:
     """Who may use the proxy port: ``allow_clients`` is always the gate; proxy auth is on top of it."""
 
@@ -293,7 +292,7 @@ class AccessConfig:
         _check_cidrs(self.allow_clients, f"{path}.allow_clients")
 
 
-@dataclass(frozen=True)
+@section
 class InterceptConfig:
     """CONNECT handling: TLS interception with a local CA, blind tunnels, and ``signing-proxy env``."""
 
@@ -323,7 +322,7 @@ class InterceptConfig:
                 raise ConfigError(f"{path}.no_proxy[{i}]: must be one host, domain or CIDR, got {entry!r}")
 
 
-@dataclass(frozen=True)
+@section
 class RestrictionConfig:
     """One ``acceptable_restrictions`` entry of a DiscoverResources body (spec "Endpoints")."""
 
@@ -340,7 +339,7 @@ class RestrictionConfig:
 DISCOVERY_CACHE_MAX_S = 7 * 86_400  # our choice: spec "Limits" caches manifests "minutes to hours"
 
 
-@dataclass(frozen=True)
+@section
 class DiscoveryConfig:
     """Following ``403`` + ``X-Content-Rules`` into the publisher's manifest; see ``proxy/discovery.py``."""
 
@@ -361,7 +360,7 @@ class DiscoveryConfig:
         positive(self.max_manifest_bytes, f"{path}.max_manifest_bytes", maximum=16 * 1024 * 1024)
 
 
-@dataclass(frozen=True)
+@section
 class AdminConfig:
     """``/healthz``, ``/readyz``, ``/metrics`` on a port of their own (probes, scraping)."""
 
@@ -380,14 +379,14 @@ class AdminConfig:
             )
 
 
-@dataclass(frozen=True)
+@section
 class LogConfig:
     level: Literal["debug", "info", "warning", "error"] = "info"
     format: Literal["text", "json"] = "text"
     access_log: bool = True
 
 
-@dataclass(frozen=True)
+@section
 class Config:
     mode: Literal["agent", "relay", "gateway"] = "agent"
     listen: str = "127.0.0.1:8080"

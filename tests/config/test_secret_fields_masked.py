@@ -18,7 +18,6 @@ from signing_proxy.config import Config, parse_config, redacted, to_plain
 from signing_proxy.config.masking import (
     ENV_NAME,
     PIN,
-    PIN_IN,
     STORE_URL,
     Secret,
     masked_repr,
@@ -33,21 +32,16 @@ SECRET = "S3CRET-4711"
 SAMPLES: dict[Secret, tuple[str, str]] = {
     PIN: (SECRET, "(not shown)"),
     ENV_NAME: ("TOKEN_VAR", "TOKEN_VAR (value not shown)"),
-    PIN_IN: (f"pkcs11:token=t;object=k?pin-value={SECRET}", "pkcs11:token=t;object=k?pin-value=(not shown)"),
     STORE_URL: (f"redis://gw:{SECRET}@redis.example:6379/0", "redis://(not shown)@redis.example:6379/0"),
 }
+# a pkcs11: URI carrying its PIN (RFC 7512), as it may be written into any string of the configuration
+PIN_VALUE = (f"pkcs11:token=t;object=k?pin-value={SECRET}", "pkcs11:token=t;object=k?pin-value=(not shown)")
 # every secret the configuration holds, by where it is declared
 DECLARED = {
-    ("SigningConfig", "key"): PIN_IN,
     ("Pkcs11Config", "pin"): PIN,
     ("Pkcs11Config", "pin_env"): ENV_NAME,
     ("CredentialRule", "bearer_env"): ENV_NAME,
-    ("RelayConfig", "pinned_agent_keys"): PIN_IN,
-    ("RelayConfig", "pinned_broker_keys"): PIN_IN,
     ("GatewayConfig", "store"): STORE_URL,
-    ("GatewayConfig", "pinned_agent_keys"): PIN_IN,
-    ("GatewayConfig", "pinned_broker_keys"): PIN_IN,
-    ("TrustedIssuer", "keys"): PIN_IN,
 }
 
 
@@ -123,6 +117,36 @@ def test_every_declared_secret_is_masked_on_every_path(name: str) -> None:
     assert _leaks(SECTIONS[name]) == []
 
 
+def _strings(hint: Any) -> str | None:
+    """ "str" for a field holding a string (or None), "tuple" for a tuple of strings, else None."""
+    args = set(typing.get_args(hint)) - {type(None)} if isinstance(hint, types.UnionType) else {hint}
+    if args == {str}:
+        return "str"
+    if (
+        len(args) == 1
+        and typing.get_origin(arg := args.pop()) is tuple
+        and typing.get_args(arg)[:1] == (str,)
+    ):
+        return "tuple"
+    return None
+
+
+@pytest.mark.parametrize("name", sorted(SECTIONS))
+def test_a_pin_value_in_any_string_of_any_section_is_masked_by_repr_and_the_view(name: str) -> None:
+    """RFC 7512 lets any URI carry a ``pin-value``: one written into any string (a key reference, a
+    module path, a CA key) is masked by every section's repr and by ``config check``, declared or not."""
+    cls = SECTIONS[name]
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        shape = _strings(hints[f.name])
+        if shape is None or secret_kind(f) is not None:
+            continue
+        sample, view = PIN_VALUE
+        obj = _with(cls, f.name, (sample,) if shape == "tuple" else sample)
+        assert SECRET not in repr(obj), f"{name}.{f.name}"
+        assert redacted(obj)[f.name] == ([view] if shape == "tuple" else view), f"{name}.{f.name}"
+
+
 def test_a_section_that_keeps_the_dataclass_repr_is_caught() -> None:
     """The check above holds for a section added later: one declaring a secret but not taking
     ``masked_repr`` shows it in its repr, and only there; with ``masked_repr`` it shows it nowhere."""
@@ -155,7 +179,7 @@ def test_a_configuration_without_secrets_is_shown_as_it_is() -> None:
 
 def test_the_whole_configuration_masks_each_declared_secret() -> None:
     """Through ``parse_config``, the values as an operator writes them: repr and ``config check``."""
-    uri = SAMPLES[PIN_IN][0]
+    uri = PIN_VALUE[0]
     config = parse_config(
         {
             "signing": {"key": uri, "pkcs11": {"pin": SECRET}},
@@ -175,7 +199,7 @@ def test_the_whole_configuration_masks_each_declared_secret() -> None:
     assert view["signing"]["pkcs11"]["pin"] == "(not shown)"
     assert view["credentials"][0]["bearer_env"] == "TOKEN_VAR (value not shown)"
     assert view["gateway"]["store"] == SAMPLES[STORE_URL][1]
-    assert view["gateway"]["trusted_issuers"]["urn:owner"]["keys"] == [SAMPLES[PIN_IN][1]]
+    assert view["gateway"]["trusted_issuers"]["urn:owner"]["keys"] == [PIN_VALUE[1]]
 
 
 def test_a_mistyped_pin_value_in_signing_key_is_masked_in_config_check_too() -> None:
