@@ -205,7 +205,9 @@ def test_one_directory_holds_at_most_a_quarter_of_either_shared_store() -> None:
     assert err.value.reason == "revocation-list-too-large"
 
 
-async def test_a_forgotten_directory_frees_its_set_without_waiting_for_the_cycle_collector() -> None:
+async def test_a_forgotten_directory_frees_its_set_without_waiting_for_the_cycle_collector(
+    no_cycle_collector: None,
+) -> None:
     """The poller's task, once cancelled, holds its frame and the frame the state: had the state kept
     the task, every evicted set would wait for a full collection (a hostile run grew by ~40 MiB)."""
     clock, fetch = Clock(), FakeFetch()
@@ -214,15 +216,11 @@ async def test_a_forgotten_directory_frees_its_set_without_waiting_for_the_cycle
     await poller.ensure(DIR_URL, REV_URL)
     await asyncio.sleep(0)  # the periodic poller is waiting in its sleep
     gc.collect()
-    gc.disable()
-    try:
-        before = live_states()  # ours, and any other test's still in memory
-        poller.forget(DIR_URL)
-        for _ in range(3):
-            await asyncio.sleep(0)  # the cancellation runs
-        assert live_states() == before - 1, "the forgotten state is only freed by the cycle collector"
-    finally:
-        gc.enable()
+    before = live_states()  # ours, and any other test's still in memory
+    poller.forget(DIR_URL)
+    for _ in range(3):
+        await asyncio.sleep(0)  # the cancellation runs
+    assert live_states() == before - 1, "the forgotten state is only freed by the cycle collector"
     await poller.close()
 
 
