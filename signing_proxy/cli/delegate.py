@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 from typing import Any, Final
 
-from ..config.masking import NOT_SHOWN
 from ..core.delegation import (
     NUMERIC_DATE_MAX,
     NUMERIC_DATE_MIN,
@@ -35,6 +34,7 @@ from ..core.errors import DelegationError
 from ..core.jwk import PRIVATE_JWK_MEMBERS, PublicKey, public_key_from_jwk
 from ..core.jws import parse_jwt
 from ..core.keys import format_rfc3339
+from ..core.pkcs11_uri import NOT_SHOWN
 from ..errors import CliError
 from .common import duration, signing_key_file
 from .delegate_inputs import (

@@ -16,7 +16,7 @@ from dataclasses import Field, dataclass, field, fields, is_dataclass
 from typing import Any, Final, TypeVar, cast, dataclass_transform
 from urllib.parse import unquote_plus
 
-from ..core.pkcs11_uri import mask_pin_value
+from ..core.pkcs11_uri import NOT_SHOWN, mask_pin_value
 
 __all__ = [
     "ENV_NAME",
@@ -32,7 +32,6 @@ __all__ = [
     "section",
 ]
 
-NOT_SHOWN: Final = "(not shown)"
 _METADATA_KEY: Final = "signing_proxy.secret"
 _T = TypeVar("_T")
 _S = TypeVar("_S", bound=type[Any])

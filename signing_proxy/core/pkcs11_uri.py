@@ -21,9 +21,10 @@ from typing import Final
 
 from .errors import KeyFormatError
 
-__all__ = ["PKCS11_SCHEME", "Pkcs11Uri", "is_pkcs11_uri", "mask_pin_value", "parse_pkcs11_uri"]
+__all__ = ["NOT_SHOWN", "PKCS11_SCHEME", "Pkcs11Uri", "is_pkcs11_uri", "mask_pin_value", "parse_pkcs11_uri"]
 
 PKCS11_SCHEME: Final = "pkcs11:"
+NOT_SHOWN: Final = "(not shown)"  # what stands for a secret wherever one would be shown
 MAX_URI_CHARS: Final = 4096  # our choice: far above any real URI
 
 _PATH_ATTRS: Final = frozenset(
@@ -201,7 +202,7 @@ def _shown(value: str, where: str, safe: bytes | None = None) -> str:
     match = _PIN_IN[where].search(value)
     kept = value if match is None else value[: match.end()]
     text = kept if safe is None else _quote(kept.encode(), safe)
-    return text if match is None else text + "(not shown)"
+    return text if match is None else text + NOT_SHOWN
 
 
 def _text(raw: bytes | None, name: str) -> str | None:
@@ -226,7 +227,7 @@ def mask_pin_value(value: str) -> str:
     """``value`` (a ``signing.key`` setting, a URI, a path: one value, not a message quoting it)
     with any ``pin-value=...`` query attribute's value replaced, and what follows a mistyped one
     (``pin-value:``, ``pin_value=``, or no ``=`` at all) too, up to the next ``&`` or the end."""
-    return _PIN_VALUE.sub(r"\1(not shown)", value)
+    return _PIN_VALUE.sub(rf"\1{NOT_SHOWN}", value)
 
 
 def parse_pkcs11_uri(value: str) -> Pkcs11Uri:

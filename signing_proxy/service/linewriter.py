@@ -31,8 +31,8 @@ log = logging.getLogger("signing_proxy.service.linewriter")
 
 # A line is out ~100 ms after it is queued (or sooner, at FLUSH_BYTES). Each flush wakes the thread,
 # which takes the GIL from a busy loop: at 12,000 requests/s, 5 ms cost the thread 0.7-0.8 us per
-# request and the loop ~3 context switches per flush; 20 ms, 0.3 us. At 100 ms the access log also
-# formats ~500 lines at a time: 0.7 us per request less than at 20 ms, in place (issue 21).
+# request and the loop ~3 context switches per flush; 20 ms, 0.3 us. (The access log formats its
+# records in batches of its own, ``proxy.accesslog.MAX_PENDING``, whatever the interval.)
 FLUSH_INTERVAL_S = 0.1
 FLUSH_BYTES = 64 * 1024  # ... or as soon as this much has gathered
 MAX_PENDING_BYTES = 1 << 20  # what a stalled sink may hold back: ~4,000 lines of ~250 characters

@@ -27,6 +27,7 @@ from ..core.errors import FieldError, VerificationError
 from ..core.fields import Fields
 from ..core.jwk import PublicKey
 from ..core.keys import Directory, DirectoryKey
+from ..core.pkcs11_uri import NOT_SHOWN
 from ..core.profiles import WEB_BOT_AUTH
 from ..core.signature_verify import (
     DEFAULT_MAX_VALIDITY_S,
@@ -435,7 +436,7 @@ def _busy(label: str | None = None) -> VerificationError:
 def _shown(base: str) -> str:
     """A signature base with its ``authorization`` line's value not shown: a bearer credential."""
     return "\n".join(
-        f"{_AUTHORIZATION_LINE}(not shown)"
+        f"{_AUTHORIZATION_LINE}{NOT_SHOWN}"
         if line.startswith(_AUTHORIZATION_LINE) and line != _AUTHORIZATION_LINE  # empty: nothing to hide
         else line
         for line in base.split("\n")
