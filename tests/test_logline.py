@@ -11,9 +11,18 @@ from signing_proxy.logline import carried, exception_kind, line_of, say_only
 SECRET = "SECRET-XYZ"
 
 
-def _record(msg: str, *args: object, exc: BaseException | None = None) -> logging.LogRecord:
+def _record(
+    msg: str, *args: object, exc: BaseException | None = None, traceback_text: str | None = None
+) -> logging.LogRecord:
+    """A library's record; ``traceback_text``: the formatted traceback a handler cached (``exc_text``)
+    and a stack (``stack_info=True``), both holding it."""
     exc_info = (type(exc), exc, exc.__traceback__) if exc is not None else None
-    return logging.LogRecord("aiohttp.server", logging.ERROR, __file__, 1, msg, args or None, exc_info)
+    sinfo = None if traceback_text is None else f"Stack (most recent call last):\n  {traceback_text}"
+    record = logging.LogRecord(
+        "aiohttp.server", logging.ERROR, __file__, 1, msg, args or None, exc_info, None, sinfo
+    )
+    record.exc_text = traceback_text
+    return record
 
 
 def test_a_multi_line_record_with_a_traceback_is_one_line_naming_the_exceptions_kind() -> None:
@@ -24,12 +33,16 @@ def test_a_multi_line_record_with_a_traceback_is_one_line_naming_the_exceptions_
         raised = exc
     assert raised is not None
     assert raised.__traceback__ is not None
-    record = _record("Error handling request from %s\nsecond line %s", "127.0.0.1", SECRET, exc=raised)
+    record = _record(
+        "Error handling request from %s\nsecond line %s",
+        "127.0.0.1",
+        SECRET,
+        exc=raised,
+        traceback_text=f"Traceback (most recent call last):\n  KeyError: {SECRET}",
+    )
     assert carried(record) is raised
     text = line_of(record)
     assert text == "Error handling request from 127.0.0.1: KeyError"
-    record.exc_text = f"Traceback (most recent call last):\n  KeyError: {SECRET}"  # a handler's cache
-    record.stack_info = f"Stack (most recent call last):\n  {SECRET}"  # stack_info=True
     say_only(record, text)
     shown = logging.Formatter("%(levelname)s %(name)s: %(message)s").format(record)
     assert shown == "ERROR aiohttp.server: Error handling request from 127.0.0.1: KeyError"
